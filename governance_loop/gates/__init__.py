@@ -1,0 +1,96 @@
+"""Promotion gates as pure functions: evidence in, ``GateDecision`` out.
+
+``GATE_ORDER`` fixes the path offline_eval -> shadow -> canary -> audit ->
+approval -> promote -> watch; ``next_gate`` says where a promotion stands.
+The statistical rules are stated in each module's docstring.
+"""
+
+from governance_loop.gates.decision import (
+    APPROVAL,
+    AUDIT,
+    CANARY,
+    GATE_ORDER,
+    OFFLINE_EVAL,
+    PROMOTE,
+    SHADOW,
+    WATCH,
+    GateDecision,
+    GateOrderError,
+    Verdict,
+    failed_gate,
+    next_gate,
+    results_from_decisions,
+)
+from governance_loop.gates.human import (
+    AUDITOR_ROLE,
+    HUMAN_DECISION_SERVICE,
+    OPERATOR_ROLE,
+    ApprovalDecisionKind,
+    AuditDecisionKind,
+    HumanDecision,
+    HumanDecisionError,
+    decide_approval,
+    decide_audit,
+    validate_approval_decision,
+    validate_audit_decision,
+)
+from governance_loop.gates.offline_eval import EvalSetResult, decide_offline_eval
+from governance_loop.gates.sequential import (
+    CanaryObservation,
+    WatchObservation,
+    decide_canary,
+    decide_watch,
+)
+from governance_loop.gates.shadow import ShadowSample, decide_shadow
+from governance_loop.gates.stats import BinomialCounts, EpisodeStats, Interval
+from governance_loop.gates.thresholds import (
+    CanarySpec,
+    ShadowSpec,
+    ThresholdSpec,
+    ThresholdSpecError,
+    WatchSpec,
+)
+
+__all__ = [
+    "APPROVAL",
+    "AUDIT",
+    "AUDITOR_ROLE",
+    "CANARY",
+    "GATE_ORDER",
+    "HUMAN_DECISION_SERVICE",
+    "OFFLINE_EVAL",
+    "OPERATOR_ROLE",
+    "PROMOTE",
+    "SHADOW",
+    "WATCH",
+    "ApprovalDecisionKind",
+    "AuditDecisionKind",
+    "BinomialCounts",
+    "CanaryObservation",
+    "CanarySpec",
+    "EpisodeStats",
+    "EvalSetResult",
+    "GateDecision",
+    "GateOrderError",
+    "HumanDecision",
+    "HumanDecisionError",
+    "Interval",
+    "ShadowSample",
+    "ShadowSpec",
+    "ThresholdSpec",
+    "ThresholdSpecError",
+    "Verdict",
+    "WatchObservation",
+    "WatchSpec",
+    "decide_approval",
+    "decide_audit",
+    "decide_canary",
+    "decide_offline_eval",
+    "decide_shadow",
+    "decide_watch",
+    "failed_gate",
+    "next_gate",
+    "results_from_decisions",
+    "validate_approval_decision",
+    "validate_audit_decision",
+]

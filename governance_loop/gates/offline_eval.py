@@ -1,0 +1,134 @@
+"""Offline-eval gate: candidate and production on frozen eval sets against thresholds.
+
+Rule: on every eval set, each policy needs ``min_samples`` episodes, and the
+candidate's *observed* success rate must reach ``min_success_rate`` and lose no
+more than ``max_regression_vs_production`` against production (and, when set,
+its mean reward no more than ``max_reward_regression_vs_production``). Eval sets
+are frozen, so the comparison is on point estimates; the confidence intervals go
+into the evidence for the auditor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from governance_loop.gates.decision import OFFLINE_EVAL, GateDecision, Verdict
+from governance_loop.gates.stats import (
+    EpisodeStats,
+    evidence_number,
+    mean_difference,
+    rate_difference,
+    summary_mean_interval,
+    wilson_interval,
+)
+from governance_loop.gates.thresholds import ThresholdSpec
+
+
+@dataclass(frozen=True)
+class EvalSetResult:
+    """Both policies' results on one frozen eval set."""
+
+    eval_set: str
+    # The frozen eval set's version (its content hash), so the decision names what it measured.
+    eval_set_version: str
+    candidate: EpisodeStats
+    # None when nothing is in production yet (the first promotion).
+    production: EpisodeStats | None
+
+
+def _policy_evidence(stats: EpisodeStats, confidence: float) -> dict[str, Any]:
+    reward = summary_mean_interval(stats.reward_mean, stats.reward_std, stats.episodes, confidence)
+    return {
+        "episodes": stats.episodes,
+        "successes": stats.successes,
+        "success_rate": wilson_interval(stats.counts, confidence).to_dict(),
+        "reward_mean": reward.to_dict(),
+        "reward_std": evidence_number(stats.reward_std),
+    }
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.1f}%"
+
+
+def _check_eval_set(result: EvalSetResult, spec: ThresholdSpec) -> tuple[list[str], dict[str, Any]]:
+    name, version = result.eval_set, spec.version
+    cand, prod = result.candidate, result.production
+    violations: list[str] = []
+    evidence: dict[str, Any] = {
+        "eval_set": name,
+        "eval_set_version": result.eval_set_version,
+        "candidate": _policy_evidence(cand, spec.confidence),
+        "production": None if prod is None else _policy_evidence(prod, spec.confidence),
+    }
+    for label, stats in (("candidate", cand), ("production", prod)):
+        if stats is not None and stats.episodes < spec.min_samples:
+            violations.append(
+                f"eval set {name!r}: {label} has {stats.episodes} episodes, "
+                f"min_samples is {spec.min_samples} (thresholds {version})"
+            )
+    if cand.counts.rate < spec.min_success_rate:
+        violations.append(
+            f"eval set {name!r}: candidate success rate {_pct(cand.counts.rate)} is below "
+            f"min_success_rate {_pct(spec.min_success_rate)} (thresholds {version})"
+        )
+    if prod is not None:
+        rate_delta = rate_difference(cand.counts, prod.counts, spec.confidence)
+        reward_delta = mean_difference(cand, prod, spec.confidence)
+        evidence["success_rate_delta"] = rate_delta.to_dict()
+        evidence["reward_delta"] = reward_delta.to_dict()
+        if rate_delta.estimate < -spec.max_regression_vs_production:
+            violations.append(
+                f"eval set {name!r}: candidate success rate is "
+                f"{_pct(-rate_delta.estimate)} points below production, "
+                f"max_regression_vs_production is {_pct(spec.max_regression_vs_production)} "
+                f"(thresholds {version})"
+            )
+        max_reward = spec.max_reward_regression_vs_production
+        if max_reward is not None and reward_delta.estimate < -max_reward:
+            violations.append(
+                f"eval set {name!r}: candidate mean reward is {-reward_delta.estimate:.4g} "
+                f"below production, max_reward_regression_vs_production is {max_reward:.4g} "
+                f"(thresholds {version})"
+            )
+    evidence["violations"] = violations
+    return violations, evidence
+
+
+def decide_offline_eval(
+    results: Sequence[EvalSetResult], thresholds: ThresholdSpec
+) -> GateDecision:
+    """Pass only when every eval set meets every offline threshold."""
+    names = [r.eval_set for r in results]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"eval sets reported more than once: {duplicates}")
+    reasons: list[str] = []
+    per_set: list[dict[str, Any]] = []
+    if not results:
+        reasons.append("no eval set results: the candidate was not evaluated")
+    for result in results:
+        violations, evidence = _check_eval_set(result, thresholds)
+        reasons.extend(violations)
+        per_set.append(evidence)
+    passed = not reasons
+    return GateDecision(
+        gate=OFFLINE_EVAL,
+        passed=passed,
+        reasons=reasons or [f"all {len(results)} eval sets meet thresholds {thresholds.version}"],
+        evidence={
+            "threshold_version": thresholds.version,
+            "thresholds": {
+                "min_success_rate": thresholds.min_success_rate,
+                "max_regression_vs_production": thresholds.max_regression_vs_production,
+                "max_reward_regression_vs_production":
+                    thresholds.max_reward_regression_vs_production,
+                "min_samples": thresholds.min_samples,
+                "confidence": thresholds.confidence,
+            },
+            "eval_sets": per_set,
+        },
+        verdict=Verdict.PASS if passed else Verdict.FAIL,
+    )

@@ -1,0 +1,159 @@
+"""Versioned gate thresholds: what a candidate must reach, recorded with every decision.
+
+Success rates and regressions are fractions (0.02 means 2 percentage points);
+rewards are in the environment's reward units. A ``ThresholdSpec`` is frozen once
+governance stores it; a change is a new ``version``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+class ThresholdSpecError(ValueError):
+    """A threshold spec with a missing, unknown or out-of-range field."""
+
+
+def _check_fraction(owner: str, name: str, value: float, *, allow_zero: bool = True) -> None:
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not (isinstance(value, int | float) and math.isfinite(value) and low_ok and value <= 1):
+        bound = "[0, 1]" if allow_zero else "(0, 1]"
+        raise ThresholdSpecError(f"{owner}.{name} must be a fraction in {bound}, got {value!r}")
+
+
+def _check_probability(owner: str, name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and 0 < value < 1):
+        raise ThresholdSpecError(f"{owner}.{name} must be strictly between 0 and 1, got {value!r}")
+
+
+def _check_count(owner: str, name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ThresholdSpecError(f"{owner}.{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ShadowSpec:
+    """Shadow gate: candidate beside production on the same tasks, actions not applied."""
+
+    # Paired episodes (same task, both policies) required before the gate can pass.
+    min_samples: int = 50
+    # Fraction of compared steps where candidate and production chose the same action.
+    agreement_floor: float = 0.9
+    # Two-sided confidence of the interval on the mean paired reward delta.
+    confidence: float = 0.95
+    # Guard, in reward units: a mean delta below -this fails even at high agreement.
+    max_mean_reward_regression: float = 0.05
+
+    def __post_init__(self) -> None:
+        _check_count("shadow", "min_samples", self.min_samples)
+        _check_fraction("shadow", "agreement_floor", self.agreement_floor)
+        _check_probability("shadow", "confidence", self.confidence)
+        if not self.max_mean_reward_regression >= 0:
+            raise ThresholdSpecError("shadow.max_mean_reward_regression must be >= 0")
+
+
+@dataclass(frozen=True)
+class CanarySpec:
+    """Canary gate: Wald SPRT on success rate, canary share vs the rest of production."""
+
+    # Episodes required in each arm before the test may decide anything.
+    min_samples_per_arm: int = 200
+    # Absolute drop in success rate (fraction) the test is built to catch: H1 is p_c = p_p - this.
+    regression_to_detect: float = 0.05
+    # Alpha: chance of aborting a candidate that is as good as production.
+    false_abort_rate: float = 0.05
+    # Beta: chance of passing a candidate that is worse by regression_to_detect.
+    missed_regression_rate: float = 0.10
+
+    def __post_init__(self) -> None:
+        _check_count("canary", "min_samples_per_arm", self.min_samples_per_arm)
+        _check_fraction("canary", "regression_to_detect", self.regression_to_detect,
+                        allow_zero=False)
+        _check_probability("canary", "false_abort_rate", self.false_abort_rate)
+        _check_probability("canary", "missed_regression_rate", self.missed_regression_rate)
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """Watch after promotion: open-ended SPRT against the pre-promotion baseline."""
+
+    # Episodes since promotion required before a rollback can be triggered.
+    min_samples: int = 200
+    # Absolute drop in success rate (fraction) that counts as a regression.
+    regression_to_detect: float = 0.05
+    # Alpha under continuous monitoring: chance of rolling back a non-regressed model.
+    false_rollback_rate: float = 0.05
+
+    def __post_init__(self) -> None:
+        _check_count("watch", "min_samples", self.min_samples)
+        _check_fraction("watch", "regression_to_detect", self.regression_to_detect,
+                        allow_zero=False)
+        _check_probability("watch", "false_rollback_rate", self.false_rollback_rate)
+
+
+@dataclass(frozen=True)
+class ThresholdSpec:
+    """One frozen version of every gate's thresholds."""
+
+    # Identifies this frozen spec; every gate decision records it.
+    version: str
+    # Offline eval: candidate success rate (fraction) required on each eval set.
+    min_success_rate: float
+    # Offline eval: largest tolerated drop vs production in success rate (fraction).
+    max_regression_vs_production: float
+    # Offline eval: episodes required per eval set for each policy.
+    min_samples: int
+    # Offline eval: largest tolerated drop vs production in mean reward; None = not checked.
+    max_reward_regression_vs_production: float | None = None
+    # Two-sided confidence of the intervals reported in offline-eval evidence.
+    confidence: float = 0.95
+    shadow: ShadowSpec = field(default_factory=ShadowSpec)
+    canary: CanarySpec = field(default_factory=CanarySpec)
+    watch: WatchSpec = field(default_factory=WatchSpec)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.version, str) or not self.version.strip():
+            raise ThresholdSpecError("thresholds.version must be a non-empty string")
+        _check_fraction("thresholds", "min_success_rate", self.min_success_rate)
+        _check_fraction("thresholds", "max_regression_vs_production",
+                        self.max_regression_vs_production)
+        _check_count("thresholds", "min_samples", self.min_samples)
+        _check_probability("thresholds", "confidence", self.confidence)
+        reward = self.max_reward_regression_vs_production
+        if reward is not None and not (math.isfinite(reward) and reward >= 0):
+            raise ThresholdSpecError(
+                f"thresholds.max_reward_regression_vs_production must be >= 0, got {reward!r}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, the inverse of ``from_mapping``."""
+        return asdict(self)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> ThresholdSpec:
+        """Build a spec from stored JSON, refusing unknown keys so typos cannot pass silently."""
+        nested = {"shadow": ShadowSpec, "canary": CanarySpec, "watch": WatchSpec}
+        _refuse_unknown("thresholds", data, {f.name for f in fields(cls)})
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            spec_type = nested.get(key)
+            if spec_type is None:
+                kwargs[key] = value
+                continue
+            if not isinstance(value, Mapping):
+                raise ThresholdSpecError(f"thresholds.{key} must be a mapping, got {value!r}")
+            _refuse_unknown(key, value, {f.name for f in fields(spec_type)})
+            kwargs[key] = spec_type(**value)
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:  # a required field is missing
+            raise ThresholdSpecError(f"incomplete threshold spec: {exc}") from exc
+
+
+def _refuse_unknown(owner: str, data: Mapping[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ThresholdSpecError(f"{owner}: unknown fields {unknown}; known: {sorted(known)}")

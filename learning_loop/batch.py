@@ -1,0 +1,174 @@
+"""The training-sample format: stored steps -> samples with advantages -> padded tensors.
+
+A rollout stores one `step` row per model turn: the full context fed to the model at that
+turn (`prompt_token_ids`, exactly as generated, never retokenized), the tokens the model
+sampled (`action_token_ids`), the behaviour policy's logprob of each sampled token and
+the step's reward. A training sample is prompt + action with the action mask = 1 on the
+action tokens only, so observations, tool output and templates never receive gradient.
+
+Targets are aligned with the logits: position t of `action_mask` / `behaviour_logprobs`
+refers to token t+1 of `input_ids`, the token predicted by the logits at position t.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from learning_loop.advantages import AdvantageResult, TrajectoryReturn, compute_advantages
+from learning_loop.config import AdvantageConfig
+
+
+class InvalidSampleError(ValueError):
+    """A step or sample that cannot be trained on; the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One stored rollout step, as the execution loop wrote it."""
+
+    trajectory_id: str
+    group_id: str
+    task_id: str
+    policy_version: int
+    prompt_token_ids: Sequence[int]
+    action_token_ids: Sequence[int]
+    behaviour_logprobs: Sequence[float]
+    reward: float
+
+
+@dataclass(frozen=True)
+class TrainingSample:
+    """prompt + action token ids, the behaviour logprobs of the action, its advantage."""
+
+    trajectory_id: str
+    group_id: str
+    task_id: str
+    policy_version: int
+    prompt_token_ids: tuple[int, ...]
+    action_token_ids: tuple[int, ...]
+    behaviour_logprobs: tuple[float, ...]
+    advantage: float
+    # Per action token weight on the policy-gradient term; set by the update only for stale
+    # samples it importance-corrects (then behaviour_logprobs hold the proximal logprobs).
+    importance_weights: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        where = f"sample of trajectory {self.trajectory_id!r}"
+        if not self.prompt_token_ids:
+            raise InvalidSampleError(f"{where}: empty prompt; the first action token needs context")
+        if not self.action_token_ids:
+            raise InvalidSampleError(f"{where}: no action tokens to train on")
+        if len(self.behaviour_logprobs) != len(self.action_token_ids):
+            raise InvalidSampleError(
+                f"{where}: {len(self.behaviour_logprobs)} behaviour logprobs for"
+                f" {len(self.action_token_ids)} action tokens; the rollout must store one each"
+            )
+        if min(self.prompt_token_ids) < 0 or min(self.action_token_ids) < 0:
+            raise InvalidSampleError(f"{where}: negative token id")
+        if not all(math.isfinite(lp) and lp <= 1e-4 for lp in self.behaviour_logprobs):
+            raise InvalidSampleError(f"{where}: behaviour logprobs must be finite and <= 0")
+        weights = self.importance_weights
+        if weights is not None and len(weights) != len(self.action_token_ids):
+            raise InvalidSampleError(f"{where}: one importance weight per action token needed")
+        if not math.isfinite(self.advantage):
+            raise InvalidSampleError(f"{where}: non-finite advantage {self.advantage!r}")
+
+    @property
+    def length(self) -> int:
+        """Tokens in the sample (prompt + action)."""
+        return len(self.prompt_token_ids) + len(self.action_token_ids)
+
+
+def build_training_samples(
+    steps: Sequence[StepRecord], config: AdvantageConfig
+) -> tuple[list[TrainingSample], AdvantageResult]:
+    """Turn stored steps into samples: return = sum of a trajectory's rewards, advantage
+    per trajectory (see learning_loop.advantages), broadcast to each of its steps.
+
+    Steps without action tokens add their reward to the return but yield no sample.
+    """
+    totals: dict[str, float] = {}
+    first: dict[str, StepRecord] = {}
+    for step in steps:
+        head = first.setdefault(step.trajectory_id, step)
+        if (head.group_id, head.task_id) != (step.group_id, step.task_id):
+            raise InvalidSampleError(
+                f"trajectory {step.trajectory_id!r} has steps in different groups or tasks"
+            )
+        totals[step.trajectory_id] = totals.get(step.trajectory_id, 0.0) + step.reward
+    returns = [
+        TrajectoryReturn(tid, first[tid].group_id, first[tid].task_id, total)
+        for tid, total in totals.items()
+    ]
+    result = compute_advantages(returns, config)
+    samples = [
+        TrainingSample(
+            trajectory_id=s.trajectory_id,
+            group_id=s.group_id,
+            task_id=s.task_id,
+            policy_version=s.policy_version,
+            prompt_token_ids=tuple(s.prompt_token_ids),
+            action_token_ids=tuple(s.action_token_ids),
+            behaviour_logprobs=tuple(float(x) for x in s.behaviour_logprobs),
+            advantage=result.advantages[s.trajectory_id],
+        )
+        for s in steps
+        if s.action_token_ids
+    ]
+    return samples, result
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """Right-padded tensors for a list of samples; targets aligned with logits[:, :-1]."""
+
+    input_ids: torch.Tensor  # [B, L] int64
+    attention_mask: torch.Tensor  # [B, L] int64, 1 on real tokens
+    action_mask: torch.Tensor  # [B, L-1] float32, 1 where the target token is an action
+    behaviour_logprobs: torch.Tensor  # [B, L-1] float32, 0 off the action mask
+    advantages: torch.Tensor  # [B] float32
+    importance_weights: torch.Tensor  # [B, L-1] float32, 1 unless importance-corrected
+
+    def to(self, device: torch.device) -> PaddedBatch:
+        """The same batch on `device`."""
+        return PaddedBatch(*(t.to(device) for t in self.tensors()))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """All tensors in field order."""
+        return (
+            self.input_ids, self.attention_mask, self.action_mask,
+            self.behaviour_logprobs, self.advantages, self.importance_weights,
+        )
+
+
+def collate(samples: Sequence[TrainingSample], *, pad_token_id: int = 0) -> PaddedBatch:
+    """Right-pad samples into one batch (padding is masked out of attention and loss)."""
+    if not samples:
+        raise InvalidSampleError("cannot collate an empty list of samples")
+    width = max(s.length for s in samples)
+    input_ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    action_mask = torch.zeros((len(samples), width - 1), dtype=torch.float32)
+    behaviour = torch.zeros((len(samples), width - 1), dtype=torch.float32)
+    weights = torch.ones((len(samples), width - 1), dtype=torch.float32)
+    for row, s in enumerate(samples):
+        prompt, action = len(s.prompt_token_ids), len(s.action_token_ids)
+        input_ids[row, : prompt + action] = torch.tensor(
+            s.prompt_token_ids + s.action_token_ids, dtype=torch.long
+        )
+        attention[row, : prompt + action] = 1
+        # Action token k sits at input position prompt + k, predicted at position prompt + k - 1.
+        action_mask[row, prompt - 1 : prompt - 1 + action] = 1.0
+        behaviour[row, prompt - 1 : prompt - 1 + action] = torch.tensor(
+            s.behaviour_logprobs, dtype=torch.float32
+        )
+        if s.importance_weights is not None:
+            weights[row, prompt - 1 : prompt - 1 + action] = torch.tensor(
+                s.importance_weights, dtype=torch.float32
+            )
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return PaddedBatch(input_ids, attention, action_mask, behaviour, advantages, weights)

@@ -1,0 +1,93 @@
+package triloop.authz_test
+
+import data.triloop.authz
+
+candidate(user, roles, action, attrs) := {
+	"actor": {"service": "web", "user": user, "roles": roles},
+	"action": action,
+	"resource": {"kind": "promotion", "id": "p1", "attrs": attrs},
+}
+
+test_submitter_may_not_sign_the_audit if {
+	denied_because(
+		candidate("sam", ["auditor"], "sign_audit", {"submitted_by": "sam"}),
+		"sam submitted the run and may not sign_audit its candidate",
+	)
+	allowed(candidate("ada", ["auditor"], "sign_audit", {"submitted_by": "sam"}))
+}
+
+test_submitter_may_not_approve if {
+	denied_because(
+		candidate("sam", ["operator"], "approve", {"submitted_by": " SAM", "audited_by": "ada"}),
+		"sam submitted the run and may not approve its candidate",
+	)
+}
+
+test_auditor_who_signed_may_not_approve if {
+	denied_because(
+		candidate("ada", ["operator", "auditor"], "approve", {"submitted_by": "sam", "audited_by": "ada"}),
+		"ada signed the audit and may not also approve",
+	)
+	allowed(candidate("olga", ["operator"], "approve", {"submitted_by": "sam", "audited_by": "ada"}))
+}
+
+test_duty_checks_fail_closed_without_facts if {
+	denied_because(candidate("ada", ["auditor"], "sign_audit", {}), "needs resource.attrs.submitted_by")
+	denied_because(candidate("olga", ["operator"], "approve", {"submitted_by": "sam"}), "needs a signed audit first")
+	denied_because(candidate("olga", ["operator"], "approve", {"submitted_by": "", "audited_by": "ada"}), "needs resource.attrs.submitted_by")
+}
+
+test_duties_hold_when_a_worker_acts_for_the_person if {
+	inp := {
+		"actor": {"service": "governance"},
+		"action": "approve",
+		"resource": {"kind": "promotion", "attrs": {"submitted_by": "sam", "audited_by": "ada"}},
+		"context": {"on_behalf_of": {"user": "sam", "roles": ["operator"]}},
+	}
+	denied_because(inp, "sam submitted the run and may not approve")
+}
+
+test_rejecting_needs_no_audit if {
+	allowed(candidate("olga", ["operator"], "reject", {"submitted_by": "sam"}))
+}
+
+promote(attrs) := {"actor": {"service": "governance"}, "action": "promote", "resource": {"kind": "promotion", "attrs": attrs}}
+
+test_promote_needs_three_different_people if {
+	allowed(promote({"submitted_by": "sam", "audited_by": "ada", "approved_by": "olga"}))
+	denied_because(promote({"submitted_by": "sam", "audited_by": "ada"}), "promote needs resource.attrs.approved_by")
+	denied_because(promote({"submitted_by": "sam", "approved_by": "olga"}), "promote needs resource.attrs.audited_by")
+	denied_because(promote({"audited_by": "ada", "approved_by": "olga"}), "promote needs resource.attrs.submitted_by")
+	denied_because(
+		promote({"submitted_by": "sam", "audited_by": "ada", "approved_by": "Ada"}),
+		"the audit and the approval were given by the same person",
+	)
+	denied_because(
+		promote({"submitted_by": "sam", "audited_by": "sam", "approved_by": "olga"}),
+		"the submitter sam also audited the candidate",
+	)
+	denied_because(
+		promote({"submitted_by": "sam", "audited_by": "ada", "approved_by": "sam"}),
+		"the submitter sam also approved the candidate",
+	)
+}
+
+run(user, action, owner) := {
+	"actor": {"service": "web", "user": user, "roles": ["ml_engineer"]},
+	"action": action,
+	"resource": {"kind": "training_run", "id": "run-1", "owner": owner},
+}
+
+test_engineers_control_only_their_own_runs if {
+	every action in authz.owner_actions {
+		allowed(run("uma", action, "uma"))
+		denied_because(run("uma", action, "vic"), sprintf("uma may %s only their own runs", [action]))
+		denied_because(run("uma", action, null), sprintf("%s on a training run needs resource.owner", [action]))
+	}
+}
+
+test_learning_pauses_its_own_run_without_an_owner if {
+	allowed(svc("learning", "pause", "training_run"))
+	denied(svc("learning", "cancel", "training_run"))
+	denied(svc("learning", "resume", "training_run"))
+}

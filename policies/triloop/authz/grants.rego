@@ -1,0 +1,138 @@
+package triloop.authz
+
+# METADATA
+# title: permission table
+# description: >-
+#   What each loop service may do on its own, what each human role may do, and
+#   which human decisions a loop worker may carry out for a person. A request is
+#   allowed only when one of these grants it and no rule in invariants.rego or
+#   duties.rego denies it. service_grants lists each loop's own identity: only
+#   what that loop needs, everything missing is denied.
+# scope: document
+service_grants := {
+	"execution": {
+		"environment": {"read"},
+		"environment_version": {"read"},
+		"task": {"read"},
+		# Offline eval and shadow/canary episodes run in the execution loop.
+		"eval_set": {"read"},
+		"eval_item": {"read"},
+		"training_run": {"read"},
+		"checkpoint": {"read"},
+		"deployment": {"read"},
+		"routing": {"read"},
+		"trajectory": {"read", "create", "update"},
+		"step": {"read", "create"},
+	},
+	"learning": {
+		"environment": {"read"},
+		"environment_version": {"read"},
+		"task": {"read"},
+		# Learning may see which eval sets and bars exist, never their items:
+		# training on the items would let the score buy itself a promotion.
+		"eval_set": {"read"},
+		"threshold": {"read"},
+		# Stability monitors may pause their own run without a person.
+		"training_run": {"read", "update", "pause"},
+		"training_step": {"read", "create"},
+		"trajectory": {"read"},
+		"step": {"read"},
+		"checkpoint": {"read", "create", "propose"},
+		"proposal": {"read", "create", "propose"},
+		"promotion": {"read"},
+		"gate_result": {"read"},
+		"deployment": {"read"},
+	},
+	"governance": {
+		"environment": {"read", "create", "update", "retire"},
+		# Environment versions are immutable: no update.
+		"environment_version": {"read", "create", "freeze", "retire"},
+		"task": {"read", "create", "update", "admit", "reject_task", "retire"},
+		"eval_set": {"read", "create", "update", "freeze", "retire"},
+		"eval_item": {"read", "create", "update", "delete"},
+		"threshold": {"read", "create", "update", "freeze", "retire"},
+		"training_run": {"read"},
+		"training_step": {"read"},
+		"trajectory": {"read"},
+		"step": {"read"},
+		"checkpoint": {"read"},
+		"proposal": {"read", "update"},
+		"promotion": {"read", "create", "update", "promote"},
+		"gate_result": {"read", "create"},
+		# Approvals are written under the operator's own approve decision.
+		"approval": {"read"},
+		"deployment": {"read", "create", "update", "rollback"},
+		"routing": {"read", "create", "update", "route"},
+		"audit_event": {"read"},
+	},
+}
+
+_read := {k: {"read"} | some k in kinds}
+
+# ML engineers read what they need to follow their runs. Eval items are left out
+# for the same reason as for the learning loop.
+_ml_engineer_reads := kinds - {"eval_item", "approval", "audit_event", "user"}
+
+role_grants := {
+	"ml_engineer": object.union(
+		{k: {"read"} | some k in _ml_engineer_reads},
+		# Only their own runs: see duties.rego.
+		{"training_run": {"read", "submit", "cancel", "pause", "resume"}},
+	),
+	"operator": object.union(
+		{k: {"read"} | some k in (kinds - {"user"})},
+		{
+			"promotion": {"read", "approve", "reject"},
+			"deployment": {"read", "rollback"},
+		},
+	),
+	"auditor": object.union(_read, {
+		"promotion": {"read", "sign_audit", "reject_audit"},
+		"audit_event": {"read", "verify"},
+	}),
+	"admin": {
+		"user": {"read", "create", "update", "delete"},
+		"audit_event": {"read"},
+	},
+}
+
+# Human decisions a loop worker executes after the web service was allowed to
+# send them: the person must hold the grant too, and duties are checked
+# against the person.
+delegable := {
+	"governance": {
+		"promotion": {"approve", "reject", "sign_audit", "reject_audit"},
+		"deployment": {"rollback"},
+	},
+	"learning": {"training_run": {"cancel", "pause", "resume"}},
+}
+
+grant_reasons contains sprintf("service %s may %s %s", [service, action, kind]) if {
+	mode == "service"
+	action in service_grants[service][kind]
+}
+
+grant_reasons contains sprintf("role %s may %s %s", [role, action, kind]) if {
+	mode == "human"
+	actor_user
+	some role in actor_roles
+	action in role_grants[role][kind]
+}
+
+grant_reasons contains sprintf("%s may %s %s for %s, whose role %s may", [
+	service, action, kind,
+	on_behalf_of_user, role,
+]) if {
+	mode == "delegated"
+	action in delegable[service][kind]
+	some role in on_behalf_of_roles
+	action in role_grants[role][kind]
+}
+
+# Anyone signed in may read their own user record.
+grant_reasons contains sprintf("user %s may read their own user record", [human.user]) if {
+	mode == "human"
+	kind == "user"
+	action == "read"
+	norm(input.resource.id) == human.user
+}

@@ -1,0 +1,128 @@
+package triloop.authz_test
+
+import data.triloop.authz
+
+# Facts that satisfy every duty check, so that these tests see the table alone.
+clean_attrs := {"submitted_by": "sam", "audited_by": "ada", "approved_by": "olga"}
+
+svc_clean(service, action, kind) := {
+	"actor": {"service": service},
+	"action": action,
+	"resource": {"kind": kind, "id": "r1", "attrs": clean_attrs},
+}
+
+person_clean(user, roles, action, kind) := {
+	"actor": {"service": "web", "user": user, "roles": roles},
+	"action": action,
+	"resource": {"kind": kind, "id": "someone-else", "owner": user, "attrs": clean_attrs},
+}
+
+granted_to_service(service, kind, action) if action in authz.service_grants[service][kind]
+
+granted_to_role(role, kind, action) if action in authz.role_grants[role][kind]
+
+# Either the table grants it, or the decision denies it.
+service_table_holds(service, kind, action) if granted_to_service(service, kind, action)
+
+service_table_holds(service, kind, action) if {
+	not granted_to_service(service, kind, action)
+	denied(svc_clean(service, action, kind))
+}
+
+role_table_holds(role, kind, action) if granted_to_role(role, kind, action)
+
+role_table_holds(role, kind, action) if {
+	not granted_to_role(role, kind, action)
+	denied(person_clean("uma", [role], action, kind))
+}
+
+test_every_service_grant_is_allowed if {
+	every service, table in authz.service_grants {
+		every kind, granted in table {
+			every action in granted {
+				allowed(svc_clean(service, action, kind))
+			}
+		}
+	}
+}
+
+test_services_get_nothing_outside_their_table if {
+	every service in authz.loop_services {
+		every kind in authz.kinds {
+			every action in authz.actions {
+				service_table_holds(service, kind, action)
+			}
+		}
+	}
+}
+
+test_every_role_grant_is_allowed if {
+	every role, table in authz.role_grants {
+		every kind, granted in table {
+			every action in granted {
+				allowed(person_clean("uma", [role], action, kind))
+			}
+		}
+	}
+}
+
+test_roles_get_nothing_outside_their_table if {
+	every role in authz.roles {
+		every kind in authz.kinds {
+			every action in authz.actions {
+				role_table_holds(role, kind, action)
+			}
+		}
+	}
+}
+
+for_person(service, action, kind, user, roles) := {
+	"actor": {"service": service},
+	"action": action,
+	"resource": {"kind": kind, "id": "r1", "owner": "uma", "attrs": clean_attrs},
+	"context": {"on_behalf_of": {"user": user, "roles": roles}},
+}
+
+test_governance_carries_out_a_persons_decision if {
+	allowed(for_person("governance", "approve", "promotion", "olga", ["operator"]))
+	allowed(for_person("governance", "reject", "promotion", "olga", ["operator"]))
+	allowed(for_person("governance", "sign_audit", "promotion", "ada", ["auditor"]))
+	allowed(for_person("governance", "reject_audit", "promotion", "ada", ["auditor"]))
+	allowed(for_person("governance", "rollback", "deployment", "olga", ["operator"]))
+}
+
+test_delegation_needs_the_persons_own_grant if {
+	denied_because(
+		for_person("governance", "approve", "promotion", "uma", ["ml_engineer"]),
+		"no rule lets governance acting for uma",
+	)
+	denied(for_person("governance", "rollback", "deployment", "ada", ["auditor"]))
+	denied(for_person("governance", "approve", "promotion", "nobody", []))
+}
+
+test_delegation_covers_only_human_decisions if {
+	# The worker's own acts (promote, route, writes) go without on_behalf_of.
+	denied(for_person("governance", "promote", "promotion", "olga", ["operator"]))
+	denied(for_person("governance", "update", "routing", "olga", ["operator"]))
+	denied(for_person("execution", "read", "task", "olga", ["operator"]))
+}
+
+test_learning_carries_out_an_engineers_run_control if {
+	allowed(for_person("learning", "cancel", "training_run", "uma", ["ml_engineer"]))
+	allowed(for_person("learning", "resume", "training_run", "uma", ["ml_engineer"]))
+	denied_because(
+		for_person("learning", "cancel", "training_run", "vic", ["ml_engineer"]),
+		"vic may cancel only their own runs; this run belongs to uma",
+	)
+	denied(for_person("learning", "cancel", "training_run", "olga", ["operator"]))
+}
+
+test_people_read_their_own_user_record if {
+	inp := {
+		"actor": {"service": "web", "user": "Uma", "roles": []},
+		"action": "read",
+		"resource": {"kind": "user", "id": " uma"},
+	}
+	allowed(inp)
+	denied(json.patch(inp, [{"op": "replace", "path": "/resource/id", "value": "vic"}]))
+}

@@ -1,0 +1,135 @@
+"""Session fixtures: real PostgreSQL, Temporal and OPA, started on free loopback ports.
+
+Each service starts only when a test asks for it, in a temporary directory, and
+is stopped at the end of the session: tests never touch a developer's stack.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from triloop.config import ServiceName, Settings
+from triloop.devstack.postgres import start_postgres
+from triloop.devstack.processes import ServiceProcess, free_port, stop_recorded
+from triloop.devstack.servers import repo_root, start_opa, start_temporal
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Temporary home of the test stack."""
+    return tmp_path_factory.mktemp("triloop-stack")
+
+
+@pytest.fixture(scope="session")
+def pg_server(stack_dir: Path) -> Iterator[tuple[ServiceProcess, int]]:
+    """A throwaway PostgreSQL cluster (fsync off), migrated to head."""
+    from triloop.migrate import upgrade
+
+    port = free_port()
+    proc = start_postgres(
+        stack_dir / "pg", port=port, run_dir=stack_dir / "run", log_dir=stack_dir / "logs",
+        durable=False,
+    )
+    upgrade(f"postgresql+psycopg://postgres@127.0.0.1:{port}/triloop")
+    yield proc, port
+    from triloop.db import dispose_all
+
+    dispose_all()
+    stop_recorded(proc.pid_path)
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_server: tuple[ServiceProcess, int]) -> str:
+    """Owner URL of the test database."""
+    return f"postgresql+psycopg://postgres@127.0.0.1:{pg_server[1]}/triloop"
+
+
+@pytest.fixture(scope="session")
+def temporal_server(stack_dir: Path) -> Iterator[tuple[ServiceProcess, str]]:
+    """A Temporal dev server (headless) with its own sqlite file."""
+    port = free_port()
+    proc = start_temporal(
+        db_file=stack_dir / "temporal.db",
+        port=port,
+        ui_port=None,
+        http_port=free_port(),
+        metrics_port=free_port(),
+        run_dir=stack_dir / "run",
+        log_dir=stack_dir / "logs",
+    )
+    yield proc, f"127.0.0.1:{port}"
+    stop_recorded(proc.pid_path)
+
+
+@pytest.fixture(scope="session")
+def temporal_address(temporal_server: tuple[ServiceProcess, str]) -> str:
+    """host:port of the test Temporal server."""
+    return temporal_server[1]
+
+
+@pytest.fixture(scope="session")
+def opa_server(stack_dir: Path) -> Iterator[tuple[ServiceProcess, str]]:
+    """The real OPA server on the project's policies, decision logging on."""
+    port = free_port()
+    proc = start_opa(
+        policies=repo_root() / "policies", port=port, run_dir=stack_dir / "run",
+        log_dir=stack_dir / "logs",
+    )
+    yield proc, f"http://127.0.0.1:{port}"
+    stop_recorded(proc.pid_path)
+
+
+@pytest.fixture(scope="session")
+def opa_url(opa_server: tuple[ServiceProcess, str]) -> str:
+    """Base URL of the test OPA server."""
+    return opa_server[1]
+
+
+@pytest.fixture(scope="session")
+def db_settings(stack_dir: Path, database_url: str) -> Settings:
+    """Settings pointing at the test database only."""
+    return Settings(
+        home=stack_dir, database_url=database_url, artifact_dir=stack_dir / "artifacts",
+        opa_url="http://127.0.0.1:9",
+    )
+
+
+@pytest.fixture(scope="session")
+def settings(
+    stack_dir: Path, database_url: str, temporal_address: str, opa_url: str
+) -> Settings:
+    """Settings pointing at every test service; a unique task-queue prefix per session."""
+    return Settings(
+        home=stack_dir,
+        database_url=database_url,
+        temporal_address=temporal_address,
+        opa_url=opa_url,
+        artifact_dir=stack_dir / "artifacts",
+        task_queue_prefix=f"test-{uuid.uuid4().hex[:8]}-",
+        gate_profile="test",
+    )
+
+
+@pytest.fixture(scope="session")
+def owner_engine(database_url: str) -> Engine:
+    """The owner (superuser) engine: test set-up only, never code under test."""
+    from triloop.db import engine_for_url
+
+    return engine_for_url(database_url)
+
+
+@pytest.fixture(scope="session")
+def role_engine(db_settings: Settings) -> Callable[[ServiceName], Engine]:
+    """Engine factory for a service's own database role."""
+    from triloop.db import role_engine as make
+
+    return lambda service: make(db_settings, service)

@@ -1,0 +1,93 @@
+"""Rows for tests, inserted as the owner (set-up only) with unique ids."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+
+def uid(prefix: str = "") -> str:
+    """A unique id for test rows."""
+    return f"{prefix}{uuid.uuid4().hex[:12]}"
+
+
+def insert(engine: Engine, table: str, **values: Any) -> dict[str, Any]:
+    """INSERT one row as the owner; returns the values."""
+    import json
+
+    columns = ", ".join(values)
+    params = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in values.items()}
+    placeholders = ", ".join(f":{k}" for k in values)
+    with engine.begin() as conn:
+        conn.execute(text(f"INSERT INTO {table} ({columns}) VALUES ({placeholders})"), params)
+    return values
+
+
+def make_checkpoint(engine: Engine, **overrides: Any) -> str:
+    """A checkpoint row; returns its id."""
+    values: dict[str, Any] = {
+        "id": uid("ckpt-"),
+        "base_model": "tiny",
+        "artifact_uri": "file:///nowhere",
+        "created_by": "learning",
+        "data": {},
+    }
+    values.update(overrides)
+    insert(engine, "checkpoint", **values)
+    return str(values["id"])
+
+
+def make_environment_version(engine: Engine) -> str:
+    """An environment with one version; returns the version id."""
+    name = uid("env-")
+    insert(engine, "environment", name=name, description="", created_by="test")
+    version_id = uid("sha-")
+    insert(
+        engine,
+        "environment_version",
+        id=version_id,
+        environment_name=name,
+        version=1,
+        contract={"task": name},
+        contract_text="task: x",
+        fixture_hashes={},
+        created_by="test",
+    )
+    return version_id
+
+
+def make_task(engine: Engine, status: str = "admitted") -> str:
+    """A task on a fresh environment version; returns its id."""
+    task_id = uid("task-")
+    insert(
+        engine,
+        "task",
+        id=task_id,
+        environment_version_id=make_environment_version(engine),
+        seed=1,
+        status=status,
+        evidence={},
+    )
+    return task_id
+
+
+def make_run(engine: Engine, submitted_by: str = "alice") -> str:
+    """A training run; returns its id."""
+    run_id = uid("run-")
+    insert(
+        engine, "training_run", id=run_id, submitted_by=submitted_by, config={}, name="t",
+        status="submitted", iterations_done=0,
+    )
+    return run_id
+
+
+def make_eval_set(engine: Engine, *, frozen: bool = False) -> str:
+    """An eval set (optionally frozen); returns its id."""
+    set_id = uid("es-")
+    insert(engine, "eval_set", id=set_id, name=set_id, version=1, created_by="gov")
+    if frozen:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE eval_set SET frozen_at = now() WHERE id = :i"), {"i": set_id})
+    return set_id

@@ -1,0 +1,212 @@
+"""Each role's GRANTs mirror the policy: allowed writes succeed, forbidden ones fail."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError, ProgrammingError
+
+from tests.factories import (
+    make_checkpoint,
+    make_environment_version,
+    make_eval_set,
+    make_run,
+    make_task,
+    uid,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _run(engine: Engine, sql: str, params: dict[str, Any] | None = None) -> None:
+    with engine.begin() as conn:
+        conn.execute(text(sql), params or {})
+
+
+def _refused(engine: Engine, sql: str, params: dict[str, Any] | None = None) -> str:
+    with pytest.raises((ProgrammingError, DBAPIError)) as caught:
+        _run(engine, sql, params)
+    message = str(caught.value.orig)
+    assert "permission denied" in message or "frozen" in message or "append-only" in message
+    return message
+
+
+FORBIDDEN_FOR_LEARNING = [
+    "INSERT INTO eval_set (id, name, version, created_by) VALUES ('x', 'x', 1, 'learning')",
+    "INSERT INTO eval_item (eval_set_id, ordinal, task_id) VALUES ('x', 0, 'x')",
+    "INSERT INTO threshold (id, name, version, spec, created_by) VALUES "
+    "('x', 'x', 1, '{}', 'learning')",
+    "UPDATE threshold SET spec = '{}'",
+    "DELETE FROM eval_item",
+    "INSERT INTO promotion (id, proposal_id, checkpoint_id, run_id, submitted_by) VALUES "
+    "('x', 'x', 'x', 'x', 'x')",
+    "UPDATE promotion SET status = 'promoted'",
+    "INSERT INTO approval (id, promotion_id, kind, decision, user_name, comment) VALUES "
+    "('x', 'x', 'operator', 'approve', 'l', 'c')",
+    "INSERT INTO deployment (alias, checkpoint_id, updated_by) VALUES ('production', 'x', 'l')",
+    "UPDATE deployment SET checkpoint_id = 'x'",
+    "UPDATE deployment SET rollback_target_id = 'x'",
+    "INSERT INTO routing (slot, checkpoint_id, share, updated_by) VALUES ('canary', 'x', 1, 'l')",
+    "UPDATE routing SET share = 1",
+    "UPDATE environment_version SET contract = '{}'",
+    "INSERT INTO environment_version (id, environment_name, version, contract, contract_text, "
+    "fixture_hashes, created_by) VALUES ('x', 'x', 1, '{}', '', '{}', 'l')",
+    "SELECT * FROM eval_item",
+    "SELECT * FROM threshold",
+]
+
+FORBIDDEN_FOR_EXECUTION = [
+    "UPDATE environment_version SET contract = '{}'",
+    "INSERT INTO environment (name, created_by) VALUES ('x', 'e')",
+    "INSERT INTO eval_set (id, name, version, created_by) VALUES ('x', 'x', 1, 'e')",
+    "DELETE FROM eval_item",
+    "UPDATE threshold SET spec = '{}'",
+    "INSERT INTO checkpoint (id, base_model, artifact_uri, created_by) VALUES ('x','b','u','e')",
+    "UPDATE routing SET share = 1",
+    "UPDATE task SET status = 'admitted'",
+]
+
+FORBIDDEN_FOR_GOVERNANCE = [
+    "INSERT INTO checkpoint (id, base_model, artifact_uri, created_by) VALUES ('x','b','u','g')",
+    "UPDATE checkpoint SET parent_id = NULL",
+    "INSERT INTO training_step (run_id, iteration) VALUES ('x', 1)",
+    "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, group_id, status, "
+    "total_reward) VALUES ('x','b','t','c','eval','g','completed',0)",
+    "UPDATE environment_version SET contract = '{}'",
+]
+
+FORBIDDEN_FOR_WEB = [
+    "INSERT INTO approval (id, promotion_id, kind, decision, user_name, comment) VALUES "
+    "('x', 'x', 'operator', 'approve', 'w', 'c')",
+    "UPDATE deployment SET checkpoint_id = 'x'",
+    "UPDATE routing SET share = 1",
+    "INSERT INTO checkpoint (id, base_model, artifact_uri, created_by) VALUES ('x','b','u','w')",
+    "UPDATE threshold SET spec = '{}'",
+]
+
+
+@pytest.mark.parametrize("sql", FORBIDDEN_FOR_LEARNING)
+def test_learning_role_cannot_touch_what_judges_it(
+    role_engine: Callable[[str], Engine], sql: str
+) -> None:
+    _refused(role_engine("learning"), sql)
+
+
+@pytest.mark.parametrize("sql", FORBIDDEN_FOR_EXECUTION)
+def test_execution_role_cannot_change_contracts_or_eval(
+    role_engine: Callable[[str], Engine], sql: str
+) -> None:
+    _refused(role_engine("execution"), sql)
+
+
+@pytest.mark.parametrize("sql", FORBIDDEN_FOR_GOVERNANCE)
+def test_governance_role_never_trains(role_engine: Callable[[str], Engine], sql: str) -> None:
+    _refused(role_engine("governance"), sql)
+
+
+@pytest.mark.parametrize("sql", FORBIDDEN_FOR_WEB)
+def test_web_role_decides_nothing_directly(role_engine: Callable[[str], Engine], sql: str) -> None:
+    _refused(role_engine("web"), sql)
+
+
+def test_learning_role_allowed_writes(
+    role_engine: Callable[[str], Engine], owner_engine: Engine
+) -> None:
+    learning = role_engine("learning")
+    run_id = make_run(owner_engine)
+    ckpt = uid("ckpt-")
+    _run(
+        learning,
+        "INSERT INTO checkpoint (id, base_model, artifact_uri, created_by, run_id) "
+        "VALUES (:i, 'tiny', 'file:///x', 'learning', :r)",
+        {"i": ckpt, "r": run_id},
+    )
+    _run(learning, "INSERT INTO training_step (run_id, iteration, loss) VALUES (:r, 1, 0.5)",
+         {"r": run_id})
+    _run(
+        learning,
+        "INSERT INTO proposal (id, checkpoint_id, run_id, submitted_by) "
+        "VALUES (:p, :c, :r, 'alice')",
+        {"p": uid("prop-"), "c": ckpt, "r": run_id},
+    )
+    _run(learning, "UPDATE training_run SET status = 'running' WHERE id = :r", {"r": run_id})
+    # ...but not the run's config or submitter, which the submitter owns.
+    _refused(learning, "UPDATE training_run SET submitted_by = 'mallory' WHERE id = :r",
+             {"r": run_id})
+
+
+def test_execution_role_writes_trajectories(
+    role_engine: Callable[[str], Engine], owner_engine: Engine
+) -> None:
+    execution = role_engine("execution")
+    task_id = make_task(owner_engine)
+    traj = uid("ep-")
+    _run(
+        execution,
+        "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, group_id, status, "
+        "total_reward, sample_index, policy_version, success, num_steps) "
+        "VALUES (:i, 'b', :t, 'c', 'training', 'g', 'completed', 1.0, 0, 0, true, 1)",
+        {"i": traj, "t": task_id},
+    )
+    _run(
+        execution,
+        "INSERT INTO step (trajectory_id, index, prompt_token_ids, action_token_ids, action_mask, "
+        "behaviour_logprobs, reward, observation, action_text, done) "
+        "VALUES (:i, 0, '{1,2}', '{3}', '{0,0,1}', '{-0.5}', 1.0, 'o', 'a', true)",
+        {"i": traj},
+    )
+    _refused(execution, "UPDATE trajectory SET total_reward = 9 WHERE id = :i", {"i": traj})
+
+
+def test_governance_role_owns_gates_and_routing(
+    role_engine: Callable[[str], Engine], owner_engine: Engine
+) -> None:
+    governance = role_engine("governance")
+    ckpt = make_checkpoint(owner_engine)
+    set_id = make_eval_set(owner_engine)
+    task_id = make_task(owner_engine)
+    _run(governance, "INSERT INTO eval_item (eval_set_id, ordinal, task_id) VALUES (:s, 0, :t)",
+         {"s": set_id, "t": task_id})
+    _run(governance, "UPDATE eval_set SET frozen_at = now(), content_hash = 'h' WHERE id = :s",
+         {"s": set_id})
+    _run(
+        governance,
+        "INSERT INTO threshold (id, name, version, spec, created_by) "
+        "VALUES (:i, :i, 1, :spec, 'gov')",
+        {"i": uid("th-"), "spec": json.dumps({"min_success_rate": 0.5})},
+    )
+    slot = uid("slot-")
+    _run(governance, "INSERT INTO routing (slot, checkpoint_id, share, updated_by) "
+                     "VALUES (:s, :c, 0.1, 'gov')", {"s": slot, "c": ckpt})
+    _run(governance, "UPDATE routing SET share = 0.2 WHERE slot = :s", {"s": slot})
+
+
+def test_frozen_eval_set_never_changes_even_for_governance(
+    role_engine: Callable[[str], Engine], owner_engine: Engine
+) -> None:
+    governance = role_engine("governance")
+    set_id = make_eval_set(owner_engine, frozen=True)
+    task_id = make_task(owner_engine)
+    message = _refused(
+        governance,
+        "INSERT INTO eval_item (eval_set_id, ordinal, task_id) VALUES (:s, 0, :t)",
+        {"s": set_id, "t": task_id},
+    )
+    assert "frozen" in message
+    _refused(governance, "UPDATE eval_set SET content_hash = 'other' WHERE id = :s", {"s": set_id})
+
+
+def test_environment_version_contract_is_immutable(
+    role_engine: Callable[[str], Engine], owner_engine: Engine
+) -> None:
+    version_id = make_environment_version(owner_engine)
+    for service in ("execution", "learning", "governance", "web"):
+        _refused(role_engine(service),
+                 "UPDATE environment_version SET contract = '{}' WHERE id = :v", {"v": version_id})
+    _run(role_engine("governance"),
+         "UPDATE environment_version SET retired_at = now(), retired_by = 'gov' WHERE id = :v",
+         {"v": version_id})

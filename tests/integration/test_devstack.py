@@ -1,0 +1,69 @@
+"""``dev up`` then ``dev down`` starts each service and leaves no process behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from triloop.config import Settings
+from triloop.devstack.processes import ServiceStartError, free_port
+from triloop.devstack.stack import down, status, up
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _settings(home: Path) -> Settings:
+    temporal = free_port()
+    return Settings(
+        home=home,
+        pg_port=free_port(),
+        temporal_address=f"127.0.0.1:{temporal}",
+        temporal_ui_port=free_port(),
+        opa_url=f"http://127.0.0.1:{free_port()}",
+        web_port=free_port(),
+    )
+
+
+def _descendants_alive(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if psutil.pid_exists(pid)
+            and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_up_then_down_leaves_no_process(tmp_path: Path) -> None:
+    settings = _settings(tmp_path / "home")
+    try:
+        lines = up(settings, with_workers=False)
+        assert any("Temporal" in line for line in lines)
+        running = {name: state for name, state, _ in status(settings)}
+        for name in ("postgres", "temporal", "opa"):
+            assert running[name].startswith("running"), running
+        pids: list[int] = []
+        for name in ("postgres", "temporal", "opa"):
+            pid = int(running[name].split("pid ")[1].rstrip(")"))
+            pids.append(pid)
+            pids += [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        # A second `up` starts nothing new.
+        up(settings, with_workers=False)
+        assert {n: s for n, s, _ in status(settings)} == running
+    finally:
+        stopped = down(settings)
+    assert set(stopped) >= {"postgres", "temporal", "opa"}
+    assert _descendants_alive(pids) == []
+    assert all(state == "stopped" for _, state, _ in status(settings))
+
+
+def test_port_taken_by_another_program_is_named(tmp_path: Path) -> None:
+    import socket
+
+    settings = _settings(tmp_path / "home")
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", settings.pg_port))
+        blocker.listen()
+        with pytest.raises(ServiceStartError) as caught:
+            up(settings, with_workers=False)
+    message = str(caught.value)
+    assert "postgres" in message and str(settings.pg_port) in message
+    assert "postgres.log" in message
+    down(settings)

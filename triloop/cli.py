@@ -1,0 +1,169 @@
+"""The ``triloop`` command line.
+
+This module is a composition root: besides its own commands (``dev``,
+``migrate``, ``audit``) it mounts the command groups each service package
+publishes, by module name, so the shared kernel never imports a loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from triloop.config import get_settings
+
+app = typer.Typer(
+    help="triloop: RL for LLM agents in three permissioned loops (execution, learning, "
+    "governance).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+dev_app = typer.Typer(help="Run the whole stack on this machine.", no_args_is_help=True)
+audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
+app.add_typer(dev_app, name="dev")
+app.add_typer(audit_app, name="audit")
+console = Console()
+err_console = Console(stderr=True)
+
+# (group name, "module:attribute") published by each service package.
+PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
+    ("env", "execution_loop.cli:env_app"),
+    ("model", "learning_loop.cli:model_app"),
+    ("governance", "governance_loop.cli:governance_app"),
+    ("users", "web.cli:users_app"),
+    ("train", "web.cli:train_app"),
+    ("promotions", "web.cli:promotions_app"),
+)
+PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (("rollback", "web.cli:rollback_command"),)
+
+
+def _load(target: str) -> object | None:
+    module_name, attribute = target.split(":")
+    if importlib.util.find_spec(module_name.split(".")[0]) is None:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        return None
+    return getattr(module, attribute, None)
+
+
+def _mount_plugins() -> None:
+    for name, target in PLUGIN_GROUPS:
+        group = _load(target)
+        if isinstance(group, typer.Typer):
+            app.add_typer(group, name=name)
+    for name, target in PLUGIN_COMMANDS:
+        command = _load(target)
+        if callable(command):
+            app.command(name)(command)
+
+
+@dev_app.command("up")
+def dev_up(
+    no_workers: Annotated[
+        bool, typer.Option("--no-workers", help="Start only PostgreSQL, Temporal and OPA.")
+    ] = False,
+) -> None:
+    """Start PostgreSQL, Temporal, OPA, the three loop workers and the web app."""
+    from triloop.devstack.processes import ServiceStartError
+    from triloop.devstack.stack import up
+
+    try:
+        lines = up(get_settings(), with_workers=not no_workers)
+    except ServiceStartError as error:
+        err_console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+    for line in lines:
+        console.print(line)
+
+
+@dev_app.command("status")
+def dev_status() -> None:
+    """Show each service, whether it runs, and its log file."""
+    from triloop.devstack.stack import status, urls
+
+    table = Table("service", "state", "log")
+    for name, state, log in status(get_settings()):
+        table.add_row(name, state, log)
+    console.print(table)
+    for line in urls(get_settings()):
+        console.print(line)
+
+
+@dev_app.command("down")
+def dev_down() -> None:
+    """Stop what ``dev up`` started (by recorded pid)."""
+    from triloop.devstack.stack import down
+
+    stopped = down(get_settings())
+    console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@dev_app.command("logs")
+def dev_logs(
+    service: Annotated[str, typer.Argument(help="postgres, temporal, opa, web, *-worker")],
+    lines: Annotated[int, typer.Option("-n", help="How many lines.")] = 50,
+) -> None:
+    """Print the end of one service's log."""
+    from triloop.devstack.processes import tail
+    from triloop.devstack.stack import log_path
+
+    try:
+        path = log_path(get_settings(), service)
+    except ValueError as error:
+        err_console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from error
+    console.print(f"== {path}")
+    console.print(tail(path, lines), markup=False, highlight=False)
+
+
+@app.command("migrate")
+def migrate(
+    downgrade_to: Annotated[
+        str | None, typer.Option("--downgrade", help="Downgrade to this revision (e.g. base).")
+    ] = None,
+) -> None:
+    """Upgrade the database to the latest schema (or downgrade)."""
+    from triloop import migrate as migrations
+
+    url = get_settings().owner_url()
+    if downgrade_to:
+        migrations.downgrade(url, downgrade_to)
+        console.print(f"downgraded to {downgrade_to}")
+    else:
+        migrations.upgrade(url)
+        console.print("database is at the latest revision")
+
+
+@audit_app.command("verify")
+def audit_verify() -> None:
+    """Walk the audit chain; name the first broken row if any."""
+    from triloop.audit import verify_chain
+    from triloop.db import role_engine
+
+    report = verify_chain(role_engine(get_settings(), "web"))
+    if report.ok:
+        console.print(f"audit chain verified: {report.checked} events, no gap, no edit")
+        return
+    err_console.print(
+        f"[red]audit chain broken[/red] at seq {report.broken_seq}: {report.problem} "
+        f"({report.checked} events verified before it)"
+    )
+    raise typer.Exit(1)
+
+
+def main() -> None:
+    """Entry point of the ``triloop`` command."""
+    _mount_plugins()
+    app(prog_name="triloop")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

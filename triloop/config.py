@@ -1,0 +1,93 @@
+"""Configuration from ``TRILOOP_*`` environment variables (pydantic-settings).
+
+Every service reads the same settings; each then connects with its own database
+role. Defaults describe the embedded one-machine stack under ``.triloop/``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ServiceName = Literal["execution", "learning", "governance", "web"]
+SERVICES: tuple[ServiceName, ...] = ("execution", "learning", "governance", "web")
+
+
+class Settings(BaseSettings):
+    """All of triloop's configuration; see the README's table."""
+
+    model_config = SettingsConfigDict(env_prefix="TRILOOP_", extra="ignore")
+
+    home: Path = Field(Path(".triloop"), description="State directory of the embedded stack.")
+    database_url: str | None = Field(
+        None,
+        description="Owner URL (runs migrations). Unset: the embedded PostgreSQL on pg_port.",
+    )
+    database_url_execution: str | None = Field(None, description="URL for triloop_execution.")
+    database_url_learning: str | None = Field(None, description="URL for triloop_learning.")
+    database_url_governance: str | None = Field(None, description="URL for triloop_governance.")
+    database_url_web: str | None = Field(None, description="URL for triloop_web.")
+    pg_port: int = Field(55432, description="Port of the embedded PostgreSQL (loopback).")
+
+    temporal_address: str = Field("127.0.0.1:7233", description="Temporal frontend host:port.")
+    temporal_namespace: str = Field("default", description="Temporal namespace.")
+    temporal_tls_cert: Path | None = Field(None, description="Client certificate (mTLS).")
+    temporal_tls_key: Path | None = Field(None, description="Client key (mTLS).")
+    temporal_ui_port: int = Field(8233, description="Port of the dev server's web UI.")
+    task_queue_prefix: str = Field("", description="Prefix for task queue names (tests).")
+
+    opa_url: str = Field("http://127.0.0.1:8181", description="OPA server base URL.")
+    opa_timeout_s: float = Field(2.0, description="Timeout of one policy query, seconds.")
+
+    artifact_dir: Path | None = Field(None, description="Artifact store; default home/artifacts.")
+    web_host: str = Field("127.0.0.1", description="Web app bind address.")
+    web_port: int = Field(8000, description="Web app port.")
+    session_secret: str = Field(
+        "triloop-dev-session-secret-change-me", description="Signs console session cookies."
+    )
+
+    inference_backend: Literal["torch", "openai"] = Field(
+        "torch", description="torch: in-process; openai: a vLLM (OpenAI-compatible) server."
+    )
+    inference_url: str | None = Field(None, description="Base URL of the OpenAI-compatible server.")
+    gate_profile: Literal["production", "demo", "test"] = Field(
+        "production", description="Soak and deadline durations: days, minutes or seconds."
+    )
+
+    @property
+    def artifacts(self) -> Path:
+        """Where content-addressed artifacts live."""
+        return self.artifact_dir or self.home / "artifacts"
+
+    def owner_url(self) -> str:
+        """URL of the migration owner (superuser on the embedded stack)."""
+        if self.database_url:
+            return self.database_url
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.pg_port}/triloop"
+
+    def role_url(self, service: ServiceName) -> str:
+        """URL a service connects with: its own role, never the owner."""
+        explicit: str | None = getattr(self, f"database_url_{service}")
+        if explicit:
+            return explicit
+        return _with_user(self.owner_url(), f"triloop_{service}")
+
+    def task_queue(self, name: str) -> str:
+        """Task queue name, prefixed so parallel test runs never share queues."""
+        return f"{self.task_queue_prefix}{name}"
+
+
+def _with_user(url: str, user: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(username=user, password=None).render_as_string(hide_password=False)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Settings read once per process."""
+    return Settings()

@@ -1,0 +1,148 @@
+"""Background service processes: start with a log file and a pid file, wait, stop.
+
+``down`` stops only what ``up`` started: each started process records its pid
+(and its start time, so a recycled pid is never killed by mistake).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+
+class ServiceStartError(RuntimeError):
+    """A service did not come up; the message names it and its log file."""
+
+
+@dataclass(frozen=True)
+class ServiceProcess:
+    """A started service: name, pid, and where its log and pid file are."""
+
+    name: str
+    pid: int
+    log_path: Path
+    pid_path: Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something already listens on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def start_process(
+    name: str,
+    argv: Sequence[str],
+    *,
+    run_dir: Path,
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
+) -> ServiceProcess:
+    """Start ``argv`` detached in its own session, logging to ``log_dir/name.log``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    pid_path = run_dir / f"{name}.pid"
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            user=user,
+        )
+    created = psutil.Process(proc.pid).create_time()
+    pid_path.write_text(json.dumps({"pid": proc.pid, "created": created, "argv": list(argv)}))
+    return ServiceProcess(name=name, pid=proc.pid, log_path=log_path, pid_path=pid_path)
+
+
+def recorded_process(pid_path: Path) -> psutil.Process | None:
+    """The live process a pid file recorded, or None if it is gone or the pid was reused."""
+    try:
+        record = json.loads(pid_path.read_text())
+        proc = psutil.Process(int(record["pid"]))
+        if abs(proc.create_time() - float(record["created"])) > 1.0:
+            return None
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except (FileNotFoundError, ValueError, KeyError, psutil.NoSuchProcess):
+        return None
+
+
+def stop_recorded(pid_path: Path, *, timeout_s: float = 15.0) -> bool:
+    """Stop the process group a pid file recorded; True if something was stopped."""
+    proc = recorded_process(pid_path)
+    pid_path.unlink(missing_ok=True)
+    if proc is None:
+        return False
+    try:
+        pgid = os.getpgid(proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        proc.wait(timeout=timeout_s)
+    except psutil.TimeoutExpired:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=5)
+    # Children that left the group (none expected) are not ours to chase.
+    return True
+
+
+def wait_until(
+    check: Callable[[], bool],
+    *,
+    name: str,
+    log_path: Path,
+    timeout_s: float,
+    alive: Callable[[], bool] | None = None,
+) -> None:
+    """Poll ``check`` until true; raise naming the service and its log if it never is."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if alive is not None and not alive():
+            raise ServiceStartError(
+                f"{name} exited during start-up; see its log: {log_path}\n{tail(log_path)}"
+            )
+        time.sleep(0.2)
+    raise ServiceStartError(
+        f"{name} did not become ready within {timeout_s:.0f}s; see its log: {log_path}\n"
+        f"{tail(log_path)}"
+    )
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log file, for error messages."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log written)"
+    return "\n".join("    " + line for line in text[-lines:])

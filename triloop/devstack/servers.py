@@ -1,0 +1,127 @@
+"""Start commands for the Temporal dev server and the OPA server."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+
+from triloop.devstack.processes import ServiceProcess, start_process, wait_until
+
+
+def repo_root() -> Path:
+    """The checkout this package runs from."""
+    return Path(__file__).resolve().parents[2]
+
+
+def tool_path(name: str) -> str:
+    """A tool provided by the bootstrap under ``.triloop/bin`` (or on PATH)."""
+    local = repo_root() / ".triloop" / "bin" / name
+    if local.exists():
+        return str(local)
+    import shutil
+
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(
+            f"'{name}' not found in {local.parent} or on PATH; run scripts/bootstrap.sh"
+        )
+    return found
+
+
+def start_temporal(
+    *,
+    db_file: Path,
+    port: int,
+    ui_port: int | None,
+    http_port: int,
+    metrics_port: int,
+    run_dir: Path,
+    log_dir: Path,
+    name: str = "temporal",
+) -> ServiceProcess:
+    """``temporal server start-dev`` with durable state in ``db_file``."""
+    argv = [
+        tool_path("temporal"),
+        "server",
+        "start-dev",
+        "--db-filename",
+        str(db_file),
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--http-port",
+        str(http_port),
+        "--metrics-port",
+        str(metrics_port),
+        "--log-level",
+        "warn",
+    ]
+    argv += ["--headless"] if ui_port is None else ["--ui-port", str(ui_port)]
+    db_file.parent.mkdir(parents=True, exist_ok=True)
+    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir)
+    wait_until(
+        lambda: _tcp_open(port),
+        name=name,
+        log_path=proc.log_path,
+        timeout_s=60,
+        alive=lambda: _alive(proc),
+    )
+    return proc
+
+
+def start_opa(
+    *,
+    policies: Path,
+    port: int,
+    run_dir: Path,
+    log_dir: Path,
+    name: str = "opa",
+) -> ServiceProcess:
+    """``opa run --server --watch`` on the policy folder, decision logs to its log file.
+
+    Console decision logging is what makes OPA issue a ``decision_id`` per query.
+    """
+    argv = [
+        tool_path("opa"),
+        "run",
+        "--server",
+        "--addr",
+        f"127.0.0.1:{port}",
+        "--log-level",
+        "error",
+        "--set",
+        "decision_logs.console=true",
+        "--watch",
+        str(policies),
+    ]
+    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir)
+    wait_until(
+        lambda: _http_ok(f"http://127.0.0.1:{port}/health"),
+        name=name,
+        log_path=proc.log_path,
+        timeout_s=30,
+        alive=lambda: _alive(proc),
+    )
+    return proc
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.3)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _alive(proc: ServiceProcess) -> bool:
+    from triloop.devstack.processes import recorded_process
+
+    return recorded_process(proc.pid_path) is not None

@@ -1,0 +1,185 @@
+"""``triloop dev up | status | down | logs``: the whole stack on loopback, one process each."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from triloop.config import Settings
+from triloop.devstack.postgres import start_postgres
+from triloop.devstack.processes import (
+    ServiceProcess,
+    ServiceStartError,
+    port_in_use,
+    recorded_process,
+    start_process,
+    stop_recorded,
+    wait_until,
+)
+from triloop.devstack.servers import _http_ok, repo_root, start_opa, start_temporal
+
+# Start order; down goes in reverse.
+SERVICE_ORDER = (
+    "postgres",
+    "temporal",
+    "opa",
+    "governance-worker",
+    "execution-worker",
+    "learning-worker",
+    "web",
+)
+WORKER_MODULES = {
+    "execution-worker": "execution_loop.worker",
+    "learning-worker": "learning_loop.worker",
+    "governance-worker": "governance_loop.worker",
+}
+
+
+@dataclass(frozen=True)
+class StackPaths:
+    """Where the embedded stack keeps its state."""
+
+    home: Path
+
+    @property
+    def logs(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def run(self) -> Path:
+        return self.home / "run"
+
+    def pid_file(self, name: str) -> Path:
+        return self.run / f"{name}.pid"
+
+
+def _check_port(name: str, port: int, paths: StackPaths) -> None:
+    if recorded_process(paths.pid_file(name)) is None and port_in_use(port):
+        raise ServiceStartError(
+            f"{name}: port {port} on 127.0.0.1 is already taken by another program; "
+            f"stop it or set the TRILOOP_* port for {name} (log would be {paths.logs / name}.log)"
+        )
+
+
+def _service_env(settings: Settings, service: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()}
+    env["TRILOOP_HOME"] = str(settings.home.resolve())
+    env["TRILOOP_SERVICE"] = service
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
+    """Start every service not already running; return the lines to print."""
+    paths = StackPaths(settings.home.resolve())
+    lines: list[str] = []
+    temporal_port = int(settings.temporal_address.rsplit(":", 1)[1])
+    opa_port = int(settings.opa_url.rsplit(":", 1)[1].split("/")[0])
+
+    def running(name: str) -> bool:
+        return recorded_process(paths.pid_file(name)) is not None
+
+    if settings.database_url is None and not running("postgres"):
+        _check_port("postgres", settings.pg_port, paths)
+        start_postgres(
+            paths.home / "pg", port=settings.pg_port, run_dir=paths.run, log_dir=paths.logs
+        )
+    if not running("temporal"):
+        _check_port("temporal", temporal_port, paths)
+        start_temporal(
+            db_file=paths.home / "temporal.db",
+            port=temporal_port,
+            ui_port=settings.temporal_ui_port,
+            http_port=temporal_port + 10,
+            metrics_port=temporal_port + 20,
+            run_dir=paths.run,
+            log_dir=paths.logs,
+        )
+    if not running("opa"):
+        _check_port("opa", opa_port, paths)
+        start_opa(policies=repo_root() / "policies", port=opa_port, run_dir=paths.run,
+                  log_dir=paths.logs)
+
+    from triloop.migrate import upgrade
+
+    upgrade(settings.owner_url())
+    if with_workers:
+        for name, module in WORKER_MODULES.items():
+            if not running(name) and importlib.util.find_spec(module) is not None:
+                _start_python(name, ["-m", module], settings, paths, service=name.split("-")[0])
+        if not running("web") and importlib.util.find_spec("web.app") is not None:
+            _check_port("web", settings.web_port, paths)
+            proc = _start_python(
+                "web",
+                ["-m", "uvicorn", "web.app:app", "--host", settings.web_host, "--port",
+                 str(settings.web_port)],
+                settings,
+                paths,
+                service="web",
+            )
+            wait_until(
+                lambda: _http_ok(f"http://{settings.web_host}:{settings.web_port}/healthz"),
+                name="web",
+                log_path=proc.log_path,
+                timeout_s=60,
+                alive=lambda: recorded_process(proc.pid_path) is not None,
+            )
+    lines += urls(settings)
+    return lines
+
+
+def _start_python(
+    name: str, args: list[str], settings: Settings, paths: StackPaths, *, service: str
+) -> ServiceProcess:
+    return start_process(
+        name,
+        [sys.executable, *args],
+        run_dir=paths.run,
+        log_dir=paths.logs,
+        env=_service_env(settings, service),
+        cwd=repo_root(),
+    )
+
+
+def urls(settings: Settings) -> list[str]:
+    """Where each service listens."""
+    host = settings.temporal_address.rsplit(":", 1)[0]
+    return [
+        f"PostgreSQL  {settings.owner_url()}",
+        f"Temporal    {settings.temporal_address} (UI http://{host}:{settings.temporal_ui_port})",
+        f"OPA         {settings.opa_url}",
+        f"Console     http://{settings.web_host}:{settings.web_port}/",
+    ]
+
+
+def status(settings: Settings) -> list[tuple[str, str, str]]:
+    """(service, state, log file) for every service of the stack."""
+    paths = StackPaths(settings.home.resolve())
+    rows = []
+    for name in SERVICE_ORDER:
+        proc = recorded_process(paths.pid_file(name))
+        state = f"running (pid {proc.pid})" if proc else "stopped"
+        if name == "postgres" and settings.database_url:
+            state = "external (TRILOOP_DATABASE_URL)"
+        rows.append((name, state, str(paths.logs / f"{name}.log")))
+    return rows
+
+
+def down(settings: Settings) -> list[str]:
+    """Stop what ``up`` started, in reverse order; return the names stopped."""
+    paths = StackPaths(settings.home.resolve())
+    stopped = []
+    for name in reversed(SERVICE_ORDER):
+        if stop_recorded(paths.pid_file(name)):
+            stopped.append(name)
+    return stopped
+
+
+def log_path(settings: Settings, name: str) -> Path:
+    """The log file of one service."""
+    if name not in SERVICE_ORDER:
+        raise ValueError(f"unknown service '{name}'; one of: {', '.join(SERVICE_ORDER)}")
+    return StackPaths(settings.home.resolve()).logs / f"{name}.log"

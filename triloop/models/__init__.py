@@ -1,0 +1,39 @@
+"""All tables; importing this module registers them on ``SQLModel.metadata``."""
+
+from triloop.models.audit import AuditEvent
+from triloop.models.environments import Environment, EnvironmentVersion, Task
+from triloop.models.evaluation import EvalItem, EvalSet, Threshold
+from triloop.models.governance import (
+    Approval,
+    Deployment,
+    DeploymentHistory,
+    GateResult,
+    Promotion,
+    Routing,
+)
+from triloop.models.training import Checkpoint, Proposal, TrainingRun, TrainingStep
+from triloop.models.trajectories import Step, Trajectory
+from triloop.models.users import User
+
+__all__ = [
+    "Approval",
+    "AuditEvent",
+    "Checkpoint",
+    "Deployment",
+    "DeploymentHistory",
+    "Environment",
+    "EnvironmentVersion",
+    "EvalItem",
+    "EvalSet",
+    "GateResult",
+    "Promotion",
+    "Proposal",
+    "Routing",
+    "Step",
+    "Task",
+    "Threshold",
+    "TrainingRun",
+    "TrainingStep",
+    "Trajectory",
+    "User",
+]

@@ -1,0 +1,56 @@
+"""Episodes (trajectories) and their steps, with token ids exactly as generated."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Column, Float
+from sqlmodel import Field, SQLModel
+
+from triloop.models._columns import (
+    created_at_field,
+    float_array_field,
+    int_array_field,
+    json_field,
+    small_int_array_field,
+)
+
+
+class Trajectory(SQLModel, table=True):
+    """One episode. ``id`` is the episode id, so retried writes are idempotent."""
+
+    __tablename__ = "trajectory"
+    id: str = Field(primary_key=True)
+    batch_id: str = Field(index=True)
+    run_id: str | None = Field(default=None, index=True)
+    task_id: str = Field(foreign_key="task.id", index=True)
+    checkpoint_id: str = Field(index=True)
+    purpose: str = Field(description="training | eval | production | shadow | canary")
+    group_id: str = Field(description="same task and seed; GRPO normalises within it")
+    sample_index: int = 0
+    policy_version: int = Field(default=0, description="iteration of the behaviour policy")
+    status: str = Field(description="completed | truncated | failed")
+    failure_reason: str | None = None
+    success: bool = False
+    total_reward: float = Field(default=0.0, sa_column=Column(Float, nullable=False))
+    num_steps: int = 0
+    outcome: dict[str, Any] = json_field()
+    created_at: datetime = created_at_field()
+
+
+class Step(SQLModel, table=True):
+    """One turn: the prompt as fed, the action as sampled, its mask and logprobs."""
+
+    __tablename__ = "step"
+    trajectory_id: str = Field(foreign_key="trajectory.id", primary_key=True)
+    index: int = Field(primary_key=True)
+    prompt_token_ids: list[int] = int_array_field()
+    action_token_ids: list[int] = int_array_field()
+    action_mask: list[int] = small_int_array_field()
+    behaviour_logprobs: list[float] = float_array_field()
+    observation: str = ""
+    action_text: str = ""
+    feedback: dict[str, Any] = json_field()
+    reward: float = Field(default=0.0, sa_column=Column(Float, nullable=False))
+    done: bool = False
