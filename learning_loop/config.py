@@ -231,7 +231,8 @@ def load_run_config(text: str) -> RunConfig:
         raise RunConfigError([ConfigProblem("(yaml)", f"not valid YAML{where}: {what}")]) from exc
     if not isinstance(data, dict):
         got = "an empty document" if data is None else type(data).__name__
-        raise RunConfigError([ConfigProblem("(root)", f"expected a mapping of sections, got {got}")])
+        problem = ConfigProblem("(root)", f"expected a mapping of sections, got {got}")
+        raise RunConfigError([problem])
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:

@@ -209,5 +209,6 @@ def _check_shapes(
             )
     if advantages.shape != logprobs.shape[:1]:
         raise ObjectiveInputError(
-            f"advantages must be one per sample [{logprobs.shape[0]}], got {tuple(advantages.shape)}"
+            f"advantages must be one per sample [{logprobs.shape[0]}],"
+            f" got {tuple(advantages.shape)}"
         )

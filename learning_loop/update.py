@@ -208,7 +208,7 @@ def _accumulate(
             entropy=token_entropy(logits),
             normalizer=normalizer,
         )
-        out.loss.backward()
+        torch.autograd.backward(out.loss)
         stats, loss = stats.merge(out.stats), loss + float(out.loss.detach())
     return stats, loss
 
@@ -240,7 +240,9 @@ def _guard_staleness(
         w = [min(math.exp(min(p - b, 20.0)), config.importance_weight_cap)
              for p, b in zip(proximal, s.behaviour_logprobs, strict=True)]
         weights.extend(w)
-        corrected.append(replace(s, behaviour_logprobs=tuple(proximal), importance_weights=tuple(w)))
+        corrected.append(
+            replace(s, behaviour_logprobs=tuple(proximal), importance_weights=tuple(w))
+        )
     return fresh + corrected, replace(
         report,
         stale_corrected=len(stale),
@@ -289,7 +291,9 @@ def score_cross_input(
     was_training = model.training
     model.eval()
     try:
-        flat = policy_action_logprobs(model, pairs, device=device, micro_batch_size=micro_batch_size)
+        flat = policy_action_logprobs(
+            model, pairs, device=device, micro_batch_size=micro_batch_size
+        )
     finally:
         model.train(was_training)
     n = len(prompts)

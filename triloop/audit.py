@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, text
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from triloop.models.audit import AuditEvent
 
@@ -125,17 +125,16 @@ def _rows(engine: Engine, batch: int = 2000) -> Iterator[AuditEvent]:
     while True:
         with Session(engine) as session:
             rows = list(
-                session.exec(  # type: ignore[call-overload]
-                    AuditEvent.__table__.select()  # type: ignore[attr-defined]
-                    .where(AuditEvent.__table__.c.seq > last)  # type: ignore[attr-defined]
-                    .order_by(AuditEvent.__table__.c.seq)  # type: ignore[attr-defined]
+                session.exec(
+                    select(AuditEvent)
+                    .where(col(AuditEvent.seq) > last)
+                    .order_by(col(AuditEvent.seq))
                     .limit(batch)
                 )
             )
         if not rows:
             return
-        for row in rows:
-            yield AuditEvent.model_validate(row._mapping)
+        yield from rows
         last = int(rows[-1].seq)
 
 
@@ -168,3 +167,55 @@ def verify_chain(engine: Engine) -> ChainReport:
         expected_seq += 1
         checked += 1
     return ChainReport(True, checked)
+
+
+class DatabaseAuditSink:
+    """Records every policy decision as an audit event, in its own transaction.
+
+    Used as the ``AuditSink`` of ``triloop.policy.Authorizer``; the engine is the
+    calling service's own role, so the row also shows which role wrote it.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def __call__(
+        self,
+        actor: Any,
+        action: str,
+        resource: Any,
+        decision: Any,
+        context: Mapping[str, Any] | None,
+    ) -> None:
+        """Append the decision (allow or deny) with OPA's decision id and revision."""
+        from triloop.db import session_scope
+
+        with session_scope(self._engine) as session:
+            append_event(
+                session,
+                actor=actor.to_input(),
+                action=action,
+                resource=resource.to_input(),
+                decision="allow" if decision.allow else "deny",
+                decision_id=decision.decision_id,
+                policy_revision=decision.policy_revision,
+                payload={"reasons": list(decision.reasons), "context": dict(context or {})},
+            )
+
+
+def record_event(
+    engine: Engine,
+    *,
+    actor: Mapping[str, Any],
+    action: str,
+    resource: Mapping[str, Any],
+    payload: Mapping[str, Any] | None = None,
+) -> AuditEvent:
+    """Append a non-decision event (an alarm, a gate verdict) in its own transaction."""
+    from triloop.db import session_scope
+
+    with session_scope(engine) as session:
+        return append_event(
+            session, actor=actor, action=action, resource=resource, decision="record",
+            payload=payload,
+        )

@@ -6,11 +6,6 @@ from temporalio.client import Client, TLSConfig
 
 from triloop.config import Settings
 
-EXECUTION_QUEUE = "execution"
-LEARNING_QUEUE = "learning"
-LEARNING_GPU_QUEUE = "learning-gpu"
-GOVERNANCE_QUEUE = "governance"
-
 
 async def connect(settings: Settings, *, identity: str) -> Client:
     """A client whose identity names the service (shown in workflow histories)."""

@@ -53,6 +53,10 @@ def _pct(value: float) -> str:
     return f"{value * 100:.1f}%"
 
 
+def _points(value: float) -> str:
+    return f"{value * 100:.1f} points"
+
+
 def _check_eval_set(result: EvalSetResult, spec: ThresholdSpec) -> tuple[list[str], dict[str, Any]]:
     name, version = result.eval_set, spec.version
     cand, prod = result.candidate, result.production
@@ -82,8 +86,8 @@ def _check_eval_set(result: EvalSetResult, spec: ThresholdSpec) -> tuple[list[st
         if rate_delta.estimate < -spec.max_regression_vs_production:
             violations.append(
                 f"eval set {name!r}: candidate success rate is "
-                f"{_pct(-rate_delta.estimate)} points below production, "
-                f"max_regression_vs_production is {_pct(spec.max_regression_vs_production)} "
+                f"{_points(-rate_delta.estimate)} below production, "
+                f"max_regression_vs_production is {_points(spec.max_regression_vs_production)} "
                 f"(thresholds {version})"
             )
         max_reward = spec.max_reward_regression_vs_production

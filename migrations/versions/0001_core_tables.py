@@ -1,7 +1,7 @@
 """core tables
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-30
 """
 

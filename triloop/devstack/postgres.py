@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-from pathlib import Path
-
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 

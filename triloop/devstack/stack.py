@@ -65,7 +65,7 @@ def _check_port(name: str, port: int, paths: StackPaths) -> None:
 
 
 def _service_env(settings: Settings, service: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()}
+    env = dict(os.environ.items())
     env["TRILOOP_HOME"] = str(settings.home.resolve())
     env["TRILOOP_SERVICE"] = service
     env["PYTHONUNBUFFERED"] = "1"

@@ -19,6 +19,21 @@ action := norm(input.action)
 
 kind := norm(input.resource.kind)
 
+resource_id := norm(input.resource.id)
+
+resource_owner := v if {
+	v := norm(input.resource.owner)
+	v != ""
+}
+
+# Facts for duty checks (submitted_by, audited_by, ...): string values are
+# people, normalised like users; empty strings count as missing.
+attrs := {name: v |
+	some name, raw in input.resource.attrs
+	v := norm(raw)
+	v != ""
+}
+
 # The signed-in user when the web service calls for a person.
 actor_user := u if {
 	u := norm(input.actor.user)

@@ -8,13 +8,8 @@ package triloop.authz
 #   read from PostgreSQL when it asks; a missing fact denies (fail closed).
 #   Duties are checked against the person, whether they arrived through the
 #   web service or a loop worker acting for them.
+#   needs_submitter lists the actions whose duty check needs the submitter.
 # scope: document
-attr(name) := v if {
-	v := norm(input.resource.attrs[name])
-	v != ""
-}
-
-# Actions whose separation of duties needs to know who submitted the run.
 needs_submitter := {"approve", "sign_audit", "promote"}
 
 deny_reasons contains sprintf(
@@ -22,7 +17,7 @@ deny_reasons contains sprintf(
 	[action],
 ) if {
 	action in needs_submitter
-	not attr("submitted_by")
+	not attrs.submitted_by
 }
 
 deny_reasons contains sprintf(
@@ -30,12 +25,12 @@ deny_reasons contains sprintf(
 	[human.user, action],
 ) if {
 	action in {"approve", "sign_audit"}
-	attr("submitted_by") == human.user
+	attrs.submitted_by == human.user
 }
 
 deny_reasons contains "approve needs a signed audit first: resource.attrs.audited_by is missing" if {
 	action == "approve"
-	not attr("audited_by")
+	not attrs.audited_by
 }
 
 deny_reasons contains sprintf(
@@ -43,7 +38,7 @@ deny_reasons contains sprintf(
 	[human.user],
 ) if {
 	action == "approve"
-	attr("audited_by") == human.user
+	attrs.audited_by == human.user
 }
 
 # Promotion is the governance loop's own act, so the policy itself checks that
@@ -51,31 +46,26 @@ deny_reasons contains sprintf(
 deny_reasons contains sprintf("promote needs resource.attrs.%s", [name]) if {
 	action == "promote"
 	some name in ["audited_by", "approved_by"]
-	not attr(name)
+	not attrs[name]
 }
 
 deny_reasons contains "separation of duties: the audit and the approval were given by the same person" if {
 	action == "promote"
-	attr("audited_by") == attr("approved_by")
+	attrs.audited_by == attrs.approved_by
 }
 
 deny_reasons contains sprintf("separation of duties: the submitter %s also %s the candidate", [
-	attr("submitted_by"),
+	attrs.submitted_by,
 	verb,
 ]) if {
 	action == "promote"
 	some field, verb in {"audited_by": "audited", "approved_by": "approved"}
-	attr(field) == attr("submitted_by")
+	attrs[field] == attrs.submitted_by
 }
 
 # People act on their own training runs only; the learning loop pausing its own
 # run (stability monitor) has no person and is not an owner question.
 owner_actions := {"submit", "cancel", "pause", "resume"}
-
-resource_owner := v if {
-	v := norm(input.resource.owner)
-	v != ""
-}
 
 deny_reasons contains sprintf("%s on a training run needs resource.owner", [action]) if {
 	action in owner_actions

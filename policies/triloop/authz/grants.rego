@@ -67,34 +67,36 @@ service_grants := {
 	},
 }
 
-_read := {k: {"read"} | some k in kinds}
-
-# ML engineers read what they need to follow their runs. Eval items are left out
-# for the same reason as for the learning loop.
-_ml_engineer_reads := kinds - {"eval_item", "approval", "audit_event", "user"}
-
-role_grants := {
-	"ml_engineer": object.union(
-		{k: {"read"} | some k in _ml_engineer_reads},
-		# Only their own runs: see duties.rego.
-		{"training_run": {"read", "submit", "cancel", "pause", "resume"}},
-	),
-	"operator": object.union(
-		{k: {"read"} | some k in (kinds - {"user"})},
-		{
-			"promotion": {"read", "approve", "reject"},
-			"deployment": {"read", "rollback"},
-		},
-	),
-	"auditor": object.union(_read, {
-		"promotion": {"read", "sign_audit", "reject_audit"},
-		"audit_event": {"read", "verify"},
-	}),
-	"admin": {
-		"user": {"read", "create", "update", "delete"},
-		"audit_event": {"read"},
-	},
+# What each role may read. ML engineers see what they need to follow their runs;
+# eval items stay hidden from them for the same reason as from the learning loop.
+role_reads := {
+	"ml_engineer": kinds - {"eval_item", "approval", "audit_event", "user"},
+	"operator": kinds - {"user"},
+	"auditor": kinds,
+	"admin": {"user", "audit_event"},
 }
+
+# What each role may do beyond reading.
+role_grants := {
+	# Only on their own runs: see duties.rego.
+	"ml_engineer": {"training_run": {"submit", "cancel", "pause", "resume"}},
+	"operator": {
+		"promotion": {"approve", "reject"},
+		"deployment": {"rollback"},
+	},
+	"auditor": {
+		"promotion": {"sign_audit", "reject_audit"},
+		"audit_event": {"verify"},
+	},
+	"admin": {"user": {"create", "update", "delete"}},
+}
+
+role_may(role, act, knd) if {
+	act == "read"
+	knd in role_reads[role]
+}
+
+role_may(role, act, knd) if act in role_grants[role][knd]
 
 # Human decisions a loop worker executes after the web service was allowed to
 # send them: the person must hold the grant too, and duties are checked
@@ -116,7 +118,7 @@ grant_reasons contains sprintf("role %s may %s %s", [role, action, kind]) if {
 	mode == "human"
 	actor_user
 	some role in actor_roles
-	action in role_grants[role][kind]
+	role_may(role, action, kind)
 }
 
 grant_reasons contains sprintf("%s may %s %s for %s, whose role %s may", [
@@ -126,7 +128,7 @@ grant_reasons contains sprintf("%s may %s %s for %s, whose role %s may", [
 	mode == "delegated"
 	action in delegable[service][kind]
 	some role in on_behalf_of_roles
-	action in role_grants[role][kind]
+	role_may(role, action, kind)
 }
 
 # Anyone signed in may read their own user record.
@@ -134,5 +136,5 @@ grant_reasons contains sprintf("user %s may read their own user record", [human.
 	mode == "human"
 	kind == "user"
 	action == "read"
-	norm(input.resource.id) == human.user
+	resource_id == human.user
 }

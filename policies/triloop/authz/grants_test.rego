@@ -19,7 +19,7 @@ person_clean(user, roles, action, kind) := {
 
 granted_to_service(service, kind, action) if action in authz.service_grants[service][kind]
 
-granted_to_role(role, kind, action) if action in authz.role_grants[role][kind]
+granted_to_role(role, kind, action) if authz.role_may(role, action, kind)
 
 # Either the table grants it, or the decision denies it.
 service_table_holds(service, kind, action) if granted_to_service(service, kind, action)
@@ -57,6 +57,11 @@ test_services_get_nothing_outside_their_table if {
 }
 
 test_every_role_grant_is_allowed if {
+	every role, readable in authz.role_reads {
+		every kind in readable {
+			allowed(person_clean("uma", [role], "read", kind))
+		}
+	}
 	every role, table in authz.role_grants {
 		every kind, granted in table {
 			every action in granted {

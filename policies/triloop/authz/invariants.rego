@@ -95,5 +95,5 @@ deny_reasons contains sprintf("%s is an admin; admins manage users and may never
 deny_reasons contains sprintf("%s may not %s their own user record", [human.user, action]) if {
 	kind == "user"
 	action in write_actions
-	norm(input.resource.id) == human.user
+	resource_id == human.user
 }

@@ -1,0 +1,198 @@
+"""In-process sampling with torch/transformers from a local Hugging Face checkpoint directory.
+
+The sampling loop is written out (no ``model.generate``) so that what is returned is exactly
+what was sampled: token ``t`` is drawn from ``softmax(logits / temperature)`` with a
+generator seeded per request, and its logprob is read from that same distribution. A
+teacher-forced forward pass over prompt + sampled ids reproduces those logprobs (to float
+rounding), which is what makes the learner's importance ratios start at 1.0.
+Temperature 0 is greedy and, as in vLLM, reports logprobs of the untempered distribution.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from execution_loop.inference.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Generation,
+    PromptTooLongError,
+    validate_request,
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A generation with the detail an OpenAI-compatible server reports."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    stop_reason: int | None  # the stop_token_ids entry that ended it; None for EOS or length
+    top_logprobs: list[list[tuple[int, float]]]  # per position, best first; empty if not asked
+
+
+def _eos_token_ids(model: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (model.generation_config, model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(i) for i in eos)
+    return frozenset(ids)
+
+
+def _next_token_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    scaled = logits.float() if temperature == 0 else logits.float() / temperature
+    return torch.log_softmax(scaled, dim=-1)
+
+
+class TorchPolicyClient:
+    """A ``PolicyClient`` that runs the checkpoint in this process (CPU or CUDA)."""
+
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *,
+        device: str | torch.device | None = None,
+        checkpoint_id: str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        if not (self.model_dir / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{self.model_dir} is not a Hugging Face checkpoint directory (no config.json); "
+                "create one with `triloop model init-tiny DIR`"
+            )
+        self.device = torch.device(
+            device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+        )
+        self.checkpoint_id = checkpoint_id or self.model_dir.name
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
+        self.model.to(self.device)
+        self.model.eval()
+        self.max_model_len = int(self.model.config.max_position_embeddings)
+        self.eos_token_ids = _eos_token_ids(self.model)
+        # transformers 5 renamed the KV-cache argument and output field (past_key_values -> cache).
+        forward_parameters = inspect.signature(self.model.forward).parameters
+        self._cache_name = "cache" if "cache" in forward_parameters else "past_key_values"
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        # One generation at a time: the KV cache and the seeded generator are per call, but
+        # interleaved forwards on a small CPU box only add contention.
+        self._lock = threading.Lock()
+
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The checkpoint's tokenizer, loaded once."""
+        if self._tokenizer is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        return self._tokenizer
+
+    def generate(
+        self,
+        prompt_token_ids: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int | None,
+        stop_token_ids: Sequence[int] = (),
+    ) -> Generation:
+        """Sample a continuation; returns the exact ids and their behaviour logprobs."""
+        sample = self.sample(
+            prompt_token_ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+        )
+        text = self.tokenizer().decode(sample.token_ids, skip_special_tokens=True)
+        return Generation(
+            token_ids=sample.token_ids,
+            logprobs=sample.logprobs,
+            text=text,
+            finish_reason=sample.finish_reason,
+        )
+
+    @torch.inference_mode()
+    def sample(
+        self,
+        prompt_token_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int | None,
+        stop_token_ids: Sequence[int] = (),
+        ignore_eos: bool = False,
+        top_logprobs: int = 0,
+    ) -> Sample:
+        """Sample with a KV cache; the stopping token is included in the returned ids."""
+        validate_request(prompt_token_ids, max_new_tokens, temperature)
+        if len(prompt_token_ids) + max_new_tokens > self.max_model_len:
+            raise PromptTooLongError.for_lengths(
+                len(prompt_token_ids), max_new_tokens, self.max_model_len
+            )
+        vocab_size = int(self.model.config.vocab_size)
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids out of the vocabulary (size {vocab_size}): {bad[:5]}")
+        generator = torch.Generator(device=self.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        stops = frozenset(int(t) for t in stop_token_ids)
+        ends = stops if ignore_eos else stops | self.eos_token_ids
+
+        ids: list[int] = []
+        logprobs: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        finish_reason, stop_reason = FINISH_LENGTH, None
+        with self._lock:
+            inputs = torch.tensor([list(prompt_token_ids)], device=self.device)
+            out = self.model(input_ids=inputs, use_cache=True, logits_to_keep=1)
+            for _ in range(max_new_tokens):
+                logp = _next_token_logprobs(out.logits[0, -1], temperature)
+                if temperature == 0:
+                    token = int(torch.argmax(logp).item())
+                else:
+                    token = int(torch.multinomial(logp.exp(), 1, generator=generator).item())
+                ids.append(token)
+                logprobs.append(float(logp[token].item()))
+                if top_logprobs > 0:
+                    values, indices = torch.topk(logp, min(top_logprobs, logp.numel()))
+                    tops.append(list(zip(indices.tolist(), values.tolist(), strict=True)))
+                if token in ends:
+                    finish_reason = FINISH_STOP
+                    stop_reason = token if token in stops else None
+                    break
+                cache = {self._cache_name: getattr(out, self._cache_name)}
+                out = self.model(
+                    input_ids=torch.tensor([[token]], device=self.device), use_cache=True, **cache
+                )
+        return Sample(ids, logprobs, finish_reason, stop_reason, tops)
+
+
+@torch.inference_mode()
+def teacher_forced_logprobs(
+    model: Any,
+    prompt_token_ids: Sequence[int],
+    continuation_ids: Sequence[int],
+    *,
+    temperature: float = 1.0,
+) -> list[float]:
+    """Logprobs of ``continuation_ids`` after the prompt in one full forward pass."""
+    device = next(model.parameters()).device
+    sequence = torch.tensor([[*prompt_token_ids, *continuation_ids]], device=device)
+    logits = model(input_ids=sequence).logits[0]
+    start = len(prompt_token_ids) - 1
+    logp = _next_token_logprobs(logits[start : start + len(continuation_ids)], temperature)
+    targets = torch.tensor(list(continuation_ids), device=device)
+    return [float(v) for v in logp.gather(-1, targets[:, None]).squeeze(-1).tolist()]

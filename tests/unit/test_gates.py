@@ -1,0 +1,430 @@
+"""Promotion gates: offline eval, shadow, canary, watch, human decisions, gate order."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from governance_loop.durations import GateDurations
+from governance_loop.gates import (
+    GATE_ORDER,
+    BinomialCounts,
+    CanaryObservation,
+    CanarySpec,
+    EpisodeStats,
+    EvalSetResult,
+    GateDecision,
+    GateOrderError,
+    HumanDecision,
+    HumanDecisionError,
+    ShadowSample,
+    ShadowSpec,
+    ThresholdSpec,
+    ThresholdSpecError,
+    Verdict,
+    WatchObservation,
+    WatchSpec,
+    decide_approval,
+    decide_audit,
+    decide_canary,
+    decide_offline_eval,
+    decide_shadow,
+    decide_watch,
+    failed_gate,
+    next_gate,
+    results_from_decisions,
+    validate_approval_decision,
+    validate_audit_decision,
+)
+
+
+@pytest.fixture
+def thresholds() -> ThresholdSpec:
+    return ThresholdSpec(
+        version="thr-7",
+        min_success_rate=0.6,
+        max_regression_vs_production=0.05,
+        min_samples=50,
+        max_reward_regression_vs_production=0.1,
+        shadow=ShadowSpec(min_samples=30, agreement_floor=0.9, max_mean_reward_regression=0.2),
+        canary=CanarySpec(min_samples_per_arm=50, regression_to_detect=0.1),
+        watch=WatchSpec(min_samples=50, regression_to_detect=0.1),
+    )
+
+
+def assert_json(decision: GateDecision) -> None:
+    json.dumps(decision.to_dict(), allow_nan=False)
+    assert decision.evidence["threshold_version"] == "thr-7"
+
+
+def stats(n: int, successes: int, reward: float = 0.5, std: float = 0.3) -> EpisodeStats:
+    return EpisodeStats(episodes=n, successes=successes, reward_mean=reward, reward_std=std)
+
+
+def eval_set(name: str, cand: EpisodeStats, prod: EpisodeStats | None) -> EvalSetResult:
+    return EvalSetResult(eval_set=name, eval_set_version="sha256:abc", candidate=cand,
+                         production=prod)
+
+
+# --- offline eval -----------------------------------------------------------------------
+
+
+def test_offline_eval_passes_with_evidence(thresholds: ThresholdSpec) -> None:
+    decision = decide_offline_eval(
+        [eval_set("math", stats(100, 80), stats(100, 78)), eval_set("code", stats(60, 45), None)],
+        thresholds,
+    )
+    assert decision.passed and decision.verdict is Verdict.PASS
+    assert_json(decision)
+    first = decision.evidence["eval_sets"][0]
+    assert first["candidate"]["episodes"] == 100
+    assert first["candidate"]["success_rate"]["estimate"] == 0.8
+    assert first["success_rate_delta"]["low"] < 0.02 < first["success_rate_delta"]["high"]
+    assert decision.evidence["eval_sets"][1]["production"] is None
+
+
+@pytest.mark.parametrize(
+    ("cand", "prod", "named"),
+    [
+        (stats(100, 50), stats(100, 52), "min_success_rate"),
+        (stats(100, 70), stats(100, 80), "max_regression_vs_production"),
+        (stats(100, 80, reward=0.3), stats(100, 80, reward=0.5), "max_reward_regression"),
+        (stats(20, 16), stats(100, 80), "candidate has 20 episodes, min_samples"),
+        (stats(100, 80), stats(10, 8), "production has 10 episodes, min_samples"),
+    ],
+)
+def test_offline_eval_fails_naming_the_threshold(
+    thresholds: ThresholdSpec, cand: EpisodeStats, prod: EpisodeStats, named: str
+) -> None:
+    decision = decide_offline_eval([eval_set("math", cand, prod)], thresholds)
+    assert not decision.passed and decision.verdict is Verdict.FAIL
+    assert len(decision.reasons) == 1
+    assert named in decision.reasons[0] and "'math'" in decision.reasons[0]
+    assert "thr-7" in decision.reasons[0]
+    assert_json(decision)
+
+
+def test_offline_eval_lists_every_violation(thresholds: ThresholdSpec) -> None:
+    decision = decide_offline_eval(
+        [eval_set("a", stats(10, 2), stats(100, 90)), eval_set("b", stats(100, 90), None)],
+        thresholds,
+    )
+    text = "\n".join(decision.reasons)
+    for name in ("min_samples", "min_success_rate", "max_regression_vs_production"):
+        assert name in text
+    assert "'b'" not in text
+
+
+def test_offline_eval_refuses_empty_and_duplicate_results(thresholds: ThresholdSpec) -> None:
+    assert not decide_offline_eval([], thresholds).passed
+    with pytest.raises(ValueError, match="more than once"):
+        decide_offline_eval([eval_set("a", stats(100, 90), None)] * 2, thresholds)
+
+
+def test_threshold_spec_round_trips_and_refuses_bad_input(thresholds: ThresholdSpec) -> None:
+    assert ThresholdSpec.from_mapping(thresholds.to_dict()) == thresholds
+    with pytest.raises(ThresholdSpecError, match="unknown fields"):
+        ThresholdSpec.from_mapping({**thresholds.to_dict(), "min_sucess_rate": 0.5})
+    with pytest.raises(ThresholdSpecError, match="unknown fields"):
+        ThresholdSpec.from_mapping({**thresholds.to_dict(), "canary": {"alpha": 0.1}})
+    with pytest.raises(ThresholdSpecError, match="incomplete"):
+        ThresholdSpec.from_mapping({"version": "x"})
+    with pytest.raises(ThresholdSpecError, match="min_success_rate"):
+        ThresholdSpec(version="x", min_success_rate=60, max_regression_vs_production=0.0,
+                      min_samples=1)
+    with pytest.raises(ThresholdSpecError, match="false_abort_rate"):
+        CanarySpec(false_abort_rate=0.0)
+
+
+# --- shadow -----------------------------------------------------------------------------
+
+
+def shadow_samples(
+    n: int, agreement: float, delta: float, seed: int = 0, noise: float = 0.1
+) -> list[ShadowSample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prod = rng.random()
+        out.append(ShadowSample(
+            episode_id=f"e{i}", steps_compared=10, steps_agreed=round(10 * agreement),
+            production_reward=prod, candidate_reward=prod + delta + rng.gauss(0, noise),
+        ))
+    return out
+
+
+def test_shadow_passes_on_high_agreement(thresholds: ThresholdSpec) -> None:
+    decision = decide_shadow(shadow_samples(40, agreement=0.9, delta=-0.05), thresholds)
+    assert decision.passed, decision.reasons
+    assert decision.evidence["reward_delta_significantly_negative"] is True
+    assert decision.evidence["agreement_rate"] == 0.9
+    assert decision.evidence["paired_episodes"] == 40
+    assert_json(decision)
+
+
+def test_shadow_passes_low_agreement_when_reward_not_worse(thresholds: ThresholdSpec) -> None:
+    decision = decide_shadow(shadow_samples(40, agreement=0.3, delta=0.05), thresholds)
+    assert decision.passed, decision.reasons
+    assert "not significantly negative" in decision.reasons[0]
+
+
+def test_shadow_fails_low_agreement_and_significant_loss(thresholds: ThresholdSpec) -> None:
+    decision = decide_shadow(shadow_samples(40, agreement=0.5, delta=-0.1), thresholds)
+    assert not decision.passed
+    assert "agreement_floor" in decision.reasons[0]
+    assert "significantly negative" in decision.reasons[0]
+    assert decision.evidence["reward_delta"]["high"] < 0
+
+
+def test_shadow_guard_fails_a_large_loss_even_at_high_agreement(
+    thresholds: ThresholdSpec,
+) -> None:
+    decision = decide_shadow(shadow_samples(40, agreement=1.0, delta=-0.5), thresholds)
+    assert not decision.passed
+    assert "max_mean_reward_regression" in decision.reasons[0]
+
+
+def test_shadow_fails_below_min_samples(thresholds: ThresholdSpec) -> None:
+    decision = decide_shadow(shadow_samples(29, agreement=1.0, delta=0.0), thresholds)
+    assert not decision.passed
+    assert "min_samples is 30" in decision.reasons[0]
+    assert not decide_shadow([], thresholds).passed
+
+
+def test_shadow_sample_refuses_impossible_counts() -> None:
+    with pytest.raises(ValueError, match="steps_agreed"):
+        ShadowSample("e1", steps_compared=3, steps_agreed=4, production_reward=0.0,
+                     candidate_reward=0.0)
+
+
+# --- canary -----------------------------------------------------------------------------
+
+
+def simulate_canary(
+    spec: ThresholdSpec, seed: int, canary_rate: float, production_rate: float,
+    looks: int = 20, batch: int = 20,
+) -> tuple[list[GateDecision], int]:
+    """Feed cumulative counts look by look until a final decision; the last look ends the soak."""
+    rng = random.Random(seed)
+    canary = production = BinomialCounts(0, 0)
+    decisions = []
+    for look in range(1, looks + 1):
+        c = sum(rng.random() < canary_rate for _ in range(batch))
+        p = sum(rng.random() < production_rate for _ in range(batch))
+        canary = BinomialCounts(canary.episodes + batch, canary.successes + c)
+        production = BinomialCounts(production.episodes + batch, production.successes + p)
+        decision = decide_canary(CanaryObservation(canary, production, look == looks), spec)
+        decisions.append(decision)
+        if decision.final:
+            break
+    return decisions, canary.episodes
+
+
+def test_canary_never_decides_before_min_samples(thresholds: ThresholdSpec) -> None:
+    # Even a candidate that always fails must wait for 50 episodes per arm.
+    decisions, episodes = simulate_canary(thresholds, 1, 0.0, 0.9, batch=10)
+    assert [d.verdict for d in decisions[:4]] == [Verdict.CONTINUE] * 4
+    assert "min_samples_per_arm is 50" in decisions[0].reasons[0]
+    assert decisions[-1].verdict is Verdict.ABORT_REGRESSION
+    assert episodes == 50
+
+
+def test_canary_aborts_on_clear_regression_and_restores_routing(
+    thresholds: ThresholdSpec,
+) -> None:
+    decisions, episodes = simulate_canary(thresholds, seed=7, canary_rate=0.55,
+                                          production_rate=0.8)
+    final = decisions[-1]
+    assert final.verdict is Verdict.ABORT_REGRESSION and not final.passed
+    assert final.restore_routing
+    assert episodes < 400  # aborted before the soak ended
+    assert final.evidence["log_likelihood_ratio"] >= final.evidence["abort_boundary"]
+    assert "regressed" in final.reasons[0]
+    assert_json(final)
+
+
+def test_canary_passes_clear_non_regression_only_at_soak_end(
+    thresholds: ThresholdSpec,
+) -> None:
+    decisions, episodes = simulate_canary(thresholds, seed=3, canary_rate=0.85,
+                                          production_rate=0.8)
+    assert all(d.verdict is Verdict.CONTINUE for d in decisions[:-1])
+    final = decisions[-1]
+    assert final.verdict is Verdict.PASS and final.passed and not final.restore_routing
+    assert episodes == 400
+    assert final.evidence["log_likelihood_ratio"] <= final.evidence["pass_boundary"]
+
+
+def test_canary_error_rates_over_seeds(thresholds: ThresholdSpec) -> None:
+    same = Counter(simulate_canary(thresholds, s, 0.8, 0.8)[0][-1].verdict for s in range(40))
+    worse = Counter(simulate_canary(thresholds, s, 0.6, 0.8)[0][-1].verdict for s in range(40))
+    assert same[Verdict.ABORT_REGRESSION] <= 4 and same[Verdict.PASS] >= 30
+    assert worse[Verdict.ABORT_REGRESSION] >= 38 and worse[Verdict.PASS] == 0
+
+
+def test_canary_fails_when_soak_ends_short_or_undecided(thresholds: ThresholdSpec) -> None:
+    short = decide_canary(
+        CanaryObservation(BinomialCounts(10, 9), BinomialCounts(200, 160), True), thresholds
+    )
+    assert short.verdict is Verdict.FAIL and short.restore_routing
+    assert "too few episodes" in short.reasons[0]
+    undecided = decide_canary(
+        CanaryObservation(BinomialCounts(60, 45), BinomialCounts(60, 48), True), thresholds
+    )
+    assert undecided.verdict is Verdict.FAIL and undecided.restore_routing
+    assert "undecided" in undecided.reasons[0]
+
+
+# --- watch ------------------------------------------------------------------------------
+
+
+def test_watch_rolls_back_on_regression(thresholds: ThresholdSpec) -> None:
+    decision = decide_watch(
+        WatchObservation(BinomialCounts(500, 400), BinomialCounts(80, 40), False), thresholds
+    )
+    assert decision.verdict is Verdict.ROLLBACK and decision.rollback and not decision.passed
+    assert decision.evidence["baseline"]["success_rate"] == 0.8
+    assert decision.evidence["promoted"]["episodes"] == 80
+    assert "regression after promotion" in decision.reasons[0]
+    assert_json(decision)
+
+
+def test_watch_keeps_watching_then_passes_without_regression(
+    thresholds: ThresholdSpec,
+) -> None:
+    baseline = BinomialCounts(500, 400)
+    ongoing = decide_watch(WatchObservation(baseline, BinomialCounts(80, 66), False), thresholds)
+    assert ongoing.verdict is Verdict.CONTINUE and not ongoing.rollback
+    done = decide_watch(WatchObservation(baseline, BinomialCounts(200, 162), True), thresholds)
+    assert done.verdict is Verdict.PASS and done.passed
+
+
+def test_watch_does_not_roll_back_before_min_samples(thresholds: ThresholdSpec) -> None:
+    decision = decide_watch(
+        WatchObservation(BinomialCounts(500, 400), BinomialCounts(49, 0), False), thresholds
+    )
+    assert decision.verdict is Verdict.CONTINUE
+    assert "min_samples is 50" in decision.reasons[0]
+
+
+# --- audit and approval -----------------------------------------------------------------
+
+
+def person(user: str | None, role: str, decision: str, comment: str | None = "looks right",
+           service: str = "web") -> HumanDecision:
+    return HumanDecision(user=user, service=service, roles=[role], decision=decision,
+                         comment=comment)
+
+
+def test_audit_and_approval_by_different_people_pass() -> None:
+    audit = decide_audit(person("carol", "auditor", "sign"), submitter="alice", awaiting="audit")
+    assert audit.passed and audit.evidence["user"] == "carol"
+    approval = decide_approval(
+        person("olga", "operator", "approve"), submitter="alice", auditor="carol",
+        awaiting="approval",
+    )
+    assert approval.passed and approval.gate == "approval"
+    rejected = decide_approval(
+        person("olga", "operator", "reject", "canary too short"), submitter="alice",
+        auditor="carol", awaiting="approval",
+    )
+    assert not rejected.passed and "canary too short" in rejected.reasons[0]
+
+
+@pytest.mark.parametrize("user", ["alice", " Alice "])
+def test_submitter_can_neither_audit_nor_approve(user: str) -> None:
+    with pytest.raises(HumanDecisionError, match="submitted the training run"):
+        validate_audit_decision(person(user, "auditor", "sign"), submitter="alice",
+                                awaiting="audit")
+    with pytest.raises(HumanDecisionError, match="submitted the training run"):
+        validate_approval_decision(person(user, "operator", "approve"), submitter="alice",
+                                   auditor="carol", awaiting="approval")
+
+
+def test_auditor_who_signed_cannot_approve() -> None:
+    with pytest.raises(HumanDecisionError, match="signed the audit"):
+        validate_approval_decision(person("CAROL", "operator", "approve"), submitter="alice",
+                                   auditor="carol", awaiting="approval")
+
+
+@pytest.mark.parametrize(
+    ("decision", "match"),
+    [
+        (person("olga", "operator", "approve", comment=None), "needs a comment"),
+        (person("olga", "operator", "reject", comment="  "), "needs a comment"),
+        (person("olga", "operator", "sign"), "unknown approval decision"),
+        (person("olga", "auditor", "approve"), "lacks the 'operator' role"),
+        (person(None, "operator", "approve"), "signed-in user"),
+        (person("olga", "operator", "approve", service="learning"), "service 'learning'"),
+    ],
+)
+def test_invalid_approval_is_refused(decision: HumanDecision, match: str) -> None:
+    with pytest.raises(HumanDecisionError, match=match):
+        validate_approval_decision(decision, submitter="alice", auditor="carol",
+                                   awaiting="approval")
+
+
+def test_human_decisions_refused_out_of_turn() -> None:
+    with pytest.raises(HumanDecisionError, match="no signed audit"):
+        validate_approval_decision(person("olga", "operator", "approve"), submitter="alice",
+                                   auditor=None, awaiting="approval")
+    with pytest.raises(HumanDecisionError, match="at gate 'canary'"):
+        validate_approval_decision(person("olga", "operator", "approve"), submitter="alice",
+                                   auditor="carol", awaiting="canary")
+    with pytest.raises(HumanDecisionError, match="needs a comment"):
+        validate_audit_decision(person("carol", "auditor", "reject", comment=""),
+                                submitter="alice", awaiting="audit")
+
+
+# --- gate order -------------------------------------------------------------------------
+
+
+def test_gate_order_and_next_gate() -> None:
+    assert GATE_ORDER == ("offline_eval", "shadow", "canary", "audit", "approval", "promote",
+                          "watch")
+    assert next_gate({}) == "offline_eval"
+    assert next_gate({"offline_eval": True, "shadow": True}) == "canary"
+    assert next_gate(dict.fromkeys(GATE_ORDER, True)) is None
+    assert next_gate({"offline_eval": True, "shadow": False}) is None
+    assert failed_gate({"offline_eval": True, "shadow": False}) == "shadow"
+    assert failed_gate(dict.fromkeys(GATE_ORDER, True)) is None
+
+
+def test_next_gate_refuses_impossible_histories() -> None:
+    with pytest.raises(GateOrderError, match="'shadow' has no result"):
+        next_gate({"offline_eval": True, "canary": True})
+    with pytest.raises(GateOrderError, match="failed, yet"):
+        next_gate({"offline_eval": False, "shadow": True})
+    with pytest.raises(GateOrderError, match="unknown gates"):
+        next_gate({"deploy": True})
+
+
+def test_results_from_decisions_ignores_continue(thresholds: ThresholdSpec) -> None:
+    waiting = decide_canary(
+        CanaryObservation(BinomialCounts(1, 1), BinomialCounts(1, 1), False), thresholds
+    )
+    passed = GateDecision(gate="offline_eval", passed=True, reasons=[], evidence={},
+                          verdict=Verdict.PASS)
+    results = results_from_decisions([passed, waiting])
+    assert results == {"offline_eval": True}
+    assert next_gate(results) == "shadow"
+    with pytest.raises(GateOrderError, match="contradicts"):
+        GateDecision(gate="shadow", passed=True, reasons=[], evidence={}, verdict=Verdict.FAIL)
+
+
+# --- durations --------------------------------------------------------------------------
+
+
+def test_durations_days_in_production_seconds_in_tests() -> None:
+    prod, fast = GateDurations(), GateDurations.for_tests()
+    assert prod.canary_soak_s >= 86_400 and prod.watch_period_s >= 86_400
+    assert fast.canary_soak_s < 60 and fast.as_timedelta("canary_soak_s").total_seconds() == 3
+    with pytest.raises(KeyError, match="not a duration"):
+        fast.as_timedelta("canary_share")
+    with pytest.raises(ValueError, match="canary_check_interval_s"):
+        GateDurations(canary_soak_s=10, canary_check_interval_s=20)
+    with pytest.raises(ValueError):
+        GateDurations(canary_share=0.9)

@@ -1,0 +1,161 @@
+"""The wire contract between services: workflow names, queues, and their inputs/outputs.
+
+Services never import each other's code; they start, signal, update and query
+each other's workflows by these names with these dataclasses (plain data, so
+Temporal's JSON converter carries them and fields can be added later).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Task queues: a loop's worker is the only poller of its queues.
+EXECUTION_QUEUE = "execution"
+LEARNING_QUEUE = "learning"
+LEARNING_GPU_QUEUE = "learning-gpu"
+GOVERNANCE_QUEUE = "governance"
+
+# Workflow type names.
+ROLLOUT_WORKFLOW = "RolloutWorkflow"  # execution
+TRAINING_RUN_WORKFLOW = "TrainingRunWorkflow"  # learning
+PROMOTION_WORKFLOW = "PromotionWorkflow"  # governance
+ADMISSION_WORKFLOW = "AdmissionWorkflow"  # governance
+ROLLBACK_WORKFLOW = "RollbackWorkflow"  # governance
+
+# Signals / updates / queries.
+RUN_PAUSE_SIGNAL = "pause"
+RUN_RESUME_SIGNAL = "resume"
+RUN_CANCEL_SIGNAL = "cancel"
+RUN_STATUS_QUERY = "status"
+PROMOTION_SIGN_AUDIT_UPDATE = "sign_audit"
+PROMOTION_APPROVE_UPDATE = "operator_decision"
+PROMOTION_STATUS_QUERY = "status"
+PROMOTION_PROPOSED_SIGNAL = "proposed"
+
+
+def training_run_workflow_id(run_id: str) -> str:
+    """Workflow id of a training run."""
+    return f"training-run-{run_id}"
+
+
+def promotion_workflow_id(proposal_id: str) -> str:
+    """Workflow id of the promotion opened for a proposal."""
+    return f"promotion-{proposal_id}"
+
+
+@dataclass
+class RolloutItem:
+    """G episodes of one task from one seed (one GRPO group)."""
+
+    task_id: str
+    seed: int
+    group_size: int = 1
+
+
+@dataclass
+class RolloutBatchInput:
+    """A batch of episodes for the execution loop."""
+
+    batch_id: str
+    purpose: str  # training | eval | production | shadow | canary
+    items: list[RolloutItem]
+    checkpoint_id: str | None = None  # None: whatever governance's routing says
+    run_id: str | None = None
+    policy_version: int = 0
+    max_concurrency: int = 8
+    deadline_s: float = 600.0
+    temperature: float = 1.0
+    apply_actions: bool = True  # False for shadow: actions recorded, never applied
+
+
+@dataclass
+class RolloutBatchResult:
+    """What finished by the deadline; the rest counted as truncated."""
+
+    batch_id: str
+    trajectory_ids: list[str] = field(default_factory=list)
+    completed: int = 0
+    truncated: int = 0
+    failed: int = 0
+    mean_reward: float = 0.0
+    success_rate: float = 0.0
+
+
+@dataclass
+class TrainingRunInput:
+    """A submitted run: the validated config and who submitted it."""
+
+    run_id: str
+    submitted_by: str
+    config: dict[str, Any]
+    # Carried across continue-as-new:
+    start_iteration: int = 0
+    latest_checkpoint_id: str | None = None
+    paused: bool = False
+
+
+@dataclass
+class RunControl:
+    """A pause/resume/cancel request from a person."""
+
+    user: str
+    reason: str = ""
+
+
+@dataclass
+class PromotionInput:
+    """Governance opens a promotion for a proposal."""
+
+    proposal_id: str
+    checkpoint_id: str
+    run_id: str
+    submitted_by: str
+
+
+@dataclass
+class HumanDecision:
+    """An auditor's sign-off or an operator's approval/rejection."""
+
+    user: str
+    roles: list[str]
+    decision: str  # approve | reject
+    comment: str
+
+
+@dataclass
+class RollbackInput:
+    """Move an alias back to its rollback target."""
+
+    requested_by: str
+    reason: str
+    alias: str = "production"
+    roles: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RollbackResult:
+    """Where the alias points now."""
+
+    alias: str
+    checkpoint_id: str
+    previous_checkpoint_id: str
+
+
+@dataclass
+class AdmissionInput:
+    """Assess a task on an environment version (the four questions)."""
+
+    task_id: str
+    requested_by: str
+
+
+def sibling_queue(current_queue: str, loop_queue: str) -> str:
+    """Another loop's queue under the same prefix as ``current_queue`` (tests prefix queues).
+
+    Deterministic, so a workflow may call it with ``workflow.info().task_queue``.
+    """
+    for name in (LEARNING_GPU_QUEUE, EXECUTION_QUEUE, LEARNING_QUEUE, GOVERNANCE_QUEUE):
+        if current_queue.endswith(name):
+            return current_queue[: -len(name)] + loop_queue
+    return loop_queue
