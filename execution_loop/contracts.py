@@ -299,4 +299,5 @@ def _parse(
     if capabilities is not None:
         criteria = frozenset(SuccessCriteria.model_fields)
         problems.extend(capability_problems(data, capabilities, criteria, locate))
+    problems.sort(key=lambda p: p.line or 0)  # document order; stable within a line
     return problems, (contract if not problems else None)

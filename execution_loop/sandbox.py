@@ -261,7 +261,8 @@ def _which_limit(
         killed_by == signal.SIGKILL and cpu_s >= limits.cpu_time_s - 0.05
     ):
         return "cpu_time"
-    if killed_by == signal.SIGXFSZ:
+    # Python ignores SIGXFSZ, so an oversized write shows up as EFBIG on stderr instead.
+    if killed_by == signal.SIGXFSZ or (exit_code != 0 and "File too large" in stderr):
         return "file_size"
     # RLIMIT_AS makes allocation fail inside the program, which reports it on stderr;
     # an unexplained SIGKILL is the kernel's OOM killer.

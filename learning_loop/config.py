@@ -142,6 +142,9 @@ class StabilityConfig(_Section):
     retrieval_margin: float = Field(default=0.1, ge=0.0, le=1.0)
     # ... while token entropy stays at or above this (nats per token).
     collapse_min_entropy: float = Field(default=0.5, ge=0.0)
+    # Alarm only if an earlier iteration discriminated clearly (accuracy above chance +
+    # margin): for runs from a randomly initialised model, which never depends on its input.
+    collapse_requires_prior_discrimination: bool = False
     # Fewer distinct prompts than this make retrieval accuracy too noisy to judge (count).
     min_discrimination_prompts: int = Field(default=4, ge=2)
     # Distinct prompts scored against each other per iteration (count; cost grows as n^2).

@@ -28,6 +28,11 @@ This is GRPO as in Shao et al. (2024), with these departures:
 - the KL penalty is in the loss (as in GRPO), not in the reward, and beta = 0 (default,
   as in DAPO / Dr. GRPO) needs no reference model at all.
 
+The module also holds the teacher-forced scoring the update and the monitors share:
+`token_logprobs`, `token_entropy`, `policy_action_logprobs` (a sample's action tokens under
+a model) and `score_cross_input` (every response against every prompt, for the
+cross-input discrimination monitor).
+
 `normalizer` lets the update split a batch into micro-batches and still get exactly the
 gradient of the whole batch: pass the batch's total action tokens ("token") or samples
 ("sequence").
@@ -35,10 +40,12 @@ gradient of the whole batch: pass the batch's total action tokens ("token") or s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
+from learning_loop.batch import TrainingSample, collate
 from learning_loop.config import ObjectiveConfig
 
 _LOG_RATIO_LIMIT = 20.0
@@ -127,6 +134,54 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of the next-token distribution at positions 0..L-2: shape [B, L-1]."""
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+@torch.no_grad()
+def policy_action_logprobs(
+    model: torch.nn.Module,
+    samples: Sequence[TrainingSample],
+    *,
+    device: torch.device,
+    micro_batch_size: int = 8,
+) -> list[list[float]]:
+    """The model's logprob of each action token of each sample (teacher forcing)."""
+    result: list[list[float]] = []
+    for start in range(0, len(samples), micro_batch_size):
+        chunk = samples[start : start + micro_batch_size]
+        batch = collate(chunk).to(device)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logp = token_logprobs(logits, batch.input_ids).float().cpu()
+        for row, s in enumerate(chunk):
+            first = len(s.prompt_token_ids) - 1
+            result.append(logp[row, first : first + len(s.action_token_ids)].tolist())
+    return result
+
+
+@torch.no_grad()
+def score_cross_input(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    device: torch.device,
+    micro_batch_size: int = 16,
+) -> list[list[float]]:
+    """scores[j][i] = log p(response j | prompt i), summed over response tokens."""
+    pairs = [
+        TrainingSample("", "", "", 0, tuple(p), tuple(r), (0.0,) * len(r), 0.0)
+        for r in responses
+        for p in prompts
+    ]
+    was_training = model.training
+    model.eval()
+    try:
+        flat = policy_action_logprobs(
+            model, pairs, device=device, micro_batch_size=micro_batch_size
+        )
+    finally:
+        model.train(was_training)
+    n = len(prompts)
+    return [[sum(flat[j * n + i]) for i in range(n)] for j in range(len(responses))]
 
 
 def grpo_loss(

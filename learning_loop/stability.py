@@ -13,7 +13,7 @@ reward curve that looks fine:
   chance, 1/n, when the response no longer carries information about its prompt.
 
 Everything here is pure python over plain numbers, so the detectors run anywhere; the
-log-likelihood matrix itself comes from `learning_loop.update.score_cross_input`.
+log-likelihood matrix itself comes from `learning_loop.objective.score_cross_input`.
 Thresholds and windows live in `learning_loop.config.StabilityConfig`.
 """
 
@@ -198,20 +198,28 @@ def detect_echo_trap(
 
 
 def detect_template_collapse(
-    metrics: IterationMetrics, config: StabilityConfig | None = None
+    metrics: IterationMetrics,
+    config: StabilityConfig | None = None,
+    *,
+    history: Sequence[IterationMetrics] = (),
 ) -> Alarm | None:
     """Template collapse: retrieval accuracy within `retrieval_margin` of chance while
-    token entropy stays at or above `collapse_min_entropy`."""
+    token entropy stays at or above `collapse_min_entropy`.
+
+    With `collapse_requires_prior_discrimination`, `history` (earlier iterations) must hold
+    one that discriminated clearly, so a model that never depended on its input does not
+    alarm on every iteration.
+    """
     config = config or StabilityConfig()
-    accuracy, chance = metrics.retrieval_accuracy, metrics.retrieval_chance
-    if accuracy is None or chance is None:
-        return None
-    if metrics.retrieval_prompts < config.min_discrimination_prompts:
-        return None
-    if accuracy > chance + config.retrieval_margin:
+    if not _near_chance(metrics, config):
         return None
     if metrics.token_entropy < config.collapse_min_entropy:
         return None
+    if config.collapse_requires_prior_discrimination and not any(
+        _discriminated(m, config) for m in history
+    ):
+        return None
+    accuracy, chance = metrics.retrieval_accuracy or 0.0, metrics.retrieval_chance or 0.0
     return Alarm(
         kind="template_collapse",
         iteration=metrics.iteration,
@@ -227,6 +235,25 @@ def detect_template_collapse(
             "prompts": float(metrics.retrieval_prompts),
             "token_entropy": metrics.token_entropy,
         },
+    )
+
+
+def _near_chance(metrics: IterationMetrics, config: StabilityConfig) -> bool:
+    accuracy, chance = metrics.retrieval_accuracy, metrics.retrieval_chance
+    if accuracy is None or chance is None:
+        return False
+    if metrics.retrieval_prompts < config.min_discrimination_prompts:
+        return False
+    return accuracy <= chance + config.retrieval_margin
+
+
+def _discriminated(metrics: IterationMetrics, config: StabilityConfig) -> bool:
+    accuracy, chance = metrics.retrieval_accuracy, metrics.retrieval_chance
+    return (
+        accuracy is not None
+        and chance is not None
+        and metrics.retrieval_prompts >= config.min_discrimination_prompts
+        and accuracy > chance + config.retrieval_margin
     )
 
 

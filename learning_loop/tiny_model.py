@@ -25,10 +25,11 @@ from safetensors import safe_open
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     GenerationConfig,
-    PreTrainedTokenizerFast,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedTokenizerFast,
 )
+from transformers.utils import logging as hf_logging
 
 PAD, BOS, END, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
@@ -37,14 +38,82 @@ SPECIAL_TOKENS = (PAD, BOS, END, UNK, *ROLE_TOKENS)
 # Words the built-in environments and their prompts use; each becomes one token (with and
 # without a leading space, lower-case and capitalised). Order does not change the result.
 ENVIRONMENT_WORDS = (
-    "action", "actions", "agent", "answer", "assert", "at", "box", "calculate", "ci", "code",
-    "command", "correct", "coverage", "done", "down", "edit", "error", "exit", "fail",
-    "failed", "failure", "fell", "file", "fix", "frozen", "goal", "grid", "hole", "ice",
-    "in", "invalid", "is", "lake", "left", "line", "log", "map", "move", "no", "not", "of",
-    "ok", "on", "pass", "passed", "player", "print", "python", "reached", "result", "retry",
-    "return", "reward", "right", "run", "skip", "source", "step", "success", "target",
-    "task", "test", "tests", "the", "to", "tool", "turn", "turns", "up", "wall", "you",
-    "your", "yes", "assistant", "system", "user",
+    "action",
+    "actions",
+    "agent",
+    "answer",
+    "assert",
+    "at",
+    "box",
+    "calculate",
+    "ci",
+    "code",
+    "command",
+    "correct",
+    "coverage",
+    "done",
+    "down",
+    "edit",
+    "error",
+    "exit",
+    "fail",
+    "failed",
+    "failure",
+    "fell",
+    "file",
+    "fix",
+    "frozen",
+    "goal",
+    "grid",
+    "hole",
+    "ice",
+    "in",
+    "invalid",
+    "is",
+    "lake",
+    "left",
+    "line",
+    "log",
+    "map",
+    "move",
+    "no",
+    "not",
+    "of",
+    "ok",
+    "on",
+    "pass",
+    "passed",
+    "player",
+    "print",
+    "python",
+    "reached",
+    "result",
+    "retry",
+    "return",
+    "reward",
+    "right",
+    "run",
+    "skip",
+    "source",
+    "step",
+    "success",
+    "target",
+    "task",
+    "test",
+    "tests",
+    "the",
+    "to",
+    "tool",
+    "turn",
+    "turns",
+    "up",
+    "wall",
+    "you",
+    "your",
+    "yes",
+    "assistant",
+    "system",
+    "user",
 )
 
 CHAT_TEMPLATE = (
@@ -107,7 +176,7 @@ def build_tokenizer(
     )
     forms = sorted({f for w in words for f in (w, w.capitalize()) for f in (f, " " + f)})
     backend.train_from_iterator(forms, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=backend,
         bos_token=BOS,
         eos_token=END,
@@ -167,11 +236,11 @@ def create_tiny_model(path: Path, *, seed: int = 0, spec: TinyModelSpec | None =
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )
-    # Seed a private generator's worth of global state only for the duration of the init.
+    # Seed the global generator for the init only; the caller's RNG state is restored after.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=[tokenizer.eos_token_id],
         pad_token_id=tokenizer.pad_token_id,
@@ -180,8 +249,15 @@ def create_tiny_model(path: Path, *, seed: int = 0, spec: TinyModelSpec | None =
         top_p=1.0,
         top_k=0,
     )
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    # A "writing shards" progress bar for one small file is noise.
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
     _portable_tokenizer_config(path, tokenizer)
     _portable_model_config(path, rope_theta)
     return path

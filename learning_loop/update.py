@@ -23,7 +23,13 @@ import torch
 
 from learning_loop.batch import PaddedBatch, TrainingSample, collate
 from learning_loop.config import ObjectiveConfig, OptimizerConfig, RunConfig, UpdateConfig
-from learning_loop.objective import ObjectiveStats, grpo_loss, token_entropy, token_logprobs
+from learning_loop.objective import (
+    ObjectiveStats,
+    grpo_loss,
+    policy_action_logprobs,
+    token_entropy,
+    token_logprobs,
+)
 
 
 class UpdateError(RuntimeError):
@@ -233,71 +239,26 @@ def _guard_staleness(
         return fresh, report
     if config.stale_samples == "drop":
         return fresh, replace(report, stale_dropped=len(stale))
-    corrected, weights = [], []
-    for s, proximal in zip(stale, policy_action_logprobs(model, stale, device=device), strict=True):
+    corrected: dict[int, TrainingSample] = {}
+    weights: list[float] = []
+    proximal_logprobs = policy_action_logprobs(model, stale, device=device)
+    for s, proximal in zip(stale, proximal_logprobs, strict=True):
         # Decoupled PPO: clip against the current (proximal) policy, weight by the truncated
         # proximal/behaviour ratio so stale data is neither ignored nor over-trusted.
         w = [min(math.exp(min(p - b, 20.0)), config.importance_weight_cap)
              for p, b in zip(proximal, s.behaviour_logprobs, strict=True)]
         weights.extend(w)
-        corrected.append(
-            replace(s, behaviour_logprobs=tuple(proximal), importance_weights=tuple(w))
+        corrected[id(s)] = replace(
+            s, behaviour_logprobs=tuple(proximal), importance_weights=tuple(w)
         )
-    return fresh + corrected, replace(
+    kept = [corrected.get(id(s), s) for s in samples]  # the caller's order
+    return kept, replace(
         report,
         stale_corrected=len(stale),
         mean_importance_weight=sum(weights) / len(weights),
         truncated_weight_share=sum(w >= config.importance_weight_cap for w in weights)
         / len(weights),
     )
-
-
-@torch.no_grad()
-def policy_action_logprobs(
-    model: torch.nn.Module,
-    samples: Sequence[TrainingSample],
-    *,
-    device: torch.device,
-    micro_batch_size: int = 8,
-) -> list[list[float]]:
-    """The model's logprob of each action token of each sample (teacher forcing)."""
-    result: list[list[float]] = []
-    for start in range(0, len(samples), micro_batch_size):
-        chunk = samples[start : start + micro_batch_size]
-        batch = collate(chunk).to(device)
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        logp = token_logprobs(logits, batch.input_ids).float().cpu()
-        for row, s in enumerate(chunk):
-            first = len(s.prompt_token_ids) - 1
-            result.append(logp[row, first : first + len(s.action_token_ids)].tolist())
-    return result
-
-
-@torch.no_grad()
-def score_cross_input(
-    model: torch.nn.Module,
-    prompts: Sequence[Sequence[int]],
-    responses: Sequence[Sequence[int]],
-    *,
-    device: torch.device,
-    micro_batch_size: int = 16,
-) -> list[list[float]]:
-    """scores[j][i] = log p(response j | prompt i), summed over response tokens."""
-    pairs = [
-        TrainingSample("", "", "", 0, tuple(p), tuple(r), (0.0,) * len(r), 0.0)
-        for r in responses
-        for p in prompts
-    ]
-    was_training = model.training
-    model.eval()
-    try:
-        flat = policy_action_logprobs(
-            model, pairs, device=device, micro_batch_size=micro_batch_size
-        )
-    finally:
-        model.train(was_training)
-    n = len(prompts)
-    return [[sum(flat[j * n + i]) for i in range(n)] for j in range(len(responses))]
 
 
 def _micro_batches(

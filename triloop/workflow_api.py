@@ -67,6 +67,8 @@ class RolloutBatchInput:
     deadline_s: float = 600.0
     temperature: float = 1.0
     apply_actions: bool = True  # False for shadow: actions recorded, never applied
+    # Seconds without a heartbeat (one per step) before an episode attempt counts as lost.
+    heartbeat_timeout_s: float = 60.0
 
 
 @dataclass
@@ -80,6 +82,12 @@ class RolloutBatchResult:
     failed: int = 0
     mean_reward: float = 0.0
     success_rate: float = 0.0
+    # Shadow episodes (purpose "shadow"), stored beside the production ones they shadowed.
+    shadow_trajectory_ids: list[str] = field(default_factory=list)
+    # episode id -> completed | truncated | failed, for every episode of the batch.
+    statuses: dict[str, str] = field(default_factory=dict)
+    # episode id -> checkpoint that served it (production routing resolves it per episode).
+    checkpoints: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,8 +127,10 @@ class HumanDecision:
 
     user: str
     roles: list[str]
-    decision: str  # approve | reject
+    decision: str  # approve | reject (an auditor's approve means sign)
     comment: str
+    # The service that forwards the person's decision; only "web" may (checked by validators).
+    service: str = "web"
 
 
 @dataclass
@@ -131,6 +141,8 @@ class RollbackInput:
     reason: str
     alias: str = "production"
     roles: list[str] = field(default_factory=list)
+    # Set only by a promotion's watch (automatic rollback); RollbackWorkflow refuses it.
+    promotion_id: str | None = None
 
 
 @dataclass
@@ -159,3 +171,80 @@ def sibling_queue(current_queue: str, loop_queue: str) -> str:
         if current_queue.endswith(name):
             return current_queue[: -len(name)] + loop_queue
     return loop_queue
+
+
+# Activity the governance AdmissionWorkflow runs on the execution queue.
+PROBE_ADMISSION_ACTIVITY = "probe_admission"
+
+
+@dataclass
+class AdmissionProbeInput:
+    """Gather admission evidence for one task: resets with its seed, reference runs."""
+
+    task_id: str
+    resets: int = 2  # resets with the task's seed whose fingerprints must agree
+    reference_runs: int = 3  # k: runs of the environment's reference solution
+
+
+@dataclass
+class AdmissionProbeEvidence:
+    """What the execution loop observed; governance judges it (``AdmissionEvidence``)."""
+
+    task_id: str
+    environment_version_id: str
+    environment: str
+    seed: int
+    reset_fingerprints: list[str] = field(default_factory=list)
+    reset_seconds: list[float] = field(default_factory=list)  # wall-clock seconds per reset
+    verifier_hash: str | None = None  # sha256 of the verifier module's source
+    verifier_ran_out_of_process: bool = False
+    reference_results: list[bool] = field(default_factory=list)  # verifier verdict per run
+    reference_rewards: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # anything that stopped a probe early
+
+
+# Governance: admission decisions and what promotion/admission workflows report.
+ADMISSION_DECIDE_UPDATE = "decide_admission"
+ADMISSION_STATUS_QUERY = "status"
+
+
+def admission_workflow_id(task_id: str) -> str:
+    """Workflow id of the admission of a task."""
+    return f"admission-{task_id}"
+
+
+@dataclass
+class AdmissionResult:
+    """Where an admission stands: the four answers and the operator's decision."""
+
+    task_id: str
+    status: str  # assessing | awaiting_decision | admitted | rejected
+    admissible: bool | None = None
+    reasons: list[str] = field(default_factory=list)
+    decided_by: str | None = None
+
+
+@dataclass
+class GateSummary:
+    """One gate's final verdict as a promotion reports it (evidence is in ``gate_result``)."""
+
+    gate: str
+    passed: bool
+    verdict: str
+    reasons: list[str] = field(default_factory=list)
+    gate_result_id: str | None = None
+
+
+@dataclass
+class PromotionStatus:
+    """What ``PROMOTION_STATUS_QUERY`` returns and what the workflow ends with."""
+
+    proposal_id: str
+    promotion_id: str | None
+    status: str  # open | rejected | aborted | promoted | rolled_back | expired
+    current_gate: str | None
+    results: list[GateSummary] = field(default_factory=list)
+    waiting_for: str | None = None  # e.g. "auditor", "operator", "shadow soak"
+    audited_by: str | None = None
+    approved_by: str | None = None
+    reason: str | None = None

@@ -198,8 +198,11 @@ def schema_problems(
             message = "unknown key" + (f" (expected one of: {allowed})" if allowed else "")
         elif kind in _EXPECTED:
             message = f"expected {_EXPECTED[kind]}, got {_describe(error['input'])}"
-        else:
+        elif kind == "value_error":
             message = str(error["msg"]).removeprefix("Value error, ")
+        else:  # e.g. greater_than: "input should be greater than 0, got -1"
+            text = str(error["msg"])
+            message = f"{text[:1].lower()}{text[1:]}, got {_describe(error['input'])}"
         problems.append(ContractProblem(dotted(loc), message, locate(loc)))
     return problems
 

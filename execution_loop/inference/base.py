@@ -94,7 +94,9 @@ class InferenceResponseError(InferenceError):
         self.problem = problem
 
 
-def validate_request(prompt_token_ids: Sequence[int], max_new_tokens: int, temperature: float) -> None:
+def validate_request(
+    prompt_token_ids: Sequence[int], max_new_tokens: int, temperature: float
+) -> None:
     """Reject arguments no backend can honour, with a message naming the bad value."""
     if not prompt_token_ids:
         raise ValueError("prompt_token_ids is empty: render at least the chat template's prompt")
@@ -102,3 +104,11 @@ def validate_request(prompt_token_ids: Sequence[int], max_new_tokens: int, tempe
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+
+
+def decode_action(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> str:
+    """The text of sampled ids without special tokens: what the environment receives."""
+    text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    if not isinstance(text, str):
+        raise TypeError(f"tokenizer.decode returned {type(text).__name__}, expected str")
+    return text

@@ -27,6 +27,7 @@ from execution_loop.inference.base import (
     InferenceResponseError,
     InferenceServerError,
     PromptTooLongError,
+    decode_action,
     validate_request,
 )
 
@@ -117,13 +118,16 @@ class OpenAICompatiblePolicyClient:
         timeout: float = 60.0,
         checkpoint_id: str | None = None,
         api_key: str | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = normalise_base_url(base_url)
         self.model = model
         self.tokenizer_dir = Path(tokenizer_dir)
         self.checkpoint_id = checkpoint_id or model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=timeout, headers=headers, transport=transport
+        )
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -199,7 +203,7 @@ class OpenAICompatiblePolicyClient:
         token_ids, logprobs, finish_reason = parse_completion_choice(url, payload)
         # Decode here rather than trust choices[0].text: the action text is then the same
         # function of the ids whichever backend sampled them.
-        text = self.tokenizer().decode(token_ids, skip_special_tokens=True)
+        text = decode_action(self.tokenizer(), token_ids)
         return Generation(
             token_ids=token_ids, logprobs=logprobs, text=text, finish_reason=finish_reason
         )

@@ -183,7 +183,9 @@ class CompletionService:
         offsets: list[int] = []
         top: list[dict[str, float]] = []
         offset = 0
-        for i, (token_id, logprob) in enumerate(zip(sample.token_ids, sample.logprobs, strict=True)):
+        for i, (token_id, logprob) in enumerate(
+            zip(sample.token_ids, sample.logprobs, strict=True)
+        ):
             token = self._token_string(token_id, as_id)
             entries = {token: max(logprob, -9999.0)}
             alternatives = sample.top_logprobs[i][:wanted] if wanted else []

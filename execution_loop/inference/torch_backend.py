@@ -25,6 +25,7 @@ from execution_loop.inference.base import (
     FINISH_STOP,
     Generation,
     PromptTooLongError,
+    decode_action,
     validate_request,
 )
 
@@ -77,9 +78,8 @@ class TorchPolicyClient:
             device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
         )
         self.checkpoint_id = checkpoint_id or self.model_dir.name
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
-        self.model.to(self.device)
-        self.model.eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
+        self.model: Any = model.to(self.device).eval()
         self.max_model_len = int(self.model.config.max_position_embeddings)
         self.eos_token_ids = _eos_token_ids(self.model)
         # transformers 5 renamed the KV-cache argument and output field (past_key_values -> cache).
@@ -113,7 +113,7 @@ class TorchPolicyClient:
             seed=seed,
             stop_token_ids=stop_token_ids,
         )
-        text = self.tokenizer().decode(sample.token_ids, skip_special_tokens=True)
+        text = decode_action(self.tokenizer(), sample.token_ids)
         return Generation(
             token_ids=sample.token_ids,
             logprobs=sample.logprobs,
@@ -142,7 +142,9 @@ class TorchPolicyClient:
         vocab_size = int(self.model.config.vocab_size)
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(f"prompt token ids out of the vocabulary (size {vocab_size}): {bad[:5]}")
+            raise ValueError(
+                f"prompt token ids out of the vocabulary (size {vocab_size}): {bad[:5]}"
+            )
         generator = torch.Generator(device=self.device)
         if seed is None:
             generator.seed()

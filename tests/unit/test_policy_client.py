@@ -139,7 +139,7 @@ def test_unused_port_denies_as_unreachable() -> None:
 async def test_unused_port_denies_as_unreachable_async() -> None:
     client = OpaClient(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
     decision = await client.adecide(OPERATOR, "approve", PROMOTION)
-    await client.aclose()
+    client.close()
     assert decision.allow is False
     assert "unreachable" in decision.reasons[0]
 
@@ -200,7 +200,7 @@ async def test_bad_servers_deny_sync_and_async(
     client = OpaClient(url, timeout_s=0.3)
     sync_decision = await asyncio.to_thread(client.decide, OPERATOR, "approve", PROMOTION)
     async_decision = await client.adecide(OPERATOR, "approve", PROMOTION)
-    await client.aclose()
+    client.close()
     for decision in (sync_decision, async_decision):
         assert decision.allow is False
         assert reason in decision.reasons[0], decision.reasons
@@ -235,9 +235,6 @@ class _StubOpa(OpaClient):
         self.fixed = decision
 
     def decide(self, *args: Any, **kwargs: Any) -> Decision:
-        return self.fixed
-
-    async def adecide(self, *args: Any, **kwargs: Any) -> Decision:
         return self.fixed
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import socket
 from pathlib import Path
 
@@ -84,6 +86,7 @@ def start_opa(
 
     Console decision logging is what makes OPA issue a ``decision_id`` per query.
     """
+    write_bundle_manifest(policies)
     argv = [
         tool_path("opa"),
         "run",
@@ -94,6 +97,7 @@ def start_opa(
         "error",
         "--set",
         "decision_logs.console=true",
+        "--bundle",
         "--watch",
         str(policies),
     ]
@@ -106,6 +110,26 @@ def start_opa(
         alive=lambda: _alive(proc),
     )
     return proc
+
+
+def policy_revision(policies: Path) -> str:
+    """sha256 over the Rego files (path and content): the revision OPA reports."""
+    digest = hashlib.sha256()
+    for path in sorted(policies.rglob("*.rego")):
+        digest.update(str(path.relative_to(policies)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def write_bundle_manifest(policies: Path) -> None:
+    """Serve the folder as a bundle whose revision is the policies' content hash.
+
+    OPA only reports a revision (``provenance``) for bundles; every decision's
+    audit row then names the exact policy text it came from. The manifest is
+    generated at start, so a policy edited under ``--watch`` keeps the old
+    revision until OPA is restarted (``triloop dev down && triloop dev up``).
+    """
+    manifest = {"revision": policy_revision(policies), "roots": ["triloop"]}
+    (policies / ".manifest").write_text(json.dumps(manifest))
 
 
 def _tcp_open(port: int) -> bool:

@@ -44,9 +44,5 @@ class Authorizer:
         *,
         context: Mapping[str, Any] | None = None,
     ) -> Decision:
-        """Async ``authorize``; the (blocking) sink runs in a worker thread."""
-        decision = await self._opa.adecide(actor, action, resource, context)
-        await asyncio.to_thread(self._audit, actor, action, resource, decision, context)
-        if not decision.allow:
-            raise PolicyDenied(actor, action, resource, decision)
-        return decision
+        """Async ``authorize``: query and (blocking) sink together in one worker thread."""
+        return await asyncio.to_thread(self.authorize, actor, action, resource, context=context)

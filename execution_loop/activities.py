@@ -1,0 +1,295 @@
+"""Rollout activities: run one episode, route production episodes, record truncated ones.
+
+Activities are synchronous (torch inference, subprocess sandboxes) and run on the
+worker's thread pool. ``RolloutActivities`` receives every dependency from
+``execution_loop.worker``: the execution role's engine, the authorizer, the policy
+cache and the task environments.
+
+Errors: infrastructure failures (inference server, sandbox, verifier, database
+connection) propagate and Temporal retries them; everything else becomes a
+non-retryable ``ApplicationError`` so a broken environment, a policy denial or a
+missing checkpoint fails the episode once instead of burning retries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import sqlalchemy.exc
+from sqlalchemy import Engine
+from sqlmodel import Session
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, CancelledError
+
+from execution_loop.contracts import EnvironmentContract, parse_contract_text
+from execution_loop.environments.base import Environment, EnvironmentFactory
+from execution_loop.episode import INFRASTRUCTURE_ERRORS, EpisodeRecord, StepRecord, run_episode
+from execution_loop.policies import PolicyCache
+from execution_loop.routing import assign, read_routes
+from execution_loop.trajectories import (
+    StepRow,
+    TrajectoryRow,
+    shadow_comparison,
+    trajectory_statuses,
+    write_trajectory,
+)
+from execution_loop.workflows import (
+    RECORD_TRUNCATED_ACTIVITY,
+    ROUTE_EPISODES_ACTIVITY,
+    RUN_EPISODE_ACTIVITY,
+    EpisodeInput,
+    EpisodeSpec,
+    EpisodeSummary,
+    RouteDecision,
+    RouteInput,
+    RouteResult,
+    TruncateInput,
+    TruncateResult,
+)
+from triloop.models import EnvironmentVersion, Task, Trajectory
+from triloop.policy import Authorizer, PolicyDenied
+
+EnvironmentLookup = Callable[[str], EnvironmentFactory]
+_RETRYABLE: tuple[type[BaseException], ...] = (
+    *INFRASTRUCTURE_ERRORS,
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    psycopg.OperationalError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+def is_infrastructure_error(exc: BaseException) -> bool:
+    """Whether retrying could help: the machinery failed, not the episode's content."""
+    return isinstance(exc, _RETRYABLE)
+
+
+def non_retryable(exc: Exception) -> ApplicationError:
+    """The episode's own failure, surfaced once with its type and message."""
+    return ApplicationError(f"{type(exc).__name__}: {exc}", type=type(exc).__name__,
+                            non_retryable=True)
+
+
+def episode_seed(episode_id: str) -> int:
+    """The sampling seed of an episode, fixed by its id (retries sample the same way)."""
+    return int.from_bytes(hashlib.sha256(episode_id.encode()).digest()[:8], "big") % 2**31
+
+
+@dataclass(frozen=True)
+class OpenedTask:
+    """A task with its parsed, registered contract and its environment factory."""
+
+    task_id: str
+    environment_version_id: str
+    seed: int
+    contract: EnvironmentContract
+    factory: EnvironmentFactory
+
+    def open(self, **kwargs: Any) -> Environment:
+        """A fresh environment (its own working copy) for one episode."""
+        return self.factory(self.contract, **kwargs)
+
+
+def _default_lookup(name: str) -> EnvironmentFactory:
+    from execution_loop.environments.registry import get_environment
+
+    return get_environment(name)
+
+
+class TaskEnvironments:
+    """Opens a task's environment from its registered, immutable environment version."""
+
+    def __init__(self, *, engine: Engine, lookup: EnvironmentLookup | None = None) -> None:
+        self._engine = engine
+        self._lookup = lookup or _default_lookup
+        self._contracts: dict[str, EnvironmentContract] = {}
+        self._lock = threading.Lock()
+
+    def task(self, task_id: str) -> OpenedTask:
+        """Read the task and its environment version; the contract is parsed once per version."""
+        with Session(self._engine) as session:
+            task = session.get(Task, task_id)
+            if task is None:
+                raise LookupError(f"task {task_id!r} does not exist")
+            version = session.get(EnvironmentVersion, task.environment_version_id)
+        if version is None:
+            raise LookupError(f"environment version {task.environment_version_id!r} is missing")
+        with self._lock:
+            contract = self._contracts.get(version.id)
+            if contract is None:
+                contract = self._parse(version)
+                self._contracts[version.id] = contract
+        return OpenedTask(task.id, version.id, task.seed, contract, self._lookup(contract.task))
+
+    def _parse(self, version: EnvironmentVersion) -> EnvironmentContract:
+        from execution_loop.environments import registry
+
+        # Fixtures of registered versions ship with the environment implementations.
+        return parse_contract_text(
+            version.contract_text, base_dir=registry.CONTRACTS_DIR,
+            source=f"environment version {version.id}",
+        )
+
+
+def _step_row(step: StepRecord, extra: dict[str, Any] | None = None) -> StepRow:
+    feedback = dict(step.feedback)
+    feedback["finish_reason"] = step.finish_reason
+    if extra:
+        feedback.update(extra)
+    return StepRow(
+        index=step.index, prompt_token_ids=step.prompt_token_ids,
+        action_token_ids=step.action_token_ids, action_mask=step.action_mask,
+        behaviour_logprobs=step.behaviour_logprobs, observation=step.observation,
+        action_text=step.action_text, feedback=feedback, reward=step.reward, done=step.done,
+    )
+
+
+def trajectory_row(
+    record: EpisodeRecord, job: EpisodeInput, outcome: dict[str, Any]
+) -> TrajectoryRow:
+    """The trajectory row of a finished episode."""
+    spec = job.spec
+    return TrajectoryRow(
+        id=spec.episode_id, batch_id=job.batch_id, task_id=spec.task_id,
+        checkpoint_id=spec.checkpoint_id, purpose=spec.purpose, group_id=spec.group_id,
+        status=record.status, sample_index=spec.sample_index, run_id=job.run_id,
+        policy_version=job.policy_version, failure_reason=record.failure_reason,
+        success=record.success, total_reward=record.total_reward, num_steps=len(record.steps),
+        outcome=outcome,
+    )
+
+
+def stub_row(job: EpisodeInput, reason: str) -> TrajectoryRow:
+    """A truncated episode that never produced a step (the deadline came first)."""
+    spec = job.spec
+    outcome: dict[str, Any] = {"shadow_of": spec.shadow_of} if spec.shadow_of else {}
+    return TrajectoryRow(
+        id=spec.episode_id, batch_id=job.batch_id, task_id=spec.task_id,
+        checkpoint_id=spec.checkpoint_id, purpose=spec.purpose, group_id=spec.group_id,
+        status="truncated", sample_index=spec.sample_index, run_id=job.run_id,
+        policy_version=job.policy_version, failure_reason=reason, outcome=outcome,
+    )
+
+
+def _summary(row: Trajectory | TrajectoryRow, *, written: bool) -> EpisodeSummary:
+    return EpisodeSummary(row.id, row.status, row.success, row.total_reward, row.num_steps,
+                          written)
+
+
+class RolloutActivities:
+    """The execution loop's activities, bound to their dependencies."""
+
+    def __init__(
+        self, *, engine: Engine, authorizer: Authorizer, policies: PolicyCache,
+        environments: TaskEnvironments,
+    ) -> None:
+        self._engine = engine
+        self._authorizer = authorizer
+        self._policies = policies
+        self._environments = environments
+
+    @activity.defn(name=RUN_EPISODE_ACTIVITY, no_thread_cancel_exception=True)
+    def run_episode(self, job: EpisodeInput) -> EpisodeSummary:
+        """Play one episode, heartbeating every step, and store it once."""
+        with Session(self._engine) as session:
+            stored = session.get(Trajectory, job.spec.episode_id)
+        if stored is not None:  # an earlier attempt wrote it, then lost its report
+            return _summary(stored, written=False)
+        try:
+            row, steps = self._play(job)
+            written = write_trajectory(
+                engine=self._engine, authorizer=self._authorizer, trajectory=row, steps=steps
+            )
+        except CancelledError:
+            raise
+        except Exception as exc:
+            if is_infrastructure_error(exc):
+                raise
+            raise non_retryable(exc) from exc
+        return _summary(row, written=written)
+
+    def _play(self, job: EpisodeInput) -> tuple[TrajectoryRow, list[StepRow]]:
+        spec = job.spec
+        opened = self._environments.task(spec.task_id)
+        policy = self._policies.get(spec.checkpoint_id)
+        info = activity.info()
+        restarted_after = info.heartbeat_details[0] if info.heartbeat_details else 0
+
+        def on_step(step: StepRecord) -> None:
+            if activity.is_cancelled():
+                raise CancelledError("episode cancelled: the batch deadline passed")
+            activity.heartbeat(step.index + 1)
+
+        env = opened.open()
+        try:
+            record = run_episode(
+                env, policy, seed=episode_seed(spec.shadow_of or spec.episode_id),
+                task_seed=spec.task_seed, limits=opened.contract.limits,
+                context_rule=opened.contract.context, on_step=on_step,
+                deadline=job.deadline_epoch_s, temperature=job.temperature,
+            )
+        finally:
+            env.close()
+        outcome: dict[str, Any] = {
+            "verifier": record.outcome_details, "outcome_reward": record.outcome_reward,
+            "seed": record.seed, "task_seed": record.task_seed,
+            "generated_tokens": record.generated_tokens, "wall_time_s": record.wall_time_s,
+            "initial_observation_sha256": hashlib.sha256(
+                record.initial_observation.encode()).hexdigest(),
+            "environment_version_id": opened.environment_version_id,
+            "attempt": info.attempt, "restarted_after_steps": restarted_after,
+        }
+        if spec.shadow_of is None:
+            return trajectory_row(record, job, outcome), [_step_row(s) for s in record.steps]
+        comparison, extras = shadow_comparison(
+            engine=self._engine, production_id=spec.shadow_of,
+            initial_sha256=outcome["initial_observation_sha256"],
+            observations=[s.observation for s in record.steps],
+            actions=[s.action_text for s in record.steps],
+        )
+        outcome.update(comparison)
+        steps = [_step_row(s, extra) for s, extra in zip(record.steps, extras, strict=True)]
+        return trajectory_row(record, job, outcome), steps
+
+    @activity.defn(name=ROUTE_EPISODES_ACTIVITY)
+    def route_production_episodes(self, request: RouteInput) -> RouteResult:
+        """Ask governance's routing tables who serves each production episode."""
+        try:
+            routes = read_routes(self._engine)
+            decisions = [assign(episode_id, routes) for episode_id in request.episode_ids]
+        except LookupError as exc:
+            raise non_retryable(exc) from exc
+        return RouteResult([
+            RouteDecision(e, d.checkpoint_id, d.purpose, d.shadow_checkpoint_id)
+            for e, d in zip(request.episode_ids, decisions, strict=True)
+        ])
+
+    @activity.defn(name=RECORD_TRUNCATED_ACTIVITY)
+    def record_truncated_episodes(self, request: TruncateInput) -> TruncateResult:
+        """Store a truncated row for every episode without one; report what is stored."""
+        ids = [job.spec.episode_id for job in request.episodes]
+        present = trajectory_statuses(engine=self._engine, ids=ids)
+        for job in request.episodes:
+            if job.spec.episode_id in present:
+                continue
+            try:
+                write_trajectory(engine=self._engine, authorizer=self._authorizer,
+                                 trajectory=stub_row(job, request.reason), steps=[])
+            except PolicyDenied as denied:  # nothing written; the episode counts as failed
+                activity.logger.warning("truncated record refused: %s", denied)
+        return TruncateResult(trajectory_statuses(engine=self._engine, ids=ids))
+
+
+def activities_of(rollout: RolloutActivities) -> list[Callable[..., Any]]:
+    """Every activity the execution worker registers."""
+    return [rollout.run_episode, rollout.route_production_episodes,
+            rollout.record_truncated_episodes]
+
+
+__all__ = ["EpisodeSpec", "OpenedTask", "RolloutActivities", "TaskEnvironments"]

@@ -1,0 +1,60 @@
+"""``triloop env ...`` commands that need no services (the lead mounts ``env_app``).
+
+``validate FILE`` prints every problem in a contract (with its line and dotted path)
+and exits 1 if there is any; otherwise it prints the contract's id. ``list`` shows the
+built-in environments with their contract files and ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from execution_loop.contracts import contract_id, fixture_hashes, parse_contract_text
+from execution_loop.contracts import validate_contract_text as _validate
+from execution_loop.environments import registry
+
+env_app = typer.Typer(help="Environment contracts.", no_args_is_help=True)
+
+
+def validate_file(path: Path) -> tuple[list[str], str | None]:
+    """Problems as printable lines, and the contract id when there are none."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"{path}: cannot read: {exc}"], None
+    caps = registry.capabilities()
+    problems = _validate(text, base_dir=path.parent, capabilities=caps)
+    if problems:
+        lines = [
+            f"{path}:{p.line}: {p.path or '<document>'}: {p.message}"
+            if p.line is not None
+            else f"{path}: {p.path or '<document>'}: {p.message}"
+            for p in problems
+        ]
+        return lines, None
+    contract = parse_contract_text(text, base_dir=path.parent, capabilities=caps)
+    return [], contract_id(contract, fixture_hashes(contract))
+
+
+@env_app.command("validate")
+def validate(
+    file: Path = typer.Argument(..., help="Contract YAML file."),  # noqa: B008 (typer idiom)
+) -> None:
+    """Check a contract; print every problem, or its id when valid."""
+    lines, identity = validate_file(file)
+    for line in lines:
+        typer.echo(line, err=True)
+    if identity is None:
+        typer.echo(f"{len(lines)} problem(s) in {file}", err=True)
+        raise typer.Exit(code=1)
+    typer.echo(identity)
+
+
+@env_app.command("list")
+def list_builtin() -> None:
+    """The built-in environments, their contract files and ids."""
+    for name in registry.list_environments():
+        contract = registry.load_builtin_contract(name)
+        typer.echo(f"{name}\t{contract_id(contract)}\t{registry.builtin_contract_path(name)}")

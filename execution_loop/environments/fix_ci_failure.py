@@ -1,0 +1,244 @@
+"""fix_ci_failure: make a pinned repository's failing CI pass, without skipping tests.
+
+Each episode gets a fresh working copy of the repository built from the contract's
+fixture at the pinned commit (``ci_repo.build_repository``). One action per turn, the
+command on the first line:
+
+- ``run_tests`` (allowed action ``retry_ci``): run ``python run_tests.py`` in the
+  sandbox; the observation carries ``command_exit_code``, ``test_report`` and
+  ``ci_log`` as the contract lists them. A green run ends the episode.
+- ``cat <file>`` (``read_source``): show a file.
+- ``edit <file>`` then the full new content (``edit_source``), or ``replace <file>``
+  then ``<<<<<<< SEARCH`` / ``=======`` / ``>>>>>>> REPLACE`` lines.
+- ``skip_test <name>`` (``skip_test``): list the test in ``ci_skip.txt``; the
+  verifier counts every skipped test as a new failure.
+
+The verifier, in its own process, rebuilds the pinned repository, puts the agent's
+code beside the pinned tests and runner (edits to those are ignored and reported) and
+runs the whole suite (``ci_verifier``): nothing the agent's CI run printed is trusted.
+
+Stdlib only at run time (the verifier imports this module without site-packages).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from execution_loop.environments import ci_repo
+from execution_loop.environments.base import (
+    EnvironmentStateError,
+    Outcome,
+    StepResult,
+    TaskCapabilities,
+    fingerprint,
+)
+from execution_loop.environments.ci_actions import Action, apply_action, parse_action
+from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits
+from execution_loop.verification import VerifierRequest, run_verifier
+
+if TYPE_CHECKING:
+    from execution_loop.contracts import EnvironmentContract
+
+VERIFIER = "execution_loop.environments.ci_verifier:verify"
+CAPABILITIES = TaskCapabilities(
+    actions=frozenset({"retry_ci", "read_source", "edit_source", "skip_test"}),
+    observations=frozenset({"ci_log", "test_report", "command_exit_code"}),
+    success_criteria=frozenset({"all_tests_pass", "no_new_failures", "coverage_drop_lt"}),
+    outcome_terms=frozenset({"success", "failure"}),
+    process_terms=frozenset({"valid_action", "invalid_action"}),
+    initial_state=dict.fromkeys(
+        ("repository", "dependencies", "fixtures", "repository_fixture", "commit"), (str,)
+    ),
+    required_state=frozenset({"repository_fixture", "commit"}),
+)
+_HELP = {
+    "retry_ci": "run_tests",
+    "read_source": "cat <file>",
+    "edit_source": "edit <file> + the full new content on the next lines | replace <file> "
+    "+ <<<<<<< SEARCH / ======= / >>>>>>> REPLACE lines",
+    "skip_test": "skip_test <name>",
+}
+
+
+class FixCiFailure:
+    """The fix_ci_failure environment bound to a contract."""
+
+    def __init__(
+        self, contract: EnvironmentContract, *, sandbox: SandboxBackend | None = None
+    ) -> None:
+        self.contract = contract
+        self._sandbox = sandbox or LocalProcessSandbox()
+        self._fixture = contract.fixture_path(str(contract.initial_state["repository_fixture"]))
+        self._commit = str(contract.initial_state["commit"])
+        spec = contract.sandbox
+        self._limits = SandboxLimits(
+            cpu_time_s=spec.cpu_time_s,
+            memory_bytes=spec.memory_mb * 2**20,
+            wall_time_s=spec.wall_time_s,
+            max_output_bytes=spec.max_output_bytes,
+        )
+        self._tmp: Path | None = None
+        self._turn = 0
+        self._done = False
+        self._skipped: list[str] = []
+        self._ended_by: str | None = None
+        self._deadline = 0.0
+
+    @property
+    def workdir(self) -> Path:
+        """The episode's working copy."""
+        if self._tmp is None:
+            raise EnvironmentStateError("call reset(seed) first")
+        return self._tmp / "repo"
+
+    def reset(self, seed: int) -> str:
+        """A fresh working copy at the pinned commit and its failing CI run.
+
+        There is one pinned repository, so every seed gives the same episode.
+        """
+        del seed  # nothing to vary: the repository is pinned
+        self.close()
+        self._tmp = Path(tempfile.mkdtemp(prefix="triloop-fix-ci-"))
+        commit = ci_repo.build_repository(self._fixture, self.workdir)
+        if commit != self._commit:
+            raise ci_repo.FixtureError(
+                f"fixture {self._fixture} builds commit {commit} but the contract pins "
+                f"{self._commit}: the fixture changed; register a new contract version"
+            )
+        self._turn, self._done, self._skipped, self._ended_by = 0, False, [], None
+        self._deadline = time.monotonic() + self.contract.limits.wall_time_s
+        files = ", ".join(
+            p.relative_to(self.workdir).as_posix() for p in ci_repo.regular_files(self.workdir)
+        )
+        actions = "\n".join(f"  {_HELP[a]}" for a in self.contract.allowed_actions)
+        head = (
+            f"CI is failing at commit {commit[:12]}. Make it pass without skipping tests."
+            f"\nfiles: {files}\nactions:\n{actions}\n"
+        )
+        return head + self._run_ci()[0]
+
+    def step(self, action: str) -> StepResult:
+        """Apply one command to the working copy."""
+        if self._tmp is None:
+            raise EnvironmentStateError("call reset(seed) first")
+        if self._done:
+            raise EnvironmentStateError("the episode is over; call reset(seed) to start another")
+        self._turn += 1
+        parsed = parse_action(action)
+        feedback: dict[str, Any] = {"valid_action": False, "action": None}
+        if isinstance(parsed, str):
+            observation = f"invalid action: {parsed}"
+        elif parsed.kind not in self.contract.allowed_actions:
+            observation = f"invalid action: {parsed.kind} is not allowed in this environment"
+        else:
+            observation = self._apply(parsed, feedback)
+        if not self._done and self._turn >= self.contract.limits.max_turns:
+            self._ended_by, self._done = "max_turns", True
+        if not self._done and time.monotonic() > self._deadline:
+            self._ended_by, self._done = "wall_time", True
+        truncated = self._ended_by in ("max_turns", "wall_time")
+        feedback.update(
+            ended_by=self._ended_by,
+            failure="sandbox_limit" if self._ended_by == "sandbox_limit" else None,
+            truncated=self._ended_by if truncated else None,
+        )
+        terms = self.contract.reward.process
+        reward = terms.get("valid_action" if feedback["valid_action"] else "invalid_action", 0.0)
+        return StepResult(observation, reward, self._done, feedback)
+
+    def _apply(self, action: Action, feedback: dict[str, Any]) -> str:
+        if action.kind == "retry_ci":
+            observation, run = self._run_ci()
+            feedback.update(
+                valid_action=True,
+                action="retry_ci",
+                exit_code=run.exit_code,
+                sandbox_limit=run.limit_exceeded,
+            )
+            if run.limit_exceeded:
+                self._ended_by, self._done = "sandbox_limit", True
+            elif run.exit_code == 0:  # CI is green: the agent is done; the verifier decides
+                self._ended_by, self._done = "ci_green", True
+            return observation
+        result = apply_action(action, self.workdir)
+        feedback.update(valid_action=result.ok, action=action.kind, path=action.target)
+        if result.ok and action.kind == "skip_test":
+            self._skipped.append(action.target)
+        return result.observation
+
+    def _run_ci(self) -> tuple[str, ci_repo.CiRun]:
+        report = self.workdir.parent / "report.json"  # outside the agent's working copy
+        run = ci_repo.run_ci(self._sandbox, self.workdir, report, self._limits)
+        shown = self.contract.observations
+        parts = [f"$ python {ci_repo.RUNNER}"]
+        if "command_exit_code" in shown:
+            parts.append(f"command_exit_code: {run.exit_code}")
+        if run.limit_exceeded:
+            parts.append(f"sandbox limit exceeded: {run.limit_exceeded}")
+        if "test_report" in shown:
+            parts.append(f"test_report: {ci_repo.summarise(run)}")
+        if "ci_log" in shown:
+            parts.append(f"ci_log:\n{run.log.rstrip()}")
+        return "\n".join(parts), run
+
+    def verifier_request(self) -> VerifierRequest:
+        """Where the working copy and the pinned fixture are, and what success means."""
+        criteria = self.contract.success_criteria
+        payload = {
+            "fixture": str(self._fixture),
+            "commit": self._commit,
+            "workdir": str(self.workdir),
+            "skipped": sorted(set(self._skipped)),
+            "criteria": {
+                "all_tests_pass": criteria.all_tests_pass,
+                "no_new_failures": criteria.no_new_failures,
+                "coverage_drop_lt": criteria.coverage_drop_lt,
+            },
+            "limits": dataclasses.asdict(self._limits),
+            "ended_by": self._ended_by,
+            "reward": dict(self.contract.reward.outcome),
+        }
+        return VerifierRequest(VERIFIER, payload)
+
+    def outcome(self) -> Outcome:
+        """The verifier re-runs the pinned tests against the agent's code, in its own process."""
+        limits = SandboxLimits(
+            cpu_time_s=60,
+            memory_bytes=2 * 2**30,
+            wall_time_s=2 * self._limits.wall_time_s + 60,
+            max_output_bytes=2**20,
+        )
+        return run_verifier(self.verifier_request(), limits=limits, sandbox=self._sandbox)
+
+    def state_fingerprint(self) -> str:
+        """sha256 of the working copy's files (not .git), the turn and whether it is over."""
+        files = {
+            p.relative_to(self.workdir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in ci_repo.regular_files(self.workdir)
+        }
+        return fingerprint({"files": files, "turn": self._turn, "done": self._done})
+
+    def close(self) -> None:
+        """Remove the working copy."""
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+
+def reference_solution(seed: int, contract: EnvironmentContract) -> list[str]:
+    """The two one-line fixes of the built-in fixture, then a green CI run."""
+    del seed, contract  # one pinned repository: the same fix for every seed
+    fixes = [
+        ("    if quantity > 50:", "    if quantity >= 50:"),
+        ("    return amount * percent // 100", "    return amount * (100 - percent) // 100"),
+    ]
+    return [
+        f"replace shop/pricing.py\n<<<<<<< SEARCH\n{old}\n=======\n{new}\n>>>>>>> REPLACE"
+        for old, new in fixes
+    ] + ["run_tests"]

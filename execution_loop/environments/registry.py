@@ -1,0 +1,119 @@
+"""The built-in environments by name: factories, contract files, reference solutions.
+
+Each environment ships a contract YAML in ``contracts/`` and declares what it supports
+(``TaskCapabilities``), so a contract naming an action, observation, criterion or reward
+term its environment does not implement is refused before any episode runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from execution_loop.contracts import ContractError, EnvironmentContract, load_contract
+from execution_loop.environments import fix_ci_failure, frozen_lake, tool_arithmetic
+from execution_loop.environments.base import Environment, EnvironmentFactory, TaskCapabilities
+from execution_loop.environments.contract_checks import capability_problems
+from execution_loop.sandbox import SandboxBackend
+
+CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
+
+
+@dataclass(frozen=True)
+class _Builtin:
+    build: Callable[..., Environment]
+    capabilities: TaskCapabilities
+    reference: Callable[[int, EnvironmentContract], list[str]]
+
+
+_BUILTINS: dict[str, _Builtin] = {
+    "frozen_lake": _Builtin(
+        frozen_lake.FrozenLake, frozen_lake.CAPABILITIES, frozen_lake.reference_solution
+    ),
+    "tool_arithmetic": _Builtin(
+        tool_arithmetic.ToolArithmetic,
+        tool_arithmetic.CAPABILITIES,
+        tool_arithmetic.reference_solution,
+    ),
+    "fix_ci_failure": _Builtin(
+        fix_ci_failure.FixCiFailure, fix_ci_failure.CAPABILITIES, fix_ci_failure.reference_solution
+    ),
+}
+
+
+class UnknownEnvironmentError(LookupError):
+    """No built-in environment has that name."""
+
+
+def _builtin(name: str) -> _Builtin:
+    try:
+        return _BUILTINS[name]
+    except KeyError:
+        known = ", ".join(sorted(_BUILTINS))
+        raise UnknownEnvironmentError(f"no environment {name!r} (known: {known})") from None
+
+
+def list_environments() -> list[str]:
+    """Names of the built-in environments."""
+    return sorted(_BUILTINS)
+
+
+def capabilities() -> dict[str, TaskCapabilities]:
+    """What each environment supports, for ``validate_contract_text(capabilities=...)``."""
+    return {name: entry.capabilities for name, entry in _BUILTINS.items()}
+
+
+def builtin_contract_path(name: str) -> Path:
+    """The contract file shipped with an environment."""
+    _builtin(name)
+    return CONTRACTS_DIR / f"{name}.yaml"
+
+
+@cache
+def load_builtin_contract(name: str) -> EnvironmentContract:
+    """The shipped contract, validated against the environment's capabilities."""
+    return load_contract(builtin_contract_path(name), capabilities=capabilities())
+
+
+def check_contract(contract: EnvironmentContract) -> None:
+    """Raise ``ContractError`` if the environment cannot honour the contract."""
+    data = contract.model_dump(mode="json")
+    problems = capability_problems(
+        data, capabilities(), frozenset(type(contract.success_criteria).model_fields),
+        lambda _loc: None,
+    )
+    if problems:
+        raise ContractError(problems, source=f"for {contract.task}")
+
+
+def get_environment(name: str) -> EnvironmentFactory:
+    """A factory for the named environment (the shipped contract when none is given)."""
+    entry = _builtin(name)
+
+    def factory(
+        contract: EnvironmentContract | None = None, *, sandbox: SandboxBackend | None = None
+    ) -> Environment:
+        bound = contract or load_builtin_contract(name)
+        if bound.task != name:
+            raise ValueError(f"contract is for {bound.task!r}, not {name!r}")
+        check_contract(bound)
+        return entry.build(bound, sandbox=sandbox)
+
+    return factory
+
+
+def make_environment(
+    contract: EnvironmentContract, *, sandbox: SandboxBackend | None = None
+) -> Environment:
+    """The environment a contract names, bound to it."""
+    return get_environment(contract.task)(contract, sandbox=sandbox)
+
+
+def reference_solution(
+    env_name: str, seed: int, contract: EnvironmentContract | None = None
+) -> list[str]:
+    """Scripted optimal actions for the seed (admission's k-of-k check, tests)."""
+    entry = _builtin(env_name)
+    return entry.reference(seed, contract or load_builtin_contract(env_name))

@@ -1,0 +1,221 @@
+"""Run one episode: the environment and the policy take turns until the episode ends.
+
+Each turn the harness renders the context (under the contract's context rule) as token
+ids, the policy samples an action, its text goes to the environment, and a ``StepRecord``
+keeps the prompt ids, the sampled ids, their mask and behaviour logprobs exactly as used.
+
+How an episode ends:
+- ``completed``: the environment said done.
+- ``truncated``: a limit ended it first. ``failure_reason`` names the limit: ``max_turns``,
+  ``max_total_tokens`` (tokens the policy generated in the episode), ``wall_time``
+  (the contract's limit), ``deadline`` (the caller's, e.g. the batch's), ``context_length``
+  (the prompt no longer fits the model), or whatever the environment reported in
+  ``feedback["truncated"]`` when it ended the episode itself.
+- ``failed``: the environment raised (other than an infrastructure error) or reported
+  ``feedback["failure"]`` (e.g. ``sandbox_limit``); ``failure_reason`` says why, and no
+  outcome is asked for (success is False, outcome reward 0).
+Infrastructure errors (inference, sandbox, verifier) propagate so the caller can retry.
+Limits are checked between turns; a turn in progress is never interrupted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from execution_loop.contracts import ContextRule, Limits
+from execution_loop.environments.base import Environment, Outcome
+from execution_loop.harness import ChatHarness, Turn, step_action_mask
+from execution_loop.inference.base import InferenceError, PolicyClient, PromptTooLongError
+from execution_loop.sandbox import SandboxError
+from execution_loop.verification import VerificationError
+
+COMPLETED, TRUNCATED, FAILED = "completed", "truncated", "failed"
+INFRASTRUCTURE_ERRORS: tuple[type[Exception], ...] = (
+    InferenceError,
+    SandboxError,
+    VerificationError,
+)
+_SEED_STRIDE = 1_000_003  # > any max_turns, so (seed, turn) pairs never share a turn seed
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One turn as it happened."""
+
+    index: int
+    prompt_token_ids: list[int]  # exactly what the policy was fed
+    action_token_ids: list[int]  # exactly what it sampled (its end-of-turn token included)
+    action_mask: list[int]  # over prompt + action: 1 on the action's ids only
+    behaviour_logprobs: list[float]  # one per action token, at the sampling temperature
+    observation: str  # the environment's reply to this action
+    action_text: str  # the action ids decoded without special tokens, as sent to env.step
+    reward: float  # the environment's process reward for this step
+    done: bool
+    feedback: dict[str, Any]
+    finish_reason: str  # "stop" (the model ended its turn) or "length" (token cap)
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """A finished episode."""
+
+    status: str  # completed | truncated | failed
+    failure_reason: str | None  # the limit or the error; None when completed
+    steps: list[StepRecord]
+    total_reward: float  # sum of step rewards + the outcome reward
+    success: bool
+    outcome_details: dict[str, Any]
+    outcome_reward: float = 0.0
+    initial_observation: str = ""
+    checkpoint_id: str = ""
+    seed: int = 0
+    task_seed: int = 0
+    generated_tokens: int = 0
+    wall_time_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def turn_seed(seed: int, index: int) -> int:
+    """The sampling seed of turn ``index``: distinct per turn, reproducible per episode."""
+    return (seed * _SEED_STRIDE + index) % 2**63
+
+
+def _reason(exc: Exception) -> str:
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str) and reason:
+        return reason
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def run_episode(
+    env: Environment,
+    policy: PolicyClient,
+    *,
+    seed: int,
+    task_seed: int,
+    limits: Limits,
+    context_rule: ContextRule,
+    on_step: Callable[[StepRecord], None] | None = None,
+    deadline: float | None = None,
+    system_prompt: str | None = None,
+    temperature: float = 1.0,
+    harness: ChatHarness | None = None,
+    clock: Callable[[], float] = time.time,
+) -> EpisodeRecord:
+    """Play one episode of ``env`` with ``policy``; ``deadline`` is a ``clock()`` time."""
+    started = clock()
+    wall_deadline = started + limits.wall_time_s
+    harness = harness or ChatHarness(policy.tokenizer())
+    steps: list[StepRecord] = []
+    turns: list[Turn] = []
+    generated = 0
+    status: str = TRUNCATED
+    reason: str | None = "max_turns"
+
+    def record(
+        final_status: str, final_reason: str | None, initial: str, outcome: Outcome | None
+    ) -> EpisodeRecord:
+        step_rewards = sum(s.reward for s in steps)
+        outcome_reward = outcome.reward if outcome is not None else 0.0
+        return EpisodeRecord(
+            status=final_status,
+            failure_reason=final_reason,
+            steps=steps,
+            total_reward=step_rewards + outcome_reward,
+            success=bool(outcome.success) if outcome is not None else False,
+            outcome_details=dict(outcome.details) if outcome is not None else {},
+            outcome_reward=outcome_reward,
+            initial_observation=initial,
+            checkpoint_id=policy.checkpoint_id,
+            seed=seed,
+            task_seed=task_seed,
+            generated_tokens=generated,
+            wall_time_s=clock() - started,
+        )
+
+    try:
+        initial = env.reset(task_seed)
+    except INFRASTRUCTURE_ERRORS:
+        raise
+    except Exception as exc:  # the environment's own fault: record it, keep the batch going
+        return record(FAILED, _reason(exc), "", None)
+
+    while True:
+        if len(steps) >= limits.max_turns:
+            status, reason = TRUNCATED, "max_turns"
+            break
+        now = clock()
+        if deadline is not None and now >= deadline:
+            status, reason = TRUNCATED, "deadline"
+            break
+        if now >= wall_deadline:
+            status, reason = TRUNCATED, "wall_time"
+            break
+        budget = min(limits.max_tokens_per_turn, limits.max_total_tokens - generated)
+        if budget <= 0:
+            status, reason = TRUNCATED, "max_total_tokens"
+            break
+        prompt = harness.prompt_token_ids(
+            system=system_prompt,
+            initial_observation=initial,
+            turns=turns,
+            keep_last_turns=context_rule.keep_last_turns,
+        )
+        try:
+            generation = policy.generate(
+                prompt,
+                max_new_tokens=budget,
+                temperature=temperature,
+                seed=turn_seed(seed, len(steps)),
+            )
+        except PromptTooLongError:
+            status, reason = TRUNCATED, "context_length"
+            break
+        generated += len(generation.token_ids)
+        try:
+            result = env.step(generation.text)
+        except INFRASTRUCTURE_ERRORS:
+            raise
+        except Exception as exc:  # the environment's own fault: record it
+            status, reason = FAILED, _reason(exc)
+            break
+        step = StepRecord(
+            index=len(steps),
+            prompt_token_ids=prompt,
+            action_token_ids=list(generation.token_ids),
+            action_mask=step_action_mask(len(prompt), len(generation.token_ids)),
+            behaviour_logprobs=list(generation.logprobs),
+            observation=result.observation,
+            action_text=generation.text,
+            reward=float(result.reward),
+            done=result.done,
+            feedback=dict(result.feedback),
+            finish_reason=generation.finish_reason,
+        )
+        steps.append(step)
+        turns.append(Turn(action_token_ids=step.action_token_ids, observation=result.observation))
+        if on_step is not None:
+            on_step(step)
+        if result.done:
+            failure = result.feedback.get("failure")
+            truncated = result.feedback.get("truncated")
+            if isinstance(failure, str) and failure:
+                status, reason = FAILED, failure
+            elif isinstance(truncated, str) and truncated:
+                status, reason = TRUNCATED, truncated
+            else:
+                status, reason = COMPLETED, None
+            break
+
+    if status == FAILED:  # no verdict on an episode the environment could not carry out
+        return record(status, reason, initial, None)
+    try:
+        outcome = env.outcome()
+    except INFRASTRUCTURE_ERRORS:
+        raise
+    except Exception as exc:
+        return record(FAILED, f"outcome: {_reason(exc)}", initial, None)
+    return record(status, reason, initial, outcome)

@@ -1,0 +1,124 @@
+"""A per-worker cache of policy clients: checkpoint id -> ``PolicyClient``.
+
+The checkpoint's directory comes from its ``checkpoint.artifact_uri`` row; the
+backend (in-process torch, or an OpenAI-compatible vLLM server) from settings.
+Loading a model is slow and holds memory, so each worker keeps the few it serves
+(production, canary, shadow, or a run's current policy) and evicts the least
+recently used beyond ``capacity``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from execution_loop.inference.base import PolicyClient
+from triloop.config import Settings
+from triloop.models import Checkpoint
+
+PolicyFactory = Callable[[str, Path], PolicyClient]
+"""Builds a client for (checkpoint id, checkpoint directory)."""
+
+
+class UnknownCheckpoint(LookupError):
+    """No checkpoint row with that id: the caller or the routing names a missing checkpoint."""
+
+
+class UnsupportedArtifactUri(ValueError):
+    """A checkpoint's artifact_uri this worker cannot open as a local directory."""
+
+
+def checkpoint_dir(artifact_uri: str, *, home: Path) -> Path:
+    """The local directory of a checkpoint: ``file://`` URIs and paths (relative to home)."""
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "":
+        path = Path(artifact_uri)
+        return path if path.is_absolute() else home / path
+    raise UnsupportedArtifactUri(
+        f"checkpoint artifact_uri {artifact_uri!r} has scheme {parsed.scheme!r}; this worker "
+        "opens file:// URIs and local paths only (sync remote checkpoints to a local folder)"
+    )
+
+
+def backend_factory(settings: Settings) -> PolicyFactory:
+    """The configured backend: ``torch`` loads in-process, ``openai`` asks a server."""
+    if settings.inference_backend == "openai":
+        if not settings.inference_url:
+            raise ValueError(
+                "TRILOOP_INFERENCE_BACKEND=openai needs TRILOOP_INFERENCE_URL (the vLLM server)"
+            )
+        base_url = settings.inference_url
+
+        def remote(checkpoint_id: str, model_dir: Path) -> PolicyClient:
+            from execution_loop.inference.openai_backend import OpenAICompatiblePolicyClient
+
+            # The server serves the checkpoint under its id; the tokenizer is read locally.
+            return OpenAICompatiblePolicyClient(
+                base_url, checkpoint_id, model_dir, checkpoint_id=checkpoint_id
+            )
+
+        return remote
+
+    def local(checkpoint_id: str, model_dir: Path) -> PolicyClient:
+        from execution_loop.inference.torch_backend import TorchPolicyClient
+
+        return TorchPolicyClient(model_dir, checkpoint_id=checkpoint_id)
+
+    return local
+
+
+class PolicyCache:
+    """Thread-safe LRU of policy clients keyed by checkpoint id."""
+
+    def __init__(
+        self, *, engine: Engine, factory: PolicyFactory, home: Path, capacity: int = 4
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self._engine = engine
+        self._factory = factory
+        self._home = home
+        self._capacity = capacity
+        self._clients: OrderedDict[str, PolicyClient] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, checkpoint_id: str) -> PolicyClient:
+        """The client serving ``checkpoint_id``, loaded on first use."""
+        with self._lock:
+            client = self._clients.get(checkpoint_id)
+            if client is not None:
+                self._clients.move_to_end(checkpoint_id)
+                return client
+            # Loading under the lock: two episodes of a new checkpoint load it once.
+            client = self._factory(checkpoint_id, self.model_dir(checkpoint_id))
+            self._clients[checkpoint_id] = client
+            while len(self._clients) > self._capacity:
+                _, evicted = self._clients.popitem(last=False)
+                close = getattr(evicted, "close", None)
+                if callable(close):
+                    close()
+            return client
+
+    def model_dir(self, checkpoint_id: str) -> Path:
+        """Where the checkpoint's weights are, from its row."""
+        with Session(self._engine) as session:
+            row = session.get(Checkpoint, checkpoint_id)
+        if row is None:
+            raise UnknownCheckpoint(
+                f"checkpoint {checkpoint_id!r} is not registered; the learning loop registers "
+                "checkpoints, and routing may only name registered ones"
+            )
+        return checkpoint_dir(row.artifact_uri, home=self._home)
+
+    def cached(self) -> list[str]:
+        """Checkpoint ids currently loaded, least recently used first."""
+        with self._lock:
+            return list(self._clients)

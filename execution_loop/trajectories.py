@@ -1,0 +1,315 @@
+"""Trajectory storage: one transaction per episode, steps by binary COPY, and the queries.
+
+An episode's id is the trajectory's primary key, so writing is idempotent: the
+trajectory row goes in with ``ON CONFLICT DO NOTHING`` and its steps follow in the
+same transaction only when that insert created the row. A retried activity, or two
+workers racing on the same episode, leave exactly one trajectory and one set of steps.
+
+Steps go through ``COPY step FROM STDIN (FORMAT BINARY)``: the token id, mask and
+logprob arrays travel as PostgreSQL binary arrays, with no text formatting or
+parsing on either side (``bench/rollout.py`` measures it against per-row INSERTs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import Cursor
+from psycopg.types.json import Jsonb
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from triloop.models import Step, Trajectory
+from triloop.policy import Actor, Authorizer, Resource
+
+EXECUTION = Actor(service="execution")
+
+STEP_COLUMNS = (
+    "trajectory_id", "index", "prompt_token_ids", "action_token_ids", "action_mask",
+    "behaviour_logprobs", "observation", "action_text", "feedback", "reward", "done",
+)
+_STEP_TYPES = (
+    "text", "int4", "int4[]", "int4[]", "int2[]", "float8[]", "text", "text", "jsonb", "float8",
+    "bool",
+)
+_TRAJECTORY_COLUMNS = (
+    "id", "batch_id", "run_id", "task_id", "checkpoint_id", "purpose", "group_id",
+    "sample_index", "policy_version", "status", "failure_reason", "success", "total_reward",
+    "num_steps", "outcome",
+)
+# "index" is a keyword in SQL, so every step column is quoted.
+_QUOTED_STEP_COLUMNS = ", ".join('"' + c + '"' for c in STEP_COLUMNS)
+_COPY_STEPS = f"COPY step ({_QUOTED_STEP_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+_INSERT_STEP = (
+    f"INSERT INTO step ({_QUOTED_STEP_COLUMNS}) VALUES ({', '.join(['%s'] * len(STEP_COLUMNS))})"
+)
+_INSERT_TRAJECTORY = (
+    f"INSERT INTO trajectory ({', '.join(_TRAJECTORY_COLUMNS)}, created_at) "
+    f"VALUES ({', '.join(['%s'] * len(_TRAJECTORY_COLUMNS))}, now()) "
+    "ON CONFLICT (id) DO NOTHING RETURNING id"
+)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One turn as stored: prompt and action token ids as generated, mask and logprobs."""
+
+    index: int
+    prompt_token_ids: Sequence[int]
+    action_token_ids: Sequence[int]
+    action_mask: Sequence[int]  # 1 = the model generated the token (trainable)
+    behaviour_logprobs: Sequence[float]  # one per action token, from the sampling policy
+    observation: str
+    action_text: str
+    feedback: Mapping[str, Any]
+    reward: float
+    done: bool
+
+
+@dataclass(frozen=True)
+class TrajectoryRow:
+    """One episode's summary row; ``id`` is the episode id."""
+
+    id: str
+    batch_id: str
+    task_id: str
+    checkpoint_id: str
+    purpose: str  # training | eval | production | shadow | canary
+    group_id: str
+    status: str  # completed | truncated | failed
+    sample_index: int = 0
+    run_id: str | None = None
+    policy_version: int = 0
+    failure_reason: str | None = None
+    success: bool = False
+    total_reward: float = 0.0
+    num_steps: int = 0
+    outcome: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _text(value: str) -> str:
+    # PostgreSQL text cannot hold NUL; agent output sometimes does.
+    return value.replace("\x00", "\ufffd")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, default=str).replace("\\u0000", "\\ufffd")
+
+
+def _step_values(trajectory_id: str, step: StepRow) -> tuple[Any, ...]:
+    return (
+        trajectory_id, step.index, list(step.prompt_token_ids), list(step.action_token_ids),
+        list(step.action_mask), [float(x) for x in step.behaviour_logprobs],
+        _text(step.observation), _text(step.action_text), Jsonb(dict(step.feedback), _dumps),
+        float(step.reward), bool(step.done),
+    )
+
+
+def copy_steps(cursor: Cursor[Any], trajectory_id: str, steps: Iterable[StepRow]) -> int:
+    """Write steps with one binary COPY; returns how many rows went in."""
+    count = 0
+    with cursor.copy(_COPY_STEPS) as copy:
+        copy.set_types(list(_STEP_TYPES))
+        for step in steps:
+            copy.write_row(_step_values(trajectory_id, step))
+            count += 1
+    return count
+
+
+def insert_steps_per_row(cursor: Cursor[Any], trajectory_id: str, steps: Iterable[StepRow]) -> int:
+    """Write steps with one INSERT statement per row (the baseline the bench compares)."""
+    count = 0
+    for step in steps:
+        cursor.execute(_INSERT_STEP, _step_values(trajectory_id, step))
+        count += 1
+    return count
+
+
+def _trajectory_values(row: TrajectoryRow) -> tuple[Any, ...]:
+    return (
+        row.id, row.batch_id, row.run_id, row.task_id, row.checkpoint_id, row.purpose,
+        row.group_id, row.sample_index, row.policy_version, row.status, row.failure_reason,
+        row.success, float(row.total_reward), row.num_steps, Jsonb(dict(row.outcome), _dumps),
+    )
+
+
+def insert_trajectory(
+    cursor: Cursor[Any], trajectory: TrajectoryRow, steps: Sequence[StepRow], *, bulk: bool = True
+) -> bool:
+    """Insert inside the caller's transaction; False (and nothing written) if the id exists."""
+    cursor.execute(_INSERT_TRAJECTORY, _trajectory_values(trajectory))
+    if cursor.fetchone() is None:
+        return False
+    if bulk:
+        copy_steps(cursor, trajectory.id, steps)
+    else:
+        insert_steps_per_row(cursor, trajectory.id, steps)
+    return True
+
+
+def trajectory_resource(trajectory: TrajectoryRow) -> Resource:
+    """The policy resource for creating this trajectory."""
+    return Resource(
+        "trajectory",
+        trajectory.id,
+        attrs={
+            "purpose": trajectory.purpose,
+            "batch_id": trajectory.batch_id,
+            "run_id": trajectory.run_id,
+            "task_id": trajectory.task_id,
+            "checkpoint_id": trajectory.checkpoint_id,
+            "status": trajectory.status,
+            "num_steps": trajectory.num_steps,
+        },
+    )
+
+
+def write_trajectory(
+    *,
+    engine: Engine,
+    authorizer: Authorizer,
+    trajectory: TrajectoryRow,
+    steps: Sequence[StepRow],
+) -> bool:
+    """Authorize, then store the episode and its steps in one transaction.
+
+    Returns True when this call wrote it, False when the episode was already stored
+    (a retried activity): never a second copy. ``PolicyDenied`` propagates and
+    nothing is written.
+    """
+    if trajectory_statuses(engine=engine, ids=[trajectory.id]):
+        return False
+    authorizer.authorize(EXECUTION, "create", trajectory_resource(trajectory))
+    with engine.begin() as conn:
+        raw = conn.connection.driver_connection
+        with raw.cursor() as cursor:  # type: ignore[union-attr]
+            return insert_trajectory(cursor, trajectory, steps)
+
+
+def trajectory_statuses(*, engine: Engine, ids: Sequence[str]) -> dict[str, str]:
+    """Status of each stored episode among ``ids`` (missing ids are absent)."""
+    if not ids:
+        return {}
+    with Session(engine) as session:
+        rows = session.exec(
+            select(Trajectory.id, Trajectory.status).where(col(Trajectory.id).in_(list(ids)))
+        ).all()
+    return {row[0]: row[1] for row in rows}
+
+
+def list_trajectories(
+    *,
+    session: Session,
+    run_id: str | None = None,
+    batch_id: str | None = None,
+    task_id: str | None = None,
+    checkpoint_id: str | None = None,
+    purpose: str | None = None,
+    status: str | None = None,
+    limit: int | None = None,
+) -> list[Trajectory]:
+    """Trajectories matching every given filter, oldest first."""
+    query = select(Trajectory)
+    filters = {
+        "run_id": run_id, "batch_id": batch_id, "task_id": task_id,
+        "checkpoint_id": checkpoint_id, "purpose": purpose, "status": status,
+    }
+    for name, value in filters.items():
+        if value is not None:
+            query = query.where(getattr(Trajectory, name) == value)
+    query = query.order_by(col(Trajectory.created_at), col(Trajectory.id))
+    if limit is not None:
+        query = query.limit(limit)
+    return list(session.exec(query).all())
+
+
+def load_steps(*, session: Session, trajectory_id: str) -> list[Step]:
+    """An episode's steps in order."""
+    query = select(Step).where(Step.trajectory_id == trajectory_id).order_by(col(Step.index))
+    return list(session.exec(query).all())
+
+
+def count_steps(*, session: Session, trajectory_ids: Sequence[str]) -> dict[str, int]:
+    """Stored step rows per trajectory (tests and the bench check exactly-once with it)."""
+    from sqlalchemy import func
+
+    if not trajectory_ids:
+        return {}
+    rows = session.exec(
+        select(Step.trajectory_id, func.count())
+        .where(col(Step.trajectory_id).in_(list(trajectory_ids)))
+        .group_by(col(Step.trajectory_id))
+    ).all()
+    return {row[0]: int(row[1]) for row in rows}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def situation_hashes(initial_sha256: str, observations: Sequence[str]) -> list[str]:
+    """sha256 of what the agent saw before each step: the initial observation, then replies."""
+    return [initial_sha256, *(_sha(o) for o in observations[:-1])][: len(observations)]
+
+
+def step_agreement(
+    production: Sequence[tuple[str, str]], shadow: Sequence[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    """Per shadow step: compared when both saw the same situation, agreed when they acted alike.
+
+    Each side is ``[(situation sha256, action text), ...]`` by step index. Once the shadow's
+    own environment copy has diverged, its steps are not compared (``compared`` False).
+    """
+    rows: list[dict[str, Any]] = []
+    for index, (situation, action) in enumerate(shadow):
+        other = production[index] if index < len(production) else None
+        compared = other is not None and other[0] == situation
+        agreed = compared and other is not None and other[1].strip() == action.strip()
+        rows.append({
+            "compared": compared,
+            "agreed": agreed,
+            "production_action": other[1] if other is not None else None,
+        })
+    return rows
+
+
+def shadow_comparison(
+    *,
+    engine: Engine,
+    production_id: str,
+    initial_sha256: str,
+    observations: Sequence[str],
+    actions: Sequence[str],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Outcome fields and per-step feedback of a shadow episode against its production one."""
+    with Session(engine) as session:
+        production = session.get(Trajectory, production_id)
+        if production is None:
+            raise LookupError(
+                f"shadow of {production_id!r}: the production episode is not stored, so "
+                "there is nothing to compare with"
+            )
+        steps = load_steps(session=session, trajectory_id=production_id)
+    produced_initial = str(production.outcome.get("initial_observation_sha256", ""))
+    production_side = list(zip(
+        situation_hashes(produced_initial, [s.observation for s in steps]),
+        [s.action_text for s in steps], strict=True,
+    ))
+    shadow_side = list(zip(situation_hashes(initial_sha256, observations), actions, strict=True))
+    per_step = step_agreement(production_side, shadow_side)
+    compared = sum(1 for s in per_step if s["compared"])
+    agreed = sum(1 for s in per_step if s["agreed"])
+    outcome = {
+        "shadow_of": production_id,
+        "production_checkpoint_id": production.checkpoint_id,
+        "production_reward": production.total_reward,
+        "production_success": production.success,
+        "steps_compared": compared,
+        "steps_agreed": agreed,
+        "agreement": agreed / compared if compared else None,
+    }
+    return outcome, [{"shadow_agreement": s} for s in per_step]

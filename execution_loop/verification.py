@@ -1,0 +1,124 @@
+"""Run an environment's verifier in its own process, outside the agent's sandbox.
+
+An environment's ``outcome()`` never decides success itself: it hands the episode's
+record (seed, the actions as the model wrote them, paths of the working copy) to a
+verifier function, which this module runs in a fresh interpreter. The verifier
+rebuilds what it needs from the seed and the pinned fixtures and trusts nothing the
+agent printed. The interpreter starts without site-packages (``-I -S``), so verifier
+modules import only the standard library; that keeps a verification to tens of
+milliseconds, which matters when every RL episode needs one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from execution_loop.environments.base import Outcome
+from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits
+
+VERIFIER_PACKAGE = "execution_loop.environments."
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_LIMITS = SandboxLimits(
+    cpu_time_s=60, memory_bytes=2 * 2**30, wall_time_s=120.0, max_output_bytes=2**20
+)
+
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from execution_loop.verification import child_main; child_main()"
+)
+
+
+class VerificationError(RuntimeError):
+    """The verifier could not reach a verdict (crashed, ran out of time): infrastructure."""
+
+
+@dataclass(frozen=True)
+class VerifierRequest:
+    """One episode to verify: which verifier, and the record it judges."""
+
+    verifier: str  # "execution_loop.environments.<module>:<function>"
+    payload: dict[str, Any]
+
+
+def run_verifier(
+    request: VerifierRequest,
+    *,
+    limits: SandboxLimits = DEFAULT_LIMITS,
+    sandbox: SandboxBackend | None = None,
+) -> Outcome:
+    """Run one verifier in a fresh interpreter and return its verdict."""
+    return run_verifiers([request], limits=limits, sandbox=sandbox)[0]
+
+
+def run_verifiers(
+    requests: Sequence[VerifierRequest],
+    *,
+    limits: SandboxLimits = DEFAULT_LIMITS,
+    sandbox: SandboxBackend | None = None,
+) -> list[Outcome]:
+    """Verify a batch of episodes in one fresh interpreter (one start-up for all)."""
+    if not requests:
+        return []
+    for request in requests:
+        _check_reference(request.verifier)
+    document = {"requests": [dataclasses.asdict(r) for r in requests]}
+    runner = sandbox or LocalProcessSandbox()
+    command = [sys.executable, "-I", "-S", "-B", "-c", _BOOT, str(PROJECT_ROOT)]
+    result = runner.run(command, limits=limits, stdin=json.dumps(document))
+    names = sorted({r.verifier for r in requests})
+    if result.limit_exceeded or result.exit_code != 0:
+        why = result.limit_exceeded or f"exit code {result.exit_code}"
+        raise VerificationError(f"verifier {names} failed ({why}): {result.stderr[-2000:]}")
+    try:
+        verdicts = json.loads(result.stdout)
+        outcomes = [
+            Outcome(success=bool(v["success"]), reward=float(v["reward"]), details=v["details"])
+            for v in verdicts
+        ]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise VerificationError(f"verifier {names} returned no verdict: {exc}") from exc
+    if len(outcomes) != len(requests):
+        raise VerificationError(
+            f"verifier {names} returned {len(outcomes)} verdicts for {len(requests)} episodes"
+        )
+    return outcomes
+
+
+def _check_reference(verifier: str) -> None:
+    module, _, function = verifier.partition(":")
+    if not module.startswith(VERIFIER_PACKAGE) or not function.isidentifier():
+        raise ValueError(
+            f"verifier must be 'execution_loop.environments.<module>:<fn>', got {verifier!r}"
+        )
+
+
+def resolve(verifier: str) -> Callable[[dict[str, Any]], Outcome]:
+    """Import a verifier function from its ``module:function`` reference."""
+    _check_reference(verifier)
+    module_name, _, function = verifier.partition(":")
+    target = getattr(importlib.import_module(module_name), function)
+    if not callable(target):
+        raise TypeError(f"{verifier} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def child_main() -> None:
+    """Entry point inside the verifier process: JSON request on stdin, verdict on stdout."""
+    try:
+        document = json.loads(sys.stdin.read())
+        verdicts = [
+            dataclasses.asdict(resolve(str(r["verifier"]))(dict(r["payload"])))
+            for r in document["requests"]
+        ]
+        sys.stdout.write(json.dumps(verdicts, sort_keys=True))
+    except Exception:  # report any failure on stderr; the parent raises VerificationError
+        traceback.print_exc()
+        sys.exit(1)

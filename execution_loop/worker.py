@@ -1,0 +1,105 @@
+"""The execution loop's worker: the one place that builds its adapters.
+
+``python -m execution_loop.worker`` reads ``TRILOOP_*`` settings, connects to
+Temporal as ``execution-worker@<host>``, and polls the ``execution`` queue with the
+rollout workflow, the episode activities and the admission probe. Database access
+uses the ``triloop_execution`` role; every write asks OPA first. SIGTERM (or
+Ctrl-C) stops polling and lets running episodes finish for up to
+``GRACEFUL_SHUTDOWN`` before they are cancelled and retried elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from execution_loop.activities import (
+    EnvironmentLookup,
+    RolloutActivities,
+    TaskEnvironments,
+    activities_of,
+)
+from execution_loop.admission_probe import AdmissionProbe
+from execution_loop.policies import PolicyCache, PolicyFactory, backend_factory
+from execution_loop.workflows import RolloutWorkflow
+from triloop.config import Settings, get_settings
+from triloop.db import role_engine
+from triloop.temporal import connect
+from triloop.wiring import build_authorizer
+from triloop.workflow_api import EXECUTION_QUEUE
+
+GRACEFUL_SHUTDOWN = timedelta(seconds=30)
+DEFAULT_CONCURRENT_EPISODES = 16
+log = logging.getLogger("execution_loop.worker")
+
+
+def worker_identity() -> str:
+    """How this worker appears in workflow histories."""
+    return f"execution-worker@{socket.gethostname()}"
+
+
+def build_worker(
+    client: Client,
+    settings: Settings,
+    *,
+    policy_factory: PolicyFactory | None = None,
+    environment_lookup: EnvironmentLookup | None = None,
+    max_concurrent_episodes: int = DEFAULT_CONCURRENT_EPISODES,
+) -> Worker:
+    """A worker on the (prefixed) execution queue; tests inject a policy or environments."""
+    engine = role_engine(settings, "execution")
+    authorizer = build_authorizer(settings, "execution")
+    policies = PolicyCache(
+        engine=engine, factory=policy_factory or backend_factory(settings), home=settings.home
+    )
+    environments = TaskEnvironments(engine=engine, lookup=environment_lookup)
+    rollout = RolloutActivities(
+        engine=engine, authorizer=authorizer, policies=policies, environments=environments
+    )
+    probe = AdmissionProbe(environments=environments)
+    # Episodes are synchronous (torch, subprocess sandboxes): one thread each.
+    executor = ThreadPoolExecutor(
+        max_workers=max_concurrent_episodes + 2, thread_name_prefix="episode"
+    )
+    return Worker(
+        client,
+        task_queue=settings.task_queue(EXECUTION_QUEUE),
+        workflows=[RolloutWorkflow],
+        activities=[*activities_of(rollout), probe.probe_admission],
+        activity_executor=executor,
+        max_concurrent_activities=max_concurrent_episodes,
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        identity=worker_identity(),
+    )
+
+
+async def serve(settings: Settings) -> None:
+    """Run the worker until SIGTERM or SIGINT, then shut down gracefully."""
+    client = await connect(settings, identity=worker_identity())
+    worker = build_worker(client, settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("polling %s as %s", settings.task_queue(EXECUTION_QUEUE), worker_identity())
+    async with worker:  # leaving the block calls worker.shutdown(): running episodes finish
+        await stop.wait()
+        log.info("shutting down: no new episodes, waiting for running ones")
+    log.info("stopped")
+
+
+def main() -> None:
+    """Entry point of ``python -m execution_loop.worker``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(serve(get_settings()))
+
+
+if __name__ == "__main__":
+    main()

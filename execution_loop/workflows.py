@@ -1,0 +1,280 @@
+"""``RolloutWorkflow``: a batch of episodes, bounded concurrency, one activity per episode.
+
+Deterministic code only (no torch, database or network here); the activities in
+``execution_loop.activities`` are called by name with the dataclasses below.
+
+- Episode ids are ``f"{batch_id}:{item_index}:{sample}"``: a retried activity, a
+  replayed workflow or a restarted worker all write under the same id, and the
+  store keeps the first write only.
+- At most ``max_concurrency`` episodes run at once. Each gets the batch deadline;
+  it stops itself at its next turn after it (recorded ``truncated``, with the
+  steps it took). A workflow timer at the deadline plus a grace period cancels
+  whatever is still running, and one activity records every episode without a
+  row as truncated.
+- Only infrastructure errors are retried; the activity marks everything else
+  non-retryable and the episode counts as failed.
+- Production batches ask governance's routing (an activity reading its tables)
+  who serves each episode; other purposes run the checkpoint the caller names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeout
+
+with workflow.unsafe.imports_passed_through():
+    from triloop.workflow_api import ROLLOUT_WORKFLOW, RolloutBatchInput, RolloutBatchResult
+
+RUN_EPISODE_ACTIVITY = "run_episode_activity"
+ROUTE_EPISODES_ACTIVITY = "route_production_episodes"
+RECORD_TRUNCATED_ACTIVITY = "record_truncated_episodes"
+PRODUCTION = "production"
+SHADOW = "shadow"
+COMPLETED, TRUNCATED, FAILED = "completed", "truncated", "failed"
+# Infrastructure errors: retry with backoff while the batch deadline allows.
+EPISODE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30), maximum_attempts=10,
+)
+# Routing and truncation records: short database work.
+QUICK_TIMEOUT = timedelta(seconds=60)
+QUICK_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
+
+
+@dataclass
+class EpisodeSpec:
+    """One episode: what to run and under which id, checkpoint and purpose."""
+
+    episode_id: str
+    task_id: str
+    task_seed: int
+    group_id: str
+    sample_index: int
+    checkpoint_id: str
+    purpose: str
+    shadow_checkpoint_id: str | None = None  # production: who acts beside it, unapplied
+    shadow_of: str | None = None  # shadow: the production episode it mirrors
+
+
+@dataclass
+class EpisodeInput:
+    """The episode activity's input: the spec and the batch's settings."""
+
+    spec: EpisodeSpec
+    batch_id: str
+    run_id: str | None
+    policy_version: int
+    temperature: float
+    deadline_epoch_s: float  # Unix time; the episode stops at its next turn after it
+
+
+@dataclass
+class EpisodeSummary:
+    """What the activity stored (or found already stored) for one episode."""
+
+    episode_id: str
+    status: str
+    success: bool = False
+    total_reward: float = 0.0
+    num_steps: int = 0
+    written: bool = True  # False: a previous attempt had stored it already
+
+
+@dataclass
+class RouteInput:
+    """Production episode ids to route."""
+
+    episode_ids: list[str]
+
+
+@dataclass
+class RouteDecision:
+    """Who serves one episode (checkpoint, purpose production|canary) and who shadows it."""
+
+    episode_id: str
+    checkpoint_id: str
+    purpose: str
+    shadow_checkpoint_id: str | None = None
+
+
+@dataclass
+class RouteResult:
+    """One decision per episode, in input order."""
+
+    decisions: list[RouteDecision] = field(default_factory=list)
+
+
+@dataclass
+class TruncateInput:
+    """Episodes the deadline left without a trajectory row."""
+
+    episodes: list[EpisodeInput]
+    reason: str = "batch_deadline"
+
+
+@dataclass
+class TruncateResult:
+    """Status stored for each episode after recording (an earlier write wins)."""
+
+    statuses: dict[str, str] = field(default_factory=dict)
+
+
+def plan_episodes(batch: RolloutBatchInput, checkpoint_id: str) -> list[EpisodeSpec]:
+    """Every episode of the batch with its deterministic id (pure)."""
+    return [
+        EpisodeSpec(
+            episode_id=f"{batch.batch_id}:{index}:{sample}",
+            task_id=item.task_id,
+            task_seed=item.seed,
+            group_id=f"{batch.batch_id}:{index}",
+            sample_index=sample,
+            checkpoint_id=checkpoint_id,
+            purpose=batch.purpose,
+        )
+        for index, item in enumerate(batch.items)
+        for sample in range(item.group_size)
+    ]
+
+
+def shadow_spec(spec: EpisodeSpec) -> EpisodeSpec:
+    """The shadow episode beside a production one: same task and seed, its own id."""
+    assert spec.shadow_checkpoint_id is not None
+    return EpisodeSpec(
+        episode_id=f"{spec.episode_id}:shadow", task_id=spec.task_id, task_seed=spec.task_seed,
+        group_id=f"{spec.group_id}:shadow", sample_index=spec.sample_index,
+        checkpoint_id=spec.shadow_checkpoint_id, purpose=SHADOW, shadow_of=spec.episode_id,
+    )
+
+
+def summarize(
+    batch_id: str, specs: list[EpisodeSpec], summaries: dict[str, EpisodeSummary],
+    statuses: dict[str, str], stored: set[str],
+) -> RolloutBatchResult:
+    """Counts and rewards over the batch's own episodes (pure); shadows are listed apart.
+
+    ``stored``: episode ids with a trajectory row. Rewards average over the episodes
+    that ran; the success rate is over every episode of the batch.
+    """
+    result = RolloutBatchResult(batch_id=batch_id)
+    rewards: list[float] = []
+    successes = 0
+    for spec in specs:
+        status = statuses.get(spec.episode_id, FAILED)
+        status = status if status in (COMPLETED, TRUNCATED) else FAILED
+        result.statuses[spec.episode_id] = status
+        result.checkpoints[spec.episode_id] = spec.checkpoint_id
+        if spec.episode_id in stored:
+            result.trajectory_ids.append(spec.episode_id)
+        summary = summaries.get(spec.episode_id)
+        if summary is not None:
+            rewards.append(summary.total_reward)
+            successes += int(summary.success)
+        if status == COMPLETED:
+            result.completed += 1
+        elif status == TRUNCATED:
+            result.truncated += 1
+        else:
+            result.failed += 1
+        if spec.shadow_checkpoint_id is not None and f"{spec.episode_id}:shadow" in summaries:
+            result.shadow_trajectory_ids.append(f"{spec.episode_id}:shadow")
+    result.mean_reward = sum(rewards) / len(rewards) if rewards else 0.0
+    result.success_rate = successes / len(specs) if specs else 0.0
+    return result
+
+
+@workflow.defn(name=ROLLOUT_WORKFLOW)
+class RolloutWorkflow:
+    """Runs a batch of episodes and returns what finished by its deadline."""
+
+    @workflow.run
+    async def run(self, batch: RolloutBatchInput) -> RolloutBatchResult:
+        """Plan, route, run with bounded concurrency, truncate the rest, summarize."""
+        started = workflow.now()
+        deadline_epoch = started.timestamp() + batch.deadline_s
+        heartbeat = timedelta(seconds=batch.heartbeat_timeout_s)
+        grace = batch.heartbeat_timeout_s + 5.0  # in-flight turns finish, write and report
+        specs = await self._plan(batch)
+        summaries: dict[str, EpisodeSummary] = {}
+        statuses: dict[str, str] = {}
+        slots = asyncio.Semaphore(max(1, batch.max_concurrency))
+
+        def episode_input(spec: EpisodeSpec) -> EpisodeInput:
+            return EpisodeInput(spec, batch.batch_id, batch.run_id, batch.policy_version,
+                                batch.temperature, deadline_epoch)
+
+        async def run_one(spec: EpisodeSpec) -> None:
+            left = deadline_epoch - workflow.now().timestamp()
+            if left <= 0:
+                return  # never started: recorded as truncated below
+            try:
+                summary = await workflow.execute_activity(
+                    RUN_EPISODE_ACTIVITY, episode_input(spec), result_type=EpisodeSummary,
+                    schedule_to_close_timeout=timedelta(seconds=left + grace),
+                    heartbeat_timeout=heartbeat, retry_policy=EPISODE_RETRY,
+                )
+            except ActivityError as err:
+                if not isinstance(err.cause, TemporalTimeout):
+                    statuses[spec.episode_id] = FAILED
+                    workflow.logger.warning("episode %s failed: %s", spec.episode_id, err.cause)
+                return
+            summaries[spec.episode_id] = summary
+            statuses[spec.episode_id] = summary.status
+
+        async def run_with_shadow(spec: EpisodeSpec) -> None:
+            async with slots:
+                await run_one(spec)
+                if spec.shadow_checkpoint_id is not None and spec.episode_id in summaries:
+                    await run_one(shadow_spec(spec))
+
+        tasks = [asyncio.create_task(run_with_shadow(spec)) for spec in specs]
+        try:
+            await workflow.wait_condition(
+                lambda: all(t.done() for t in tasks), timeout=batch.deadline_s + grace
+            )
+        except TimeoutError:  # the builtin: wait_condition timed out
+            for task in tasks:
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+        stored = set(summaries)
+        left_over = [episode_input(s) for s in specs if s.episode_id not in statuses]
+        if left_over:
+            recorded = await workflow.execute_activity(
+                RECORD_TRUNCATED_ACTIVITY, TruncateInput(left_over), result_type=TruncateResult,
+                start_to_close_timeout=QUICK_TIMEOUT, retry_policy=QUICK_RETRY,
+            )
+            statuses.update(recorded.statuses)
+            stored.update(recorded.statuses)
+        return summarize(batch.batch_id, specs, summaries, statuses, stored)
+
+    async def _plan(self, batch: RolloutBatchInput) -> list[EpisodeSpec]:
+        if batch.purpose != PRODUCTION:
+            if not batch.checkpoint_id:
+                raise ApplicationError(
+                    f"a {batch.purpose!r} batch must name checkpoint_id; only production "
+                    "batches are routed by governance", non_retryable=True,
+                    type="MissingCheckpoint",
+                )
+            return plan_episodes(batch, batch.checkpoint_id)
+        if batch.checkpoint_id:
+            raise ApplicationError(
+                "production batches are served by governance's routing; leave checkpoint_id "
+                f"unset (got {batch.checkpoint_id!r})", non_retryable=True,
+                type="CheckpointNotRoutable",
+            )
+        specs = plan_episodes(batch, "")
+        routed = await workflow.execute_activity(
+            ROUTE_EPISODES_ACTIVITY, RouteInput([s.episode_id for s in specs]),
+            result_type=RouteResult, start_to_close_timeout=QUICK_TIMEOUT, retry_policy=QUICK_RETRY,
+        )
+        for spec, decision in zip(specs, routed.decisions, strict=True):
+            spec.checkpoint_id = decision.checkpoint_id
+            spec.purpose = decision.purpose
+            spec.shadow_checkpoint_id = decision.shadow_checkpoint_id
+        return specs

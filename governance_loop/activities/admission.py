@@ -1,0 +1,139 @@
+"""Admission activities: prepare a task's assessment, store the evidence, record the decision.
+
+The evidence itself is gathered by the execution loop (``probe_admission`` on its
+queue); this side judges it with the pure ``assess_admission`` and keeps both on
+the task row, so the operator and any later auditor see what was decided on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy import Engine
+from temporalio import activity
+
+from governance_loop import store
+from governance_loop.activities.common import GovernanceShell, record, refused
+from governance_loop.activities.messages import (
+    DECIDE_TASK_ADMISSION,
+    LOAD_ADMISSION_TASK,
+    RECORD_ADMISSION_EVIDENCE,
+    AdmissionAssessmentRecord,
+    AdmissionDecisionInput,
+    AdmissionEvidenceInput,
+    AdmissionTask,
+    AdmissionTaskRequest,
+)
+from governance_loop.admission import AdmissionBudgets, AdmissionEvidence, assess_admission
+from triloop.db import session_scope
+from triloop.models._columns import utcnow
+from triloop.policy import Authorizer, Resource
+
+
+class AdmissionActivities(GovernanceShell):
+    """Task admission: evidence and the operator's decision on the task row."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        authorizer: Authorizer,
+        *,
+        budgets: AdmissionBudgets | None = None,
+        decision_deadline_s: float,
+    ) -> None:
+        super().__init__(engine, authorizer)
+        self._budgets = budgets or AdmissionBudgets()
+        self._deadline_s = decision_deadline_s
+
+    @activity.defn(name=LOAD_ADMISSION_TASK)
+    def load_admission_task(self, request: AdmissionTaskRequest) -> AdmissionTask:
+        """The task's state and how much evidence the probe must gather."""
+        with session_scope(self._engine) as session:
+            task = store.get_task(session=session, task_id=request.task_id)
+            version = store.get_environment_version(
+                session=session, version_id=task.environment_version_id
+            )
+        problem = None
+        if version.retired_at is not None:
+            problem = (f"environment version {version.environment_name} v{version.version} is "
+                       "retired: no new tasks are admitted on it")
+        return AdmissionTask(
+            task_id=task.id, status=task.status, resets=self._budgets.min_resets,
+            reference_runs=self._budgets.repeat_k, decision_deadline_s=self._deadline_s,
+            problem=problem,
+        )
+
+    @activity.defn(name=RECORD_ADMISSION_EVIDENCE)
+    def record_admission_evidence(
+        self, request: AdmissionEvidenceInput
+    ) -> AdmissionAssessmentRecord:
+        """Judge the probe's evidence with the four questions and keep both on the task."""
+        probe = request.probe
+        evidence = AdmissionEvidence(
+            reset_fingerprints=list(probe.reset_fingerprints) if probe else [],
+            verifier_hash=probe.verifier_hash if probe else None,
+            verifier_ran_out_of_process=probe.verifier_ran_out_of_process if probe else False,
+            reset_seconds=list(probe.reset_seconds) if probe else [],
+            reference_results=list(probe.reference_results) if probe else [],
+        )
+        assessment = assess_admission(evidence, self._budgets)
+        reasons = list(assessment.reasons)
+        if request.probe_error:
+            reasons.insert(0, f"probe failed: {request.probe_error}")
+        if probe is not None and probe.task_id != request.task_id:
+            raise refused(f"probe evidence is for task {probe.task_id}, not {request.task_id}")
+        stored: dict[str, Any] = {
+            "probe": asdict(probe) if probe else None,
+            "probe_error": request.probe_error,
+            "assessment": {
+                "reproducible": assessment.reproducible, "verifiable": assessment.verifiable,
+                "cheap_recovery": assessment.cheap_recovery,
+                "repeatable": assessment.repeatable, "admissible": assessment.admissible,
+                "reasons": reasons, "evidence": assessment.evidence,
+            },
+        }
+        self.authorize("update", Resource("task", id=request.task_id,
+                                          attrs={"admissible": assessment.admissible}))
+        with session_scope(self._engine) as session:
+            task = store.get_task(session=session, task_id=request.task_id, for_update=True)
+            if task.status != "pending":
+                raise refused(f"task {task.id} is already {task.status}")
+            task.evidence = {**stored, "assessed_at": utcnow().isoformat()}
+            session.add(task)
+            record(session, action="assess_task", resource={"kind": "task", "id": task.id},
+                   payload={"admissible": assessment.admissible, "reasons": reasons})
+        return AdmissionAssessmentRecord(admissible=assessment.admissible, reasons=reasons)
+
+    @activity.defn(name=DECIDE_TASK_ADMISSION)
+    def decide_task_admission(self, request: AdmissionDecisionInput) -> str:
+        """Admit (only an admissible task) or reject; returns the task's new status."""
+        admit = request.decision == "approve"
+        with session_scope(self._engine) as session:
+            task = store.get_task(session=session, task_id=request.task_id)
+            assessment = (task.evidence or {}).get("assessment") or {}
+        if admit and assessment.get("admissible") is not True:
+            raise refused(f"task {request.task_id} is not admissible; it can only be rejected")
+        # The policy has no person-delegated grant for tasks yet, so governance acts as
+        # itself and names the operator in the context (audited with the decision).
+        self.authorize(
+            "admit" if admit else "reject_task",
+            Resource("task", id=request.task_id, attrs={"admissible": admit}),
+            context={"decided_by": {"user": request.user, "roles": list(request.roles)},
+                     "comment": request.comment},
+        )
+        status = "admitted" if admit else "rejected"
+        with session_scope(self._engine) as session:
+            task = store.get_task(session=session, task_id=request.task_id, for_update=True)
+            if task.status not in ("pending", status):
+                raise refused(f"task {task.id} is already {task.status}")
+            task.status = status
+            task.decided_by = request.user
+            task.decided_at = utcnow()
+            task.evidence = {**(task.evidence or {}),
+                             "decision": {"user": request.user, "decision": request.decision,
+                                          "comment": request.comment}}
+            session.add(task)
+            record(session, action=f"task_{status}", resource={"kind": "task", "id": task.id},
+                   payload={"decided_by": request.user, "comment": request.comment})
+        return status

@@ -1,0 +1,128 @@
+"""What every governance activity shares: asking OPA, idempotent row ids, audit records."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import Session
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from governance_loop import store
+from governance_loop.activities.messages import (
+    GOVERNANCE_REFUSED,
+    POLICY_DENIED,
+    POLICY_UNAVAILABLE,
+    GateOutcome,
+)
+from governance_loop.gates import GateDecision
+from triloop.audit import append_event
+from triloop.models import GateResult
+from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
+
+GOVERNANCE = Actor(service="governance")
+_ROW_IDS = uuid.UUID("5b0f8c1e-7a55-4c39-9d0e-3f1c2a9e6b71")
+
+
+def refused(message: str) -> ApplicationError:
+    """A non-retryable refusal by a rule of the governance loop itself."""
+    return ApplicationError(message, type=GOVERNANCE_REFUSED, non_retryable=True)
+
+
+def parse_time(value: str) -> datetime:
+    """An ISO timestamp from a message."""
+    return datetime.fromisoformat(value)
+
+
+def row_id(purpose: str) -> str:
+    """A row id fixed by this activity execution, so a retry finds the row it already wrote."""
+    try:
+        info = activity.info()
+        key = f"{info.workflow_run_id}:{info.activity_id}:{purpose}"
+    except RuntimeError:  # called outside an activity (tests, the CLI): no retry to dedupe
+        return uuid.uuid4().hex
+    return uuid.uuid5(_ROW_IDS, key).hex
+
+
+class GovernanceShell:
+    """Base of the activity classes: the governance role's engine and the authorizer."""
+
+    def __init__(self, engine: Engine, authorizer: Authorizer) -> None:
+        self._engine = engine
+        self._authorizer = authorizer
+
+    def authorize(
+        self, action: str, resource: Resource, *, context: Mapping[str, Any] | None = None
+    ) -> None:
+        """Ask OPA as the governance service; a denial becomes an ``ApplicationError``."""
+        try:
+            self._authorizer.authorize(GOVERNANCE, action, resource, context=context)
+        except PolicyDenied as denied:
+            raise policy_error(denied) from denied
+
+
+def policy_error(denied: PolicyDenied) -> ApplicationError:
+    """Retry when OPA was unreachable (failed closed); never when it said no."""
+    reasons = denied.decision.reasons
+    if reasons and all(r.startswith("failed closed") for r in reasons):
+        return ApplicationError(str(denied), type=POLICY_UNAVAILABLE)
+    return ApplicationError(str(denied), type=POLICY_DENIED, non_retryable=True)
+
+
+def record(
+    session: Session, *, action: str, resource: Mapping[str, Any], payload: Mapping[str, Any]
+) -> None:
+    """Append a governance event (a gate verdict, a move) in the caller's transaction."""
+    append_event(
+        session,
+        actor=GOVERNANCE.to_input(),
+        action=action,
+        resource=resource,
+        decision="record",
+        payload=payload,
+    )
+
+
+def store_gate(
+    session: Session,
+    *,
+    promotion_id: str,
+    decision: GateDecision,
+    threshold_id: str | None = None,
+    eval_set_id: str | None = None,
+) -> GateOutcome:
+    """Write a final gate decision as a ``gate_result`` row plus an audit event."""
+    row_key = row_id(f"gate:{decision.gate}")
+    existing = session.get(GateResult, row_key)
+    row = existing or store.add_gate_result(
+        session=session, promotion_id=promotion_id, gate=decision.gate,
+        passed=decision.passed, reasons=decision.reasons,
+        evidence={**decision.evidence, "verdict": decision.verdict.value},
+        threshold_id=threshold_id, eval_set_id=eval_set_id, row_id=row_key,
+    )
+    if existing is None:
+        record(
+            session,
+            action="gate_result",
+            resource={"kind": "promotion", "id": promotion_id},
+            payload={
+                "gate": decision.gate, "passed": decision.passed,
+                "verdict": decision.verdict.value, "reasons": decision.reasons,
+                "gate_result_id": row.id, "threshold_id": threshold_id,
+                "eval_set_id": eval_set_id,
+            },
+        )
+    return outcome_of(decision, row.id)
+
+
+def outcome_of(decision: GateDecision, gate_result_id: str | None = None) -> GateOutcome:
+    """The workflow's view of a gate decision."""
+    return GateOutcome(
+        gate=decision.gate, passed=decision.passed, verdict=decision.verdict.value,
+        reasons=list(decision.reasons), gate_result_id=gate_result_id,
+        restore_routing=decision.restore_routing, rollback=decision.rollback,
+    )

@@ -1,0 +1,185 @@
+"""Promotion activities that judge evidence: offline eval, shadow, canary and watch looks.
+
+Each reads episodes the execution loop wrote, hands plain numbers to the pure
+gate in ``governance_loop.gates`` and stores final verdicts (``continue`` looks
+store nothing, so a long soak does not fill ``gate_result``).
+"""
+
+from __future__ import annotations
+
+from sqlmodel import Session
+from temporalio import activity
+
+from governance_loop import store
+from governance_loop.activities.common import (
+    GovernanceShell,
+    outcome_of,
+    parse_time,
+    store_gate,
+)
+from governance_loop.activities.messages import (
+    DECIDE_OFFLINE_EVAL,
+    DECIDE_SHADOW,
+    LOOK_CANARY,
+    LOOK_WATCH,
+    CanaryLook,
+    GateOutcome,
+    OfflineEvalInput,
+    ShadowInput,
+    WatchLook,
+)
+from governance_loop.gates import (
+    OFFLINE_EVAL,
+    WATCH,
+    BinomialCounts,
+    CanaryObservation,
+    EpisodeStats,
+    EvalSetResult,
+    GateDecision,
+    ShadowSample,
+    ThresholdSpec,
+    Verdict,
+    WatchObservation,
+    decide_canary,
+    decide_offline_eval,
+    decide_shadow,
+    decide_watch,
+)
+from triloop.db import session_scope
+from triloop.models import EvalSet, Threshold
+from triloop.policy import Resource
+
+PRODUCTION = "production"
+CANARY_PURPOSES = ("canary", "production")
+
+
+def _spec(session: Session, threshold_id: str) -> ThresholdSpec:
+    row = session.get(Threshold, threshold_id)
+    if row is None:
+        raise store.StoreError(f"threshold {threshold_id} does not exist")
+    return ThresholdSpec.from_mapping(row.spec)
+
+
+def _stats(outcomes: store.Outcomes) -> EpisodeStats:
+    return EpisodeStats.from_outcomes(outcomes.successes, outcomes.rewards)
+
+
+class EvidenceActivities(GovernanceShell):
+    """Reads episodes and decides gates; writes only ``gate_result`` rows and audit events."""
+
+    def _store(
+        self, session: Session, promotion_id: str, decision: GateDecision, *,
+        threshold_id: str | None, eval_set_id: str | None = None,
+    ) -> GateOutcome:
+        self.authorize("create", Resource("gate_result", attrs={
+            "promotion_id": promotion_id, "gate": decision.gate}))
+        return store_gate(session, promotion_id=promotion_id, decision=decision,
+                          threshold_id=threshold_id, eval_set_id=eval_set_id)
+
+    @activity.defn(name=DECIDE_OFFLINE_EVAL)
+    def decide_offline_eval(self, request: OfflineEvalInput) -> GateOutcome:
+        """Judge both eval batches on the frozen eval set against the threshold version."""
+        with session_scope(self._engine) as session:
+            spec = _spec(session, request.threshold_id)
+            eval_set = session.get(EvalSet, request.eval_set_id)
+            if eval_set is None or eval_set.content_hash is None:
+                raise store.StoreError(f"eval set {request.eval_set_id} is missing or not frozen")
+            if request.batch_errors:
+                decision = GateDecision(
+                    gate=OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
+                    reasons=[f"offline eval did not run: {e}" for e in request.batch_errors],
+                    evidence={"threshold_version": spec.version},
+                )
+            else:
+                production = (
+                    None if request.production_batch_id is None
+                    else _stats(store.batch_outcomes(session=session,
+                                                     batch_id=request.production_batch_id))
+                )
+                result = EvalSetResult(
+                    eval_set=f"{eval_set.name}@v{eval_set.version}",
+                    eval_set_version=eval_set.content_hash,
+                    candidate=_stats(store.batch_outcomes(
+                        session=session, batch_id=request.candidate_batch_id)),
+                    production=production,
+                )
+                decision = decide_offline_eval([result], spec)
+            return self._store(session, request.promotion_id, decision,
+                               threshold_id=request.threshold_id,
+                               eval_set_id=request.eval_set_id)
+
+    @activity.defn(name=DECIDE_SHADOW)
+    def decide_shadow(self, request: ShadowInput) -> GateOutcome:
+        """Judge the shadow soak on paired production/shadow episodes."""
+        with session_scope(self._engine) as session:
+            spec = _spec(session, request.threshold_id)
+            pairs = store.shadow_pairs(
+                session=session, candidate_id=request.candidate_checkpoint_id,
+                production_id=request.production_checkpoint_id,
+                since=parse_time(request.since),
+            )
+            samples = [
+                ShadowSample(episode_id=e, steps_compared=c, steps_agreed=a,
+                             production_reward=p, candidate_reward=r)
+                for e, c, a, p, r in pairs
+            ]
+            decision = decide_shadow(samples, spec)
+            return self._store(session, request.promotion_id, decision,
+                               threshold_id=request.threshold_id)
+
+    @activity.defn(name=LOOK_CANARY)
+    def look_canary(self, request: CanaryLook) -> GateOutcome:
+        """One sequential-test look at canary vs production since the canary started."""
+        since = parse_time(request.since)
+        with session_scope(self._engine) as session:
+            spec = _spec(session, request.threshold_id)
+            canary = store.episode_counts(
+                session=session, checkpoint_id=request.candidate_checkpoint_id,
+                purposes=CANARY_PURPOSES, since=since,
+            )
+            production = store.episode_counts(
+                session=session, checkpoint_id=request.production_checkpoint_id,
+                purposes=(PRODUCTION,), since=since,
+            )
+            decision = decide_canary(CanaryObservation(
+                canary=BinomialCounts(*canary), production=BinomialCounts(*production),
+                soak_complete=request.soak_complete,
+            ), spec)
+            if not decision.final:
+                return outcome_of(decision)
+            return self._store(session, request.promotion_id, decision,
+                               threshold_id=request.threshold_id)
+
+    @activity.defn(name=LOOK_WATCH)
+    def look_watch(self, request: WatchLook) -> GateOutcome:
+        """One look at production since promotion against production before it."""
+        promoted_at = parse_time(request.promoted_at)
+        with session_scope(self._engine) as session:
+            spec = _spec(session, request.threshold_id)
+            deployment = store.get_deployment(session=session, alias=PRODUCTION)
+            if deployment is None or deployment.checkpoint_id != request.candidate_checkpoint_id:
+                now_serving = deployment.checkpoint_id if deployment is not None else None
+                decision = GateDecision(
+                    gate=WATCH, passed=False, verdict=Verdict.FAIL, evidence={},
+                    reasons=[f"production no longer serves the candidate (now {now_serving}): "
+                             "it was rolled back or replaced during the watch"],
+                )
+                return self._store(session, request.promotion_id, decision,
+                                   threshold_id=request.threshold_id)
+            baseline = store.episode_counts(
+                session=session, checkpoint_id=request.baseline_checkpoint_id,
+                purposes=(PRODUCTION,), since=parse_time(request.baseline_since),
+                until=promoted_at,
+            )
+            promoted = store.episode_counts(
+                session=session, checkpoint_id=request.candidate_checkpoint_id,
+                purposes=(PRODUCTION,), since=promoted_at,
+            )
+            decision = decide_watch(WatchObservation(
+                baseline=BinomialCounts(*baseline), promoted=BinomialCounts(*promoted),
+                period_complete=request.period_complete,
+            ), spec)
+            if not decision.final:
+                return outcome_of(decision)
+            return self._store(session, request.promotion_id, decision,
+                               threshold_id=request.threshold_id)

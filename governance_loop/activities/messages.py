@@ -1,0 +1,261 @@
+"""Names and one-in/one-out dataclasses of the governance activities.
+
+Workflows import this module (never the activity classes), so it imports no
+database, HTTP or policy code: only the wire contract and the standard library.
+Timestamps travel as ISO-8601 strings taken from the database clock, because
+episode rows are stamped by that clock and gate windows must match them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from triloop.workflow_api import AdmissionProbeEvidence, RolloutItem
+
+OPEN_PROMOTION = "governance_open_promotion"
+MARK_PROMOTION = "governance_mark_promotion"
+RECORD_GATE = "governance_record_gate"
+DECIDE_OFFLINE_EVAL = "governance_decide_offline_eval"
+SET_ROUTING = "governance_set_routing"
+DECIDE_SHADOW = "governance_decide_shadow"
+LOOK_CANARY = "governance_look_canary"
+RECORD_HUMAN_DECISION = "governance_record_human_decision"
+PROMOTE_CANDIDATE = "governance_promote_candidate"
+LOOK_WATCH = "governance_look_watch"
+ROLLBACK_DEPLOYMENT = "governance_rollback_deployment"
+LOAD_ADMISSION_TASK = "governance_load_admission_task"
+RECORD_ADMISSION_EVIDENCE = "governance_record_admission_evidence"
+DECIDE_TASK_ADMISSION = "governance_decide_task_admission"
+
+# ApplicationError types the workflows recognise.
+POLICY_DENIED = "PolicyDenied"  # OPA refused: never retried
+POLICY_UNAVAILABLE = "PolicyUnavailable"  # OPA unreachable (failed closed): retried
+GOVERNANCE_REFUSED = "GovernanceRefused"  # a rule of the loop itself: never retried
+
+
+@dataclass
+class PromotionTiming:
+    """Seconds each gate waits (``GateDurations`` chosen by ``settings.gate_profile``)."""
+
+    shadow_soak_s: float
+    canary_soak_s: float
+    canary_share: float  # fraction of production episodes routed to the candidate
+    canary_check_interval_s: float
+    audit_deadline_s: float
+    approval_deadline_s: float
+    watch_period_s: float
+    watch_check_interval_s: float
+    eval_timeout_s: float  # how long an offline-eval rollout batch may take
+    slot_wait_interval_s: float  # how often to retry a routing slot another promotion holds
+
+
+@dataclass
+class OpenPromotionInput:
+    """Open (or find) the promotion of a proposal."""
+
+    proposal_id: str
+    checkpoint_id: str
+    run_id: str
+    submitted_by: str  # as the proposer claims it; the run row decides
+    workflow_id: str
+
+
+@dataclass
+class PromotionPlan:
+    """What a promotion compares and with which rules, read once when it opens."""
+
+    promotion_id: str
+    submitted_by: str  # from the training run row, not from the proposer
+    candidate_checkpoint_id: str
+    baseline_checkpoint_id: str | None
+    opened_at: str
+    timing: PromotionTiming
+    threshold_id: str | None = None
+    eval_set_id: str | None = None
+    eval_items: list[RolloutItem] = field(default_factory=list)
+    problem: str | None = None  # why the promotion cannot be evaluated at all
+
+
+@dataclass
+class MarkPromotion:
+    """Move the promotion row to a gate and/or a status."""
+
+    promotion_id: str
+    gate: str | None = None
+    status: str | None = None
+    reason: str | None = None
+
+
+@dataclass
+class GateRecord:
+    """A gate verdict the workflow itself reached (expired deadline, unmet precondition)."""
+
+    promotion_id: str
+    gate: str
+    reasons: list[str]
+    verdict: str = "fail"
+    threshold_id: str | None = None
+    eval_set_id: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GateOutcome:
+    """A gate's verdict as the workflow needs it; the evidence is in ``gate_result``."""
+
+    gate: str
+    passed: bool
+    verdict: str  # pass | fail | continue | abort_regression | rollback
+    reasons: list[str] = field(default_factory=list)
+    gate_result_id: str | None = None
+    restore_routing: bool = False
+    rollback: bool = False
+
+
+@dataclass
+class OfflineEvalInput:
+    """Candidate and production eval batches to judge against a threshold version."""
+
+    promotion_id: str
+    threshold_id: str
+    eval_set_id: str
+    candidate_batch_id: str
+    production_batch_id: str | None
+    batch_errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RoutingRequest:
+    """Point a routing slot at a checkpoint for a promotion, or release it (None)."""
+
+    promotion_id: str
+    slot: str  # shadow | canary
+    checkpoint_id: str | None
+    share: float = 0.0
+
+
+@dataclass
+class RoutingChange:
+    """Whether the slot is ours now, since when (database clock), and who holds it if not."""
+
+    ok: bool
+    at: str
+    holder: str | None = None
+
+
+@dataclass
+class ShadowInput:
+    """Judge the shadow soak: candidate shadows of production episodes since ``since``."""
+
+    promotion_id: str
+    threshold_id: str
+    candidate_checkpoint_id: str
+    production_checkpoint_id: str
+    since: str
+
+
+@dataclass
+class CanaryLook:
+    """One look of the canary's sequential test."""
+
+    promotion_id: str
+    threshold_id: str
+    candidate_checkpoint_id: str
+    production_checkpoint_id: str
+    since: str
+    soak_complete: bool
+
+
+@dataclass
+class HumanDecisionRecord:
+    """A person's audit or approval decision, already validated by the update's validator."""
+
+    promotion_id: str
+    kind: str  # audit | operator
+    user: str
+    roles: list[str]
+    decision: str  # audit: sign | reject; operator: approve | reject
+    comment: str
+    submitted_by: str
+    audited_by: str | None = None  # the auditor who signed (operator decisions)
+
+
+@dataclass
+class PromoteInput:
+    """Move production to the candidate; the audit and the approval name two other people."""
+
+    promotion_id: str
+    candidate_checkpoint_id: str
+    baseline_checkpoint_id: str
+    submitted_by: str
+    audited_by: str
+    approved_by: str
+
+
+@dataclass
+class PromoteResult:
+    """The promote gate's outcome and, when the alias moved, when (database clock)."""
+
+    outcome: GateOutcome
+    promoted_at: str | None = None
+
+
+@dataclass
+class WatchLook:
+    """One look of the post-promotion watch against the pre-promotion baseline."""
+
+    promotion_id: str
+    threshold_id: str
+    candidate_checkpoint_id: str
+    baseline_checkpoint_id: str
+    baseline_since: str  # baseline episodes are production's from here to promoted_at
+    promoted_at: str
+    period_complete: bool
+
+
+@dataclass
+class AdmissionTaskRequest:
+    """Which task to prepare an admission for."""
+
+    task_id: str
+
+
+@dataclass
+class AdmissionTask:
+    """A task about to be assessed, with the budgets the probe must gather evidence for."""
+
+    task_id: str
+    status: str
+    resets: int
+    reference_runs: int
+    decision_deadline_s: float
+    problem: str | None = None  # e.g. the environment version is retired
+
+
+@dataclass
+class AdmissionEvidenceInput:
+    """What the execution loop's probe observed (or why it could not)."""
+
+    task_id: str
+    probe: AdmissionProbeEvidence | None
+    probe_error: str | None = None
+
+
+@dataclass
+class AdmissionAssessmentRecord:
+    """The four answers as stored on the task row."""
+
+    admissible: bool
+    reasons: list[str]
+
+
+@dataclass
+class AdmissionDecisionInput:
+    """An operator's admit/reject, already validated."""
+
+    task_id: str
+    user: str
+    roles: list[str]
+    decision: str  # approve | reject
+    comment: str

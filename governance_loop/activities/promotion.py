@@ -1,0 +1,308 @@
+"""Promotion activities that change state: open, mark, routing slots, human decisions, promote."""
+
+from __future__ import annotations
+
+import math
+
+from sqlalchemy import Engine
+from sqlmodel import Session
+from temporalio import activity
+
+from governance_loop import store
+from governance_loop.activities.common import (
+    GovernanceShell,
+    record,
+    refused,
+    row_id,
+    store_gate,
+)
+from governance_loop.activities.messages import (
+    MARK_PROMOTION,
+    OPEN_PROMOTION,
+    PROMOTE_CANDIDATE,
+    RECORD_GATE,
+    RECORD_HUMAN_DECISION,
+    SET_ROUTING,
+    GateOutcome,
+    GateRecord,
+    HumanDecisionRecord,
+    MarkPromotion,
+    OpenPromotionInput,
+    PromoteInput,
+    PromoteResult,
+    PromotionPlan,
+    PromotionTiming,
+    RoutingChange,
+    RoutingRequest,
+)
+from governance_loop.gates import (
+    AUDIT,
+    PROMOTE,
+    GateDecision,
+    HumanDecision,
+    ThresholdSpec,
+    Verdict,
+    decide_approval,
+    decide_audit,
+)
+from triloop.db import session_scope
+from triloop.models import Approval, Proposal, TrainingRun
+from triloop.policy import Actor, Authorizer, Resource, acting_for
+from triloop.workflow_api import RolloutItem
+
+DEFAULT_THRESHOLD_NAME = "promotion"
+PRODUCTION = "production"
+# Policy action for each (kind, decision) a person may take on a promotion.
+HUMAN_ACTIONS = {
+    ("audit", "sign"): "sign_audit",
+    ("audit", "reject"): "reject_audit",
+    ("operator", "approve"): "approve",
+    ("operator", "reject"): "reject",
+}
+
+
+class PromotionActivities(GovernanceShell):
+    """State changes of a promotion, each authorized, audited and idempotent under retry."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        authorizer: Authorizer,
+        *,
+        timing: PromotionTiming,
+        threshold_name: str = DEFAULT_THRESHOLD_NAME,
+    ) -> None:
+        super().__init__(engine, authorizer)
+        self._timing = timing
+        self._threshold_name = threshold_name
+
+    @activity.defn(name=OPEN_PROMOTION)
+    def open_promotion(self, request: OpenPromotionInput) -> PromotionPlan:
+        """Create the promotion row and read what it will be judged against."""
+        with session_scope(self._engine) as session:
+            proposal = session.get(Proposal, request.proposal_id)
+            if proposal is None:
+                raise refused(f"proposal {request.proposal_id} does not exist; nothing to promote")
+            if (proposal.checkpoint_id, proposal.run_id) != (request.checkpoint_id, request.run_id):
+                raise refused(
+                    f"proposal {proposal.id} names checkpoint {proposal.checkpoint_id} of run "
+                    f"{proposal.run_id}, not {request.checkpoint_id} of {request.run_id}"
+                )
+            run = session.get(TrainingRun, proposal.run_id)
+            # Separation of duties rests on who submitted the run: the web service wrote
+            # that row, the proposer only claims it.
+            submitted_by = run.submitted_by if run is not None else proposal.submitted_by
+            deployment = store.get_deployment(session=session, alias=PRODUCTION)
+            baseline = deployment.checkpoint_id if deployment is not None else None
+        self.authorize(
+            "create",
+            Resource("promotion", attrs={"proposal_id": proposal.id, "submitted_by": submitted_by}),
+        )
+        with session_scope(self._engine) as session:
+            promotion = store.open_promotion(
+                session=session, proposal_id=proposal.id, checkpoint_id=proposal.checkpoint_id,
+                run_id=proposal.run_id, submitted_by=submitted_by,
+                baseline_checkpoint_id=baseline, workflow_id=request.workflow_id,
+            )
+            plan = PromotionPlan(
+                promotion_id=promotion.id, submitted_by=submitted_by,
+                candidate_checkpoint_id=proposal.checkpoint_id,
+                baseline_checkpoint_id=promotion.baseline_checkpoint_id,
+                opened_at=promotion.created_at.isoformat(), timing=self._timing,
+            )
+            self._plan_evaluation(session, plan)
+            record(
+                session, action="open_promotion",
+                resource={"kind": "promotion", "id": promotion.id},
+                payload={"proposal_id": proposal.id, "baseline": plan.baseline_checkpoint_id,
+                         "threshold_id": plan.threshold_id, "problem": plan.problem},
+            )
+        return plan
+
+    def _plan_evaluation(self, session: Session, plan: PromotionPlan) -> None:
+        """Fill in the threshold, the frozen eval set and its items, or the problem."""
+        if plan.baseline_checkpoint_id is None:
+            plan.problem = "no production deployment to compare with: bootstrap production first"
+            return
+        if plan.baseline_checkpoint_id == plan.candidate_checkpoint_id:
+            plan.problem = "the candidate already serves production"
+            return
+        threshold = store.latest_threshold(session=session, name=self._threshold_name)
+        if threshold is None or threshold.eval_set_id is None:
+            plan.problem = (
+                f"no threshold {self._threshold_name!r} naming an eval set: "
+                "set one with `triloop governance threshold set`"
+            )
+            return
+        plan.threshold_id, plan.eval_set_id = threshold.id, threshold.eval_set_id
+        spec = ThresholdSpec.from_mapping(threshold.spec)
+        tasks = store.eval_set_tasks(session=session, eval_set_id=threshold.eval_set_id)
+        if not tasks:
+            plan.problem = f"eval set {threshold.eval_set_id} has no items"
+            return
+        per_task = max(1, math.ceil(spec.min_samples / len(tasks)))
+        plan.eval_items = [RolloutItem(task_id=t, seed=s, group_size=per_task) for t, s, _ in tasks]
+
+    @activity.defn(name=MARK_PROMOTION)
+    def mark_promotion(self, mark: MarkPromotion) -> None:
+        """Record the gate the promotion is at, or how it ended."""
+        self.authorize("update", Resource("promotion", id=mark.promotion_id,
+                                          attrs={"status": mark.status, "gate": mark.gate}))
+        with session_scope(self._engine) as session:
+            store.update_promotion(
+                session=session, promotion_id=mark.promotion_id, status=mark.status,
+                current_gate=mark.gate, reason=mark.reason,
+            )
+
+    @activity.defn(name=RECORD_GATE)
+    def record_gate(self, gate: GateRecord) -> GateOutcome:
+        """Store a verdict the workflow reached itself (a deadline passed, a precondition)."""
+        self.authorize("create", Resource("gate_result", attrs={"gate": gate.gate}))
+        decision = GateDecision(
+            gate=gate.gate, passed=gate.verdict == Verdict.PASS.value, reasons=gate.reasons,
+            evidence=gate.evidence, verdict=Verdict(gate.verdict),
+        )
+        with session_scope(self._engine) as session:
+            return store_gate(
+                session, promotion_id=gate.promotion_id, decision=decision,
+                threshold_id=gate.threshold_id, eval_set_id=gate.eval_set_id,
+            )
+
+    @activity.defn(name=SET_ROUTING)
+    def set_routing(self, request: RoutingRequest) -> RoutingChange:
+        """Claim a shadow/canary slot for a promotion, or release it; never take another's."""
+        if request.slot not in ("shadow", "canary"):
+            raise refused(f"a promotion routes only the shadow and canary slots, not {request.slot}")
+        self.authorize("route", Resource("routing", id=request.slot, attrs={
+            "checkpoint_id": request.checkpoint_id, "share": request.share,
+            "promotion_id": request.promotion_id,
+        }))
+        with session_scope(self._engine) as session:
+            row = store.get_routing(session=session, slot=request.slot, for_update=True)
+            holder = row.promotion_id if row is not None and row.checkpoint_id else None
+            if holder not in (None, request.promotion_id):
+                assert holder is not None
+                other = store.get_promotion(session=session, promotion_id=holder)
+                if other.status == "open":
+                    if request.checkpoint_id is None:  # releasing: it is not ours anyway
+                        return RoutingChange(ok=True, at=store.db_now(session).isoformat())
+                    return RoutingChange(ok=False, at=store.db_now(session).isoformat(),
+                                         holder=holder)
+            store.set_routing(
+                session=session, slot=request.slot, checkpoint_id=request.checkpoint_id,
+                share=request.share if request.checkpoint_id else 0.0,
+                promotion_id=request.promotion_id if request.checkpoint_id else None,
+                updated_by="governance",
+            )
+            record(session, action="route", resource={"kind": "routing", "id": request.slot},
+                   payload={"checkpoint_id": request.checkpoint_id, "share": request.share,
+                            "promotion_id": request.promotion_id})
+            return RoutingChange(ok=True, at=store.db_now(session).isoformat())
+
+    @activity.defn(name=RECORD_HUMAN_DECISION)
+    def record_human_decision(self, decision: HumanDecisionRecord) -> GateOutcome:
+        """Ask OPA again for the person, then write the approval row, gate result and audit."""
+        action = HUMAN_ACTIONS.get((decision.kind, decision.decision))
+        if action is None:
+            raise refused(f"unknown {decision.kind} decision {decision.decision!r}")
+        attrs = {"submitted_by": decision.submitted_by}
+        if decision.kind == "audit":
+            attrs["audited_by"] = decision.user
+        else:
+            attrs["audited_by"] = decision.audited_by or ""
+            attrs["approved_by"] = decision.user
+        person = Actor(service="web", user=decision.user, roles=tuple(decision.roles))
+        self.authorize(
+            action, Resource("promotion", id=decision.promotion_id, attrs=attrs),
+            context=acting_for(person, comment=decision.comment),
+        )
+        human = HumanDecision(user=decision.user, service="web", roles=list(decision.roles),
+                              decision=decision.decision, comment=decision.comment)
+        if decision.kind == "audit":
+            gate = decide_audit(human, submitter=decision.submitted_by, awaiting=AUDIT)
+        else:
+            gate = decide_approval(human, submitter=decision.submitted_by,
+                                   auditor=decision.audited_by, awaiting="approval")
+        with session_scope(self._engine) as session:
+            key = row_id("approval")
+            if session.get(Approval, key) is None:
+                store.add_approval(
+                    session=session, promotion_id=decision.promotion_id, kind=decision.kind,
+                    decision="approve" if gate.passed else "reject", user_name=decision.user,
+                    comment=decision.comment, row_id=key,
+                )
+            return store_gate(session, promotion_id=decision.promotion_id, decision=gate)
+
+    @activity.defn(name=PROMOTE_CANDIDATE)
+    def promote_candidate(self, request: PromoteInput) -> PromoteResult:
+        """Move production to the candidate in one transaction, then check the end state."""
+        self.authorize("promote", Resource("promotion", id=request.promotion_id, attrs={
+            "submitted_by": request.submitted_by, "audited_by": request.audited_by,
+            "approved_by": request.approved_by,
+        }))
+        with session_scope(self._engine) as session:
+            current = store.get_deployment(session=session, alias=PRODUCTION, for_update=True)
+            already = current is not None and current.promotion_id == request.promotion_id
+            if not already and (current is None
+                                or current.checkpoint_id != request.baseline_checkpoint_id):
+                moved = current.checkpoint_id if current is not None else None
+                return PromoteResult(self._promote_gate(session, request, [
+                    f"production moved from the baseline {request.baseline_checkpoint_id} to "
+                    f"{moved} during the promotion; its evidence is stale, propose again"
+                ], passed=False))
+            if not already:
+                store.move_alias(
+                    session=session, alias=PRODUCTION,
+                    checkpoint_id=request.candidate_checkpoint_id,
+                    rollback_target_id=request.baseline_checkpoint_id,
+                    promotion_id=request.promotion_id, actor="governance",
+                    reason=f"promotion {request.promotion_id} approved by {request.approved_by}",
+                )
+                store.set_routing(session=session, slot=PRODUCTION,
+                                  checkpoint_id=request.candidate_checkpoint_id, share=1.0,
+                                  promotion_id=request.promotion_id, updated_by="governance")
+                for slot in ("canary", "shadow"):
+                    store.set_routing(session=session, slot=slot, checkpoint_id=None, share=0.0,
+                                      promotion_id=None, updated_by="governance")
+                store.update_promotion(session=session, promotion_id=request.promotion_id,
+                                       status="promoted", current_gate="watch")
+            promoted_at = store.db_now(session).isoformat()
+        with session_scope(self._engine) as session:
+            problems = self._end_state_problems(session, request)
+            outcome = self._promote_gate(
+                session, request,
+                problems or [f"production serves {request.candidate_checkpoint_id}; rollback "
+                             f"target is {request.baseline_checkpoint_id}"],
+                passed=not problems,
+            )
+        return PromoteResult(outcome, promoted_at)
+
+    def _end_state_problems(self, session: Session, request: PromoteInput) -> list[str]:
+        deployment = store.get_deployment(session=session, alias=PRODUCTION)
+        routes = store.routing_table(session=session)
+        problems = []
+        if deployment is None or deployment.checkpoint_id != request.candidate_checkpoint_id:
+            problems.append("the production alias does not name the candidate after the move")
+        if deployment is not None and (
+            deployment.rollback_target_id != request.baseline_checkpoint_id
+        ):
+            problems.append("the rollback target is not the previous production checkpoint")
+        production = routes.get(PRODUCTION)
+        if production is None or production.checkpoint_id != request.candidate_checkpoint_id:
+            problems.append("the production routing slot does not name the candidate")
+        for slot in ("canary", "shadow"):
+            if slot in routes and routes[slot].checkpoint_id is not None:
+                problems.append(f"the {slot} slot still routes traffic after promotion")
+        return problems
+
+    def _promote_gate(
+        self, session: Session, request: PromoteInput, reasons: list[str], *, passed: bool
+    ) -> GateOutcome:
+        decision = GateDecision(
+            gate=PROMOTE, passed=passed, reasons=reasons,
+            evidence={"candidate": request.candidate_checkpoint_id,
+                      "rollback_target": request.baseline_checkpoint_id,
+                      "audited_by": request.audited_by, "approved_by": request.approved_by},
+            verdict=Verdict.PASS if passed else Verdict.FAIL,
+        )
+        return store_gate(session, promotion_id=request.promotion_id, decision=decision)

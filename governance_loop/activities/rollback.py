@@ -1,0 +1,99 @@
+"""Rollback: production returns to its rollback target in one transaction.
+
+The same activity serves an operator's rollback (through ``RollbackWorkflow``,
+authorized for the person) and a promotion's automatic rollback (the watch
+found a regression; authorized as the governance service). Alias, history and
+routing change together, so the next episode the execution loop routes already
+uses the target. The old checkpoint becomes the new rollback target: rolling
+back twice returns to where it started.
+"""
+
+from __future__ import annotations
+
+from sqlmodel import Session, col, select
+from temporalio import activity
+
+from governance_loop import store
+from governance_loop.activities.common import GovernanceShell, record, refused
+from governance_loop.activities.messages import ROLLBACK_DEPLOYMENT
+from triloop.db import session_scope
+from triloop.models import DeploymentHistory
+from triloop.policy import Actor, Resource, acting_for
+from triloop.workflow_api import RollbackInput, RollbackResult
+
+
+def _request_key() -> str:
+    """Identifies this request across activity retries (stored in the history reason)."""
+    try:
+        info = activity.info()
+    except RuntimeError:
+        return ""
+    return f"[{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}]"
+
+
+class RollbackActivities(GovernanceShell):
+    """Moves an alias back to its rollback target."""
+
+    @activity.defn(name=ROLLBACK_DEPLOYMENT)
+    def rollback_deployment(self, request: RollbackInput) -> RollbackResult:
+        """Authorize, then swap the alias with its rollback target and reroute production."""
+        if request.promotion_id is not None:
+            context = {"automatic": True, "promotion_id": request.promotion_id,
+                       "reason": request.reason}
+        else:
+            if not request.requested_by.strip():
+                raise refused("a rollback needs the person who requests it")
+            person = Actor(service="web", user=request.requested_by, roles=tuple(request.roles))
+            context = acting_for(person, reason=request.reason)
+        self.authorize("rollback", Resource("deployment", id=request.alias,
+                                            attrs={"requested_by": request.requested_by}),
+                       context=context)
+        key = _request_key()
+        with session_scope(self._engine) as session:
+            done = self._already_done(session, request.alias, key)
+            if done is not None:
+                return done
+            current = store.get_deployment(session=session, alias=request.alias, for_update=True)
+            if current is None:
+                raise refused(f"alias {request.alias!r} is not deployed; nothing to roll back")
+            target, previous = current.rollback_target_id, current.checkpoint_id
+            if target is None:
+                raise refused(f"alias {request.alias!r} has no rollback target")
+            promotion_id = current.promotion_id
+            actor = "governance" if request.promotion_id else request.requested_by
+            store.move_alias(
+                session=session, alias=request.alias, checkpoint_id=target,
+                rollback_target_id=previous, promotion_id=None, actor=actor,
+                reason=f"rollback {key}: {request.reason}".strip(),
+            )
+            if request.alias == "production":
+                store.set_routing(session=session, slot="production", checkpoint_id=target,
+                                  share=1.0, promotion_id=None, updated_by=actor)
+                for slot in ("canary", "shadow"):
+                    store.set_routing(session=session, slot=slot, checkpoint_id=None, share=0.0,
+                                      promotion_id=None, updated_by=actor)
+            if promotion_id is not None:
+                promotion = store.get_promotion(session=session, promotion_id=promotion_id)
+                if promotion.status == "promoted":
+                    store.update_promotion(session=session, promotion_id=promotion_id,
+                                           status="rolled_back", reason=request.reason)
+            record(session, action="rollback",
+                   resource={"kind": "deployment", "id": request.alias},
+                   payload={"from": previous, "to": target, "requested_by": actor,
+                            "reason": request.reason, "promotion_id": promotion_id})
+        return RollbackResult(alias=request.alias, checkpoint_id=target,
+                              previous_checkpoint_id=previous)
+
+    @staticmethod
+    def _already_done(session: Session, alias: str, key: str) -> RollbackResult | None:
+        """The result of this very request if a retried attempt already committed it."""
+        if not key:
+            return None
+        query = select(DeploymentHistory).where(
+            DeploymentHistory.alias == alias, col(DeploymentHistory.reason).contains(key, autoescape=True)
+        )
+        row = session.exec(query).first()
+        if row is None:
+            return None
+        return RollbackResult(alias=alias, checkpoint_id=row.checkpoint_id,
+                              previous_checkpoint_id=row.previous_checkpoint_id or "")

@@ -1,0 +1,371 @@
+"""Data access for the governance loop: plain functions over a session, no policy here.
+
+Callers (activities, ``environments``, ``evalsets``, the CLI) ask ``authorize()``
+first; these functions only read and write rows. They run as the governance
+database role, whose GRANTs are the last line: the same function called with
+another loop's engine fails at the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, text
+from sqlmodel import Session, col, select
+
+from triloop.models import (
+    Approval,
+    Deployment,
+    DeploymentHistory,
+    Environment,
+    EnvironmentVersion,
+    EvalItem,
+    EvalSet,
+    GateResult,
+    Promotion,
+    Routing,
+    Task,
+    Threshold,
+)
+from triloop.models._columns import new_id, utcnow
+
+ROUTING_SLOTS = ("production", "canary", "shadow")
+
+
+class StoreError(LookupError):
+    """A row the caller needs does not exist or is in the wrong state."""
+
+
+def db_now(session: Session) -> datetime:
+    """The database's clock (trajectory timestamps use it, so gate windows must too)."""
+    value = session.execute(text("SELECT now()")).scalar_one()
+    assert isinstance(value, datetime)
+    return value
+
+
+def _lock(session: Session, key: str) -> None:
+    # Numbering versions is read-max-then-insert: serialise it per name. An advisory
+    # lock needs no UPDATE grant (the governance role may only INSERT environments).
+    session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": key})
+
+
+# --- promotions, gate results, approvals -------------------------------------------------
+
+
+def open_promotion(
+    *, session: Session, proposal_id: str, checkpoint_id: str, run_id: str, submitted_by: str,
+    baseline_checkpoint_id: str | None, workflow_id: str,
+) -> Promotion:
+    """The promotion of a proposal, created on first call (a retried activity finds it)."""
+    existing = session.exec(select(Promotion).where(Promotion.proposal_id == proposal_id)).first()
+    if existing is not None:
+        return existing
+    promotion = Promotion(
+        proposal_id=proposal_id, checkpoint_id=checkpoint_id, run_id=run_id,
+        submitted_by=submitted_by, baseline_checkpoint_id=baseline_checkpoint_id,
+        workflow_id=workflow_id, status="open", updated_at=utcnow(),
+    )
+    session.add(promotion)
+    session.flush()
+    return promotion
+
+
+def get_promotion(*, session: Session, promotion_id: str, for_update: bool = False) -> Promotion:
+    """A promotion by id, or ``StoreError``."""
+    query = select(Promotion).where(Promotion.id == promotion_id)
+    row = session.exec(query.with_for_update() if for_update else query).first()
+    if row is None:
+        raise StoreError(f"promotion {promotion_id} does not exist")
+    return row
+
+
+def update_promotion(
+    *, session: Session, promotion_id: str, status: str | None = None,
+    current_gate: str | None = None, reason: str | None = None,
+) -> Promotion:
+    """Move a promotion to a gate and/or status."""
+    promotion = get_promotion(session=session, promotion_id=promotion_id, for_update=True)
+    if status is not None:
+        promotion.status = status
+    if current_gate is not None:
+        promotion.current_gate = current_gate
+    if reason is not None:
+        promotion.status_reason = reason
+    promotion.updated_at = utcnow()
+    session.add(promotion)
+    session.flush()
+    return promotion
+
+
+def add_gate_result(
+    *, session: Session, promotion_id: str, gate: str, passed: bool, reasons: Sequence[str],
+    evidence: dict[str, Any], threshold_id: str | None = None, eval_set_id: str | None = None,
+    row_id: str | None = None,
+) -> GateResult:
+    """Store one gate's final verdict with its evidence."""
+    row = GateResult(
+        id=row_id or new_id(), promotion_id=promotion_id, gate=gate, passed=passed, reasons=list(reasons),
+        evidence=evidence, threshold_id=threshold_id, eval_set_id=eval_set_id,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def gate_results(*, session: Session, promotion_id: str) -> list[GateResult]:
+    """A promotion's gate results, oldest first."""
+    query = select(GateResult).where(GateResult.promotion_id == promotion_id)
+    return list(session.exec(query.order_by(col(GateResult.created_at))))
+
+
+def add_approval(
+    *, session: Session, promotion_id: str, kind: str, decision: str, user_name: str,
+    comment: str, row_id: str | None = None,
+) -> Approval:
+    """Store a person's audit sign-off/rejection or operator approval/rejection."""
+    row = Approval(
+        id=row_id or new_id(), promotion_id=promotion_id, kind=kind, decision=decision, user_name=user_name,
+        comment=comment,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+# --- deployments and routing -------------------------------------------------------------
+
+
+def get_deployment(*, session: Session, alias: str, for_update: bool = False) -> Deployment | None:
+    """The deployment of an alias (``production``), optionally locked for a move."""
+    query = select(Deployment).where(Deployment.alias == alias)
+    return session.exec(query.with_for_update() if for_update else query).first()
+
+
+def move_alias(
+    *, session: Session, alias: str, checkpoint_id: str, rollback_target_id: str | None,
+    promotion_id: str | None, actor: str, reason: str,
+) -> DeploymentHistory:
+    """Point an alias at a checkpoint and record the move in its history."""
+    current = get_deployment(session=session, alias=alias, for_update=True)
+    previous = current.checkpoint_id if current is not None else None
+    if current is None:
+        current = Deployment(alias=alias, checkpoint_id=checkpoint_id, updated_by=actor)
+    current.checkpoint_id = checkpoint_id
+    current.rollback_target_id = rollback_target_id
+    current.promotion_id = promotion_id
+    current.updated_by = actor
+    current.updated_at = utcnow()
+    session.add(current)
+    history = DeploymentHistory(
+        alias=alias, checkpoint_id=checkpoint_id, previous_checkpoint_id=previous,
+        reason=reason, actor=actor,
+    )
+    session.add(history)
+    session.flush()
+    return history
+
+
+def get_routing(*, session: Session, slot: str, for_update: bool = False) -> Routing | None:
+    """One routing slot."""
+    query = select(Routing).where(Routing.slot == slot)
+    return session.exec(query.with_for_update() if for_update else query).first()
+
+
+def set_routing(
+    *, session: Session, slot: str, checkpoint_id: str | None, share: float,
+    promotion_id: str | None, updated_by: str,
+) -> Routing:
+    """Point a slot at a checkpoint (None empties it)."""
+    if slot not in ROUTING_SLOTS:
+        raise StoreError(f"unknown routing slot {slot!r}; expected one of {ROUTING_SLOTS}")
+    row = get_routing(session=session, slot=slot, for_update=True)
+    if row is None:
+        row = Routing(slot=slot, updated_by=updated_by)
+    row.checkpoint_id = checkpoint_id
+    row.share = share
+    row.promotion_id = promotion_id
+    row.updated_by = updated_by
+    row.updated_at = utcnow()
+    session.add(row)
+    session.flush()
+    return row
+
+
+def routing_table(*, session: Session) -> dict[str, Routing]:
+    """All routing slots by name."""
+    return {row.slot: row for row in session.exec(select(Routing))}
+
+
+# --- environments and tasks --------------------------------------------------------------
+
+
+def get_environment_version(*, session: Session, version_id: str) -> EnvironmentVersion:
+    """An environment version by id, or ``StoreError``."""
+    row = session.get(EnvironmentVersion, version_id)
+    if row is None:
+        raise StoreError(f"environment version {version_id} does not exist")
+    return row
+
+
+def find_environment_version(
+    *, session: Session, name: str, version: int
+) -> EnvironmentVersion | None:
+    """Version N of a named environment."""
+    query = select(EnvironmentVersion).where(
+        EnvironmentVersion.environment_name == name, EnvironmentVersion.version == version
+    )
+    return session.exec(query).first()
+
+
+def ensure_environment(*, session: Session, name: str, created_by: str) -> Environment:
+    """The named environment, created when new."""
+    row = session.get(Environment, name)
+    if row is None:
+        row = Environment(name=name, created_by=created_by)
+        session.add(row)
+        session.flush()
+    return row
+
+
+def next_environment_version(*, session: Session, name: str) -> int:
+    """The number the next version of an environment gets (locks the environment row)."""
+    _lock(session, f"environment_version:{name}")
+    query = select(func.max(EnvironmentVersion.version)).where(
+        EnvironmentVersion.environment_name == name
+    )
+    return int(session.exec(query).one() or 0) + 1
+
+
+def get_task(*, session: Session, task_id: str, for_update: bool = False) -> Task:
+    """A task by id, or ``StoreError``."""
+    query = select(Task).where(Task.id == task_id)
+    row = session.exec(query.with_for_update() if for_update else query).first()
+    if row is None:
+        raise StoreError(f"task {task_id} does not exist")
+    return row
+
+
+def admitted_task_ids(*, session: Session, env_version_ids: Sequence[str]) -> list[str]:
+    """Ids of admitted tasks on these (not retired) versions: the only ones training may use."""
+    query = (
+        select(Task.id)
+        .join(EnvironmentVersion, col(EnvironmentVersion.id) == col(Task.environment_version_id))
+        .where(
+            Task.status == "admitted",
+            col(Task.environment_version_id).in_(list(env_version_ids)),
+            col(EnvironmentVersion.retired_at).is_(None),
+        )
+        .order_by(col(Task.id))
+    )
+    return list(session.exec(query))
+
+
+# --- eval sets and thresholds ------------------------------------------------------------
+
+
+def next_version(*, session: Session, table: type[EvalSet] | type[Threshold], name: str) -> int:
+    """The next version number of a named eval set or threshold."""
+    _lock(session, f"{table.__tablename__}:{name}")
+    query = select(func.max(table.version)).where(table.name == name)
+    return int(session.exec(query).one() or 0) + 1
+
+
+def latest_eval_set(*, session: Session, name: str) -> EvalSet | None:
+    """The newest frozen version of a named eval set."""
+    query = (
+        select(EvalSet)
+        .where(EvalSet.name == name, col(EvalSet.frozen_at).is_not(None))
+        .order_by(col(EvalSet.version).desc())
+    )
+    return session.exec(query).first()
+
+
+def eval_set_tasks(*, session: Session, eval_set_id: str) -> list[tuple[str, int, str]]:
+    """(task id, seed, environment version id) of each item, in order."""
+    query = (
+        select(Task.id, Task.seed, Task.environment_version_id)
+        .join(EvalItem, col(EvalItem.task_id) == col(Task.id))
+        .where(EvalItem.eval_set_id == eval_set_id)
+        .order_by(col(EvalItem.ordinal))
+    )
+    return [(str(t), int(s), str(v)) for t, s, v in session.exec(query)]
+
+
+def latest_threshold(*, session: Session, name: str) -> Threshold | None:
+    """The newest version of a named threshold."""
+    query = select(Threshold).where(Threshold.name == name)
+    return session.exec(query.order_by(col(Threshold.version).desc())).first()
+
+
+# --- episodes (read-only: the execution loop writes them) --------------------------------
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Successes and rewards of a set of episodes."""
+
+    successes: list[bool]
+    rewards: list[float]
+
+
+def batch_outcomes(*, session: Session, batch_id: str) -> Outcomes:
+    """Outcomes of one rollout batch's own episodes (shadows excluded)."""
+    rows = session.execute(
+        text(
+            "SELECT success, total_reward FROM trajectory "
+            "WHERE batch_id = :b AND purpose <> 'shadow' ORDER BY id"
+        ),
+        {"b": batch_id},
+    ).all()
+    return Outcomes([bool(r[0]) for r in rows], [float(r[1]) for r in rows])
+
+
+def episode_counts(
+    *, session: Session, checkpoint_id: str, purposes: Sequence[str], since: datetime,
+    until: datetime | None = None,
+) -> tuple[int, int]:
+    """(episodes, successes) a checkpoint served for these purposes in a time window."""
+    row = session.execute(
+        text(
+            "SELECT count(*), count(*) FILTER (WHERE success) FROM trajectory "
+            "WHERE checkpoint_id = :c AND purpose = ANY(:p) AND created_at >= :s "
+            "AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u)"
+        ),
+        {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until},
+    ).one()
+    return int(row[0]), int(row[1])
+
+
+def shadow_pairs(
+    *, session: Session, candidate_id: str, production_id: str, since: datetime
+) -> list[tuple[str, int, int, float, float]]:
+    """(episode, steps compared, steps agreed, production reward, candidate reward) per pair.
+
+    A shadow episode names the production episode it mirrors in ``outcome.shadow_of``
+    (or by its id, ``<production id>:shadow``); agreement compares the action text
+    of steps with the same index.
+    """
+    rows = session.execute(
+        text(
+            """
+            SELECT p.id,
+                   (SELECT count(*) FROM step a JOIN step b ON a.index = b.index
+                     WHERE a.trajectory_id = s.id AND b.trajectory_id = p.id),
+                   (SELECT count(*) FROM step a JOIN step b ON a.index = b.index
+                     WHERE a.trajectory_id = s.id AND b.trajectory_id = p.id
+                       AND a.action_text = b.action_text),
+                   p.total_reward, s.total_reward
+            FROM trajectory s
+            JOIN trajectory p
+              ON p.id = COALESCE(s.outcome->>'shadow_of', regexp_replace(s.id, ':shadow$', ''))
+            WHERE s.purpose = 'shadow' AND s.checkpoint_id = :c AND p.checkpoint_id = :p
+              AND s.created_at >= :s
+            ORDER BY p.id
+            """
+        ),
+        {"c": candidate_id, "p": production_id, "s": since},
+    ).all()
+    return [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4])) for r in rows]

@@ -1,0 +1,419 @@
+"""The whole permission matrix against the real OPA server, through ``Authorizer``.
+
+Every "never" of issue 3, the separation-of-duties cases, unknown kinds, case and
+whitespace variants; OPA stopped denies everything while the sink still records it;
+every decision reaches the sink with OPA's decision id; a policy edit applies to the
+next call; a bundle's revision reaches the decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from triloop.devstack.processes import (
+    ServiceProcess,
+    free_port,
+    start_process,
+    stop_recorded,
+    wait_until,
+)
+from triloop.devstack.servers import repo_root, start_opa, tool_path
+from triloop.policy import Actor, Authorizer, Decision, OpaClient, PolicyDenied, Resource
+
+pytestmark = pytest.mark.integration
+
+LEARNING, EXECUTION, GOVERNANCE = Actor("learning"), Actor("execution"), Actor("governance")
+UMA = Actor("web", "uma", ("ml_engineer",))
+OLGA = Actor("web", "olga", ("operator",))
+ADA = Actor("web", "ada", ("auditor",))
+ROOT = Actor("web", "root", ("admin",))
+DUTIES = {"submitted_by": "sam", "audited_by": "ada"}
+RELEASED = {**DUTIES, "approved_by": "olga"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the matrix: who does what to what, and the expected answer."""
+
+    actor: Actor
+    action: str
+    resource: Resource
+    allow: bool
+    why: str
+    context: Mapping[str, Any] | None = field(default=None)
+
+    @property
+    def id(self) -> str:
+        who = self.actor.user or self.actor.service
+        return f"{who}-{self.action}-{self.resource.kind}-{'allow' if self.allow else 'deny'}"
+
+
+def _deny(actor: Actor, action: str, kind: str, why: str, **kw: Any) -> Case:
+    return Case(actor, action, Resource(kind, "r-1", **kw), False, why)
+
+
+def _allow(actor: Actor, action: str, kind: str, why: str, **kw: Any) -> Case:
+    return Case(actor, action, Resource(kind, "r-1", **kw), True, why)
+
+
+def _for(person: Actor) -> dict[str, Any]:
+    return {"on_behalf_of": {"user": person.user, "roles": list(person.roles)}}
+
+
+WRITES = ("create", "update", "delete")
+JUDGING = ("eval_set", "eval_item", "threshold", "promotion", "approval", "deployment", "routing")
+
+NEVER = [
+    # learning never writes what judges it (rollback targets live in deployment)
+    *(_deny(LEARNING, a, k, f"may never {a} {k}") for k in JUDGING for a in WRITES),
+    *(
+        _deny(LEARNING, a, k, f"may never {a}", attrs=RELEASED)
+        for a, k in [
+            ("approve", "promotion"),
+            ("promote", "promotion"),
+            ("sign_audit", "promotion"),
+            ("rollback", "deployment"),
+            ("route", "routing"),
+        ]
+    ),
+    # ... nor an environment version or its reward rule
+    *(
+        _deny(LEARNING, a, k, "belong to governance")
+        for a, k in [
+            ("update", "environment"),
+            ("update", "environment_version"),
+            ("freeze", "environment_version"),
+            ("delete", "environment_version"),
+        ]
+    ),
+    _deny(LEARNING, "read", "eval_item", "never read eval items"),
+    # execution never changes contracts, eval sets or thresholds
+    *(
+        _deny(EXECUTION, a, k, f"never {a} {k}")
+        for k in (
+            "environment",
+            "environment_version",
+            "task",
+            "eval_set",
+            "eval_item",
+            "threshold",
+        )
+        for a in WRITES
+    ),
+    # governance never trains or edits a checkpoint
+    *(
+        _deny(GOVERNANCE, a, k, "governance never trains")
+        for k in ("checkpoint", "training_step")
+        for a in WRITES
+    ),
+    # nobody edits the audit log; admins never approve
+    *(_deny(a, "update", "audit_event", "append-only") for a in (GOVERNANCE, ADA, ROOT)),
+    _deny(
+        Actor("web", "root", ("admin", "operator")),
+        "approve",
+        "promotion",
+        "admins manage users and may never approve",
+        attrs=DUTIES,
+    ),
+]
+
+ALLOWED_LOOPS = [
+    _allow(LEARNING, "create", "checkpoint", "service learning may create checkpoint"),
+    _allow(LEARNING, "create", "training_step", "may create training_step"),
+    _allow(LEARNING, "read", "trajectory", "may read trajectory"),
+    _allow(LEARNING, "propose", "proposal", "may propose proposal"),
+    _allow(LEARNING, "pause", "training_run", "may pause training_run"),
+    _allow(EXECUTION, "create", "trajectory", "may create trajectory"),
+    _allow(EXECUTION, "create", "step", "may create step"),
+    _allow(EXECUTION, "read", "environment_version", "may read environment_version"),
+    _allow(GOVERNANCE, "admit", "task", "may admit task"),
+    _allow(GOVERNANCE, "freeze", "eval_set", "may freeze eval_set"),
+    _allow(GOVERNANCE, "create", "threshold", "may create threshold"),
+    _allow(GOVERNANCE, "create", "gate_result", "may create gate_result"),
+    _allow(GOVERNANCE, "promote", "promotion", "may promote promotion", attrs=RELEASED),
+    _allow(GOVERNANCE, "rollback", "deployment", "may rollback deployment"),
+    _allow(GOVERNANCE, "route", "routing", "may route routing"),
+    _allow(GOVERNANCE, "create", "deployment", "may create deployment"),
+]
+
+PEOPLE = [
+    _allow(UMA, "submit", "training_run", "role ml_engineer may submit", owner="uma"),
+    _allow(UMA, "cancel", "training_run", "role ml_engineer may cancel", owner="uma"),
+    _deny(UMA, "cancel", "training_run", "only their own runs", owner="vic"),
+    _deny(UMA, "pause", "training_run", "needs resource.owner"),
+    _deny(UMA, "approve", "promotion", "no rule lets user uma", attrs=DUTIES),
+    _deny(UMA, "read", "eval_item", "no rule lets user uma"),
+    _allow(OLGA, "approve", "promotion", "role operator may approve", attrs=DUTIES),
+    _allow(OLGA, "reject", "promotion", "role operator may reject", attrs=DUTIES),
+    _allow(OLGA, "rollback", "deployment", "role operator may rollback"),
+    _deny(OLGA, "sign_audit", "promotion", "no rule lets user olga", attrs=DUTIES),
+    _allow(ADA, "sign_audit", "promotion", "role auditor may sign_audit", attrs=DUTIES),
+    _allow(ADA, "verify", "audit_event", "role auditor may verify"),
+    _allow(ADA, "read", "checkpoint", "role auditor may read"),
+    _allow(ROOT, "create", "user", "role admin may create user"),
+    Case(ROOT, "update", Resource("user", "root"), False, "may not update their own user record"),
+]
+
+DUTY_CASES = [
+    _deny(
+        Actor("web", "sam", ("operator",)),
+        "approve",
+        "promotion",
+        "sam submitted the run and may not approve",
+        attrs=DUTIES,
+    ),
+    _deny(
+        Actor("web", "sam", ("auditor",)),
+        "sign_audit",
+        "promotion",
+        "sam submitted the run and may not sign_audit",
+        attrs=DUTIES,
+    ),
+    _deny(
+        Actor("web", "ada", ("operator", "auditor")),
+        "approve",
+        "promotion",
+        "ada signed the audit and may not also approve",
+        attrs=DUTIES,
+    ),
+    _deny(
+        OLGA, "approve", "promotion", "needs a signed audit first", attrs={"submitted_by": "sam"}
+    ),
+    _deny(
+        OLGA,
+        "approve",
+        "promotion",
+        "needs resource.attrs.submitted_by",
+        attrs={"audited_by": "ada"},
+    ),
+    _deny(
+        GOVERNANCE,
+        "promote",
+        "promotion",
+        "the audit and the approval were given by the same",
+        attrs={**DUTIES, "approved_by": "ADA "},
+    ),
+    _deny(
+        GOVERNANCE, "promote", "promotion", "promote needs resource.attrs.approved_by", attrs=DUTIES
+    ),
+    Case(
+        GOVERNANCE,
+        "approve",
+        Resource("promotion", "p", attrs=DUTIES),
+        True,
+        "governance may approve promotion for olga",
+        _for(OLGA),
+    ),
+    Case(
+        GOVERNANCE,
+        "approve",
+        Resource("promotion", "p", attrs=DUTIES),
+        False,
+        "sam submitted the run",
+        _for(Actor("web", "sam", ("operator",))),
+    ),
+    Case(
+        LEARNING,
+        "cancel",
+        Resource("training_run", "r", owner="uma"),
+        True,
+        "learning may cancel training_run for uma",
+        _for(UMA),
+    ),
+    Case(
+        LEARNING,
+        "approve",
+        Resource("promotion", "p", attrs=DUTIES),
+        False,
+        "learning loop may never approve",
+        _for(OLGA),
+    ),
+]
+
+VOCABULARY = [
+    _deny(LEARNING, "read", "checkpoints", 'unknown resource kind "checkpoints"'),
+    _deny(LEARNING, "read", "eval-set", 'unknown resource kind "eval-set"'),
+    _deny(LEARNING, "read", "", 'unknown resource kind ""'),
+    _deny(LEARNING, "train", "checkpoint", 'unknown action "train"'),
+    _deny(Actor("billing"), "read", "task", 'unknown service "billing"'),
+    _deny(Actor("web"), "read", "task", "acts only for a signed-in user"),
+    _allow(Actor(" Learning "), "CREATE ", "\tCheckPoint", "may create checkpoint"),
+    _deny(Actor("LEARNING"), " Create", "EVAL_SET ", "may never create eval_set"),
+    _deny(Actor("learning"), "update", " Eval_Item", "may never update eval_item"),
+    _allow(
+        Actor("web", "olga", (" Operator",)),
+        "  APPROVE",
+        "Promotion ",
+        "role operator may approve",
+        attrs={"submitted_by": "Sam", "audited_by": "ada"},
+    ),
+    _deny(
+        Actor("web", "Sam ", ("operator",)),
+        "approve",
+        "promotion",
+        "sam submitted the run",
+        attrs=DUTIES,
+    ),
+]
+
+CASES = [*NEVER, *ALLOWED_LOOPS, *PEOPLE, *DUTY_CASES, *VOCABULARY]
+
+
+class RecordingSink:
+    """The audit sink: remembers every decision it is handed."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[Actor, str, Resource, Decision, Mapping[str, Any] | None]] = []
+
+    def __call__(
+        self,
+        actor: Actor,
+        action: str,
+        resource: Resource,
+        decision: Decision,
+        context: Mapping[str, Any] | None,
+    ) -> None:
+        self.records.append((actor, action, resource, decision, context))
+
+
+def _run(authorizer: Authorizer, case: Case) -> Decision:
+    try:
+        return authorizer.authorize(case.actor, case.action, case.resource, context=case.context)
+    except PolicyDenied as denied:
+        return denied.decision
+
+
+@pytest.fixture(scope="module")
+def opa(opa_url: str) -> Iterator[OpaClient]:
+    """One client for the session OPA, as a service would hold it."""
+    client = OpaClient(opa_url)
+    yield client
+    client.close()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_matrix(opa: OpaClient, case: Case) -> None:
+    sink = RecordingSink()
+    decision = _run(Authorizer(opa, sink), case)
+    assert decision.allow is case.allow, decision.reasons
+    assert any(case.why in reason for reason in decision.reasons), decision.reasons
+    assert decision.decision_id, "OPA issues an id for every decision (decision logging on)"
+    assert sink.records == [(case.actor, case.action, case.resource, decision, case.context)]
+
+
+async def test_every_decision_reaches_the_sink_even_concurrently(opa: OpaClient) -> None:
+    sink = RecordingSink()
+    authorizer = Authorizer(opa, sink)
+    semaphore = asyncio.Semaphore(16)
+
+    async def one(case: Case) -> Decision:
+        async with semaphore:
+            try:
+                return await authorizer.authorize_async(
+                    case.actor, case.action, case.resource, context=case.context
+                )
+            except PolicyDenied as denied:
+                return denied.decision
+
+    decisions = await asyncio.gather(*(one(case) for case in CASES))
+    assert [d.allow for d in decisions] == [case.allow for case in CASES]
+    assert len(sink.records) == len(CASES)
+    recorded_ids = {record[3].decision_id for record in sink.records}
+    assert recorded_ids == {d.decision_id for d in decisions}
+    assert len(recorded_ids) == len(CASES)
+
+
+def _start_private_opa(tmp: Path, *extra: str, policies: Path) -> tuple[ServiceProcess, str]:
+    port = free_port()
+    if not extra:
+        proc = start_opa(policies=policies, port=port, run_dir=tmp, log_dir=tmp)
+        return proc, f"http://127.0.0.1:{port}"
+    argv = [
+        tool_path("opa"),
+        "run",
+        "--server",
+        "--addr",
+        f"127.0.0.1:{port}",
+        "--log-level",
+        "error",
+        "--set",
+        "decision_logs.console=true",
+        *extra,
+        str(policies),
+    ]
+    proc = start_process("opa-bundle", argv, run_dir=tmp, log_dir=tmp)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(healthy, name="opa-bundle", log_path=proc.log_path, timeout_s=30)
+    return proc, url
+
+
+def test_opa_stopped_denies_everything_and_the_sink_records_it(tmp_path: Path) -> None:
+    proc, url = _start_private_opa(tmp_path, policies=repo_root() / "policies")
+    client = OpaClient(url, timeout_s=1.0)
+    sink = RecordingSink()
+    authorizer = Authorizer(client, sink)
+    try:
+        assert _run(authorizer, ALLOWED_LOOPS[0]).allow is True
+    finally:
+        stop_recorded(proc.pid_path)
+    sink.records.clear()
+    for case in CASES:
+        with pytest.raises(PolicyDenied, match="failed closed"):
+            authorizer.authorize(case.actor, case.action, case.resource, context=case.context)
+    client.close()
+    assert len(sink.records) == len(CASES)
+    assert all(not record[3].allow for record in sink.records)
+
+
+def test_policy_edit_applies_to_the_next_call(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    shutil.copytree(repo_root() / "policies", policies)
+    proc, url = _start_private_opa(tmp_path, policies=policies)
+    client = OpaClient(url)
+    case = ALLOWED_LOOPS[0]  # learning creates a checkpoint
+    try:
+        assert client.decide(case.actor, case.action, case.resource).allow is True
+        grants = policies / "triloop" / "authz" / "grants.rego"
+        grants.write_text(
+            grants.read_text().replace(
+                '"checkpoint": {"read", "create", "propose"}', '"checkpoint": {"read", "propose"}'
+            )
+        )
+        deadline = time.monotonic() + 10
+        while client.decide(case.actor, case.action, case.resource).allow:
+            assert time.monotonic() < deadline, "OPA never picked up the edited policy"
+            time.sleep(0.1)
+    finally:
+        client.close()
+        stop_recorded(proc.pid_path)
+
+
+def test_bundle_revision_reaches_the_decision(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(repo_root() / "policies", bundle)
+    (bundle / ".manifest").write_text(json.dumps({"revision": "rev-42", "roots": ["triloop"]}))
+    proc, url = _start_private_opa(tmp_path, "--bundle", policies=bundle)
+    try:
+        with OpaClient(url) as client:
+            decision = client.decide(LEARNING, "create", Resource("checkpoint"))
+    finally:
+        stop_recorded(proc.pid_path)
+    assert decision.allow is True
+    assert decision.policy_revision == "rev-42"

@@ -1,0 +1,39 @@
+"""The JSON API: one router per area, all under ``/api``, plus ``/healthz``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from web.api import (
+    audit,
+    checkpoints,
+    deployments,
+    environments,
+    episodes,
+    evaluation,
+    promotions,
+    runs,
+    users,
+)
+
+
+class Health(BaseModel):
+    """The process answers."""
+
+    status: str
+
+
+health_router = APIRouter(tags=["health"])
+
+
+@health_router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    """Readiness for the dev stack (no authentication, touches nothing)."""
+    return Health(status="ok")
+
+
+ROUTERS: tuple[APIRouter, ...] = (
+    health_router, users.router, runs.router, checkpoints.router, environments.router,
+    evaluation.router, promotions.router, deployments.router, episodes.router, audit.router,
+)

@@ -1,0 +1,88 @@
+"""``/api/environments``, ``/api/environment-versions`` and ``/api/tasks``: contracts and tasks."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from web.api.common import ERRORS, Short
+from web.data import environments as envs
+from web.data.environments import (
+    ContractDiff,
+    EnvironmentDetail,
+    EnvironmentPublic,
+    TaskPublic,
+    VersionDetail,
+)
+from web.deps import AuthorizeDep, SessionDep
+from web.pagination import CursorParam, LimitParam, Page
+from web.problems import not_found
+
+router = APIRouter(tags=["environments"], responses=ERRORS)
+VersionNumber = Annotated[int, Query(ge=1, le=2**31 - 1, description="a version number")]
+
+
+@router.get("/api/environments", response_model=Page[EnvironmentPublic])
+async def list_environments(
+    guard: AuthorizeDep, db: SessionDep, limit: LimitParam = 50, cursor: CursorParam = None
+) -> Page[EnvironmentPublic]:
+    """Environments, newest first."""
+    await guard("read", "environment")
+    return await db.read(envs.list_environments, limit=limit, cursor=cursor)
+
+
+@router.get("/api/environments/{name}", response_model=EnvironmentDetail)
+async def get_environment(name: str, guard: AuthorizeDep, db: SessionDep) -> EnvironmentDetail:
+    """An environment with its versions."""
+    await guard("read", "environment", id=name)
+    await guard("read", "environment_version")
+    found = await db.read(envs.environment_detail, name=name)
+    if found is None:
+        raise not_found("environment", name)
+    return found
+
+
+@router.get("/api/environments/{name}/diff", response_model=ContractDiff)
+async def diff_versions(
+    name: str, guard: AuthorizeDep, db: SessionDep,
+    a: VersionNumber,
+    b: VersionNumber,
+) -> ContractDiff:
+    """What changed in the contract from version A to version B."""
+    await guard("read", "environment_version")
+    found = await db.read(envs.contract_diff, name=name, a=a, b=b)
+    if found is None:
+        raise not_found("environment version", f"{name} v{a} or v{b}")
+    return found
+
+
+@router.get("/api/environment-versions/{version_id}", response_model=VersionDetail)
+async def get_version(version_id: str, guard: AuthorizeDep, db: SessionDep) -> VersionDetail:
+    """A version's contract, fixture hashes and task counts."""
+    await guard("read", "environment_version", id=version_id)
+    found = await db.read(envs.version_detail, version_id=version_id)
+    if found is None:
+        raise not_found("environment version", version_id)
+    return found
+
+
+@router.get("/api/tasks", response_model=Page[TaskPublic])
+async def list_tasks(
+    guard: AuthorizeDep, db: SessionDep, limit: LimitParam = 50, cursor: CursorParam = None,
+    environment_version_id: Short | None = None, status: Short | None = None,
+) -> Page[TaskPublic]:
+    """Tasks, newest first, with their admission status."""
+    await guard("read", "task")
+    return await db.read(envs.list_tasks, limit=limit, cursor=cursor,
+                         environment_version_id=environment_version_id, status=status)
+
+
+@router.get("/api/tasks/{task_id}", response_model=TaskPublic)
+async def get_task(task_id: str, guard: AuthorizeDep, db: SessionDep) -> TaskPublic:
+    """A task and the evidence for its admission decision."""
+    await guard("read", "task", id=task_id)
+    found = await db.read(envs.get_task, task_id=task_id)
+    if found is None:
+        raise not_found("task", task_id)
+    return found

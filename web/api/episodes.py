@@ -1,0 +1,20 @@
+"""``POST /api/episodes``: production traffic for the execution loop."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from web import actions
+from web.actions import EpisodeRequest, EpisodesStarted
+from web.api.common import ERRORS
+from web.deps import AuthorizeDep, ServicesDep, SessionDep
+
+router = APIRouter(tags=["episodes"], responses=ERRORS)
+
+
+@router.post("/api/episodes", status_code=202, response_model=EpisodesStarted)
+async def start_episodes(
+    body: EpisodeRequest, guard: AuthorizeDep, db: SessionDep, services: ServicesDep
+) -> EpisodesStarted:
+    """Start production episodes, served by the checkpoint governance's routing names."""
+    return await actions.start_episodes(guard=guard, db=db, services=services, body=body)

@@ -1,0 +1,116 @@
+"""Credentials: hashed API tokens, the signed console session cookie, and CSRF tokens.
+
+API clients send ``Authorization: Bearer <token>``; only ``sha256(token)`` is
+stored. The console keeps ``{user, csrf}`` in a cookie signed with
+``settings.session_secret`` (itsdangerous, time-stamped); every console form and
+every cookie-authenticated unsafe API call must carry that csrf token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+
+SESSION_COOKIE = "triloop_session"
+LOGIN_CSRF_COOKIE = "triloop_login_csrf"
+FLASH_COOKIE = "triloop_flash"
+CSRF_HEADER = "x-csrf-token"
+CSRF_FIELD = "csrf_token"
+SESSION_MAX_AGE_S = 12 * 3600
+TOKEN_PREFIX = "tl_"
+
+
+def new_token() -> str:
+    """A fresh API token (shown once, never stored)."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    """What the database stores for a token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_csrf_token() -> str:
+    """A fresh CSRF token."""
+    return secrets.token_urlsafe(24)
+
+
+def same_secret(given: str | None, expected: str | None) -> bool:
+    """Constant-time comparison that is false when either side is missing."""
+    if not given or not expected:
+        return False
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer`` header, if any."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
+
+
+@dataclass(frozen=True)
+class ConsoleSession:
+    """What the signed session cookie holds."""
+
+    user: str
+    csrf: str
+
+
+class CookieSigner:
+    """Signs and checks the console's cookies with the session secret."""
+
+    def __init__(self, secret: str) -> None:
+        self._session = URLSafeTimedSerializer(secret, salt="triloop.session")
+        self._login = URLSafeTimedSerializer(secret, salt="triloop.login-csrf")
+        self._flash = URLSafeTimedSerializer(secret, salt="triloop.flash")
+
+    def dump_session(self, session: ConsoleSession) -> str:
+        """Cookie value for a signed-in user."""
+        return self._session.dumps({"user": session.user, "csrf": session.csrf})
+
+    def load_session(self, value: str | None) -> ConsoleSession | None:
+        """The session in a cookie, or None when missing, forged or older than 12 h."""
+        data = _load(self._session, value, SESSION_MAX_AGE_S)
+        if not isinstance(data, dict):
+            return None
+        user, csrf = data.get("user"), data.get("csrf")
+        if not isinstance(user, str) or not isinstance(csrf, str):
+            return None
+        return ConsoleSession(user=user, csrf=csrf)
+
+    def dump_login_csrf(self, token: str) -> str:
+        """Cookie value binding the login form's csrf token to this browser."""
+        return self._login.dumps(token)
+
+    def load_login_csrf(self, value: str | None) -> str | None:
+        """The login csrf token in a cookie (valid for an hour)."""
+        data = _load(self._login, value, 3600)
+        return data if isinstance(data, str) else None
+
+    def dump_flash(self, kind: str, text: str) -> str:
+        """Cookie value of a one-time notice shown on the next page."""
+        return self._flash.dumps([kind, text])
+
+    def load_flash(self, value: str | None) -> tuple[str, str] | None:
+        """The notice in a flash cookie (valid for five minutes)."""
+        data = _load(self._flash, value, 300)
+        if isinstance(data, list) and len(data) == 2 and all(isinstance(x, str) for x in data):
+            return data[0], data[1]
+        return None
+
+
+def _load(serializer: URLSafeTimedSerializer, value: str | None, max_age: int) -> object:
+    if not value:
+        return None
+    try:
+        return serializer.loads(value, max_age=max_age)
+    except BadSignature:  # also covers SignatureExpired
+        return None

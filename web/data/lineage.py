@@ -1,0 +1,179 @@
+"""Checkpoints and their lineage: the parent chain from the base model to a candidate.
+
+Each node carries what an auditor needs to trace it: the run that produced it,
+the environment versions (with their hashes) and the data it saw; the
+candidate's promotions add the frozen eval sets its gates used.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from sqlmodel import Session, col, select
+
+from triloop.models import (
+    Checkpoint,
+    Deployment,
+    EnvironmentVersion,
+    EvalSet,
+    GateResult,
+    Promotion,
+    TrainingRun,
+)
+from web.pagination import Page, keyset, page_of
+
+MAX_DEPTH = 64
+
+
+class CheckpointPublic(BaseModel):
+    """A checkpoint: id is the sha256 of its weights."""
+
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    parent_id: str | None = None
+    run_id: str | None = None
+    base_model: str
+    iteration: int | None = None
+    environment_version_ids: list[str]
+    data: dict[str, Any]
+    artifact_uri: str
+    created_by: str
+    created_at: datetime
+
+
+class EnvironmentRef(BaseModel):
+    """An environment version named by its contract hash."""
+
+    id: str
+    environment_name: str
+    version: int
+
+
+class RunRef(BaseModel):
+    """The run that produced a checkpoint."""
+
+    id: str
+    name: str
+    submitted_by: str
+
+
+class EvalSetRef(BaseModel):
+    """A frozen eval set a gate used."""
+
+    id: str
+    name: str
+    version: int
+    content_hash: str | None = None
+
+
+class PromotionRef(BaseModel):
+    """A promotion of the candidate."""
+
+    id: str
+    status: str
+    current_gate: str | None = None
+
+
+class LineageNode(BaseModel):
+    """One checkpoint in the chain with its run and environment versions."""
+
+    checkpoint: CheckpointPublic
+    run: RunRef | None = None
+    environments: list[EnvironmentRef]
+    aliases: list[str]
+
+
+class Lineage(BaseModel):
+    """The chain from the root (base model) to the candidate, and how it was judged."""
+
+    candidate_id: str
+    base_model: str
+    chain: list[LineageNode]
+    truncated: bool
+    promotions: list[PromotionRef]
+    eval_sets: list[EvalSetRef]
+
+
+def list_checkpoints(
+    *, session: Session, limit: int, cursor: str | None, run_id: str | None = None
+) -> Page[CheckpointPublic]:
+    """Checkpoints, newest first, optionally of one run."""
+    statement = select(Checkpoint)
+    if run_id is not None:
+        statement = statement.where(Checkpoint.run_id == run_id)
+    statement = keyset(statement, [col(Checkpoint.created_at), col(Checkpoint.id)], cursor,
+                       (datetime, str), limit)
+    rows = list(session.exec(statement))
+    return page_of(rows, limit, lambda c: (c.created_at, c.id), CheckpointPublic.model_validate)
+
+
+def get_checkpoint(*, session: Session, checkpoint_id: str) -> CheckpointPublic | None:
+    """One checkpoint."""
+    row = session.get(Checkpoint, checkpoint_id)
+    return None if row is None else CheckpointPublic.model_validate(row)
+
+
+def lineage(*, session: Session, checkpoint_id: str) -> Lineage | None:
+    """The parent chain of a checkpoint, root first, with runs, environments and eval sets."""
+    chain: list[Checkpoint] = []
+    current = session.get(Checkpoint, checkpoint_id)
+    if current is None:
+        return None
+    seen: set[str] = set()
+    while current is not None and current.id not in seen and len(chain) < MAX_DEPTH:
+        chain.append(current)
+        seen.add(current.id)
+        current = session.get(Checkpoint, current.parent_id) if current.parent_id else None
+    truncated = current is not None
+    chain.reverse()
+    run_ids = {c.run_id for c in chain if c.run_id}
+    runs = {r.id: r for r in session.exec(select(TrainingRun).where(col(TrainingRun.id).in_(run_ids)))}
+    env_ids = {e for c in chain for e in c.environment_version_ids}
+    envs = {
+        e.id: e for e in session.exec(
+            select(EnvironmentVersion).where(col(EnvironmentVersion.id).in_(env_ids))
+        )
+    }
+    aliases: dict[str, list[str]] = {}
+    for deployment in session.exec(select(Deployment)):
+        aliases.setdefault(deployment.checkpoint_id, []).append(deployment.alias)
+    nodes = [_node(c, runs, envs, aliases) for c in chain]
+    promotions = list(session.exec(
+        select(Promotion).where(Promotion.checkpoint_id == checkpoint_id)
+        .order_by(col(Promotion.created_at))
+    ))
+    eval_ids = {
+        g.eval_set_id for g in session.exec(
+            select(GateResult).where(col(GateResult.promotion_id).in_([p.id for p in promotions]))
+        ) if g.eval_set_id
+    }
+    eval_sets = session.exec(select(EvalSet).where(col(EvalSet.id).in_(eval_ids)))
+    return Lineage(
+        candidate_id=checkpoint_id,
+        base_model=chain[0].base_model,
+        chain=nodes,
+        truncated=truncated,
+        promotions=[PromotionRef(id=p.id, status=p.status, current_gate=p.current_gate)
+                    for p in promotions],
+        eval_sets=[EvalSetRef(id=e.id, name=e.name, version=e.version,
+                              content_hash=e.content_hash) for e in eval_sets],
+    )
+
+
+def _node(
+    checkpoint: Checkpoint, runs: dict[str, TrainingRun], envs: dict[str, EnvironmentVersion],
+    aliases: dict[str, list[str]],
+) -> LineageNode:
+    run = runs.get(checkpoint.run_id or "")
+    return LineageNode(
+        checkpoint=CheckpointPublic.model_validate(checkpoint),
+        run=None if run is None else RunRef(id=run.id, name=run.name,
+                                            submitted_by=run.submitted_by),
+        environments=[
+            EnvironmentRef(id=e.id, environment_name=e.environment_name, version=e.version)
+            for e in (envs.get(i) for i in checkpoint.environment_version_ids) if e is not None
+        ],
+        aliases=sorted(aliases.get(checkpoint.id, [])),
+    )

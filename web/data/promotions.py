@@ -1,0 +1,165 @@
+"""Promotions with their gate timeline, evidence against thresholds, and human decisions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlmodel import Session, col, select
+
+from triloop.models import Approval, EvalSet, GateResult, Promotion, Threshold
+from web.pagination import Page, keyset, page_of
+
+GATE_ORDER = ("offline_eval", "shadow", "canary", "audit", "approval", "promote", "watch")
+
+
+class PromotionSummary(BaseModel):
+    """A candidate's way through the gates."""
+
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    proposal_id: str
+    checkpoint_id: str
+    run_id: str
+    submitted_by: str
+    baseline_checkpoint_id: str | None = None
+    workflow_id: str | None = None
+    status: str
+    current_gate: str | None = None
+    status_reason: str | None = None
+    created_at: datetime
+    updated_at: datetime | None = None
+
+
+class GateView(BaseModel):
+    """One gate verdict with its evidence, the threshold it was held to and the eval set."""
+
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    gate: str
+    passed: bool
+    reasons: list[str]
+    evidence: dict[str, Any]
+    threshold_id: str | None = None
+    threshold_spec: dict[str, Any] | None = None
+    eval_set_id: str | None = None
+    eval_set_name: str | None = None
+    eval_set_hash: str | None = None
+    created_at: datetime
+
+
+class ApprovalPublic(BaseModel):
+    """An auditor's sign-off or an operator's decision."""
+
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    kind: str
+    decision: str
+    user_name: str
+    comment: str
+    created_at: datetime
+
+
+class PromotionDetail(PromotionSummary):
+    """A promotion with its gates; approvals are null for roles that may not read them."""
+
+    gates: list[GateView]
+    approvals: list[ApprovalPublic] | None = None
+    audited_by: str | None = Field(default=None, description="who signed the audit, if anyone")
+
+
+class DecisionFacts(BaseModel):
+    """What the policy needs to check duties on a promotion."""
+
+    promotion: PromotionSummary
+    audited_by: str | None = None
+    approved_by: str | None = None
+
+
+def list_promotions(
+    *, session: Session, limit: int, cursor: str | None, status: str | None = None,
+    checkpoint_id: str | None = None,
+) -> Page[PromotionSummary]:
+    """Promotions, newest first, optionally by status or candidate."""
+    statement = select(Promotion)
+    if status is not None:
+        statement = statement.where(Promotion.status == status)
+    if checkpoint_id is not None:
+        statement = statement.where(Promotion.checkpoint_id == checkpoint_id)
+    statement = keyset(statement, [col(Promotion.created_at), col(Promotion.id)], cursor,
+                       (datetime, str), limit)
+    rows = list(session.exec(statement))
+    return page_of(rows, limit, lambda p: (p.created_at, p.id), PromotionSummary.model_validate)
+
+
+def _approvals(session: Session, promotion_id: str) -> list[Approval]:
+    return list(session.exec(
+        select(Approval).where(Approval.promotion_id == promotion_id)
+        .order_by(col(Approval.created_at))
+    ))
+
+
+def _signer(approvals: list[Approval], kind: str) -> str | None:
+    # Governance records an audit sign-off as "approve" (the wire word) or "sign".
+    signed = [a.user_name for a in approvals
+              if a.kind == kind and a.decision in ("approve", "sign")]
+    return signed[-1] if signed else None
+
+
+def decision_facts(*, session: Session, promotion_id: str) -> DecisionFacts | None:
+    """The promotion and who audited/approved it so far."""
+    row = session.get(Promotion, promotion_id)
+    if row is None:
+        return None
+    approvals = _approvals(session, promotion_id)
+    return DecisionFacts(
+        promotion=PromotionSummary.model_validate(row),
+        audited_by=_signer(approvals, "audit"), approved_by=_signer(approvals, "operator"),
+    )
+
+
+def promotion_detail(
+    *, session: Session, promotion_id: str, with_approvals: bool
+) -> PromotionDetail | None:
+    """The promotion with its gate timeline in gate order, and approvals when allowed."""
+    row = session.get(Promotion, promotion_id)
+    if row is None:
+        return None
+    results = list(session.exec(
+        select(GateResult).where(GateResult.promotion_id == promotion_id)
+        .order_by(col(GateResult.created_at))
+    ))
+    thresholds = {t.id: t for t in session.exec(select(Threshold).where(
+        col(Threshold.id).in_({g.threshold_id for g in results if g.threshold_id})))}
+    eval_sets = {e.id: e for e in session.exec(select(EvalSet).where(
+        col(EvalSet.id).in_({g.eval_set_id for g in results if g.eval_set_id})))}
+    gates = [_gate(g, thresholds, eval_sets) for g in results]
+    gates.sort(key=lambda g: (_gate_rank(g.gate), g.created_at))
+    approvals = _approvals(session, promotion_id)
+    return PromotionDetail(
+        **PromotionSummary.model_validate(row).model_dump(),
+        gates=gates,
+        approvals=[ApprovalPublic.model_validate(a) for a in approvals] if with_approvals else None,
+        audited_by=_signer(approvals, "audit") if with_approvals else None,
+    )
+
+
+def _gate_rank(gate: str) -> int:
+    return GATE_ORDER.index(gate) if gate in GATE_ORDER else len(GATE_ORDER)
+
+
+def _gate(
+    result: GateResult, thresholds: dict[str, Threshold], eval_sets: dict[str, EvalSet]
+) -> GateView:
+    threshold = thresholds.get(result.threshold_id or "")
+    eval_set = eval_sets.get(result.eval_set_id or "")
+    return GateView(
+        id=result.id, gate=result.gate, passed=result.passed, reasons=list(result.reasons),
+        evidence=result.evidence, threshold_id=result.threshold_id,
+        threshold_spec=None if threshold is None else threshold.spec,
+        eval_set_id=result.eval_set_id,
+        eval_set_name=None if eval_set is None else f"{eval_set.name} v{eval_set.version}",
+        eval_set_hash=None if eval_set is None else eval_set.content_hash,
+        created_at=result.created_at,
+    )

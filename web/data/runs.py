@@ -1,0 +1,171 @@
+"""Training runs: listing, detail with per-iteration metrics and alarms, and submission rows."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from sqlmodel import Session, col, select
+
+from triloop.models import Checkpoint, Task, TrainingRun, TrainingStep
+from triloop.models._columns import utcnow
+from web.pagination import Page, keyset, page_of
+
+TERMINAL_STATUSES = frozenset({"completed", "cancelled", "failed"})
+MAX_CHART_POINTS = 500
+
+
+class RunSummary(BaseModel):
+    """A training run as listed."""
+
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    name: str
+    submitted_by: str
+    status: str
+    status_reason: str | None = None
+    iterations_done: int
+    base_checkpoint_id: str | None = None
+    environment_version_ids: list[str]
+    workflow_id: str | None = None
+    created_at: datetime
+    updated_at: datetime | None = None
+
+
+class MetricPoint(BaseModel):
+    """One iteration's metrics and the alarms raised at it."""
+
+    model_config = ConfigDict(from_attributes=True)
+    iteration: int
+    loss: float | None = None
+    kl: float | None = None
+    entropy: float | None = None
+    reward_mean: float | None = None
+    reward_variance: float | None = None
+    within_group_reward_variance: float | None = None
+    grad_norm: float | None = None
+    discrimination: float | None = None
+    trainable_tokens: int | None = None
+    alarms: list[str]
+    checkpoint_id: str | None = None
+    created_at: datetime
+
+
+class Alarm(BaseModel):
+    """A stability alarm (echo trap, template collapse, ...) at an iteration."""
+
+    iteration: int
+    name: str
+
+
+class RunDetail(RunSummary):
+    """A run with its config, metrics (latest 500 iterations), alarms and checkpoints."""
+
+    config: dict[str, Any]
+    metrics: list[MetricPoint]
+    alarms: list[Alarm]
+    checkpoint_ids: list[str]
+
+
+class RunMetrics(BaseModel):
+    """Metrics after an iteration, for live charts."""
+
+    run_id: str
+    status: str
+    iterations_done: int
+    metrics: list[MetricPoint]
+
+
+def list_runs(
+    *, session: Session, limit: int, cursor: str | None, submitted_by: str | None = None,
+    status: str | None = None,
+) -> Page[RunSummary]:
+    """Runs, newest first, optionally of one submitter or status."""
+    statement = select(TrainingRun)
+    if submitted_by is not None:
+        statement = statement.where(TrainingRun.submitted_by == submitted_by)
+    if status is not None:
+        statement = statement.where(TrainingRun.status == status)
+    statement = keyset(statement, [col(TrainingRun.created_at), col(TrainingRun.id)], cursor,
+                       (datetime, str), limit)
+    rows = list(session.exec(statement))
+    return page_of(rows, limit, lambda r: (r.created_at, r.id), RunSummary.model_validate)
+
+
+def get_run(*, session: Session, run_id: str) -> TrainingRun | None:
+    """The run row, if any."""
+    return session.get(TrainingRun, run_id)
+
+
+def _points(session: Session, run_id: str, after: int | None) -> list[MetricPoint]:
+    statement = select(TrainingStep).where(TrainingStep.run_id == run_id)
+    if after is not None:
+        statement = statement.where(col(TrainingStep.iteration) > after)
+    statement = statement.order_by(col(TrainingStep.iteration).desc()).limit(MAX_CHART_POINTS)
+    rows = list(session.exec(statement))
+    return [MetricPoint.model_validate(row) for row in reversed(rows)]
+
+
+def run_detail(*, session: Session, run_id: str) -> RunDetail | None:
+    """The run with metrics, alarms and the checkpoints it produced."""
+    run = session.get(TrainingRun, run_id)
+    if run is None:
+        return None
+    points = _points(session, run_id, None)
+    checkpoints = session.exec(
+        select(Checkpoint.id).where(Checkpoint.run_id == run_id)
+        .order_by(col(Checkpoint.created_at))
+    )
+    return RunDetail(
+        **RunSummary.model_validate(run).model_dump(),
+        config=run.config,
+        metrics=points,
+        alarms=[Alarm(iteration=p.iteration, name=a) for p in points for a in p.alarms],
+        checkpoint_ids=list(checkpoints),
+    )
+
+
+def run_metrics(*, session: Session, run_id: str, after: int | None) -> RunMetrics | None:
+    """Metrics after an iteration (all when ``after`` is None)."""
+    run = session.get(TrainingRun, run_id)
+    if run is None:
+        return None
+    return RunMetrics(
+        run_id=run.id, status=run.status, iterations_done=run.iterations_done,
+        metrics=_points(session, run_id, after),
+    )
+
+
+def tasks_by_id(*, session: Session, task_ids: list[str]) -> dict[str, Task]:
+    """The tasks among these ids that exist."""
+    rows = session.exec(select(Task).where(col(Task.id).in_(task_ids)))
+    return {task.id: task for task in rows}
+
+
+def checkpoint_exists(*, session: Session, checkpoint_id: str) -> bool:
+    """Whether a checkpoint with this id exists."""
+    return session.get(Checkpoint, checkpoint_id) is not None
+
+
+def insert_run(
+    *, session: Session, run_id: str, name: str, submitted_by: str, config: dict[str, Any],
+    base_checkpoint_id: str | None, environment_version_ids: list[str], workflow_id: str,
+) -> TrainingRun:
+    """The submitted run's row (the web role may insert it; learning updates its status)."""
+    run = TrainingRun(
+        id=run_id, name=name, submitted_by=submitted_by, config=config,
+        base_checkpoint_id=base_checkpoint_id, environment_version_ids=environment_version_ids,
+        workflow_id=workflow_id, status="submitted",
+    )
+    session.add(run)
+    session.flush()
+    return run
+
+
+def mark_failed(*, session: Session, run_id: str, reason: str) -> None:
+    """Record that a run could not be started."""
+    run = session.get(TrainingRun, run_id)
+    if run is not None:
+        run.status, run.status_reason, run.updated_at = "failed", reason, utcnow()
+        session.add(run)

@@ -1,0 +1,188 @@
+"""Typed FastAPI dependencies: ``SessionDep``, ``CurrentUser``, ``AuthorizeDep``, ``ServicesDep``.
+
+Routes declare these and stay thin. The adapters themselves (engine, authorizer,
+Temporal) are built once in ``web.app`` and kept on ``app.state.services``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Request
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from triloop.config import Settings
+from triloop.db import session_scope
+from triloop.policy import Actor, Authorizer, OpaClient, PolicyDenied, Resource
+from web import users
+from web.auth import (
+    CSRF_HEADER,
+    SESSION_COOKIE,
+    CookieSigner,
+    bearer_token,
+    same_secret,
+)
+from web.orchestration import Orchestrator
+from web.problems import ProblemError, unauthenticated
+
+T = TypeVar("T")
+
+
+@dataclass
+class WebServices:
+    """The real adapters of the web service, built in ``web.app`` only."""
+
+    settings: Settings
+    engine: Engine
+    authorizer: Authorizer
+    hints: OpaClient  # unaudited "would this be allowed?" for hiding buttons only
+    orchestrator: Orchestrator
+    signer: CookieSigner
+
+
+def get_services(request: Request) -> WebServices:
+    """The services built by ``create_app``."""
+    services: WebServices = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[WebServices, Depends(get_services)]
+
+
+class Sessions:
+    """Runs data-access functions in a worker thread, each in its own transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def read(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
+        """``fn(session=..., **kwargs)`` in a read-only use of a session."""
+        return await asyncio.to_thread(self._run, fn, kwargs)
+
+    async def write(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
+        """``fn(session=..., **kwargs)`` in a transaction that commits on success."""
+        return await asyncio.to_thread(self._run, fn, kwargs)
+
+    def _run(self, fn: Callable[..., T], kwargs: Mapping[str, Any]) -> T:
+        with session_scope(self._engine) as session:
+            return fn(session=session, **kwargs)
+
+
+def get_sessions(services: ServicesDep) -> Sessions:
+    """Sessions on the web role's engine."""
+    return Sessions(services.engine)
+
+
+SessionDep = Annotated[Sessions, Depends(get_sessions)]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The signed-in person; ``csrf`` is set when they came with the console cookie."""
+
+    name: str
+    roles: tuple[str, ...]
+    csrf: str | None = None
+
+    @property
+    def actor(self) -> Actor:
+        """The policy actor: this person through the web service."""
+        return Actor(service="web", user=self.name, roles=self.roles)
+
+
+def _load_user(*, session: Session, token: str | None, name: str | None) -> Principal | None:
+    if token is not None:
+        user = users.find_by_token(session=session, token=token)
+    elif name is not None:
+        user = users.get_user(session=session, name=name)
+    else:
+        return None
+    return None if user is None else Principal(user.name, tuple(user.roles))
+
+
+async def optional_user(request: Request, services: ServicesDep, db: SessionDep) -> Principal | None:
+    """The person behind a bearer token or the console cookie, if any."""
+    token = bearer_token(request.headers.get("authorization"))
+    if token is not None:
+        found = await db.read(_load_user, token=token, name=None)
+        if found is None:
+            raise unauthenticated("the bearer token is unknown or its user is disabled")
+        return found
+    cookie = services.signer.load_session(request.cookies.get(SESSION_COOKIE))
+    if cookie is None:
+        return None
+    found = await db.read(_load_user, token=None, name=cookie.user)
+    if found is None:
+        return None
+    return Principal(found.name, found.roles, csrf=cookie.csrf)
+
+
+async def current_user(
+    request: Request, principal: Annotated[Principal | None, Depends(optional_user)]
+) -> Principal:
+    """The signed-in person, or 401; unsafe calls with the cookie need the csrf header."""
+    if principal is None:
+        raise unauthenticated(
+            "sign in: send 'Authorization: Bearer <token>' (triloop users create prints one)"
+        )
+    if principal.csrf is not None and request.method not in ("GET", "HEAD", "OPTIONS"):
+        if request.url.path.startswith("/api") and not same_secret(
+            request.headers.get(CSRF_HEADER), principal.csrf
+        ):
+            raise ProblemError(
+                403, "Forbidden", "a cookie-authenticated change needs the X-CSRF-Token header"
+            )
+    return principal
+
+
+CurrentUser = Annotated[Principal, Depends(current_user)]
+
+
+class Guard:
+    """Asks the policy for the current person; every route goes through it."""
+
+    def __init__(self, services: WebServices, principal: Principal) -> None:
+        self._services = services
+        self.principal = principal
+
+    async def __call__(
+        self,
+        action: str,
+        kind: str,
+        *,
+        id: str | None = None,
+        owner: str | None = None,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Authorize (audited); raises ``PolicyDenied`` (a 403) when refused."""
+        resource = Resource(kind=kind, id=id, owner=owner, attrs=dict(attrs or {}))
+        await self._services.authorizer.authorize_async(self.principal.actor, action, resource)
+
+    async def allows(self, action: str, kind: str, **resource: Any) -> bool:
+        """Authorize (audited) but answer False instead of raising."""
+        try:
+            await self(action, kind, **resource)
+        except PolicyDenied:
+            return False
+        return True
+
+    async def would_allow(
+        self, action: str, kind: str, *, id: str | None = None, owner: str | None = None,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Unaudited policy question, only to decide whether to show a button."""
+        resource = Resource(kind=kind, id=id, owner=owner, attrs=dict(attrs or {}))
+        decision = await self._services.hints.adecide(self.principal.actor, action, resource)
+        return decision.allow
+
+
+def get_guard(services: ServicesDep, principal: CurrentUser) -> Guard:
+    """The guard for this request's person."""
+    return Guard(services, principal)
+
+
+AuthorizeDep = Annotated[Guard, Depends(get_guard)]

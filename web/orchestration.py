@@ -1,0 +1,164 @@
+"""The web service's only way to reach the loops: Temporal, by the names in ``workflow_api``.
+
+``Orchestrator`` connects lazily (the API serves reads while Temporal is down) as
+``web@<host>`` and turns Temporal's errors into problems: a workflow that is not
+running is a 409, a refused update (the governance validator re-checks duties)
+is a 409 or a 403 with the workflow's message, no answer in time is a 504 and an
+unreachable server a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio.client import (
+    Client,
+    RPCTimeoutOrCancelledError,
+    WorkflowFailureError,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import ApplicationError, FailureError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from triloop.config import Settings
+from triloop.temporal import connect
+from triloop.workflow_api import (
+    EXECUTION_QUEUE,
+    GOVERNANCE_QUEUE,
+    LEARNING_QUEUE,
+    ROLLBACK_WORKFLOW,
+    ROLLOUT_WORKFLOW,
+    TRAINING_RUN_WORKFLOW,
+    HumanDecision,
+    RollbackInput,
+    RollbackResult,
+    RolloutBatchInput,
+    RunControl,
+    TrainingRunInput,
+)
+from web.problems import ProblemError, conflict
+
+T = TypeVar("T")
+
+
+def web_identity() -> str:
+    """The Temporal identity of this web process."""
+    return f"web@{socket.gethostname()}"
+
+
+class Orchestrator:
+    """Starts, signals and updates the loops' workflows for the web service."""
+
+    def __init__(self, settings: Settings, *, timeout_s: float = 60.0) -> None:
+        self._settings = settings
+        self.timeout_s = timeout_s
+        self._client: Client | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._lock = asyncio.Lock()
+
+    async def client(self) -> Client:
+        """The Temporal client, connected on first use (again on a new event loop)."""
+        loop = asyncio.get_running_loop()
+        if self._client is not None and self._client_loop is loop:
+            return self._client
+        try:
+            client = await asyncio.wait_for(
+                connect(self._settings, identity=web_identity()), timeout=10
+            )
+        except (RuntimeError, OSError, TimeoutError) as exc:
+            raise ProblemError(
+                503, "Temporal unavailable",
+                f"cannot reach Temporal at {self._settings.temporal_address}: {exc}",
+            ) from exc
+        self._client, self._client_loop = client, loop
+        return client
+
+    async def start_training_run(self, run: TrainingRunInput, workflow_id: str) -> None:
+        """Start the learning loop's run workflow on its queue."""
+        client = await self.client()
+        await self._call(client.start_workflow(
+            TRAINING_RUN_WORKFLOW, run, id=workflow_id,
+            task_queue=self._settings.task_queue(LEARNING_QUEUE),
+        ), what=f"start training run {run.run_id}")
+
+    async def signal_run(self, workflow_id: str, signal: str, control: RunControl) -> None:
+        """Send pause/resume/cancel to a run's workflow."""
+        client = await self.client()
+        handle = client.get_workflow_handle(workflow_id)
+        await self._call(handle.signal(signal, control), what=f"{signal} run {workflow_id}")
+
+    async def promotion_update(
+        self, workflow_id: str, update: str, decision: HumanDecision
+    ) -> Any:
+        """Send a person's decision to the promotion workflow and wait for its answer."""
+        client = await self.client()
+        handle = client.get_workflow_handle(workflow_id)
+        return await self._call(
+            handle.execute_update(update, decision, rpc_timeout=self._rpc_timeout()),
+            what=f"{update} on promotion {workflow_id}",
+        )
+
+    async def rollback(self, request: RollbackInput, workflow_id: str) -> RollbackResult:
+        """Run governance's rollback workflow to completion and return where the alias points."""
+        client = await self.client()
+        result: RollbackResult = await self._call(client.execute_workflow(
+            ROLLBACK_WORKFLOW, request, id=workflow_id,
+            task_queue=self._settings.task_queue(GOVERNANCE_QUEUE),
+            result_type=RollbackResult,
+            execution_timeout=timedelta(seconds=self.timeout_s),
+        ), what=f"roll back {request.alias}")
+        return result
+
+    async def start_episodes(self, batch: RolloutBatchInput, workflow_id: str) -> None:
+        """Start a batch of production episodes on the execution loop's queue."""
+        client = await self.client()
+        await self._call(client.start_workflow(
+            ROLLOUT_WORKFLOW, batch, id=workflow_id,
+            task_queue=self._settings.task_queue(EXECUTION_QUEUE),
+        ), what=f"start episode batch {batch.batch_id}")
+
+    def _rpc_timeout(self) -> timedelta:
+        return timedelta(seconds=self.timeout_s)
+
+    async def _call(self, call: Awaitable[T], *, what: str) -> T:
+        try:
+            return await asyncio.wait_for(call, timeout=self.timeout_s + 5)
+        except (TimeoutError, RPCTimeoutOrCancelledError) as exc:
+            raise ProblemError(
+                504, "Loop did not answer",
+                f"{what}: no answer within {self.timeout_s:g}s; is the loop's worker running?",
+            ) from exc
+        except WorkflowAlreadyStartedError as exc:
+            raise conflict(f"{what}: a workflow with that id already exists") from exc
+        except (WorkflowUpdateFailedError, WorkflowFailureError) as exc:
+            raise refused(what, exc.cause) from exc
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise conflict(f"{what}: the workflow is not running ({exc.message})") from exc
+            if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+                raise ProblemError(503, "Temporal unavailable", f"{what}: {exc.message}") from exc
+            raise conflict(f"{what}: Temporal refused the call ({exc.message})") from exc
+
+
+def refused(what: str, cause: BaseException) -> ProblemError:
+    """The workflow refused or failed: 403 when its policy check denied, 409 otherwise."""
+    message = _root_message(cause)
+    kind = cause.type if isinstance(cause, ApplicationError) else None
+    if kind == "PolicyDenied" or "may not" in message and "policy" in message.lower():
+        return ProblemError(403, "Forbidden", f"{what}: governance refused: {message}")
+    return conflict(f"{what}: refused by the workflow: {message}")
+
+
+def _root_message(error: BaseException) -> str:
+    parts: list[str] = []
+    current: BaseException | None = error
+    while current is not None and len(parts) < 4:
+        text = current.message if isinstance(current, FailureError) else str(current)
+        if text and text not in parts:
+            parts.append(text)
+        current = current.__cause__
+    return ": ".join(parts) or type(error).__name__

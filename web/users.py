@@ -1,0 +1,115 @@
+"""People and their API tokens (data access; the web role may insert and update users)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+from sqlmodel import Session, col, select
+
+from triloop.models import User
+from triloop.models._columns import utcnow
+from web.auth import hash_token, new_token
+from web.pagination import Page, keyset, page_of
+
+ROLES = ("ml_engineer", "operator", "auditor", "admin")
+USER_NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+
+
+class UserError(ValueError):
+    """A user that cannot be created as asked."""
+
+
+class UserPublic(BaseModel):
+    """A person as the API shows them (never the token or its hash)."""
+
+    name: str
+    roles: list[str]
+    disabled: bool
+    created_by: str
+    created_at: datetime
+    last_seen_at: datetime | None = None
+
+
+class UserCreate(BaseModel):
+    """A new person: a lowercase name and at least one role."""
+
+    name: str = Field(pattern=USER_NAME.pattern, description="lowercase, e.g. alice")
+    roles: list[str] = Field(min_length=1, max_length=4, description=f"from {', '.join(ROLES)}")
+
+
+class UserCreated(UserPublic):
+    """A created user with their API token, shown this once."""
+
+    token: str
+
+
+def public(user: User) -> UserPublic:
+    """The API view of a user."""
+    return UserPublic(
+        name=user.name, roles=list(user.roles), disabled=user.disabled,
+        created_by=user.created_by, created_at=user.created_at, last_seen_at=user.last_seen_at,
+    )
+
+
+def check_new_user(name: str, roles: list[str]) -> list[str]:
+    """Validate a name and roles; returns the roles de-duplicated in order."""
+    if not USER_NAME.match(name):
+        raise UserError(
+            f"user name {name!r} must be lowercase letters, digits, '_', '.' or '-', "
+            "starting with a letter (at most 64)"
+        )
+    unknown = [role for role in roles if role not in ROLES]
+    if unknown:
+        raise UserError(f"unknown role(s) {', '.join(unknown)}; use {', '.join(ROLES)}")
+    if not roles:
+        raise UserError(f"a user needs at least one role: {', '.join(ROLES)}")
+    return list(dict.fromkeys(roles))
+
+
+def create_user(
+    *, session: Session, name: str, roles: list[str], created_by: str
+) -> tuple[User, str]:
+    """Insert a user with a fresh token; returns the user and the token (store nowhere)."""
+    roles = check_new_user(name, roles)
+    if session.get(User, name) is not None:
+        raise UserError(f"user {name!r} already exists")
+    token = new_token()
+    user = User(name=name, roles=roles, token_hash=hash_token(token), created_by=created_by)
+    session.add(user)
+    session.flush()
+    return user, token
+
+
+def find_by_token(*, session: Session, token: str) -> User | None:
+    """The enabled user holding this token, if any."""
+    user = session.exec(select(User).where(User.token_hash == hash_token(token))).first()
+    if user is None or user.disabled:
+        return None
+    return user
+
+
+def get_user(*, session: Session, name: str) -> User | None:
+    """The enabled user with this name, if any."""
+    user = session.get(User, name)
+    if user is None or user.disabled:
+        return None
+    return user
+
+
+def touch(*, session: Session, name: str) -> None:
+    """Record that a user was seen (sign-in)."""
+    user = session.get(User, name)
+    if user is not None:
+        user.last_seen_at = utcnow()
+        session.add(user)
+
+
+def list_users(*, session: Session, limit: int, cursor: str | None) -> Page[UserPublic]:
+    """Users, newest first."""
+    statement = keyset(
+        select(User), [col(User.created_at), col(User.name)], cursor, (datetime, str), limit
+    )
+    rows = list(session.exec(statement))
+    return page_of(rows, limit, lambda u: (u.created_at, u.name), public)
