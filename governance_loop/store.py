@@ -107,7 +107,8 @@ def add_gate_result(
 ) -> GateResult:
     """Store one gate's final verdict with its evidence."""
     row = GateResult(
-        id=row_id or new_id(), promotion_id=promotion_id, gate=gate, passed=passed, reasons=list(reasons),
+        id=row_id or new_id(), promotion_id=promotion_id, gate=gate, passed=passed,
+        reasons=list(reasons),
         evidence=evidence, threshold_id=threshold_id, eval_set_id=eval_set_id,
     )
     session.add(row)
@@ -127,7 +128,8 @@ def add_approval(
 ) -> Approval:
     """Store a person's audit sign-off/rejection or operator approval/rejection."""
     row = Approval(
-        id=row_id or new_id(), promotion_id=promotion_id, kind=kind, decision=decision, user_name=user_name,
+        id=row_id or new_id(), promotion_id=promotion_id, kind=kind, decision=decision,
+        user_name=user_name,
         comment=comment,
     )
     session.add(row)

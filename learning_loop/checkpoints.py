@@ -5,7 +5,8 @@ Layout under the artifact directory:
     <artifact_dir>/checkpoints/<id>/config.json, model.safetensors, ...   save_pretrained
     <artifact_dir>/checkpoints/<id>/trainer_state.pt   optimizer, scheduler, RNG, data cursor
 
-The model directory loads with `from_pretrained` and can be served by vLLM as it is.
+The model directory (with the tokenizer, when given) loads with `from_pretrained` and can
+be served by vLLM as it is.
 The id is the sha256 of the weights' canonical form (tensor names sorted; for each its
 name, dtype, shape and raw bytes), so it depends on tensor contents only: not on file
 layout, metadata or save order, and saving identical weights twice gives the same id.
@@ -48,6 +49,12 @@ class SavableModel(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any: ...
+
+
+class SavableTokenizer(Protocol):
+    """A tokenizer that writes its files into a directory (PreTrainedTokenizerBase does)."""
+
+    def save_pretrained(self, save_directory: str | os.PathLike[str]) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -97,15 +104,22 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     *,
+    tokenizer: SavableTokenizer | None = None,
     data_cursor: Mapping[str, Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> CheckpointRef:
-    """Save weights and trainer state under `<artifact_dir>/checkpoints/<id>/`."""
+    """Save weights and trainer state under `<artifact_dir>/checkpoints/<id>/`.
+
+    Pass the tokenizer so the directory is self-contained for vLLM; its files do not
+    enter the id.
+    """
     root = artifact_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
     try:
         model.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
         checkpoint_id = saved_weights_digest(staging)
         state = _trainer_state(optimizer, scheduler, data_cursor, metadata)
         torch.save(state, staging / TRAINER_STATE)

@@ -81,7 +81,9 @@ def check_contract(contract: EnvironmentContract) -> None:
     """Raise ``ContractError`` if the environment cannot honour the contract."""
     data = contract.model_dump(mode="json")
     problems = capability_problems(
-        data, capabilities(), frozenset(type(contract.success_criteria).model_fields),
+        data,
+        capabilities(),
+        frozenset(type(contract.success_criteria).model_fields),
         lambda _loc: None,
     )
     if problems:

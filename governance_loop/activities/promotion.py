@@ -172,7 +172,7 @@ class PromotionActivities(GovernanceShell):
     def set_routing(self, request: RoutingRequest) -> RoutingChange:
         """Claim a shadow/canary slot for a promotion, or release it; never take another's."""
         if request.slot not in ("shadow", "canary"):
-            raise refused(f"a promotion routes only the shadow and canary slots, not {request.slot}")
+            raise refused(f"a promotion routes only the shadow and canary slots: {request.slot}")
         self.authorize("route", Resource("routing", id=request.slot, attrs={
             "checkpoint_id": request.checkpoint_id, "share": request.share,
             "promotion_id": request.promotion_id,

@@ -90,7 +90,8 @@ class RollbackActivities(GovernanceShell):
         if not key:
             return None
         query = select(DeploymentHistory).where(
-            DeploymentHistory.alias == alias, col(DeploymentHistory.reason).contains(key, autoescape=True)
+            DeploymentHistory.alias == alias,
+            col(DeploymentHistory.reason).contains(key, autoescape=True),
         )
         row = session.exec(query).first()
         if row is None:

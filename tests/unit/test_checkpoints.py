@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -76,6 +77,23 @@ def test_layout_and_same_weights_same_id(tmp_path: Path) -> None:
     assert loaded.data_cursor == {"iteration": 2}
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [first.id]  # no staging left
     assert save_checkpoint(tmp_path, tiny_model(seed=1)).id != first.id
+
+
+class FakeTokenizer:
+    """Stands in for a tokenizer: only its save_pretrained matters here."""
+
+    def __init__(self, vocab: str) -> None:
+        self.vocab = vocab
+
+    def save_pretrained(self, save_directory: str | os.PathLike[str]) -> None:
+        (Path(save_directory) / "tokenizer.json").write_text(self.vocab)
+
+
+def test_tokenizer_files_travel_but_do_not_change_the_id(tmp_path: Path) -> None:
+    plain = save_checkpoint(tmp_path / "a", tiny_model())
+    with_tokenizer = save_checkpoint(tmp_path / "b", tiny_model(), tokenizer=FakeTokenizer("v1"))
+    assert with_tokenizer.id == plain.id
+    assert (with_tokenizer.path / "tokenizer.json").read_text() == "v1"
 
 
 def test_saved_model_loads_with_from_pretrained(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ and a verifier that re-runs the pinned suite outside the agent's sandbox."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,9 @@ def contract() -> EnvironmentContract:
 
 
 @pytest.fixture
-def env(contract: EnvironmentContract) -> FixCiFailure:
+def env(contract: EnvironmentContract) -> Iterator[FixCiFailure]:
     environment = FixCiFailure(contract)
-    yield environment  # type: ignore[misc]
+    yield environment
     environment.close()
 
 
@@ -124,7 +125,9 @@ def test_editing_the_tests_or_the_runner_does_not_fool_the_verifier(env: FixCiFa
 
 def test_coverage_drop_fails_the_contract(env: FixCiFailure) -> None:
     env.reset(0)
-    dead_code = "".join(f"\n\ndef unused_{i}(x: int) -> int:\n    return x + {i}\n" for i in range(5))
+    dead_code = "".join(
+        f"\n\ndef unused_{i}(x: int) -> int:\n    return x + {i}\n" for i in range(5)
+    )
     env.step(edit(PRICING, fixed_source(env) + dead_code))
     assert env.step("run_tests").done
     outcome = env.outcome()
@@ -140,8 +143,8 @@ def test_infinite_loop_in_the_code_ends_the_episode_as_sandbox_limit(
     env = FixCiFailure(tight)
     try:
         env.reset(0)
-        loop = "def subtotal(items):\n    while True:\n        pass\n"
-        env.step(edit(PRICING, loop))
+        body = "    return sum(price * quantity for price, quantity in items)"
+        env.step(edit(PRICING, fixed_source(env).replace(body, "    while True:\n        pass")))
         result = env.step("run_tests")
         assert result.done and result.feedback["failure"] == "sandbox_limit"
         assert "sandbox limit exceeded: cpu_time" in result.observation

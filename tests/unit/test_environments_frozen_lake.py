@@ -58,8 +58,15 @@ def test_maps_are_small_solvable_and_well_formed() -> None:
 
 @pytest.mark.parametrize(
     ("text", "move"),
-    [("R", "right"), ("r", "right"), (" Right.\n", "right"), ("left", "left"), ("U", "up"),
-     ("move D", "down"), ("down down", "down")],
+    [
+        ("R", "right"),
+        ("r", "right"),
+        (" Right.\n", "right"),
+        ("left", "left"),
+        ("U", "up"),
+        ("move D", "down"),
+        ("down down", "down"),
+    ],
 )
 def test_moves_are_parsed_leniently(text: str, move: str) -> None:
     assert parse_move(text) == move

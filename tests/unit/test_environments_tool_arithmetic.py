@@ -88,7 +88,9 @@ def test_what_the_code_printed_does_not_count(env: ToolArithmetic) -> None:
     assert outcome.details["expected"] == str(generate_problem(5).answer)
 
 
-def test_no_answer_within_the_turn_limit(env: ToolArithmetic, contract: EnvironmentContract) -> None:
+def test_no_answer_within_the_turn_limit(
+    env: ToolArithmetic, contract: EnvironmentContract
+) -> None:
     env.reset(0)
     results = [env.step("python: print(1)") for _ in range(contract.limits.max_turns)]
     assert results[-1].done and results[-1].feedback["truncated"] == "max_turns"

@@ -32,14 +32,17 @@ def alive(pid: int) -> bool:
 
 
 def test_runs_a_command_and_captures_its_output(sandbox: LocalProcessSandbox) -> None:
-    result = sandbox.run(python("import sys; print('out'); print('err', file=sys.stderr)"),
-                         limits=FAST)
+    result = sandbox.run(
+        python("import sys; print('out'); print('err', file=sys.stderr)"), limits=FAST
+    )
     assert (result.exit_code, result.stdout, result.stderr) == (0, "out\n", "err\n")
     assert result.limit_exceeded is None and not result.timed_out
     assert sandbox.run(["cat"], limits=FAST, stdin="hello").stdout == "hello"
 
 
-def test_environment_is_clean(sandbox: LocalProcessSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_is_clean(
+    sandbox: LocalProcessSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TRILOOP_SECRET_TOKEN", "hunter2")
     result = sandbox.run(["env"], limits=FAST)
     variables = dict(line.split("=", 1) for line in result.stdout.splitlines())
@@ -49,15 +52,17 @@ def test_environment_is_clean(sandbox: LocalProcessSandbox, monkeypatch: pytest.
 
 
 def test_fresh_working_folder_is_home_and_removed(sandbox: LocalProcessSandbox) -> None:
-    result = sandbox.run(python("import os; print(os.getcwd()); print(os.listdir('.'))"),
-                         limits=FAST)
+    result = sandbox.run(
+        python("import os; print(os.getcwd()); print(os.listdir('.'))"), limits=FAST
+    )
     cwd, listing = result.stdout.splitlines()
     assert listing == "[]"
     assert not Path(cwd).exists()
 
 
-def test_given_working_folder_is_used_and_kept(sandbox: LocalProcessSandbox,
-                                               tmp_path: Path) -> None:
+def test_given_working_folder_is_used_and_kept(
+    sandbox: LocalProcessSandbox, tmp_path: Path
+) -> None:
     sandbox.run(python("open('made.txt', 'w').write('x')"), limits=FAST, workdir=tmp_path)
     assert (tmp_path / "made.txt").read_text() == "x"
     with pytest.raises(SandboxError, match="does not exist"):

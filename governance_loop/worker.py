@@ -1,0 +1,132 @@
+"""The governance worker: the loop's only wiring point (``python -m governance_loop.worker``).
+
+It builds the governance role's engine, the OPA authorizer and the Temporal
+client (identity ``governance-worker@<host>``), picks the gate durations for
+``settings.gate_profile`` and polls the governance task queue. Workflows cannot
+read settings, so the durations reach them through the ``open_promotion``
+activity's result, recorded once in each promotion's history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+from sqlalchemy import Engine
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from governance_loop.activities.admission import AdmissionActivities
+from governance_loop.activities.evidence import EvidenceActivities
+from governance_loop.activities.messages import PromotionTiming
+from governance_loop.activities.promotion import DEFAULT_THRESHOLD_NAME, PromotionActivities
+from governance_loop.activities.rollback import RollbackActivities
+from governance_loop.admission import AdmissionBudgets
+from governance_loop.durations import GateDurations
+from governance_loop.workflows import AdmissionWorkflow, PromotionWorkflow, RollbackWorkflow
+from triloop.config import Settings, get_settings
+from triloop.db import role_engine
+from triloop.policy import Authorizer
+from triloop.temporal import connect
+from triloop.wiring import build_authorizer
+from triloop.workflow_api import GOVERNANCE_QUEUE
+
+log = logging.getLogger("governance_loop.worker")
+
+# Seconds an offline-eval rollout batch may take, per profile.
+EVAL_TIMEOUT_S = {"production": 24 * 3600.0, "demo": 1800.0, "test": 120.0}
+
+
+def gate_durations(profile: str) -> GateDurations:
+    """Soaks and deadlines for a profile: days (production), minutes (demo), seconds (test)."""
+    if profile == "test":
+        return GateDurations.for_tests()
+    if profile == "demo":
+        return GateDurations(
+            shadow_soak_s=60.0, canary_soak_s=120.0, canary_share=0.5,
+            canary_check_interval_s=10.0, audit_deadline_s=3600.0,
+            approval_deadline_s=3600.0, watch_period_s=120.0, watch_check_interval_s=10.0,
+        )
+    if profile == "production":
+        return GateDurations()
+    raise ValueError(f"unknown gate profile {profile!r}: production, demo or test")
+
+
+def promotion_timing(profile: str) -> PromotionTiming:
+    """The durations a promotion workflow receives for a profile."""
+    durations = gate_durations(profile)
+    return PromotionTiming(
+        shadow_soak_s=durations.shadow_soak_s, canary_soak_s=durations.canary_soak_s,
+        canary_share=durations.canary_share,
+        canary_check_interval_s=durations.canary_check_interval_s,
+        audit_deadline_s=durations.audit_deadline_s,
+        approval_deadline_s=durations.approval_deadline_s,
+        watch_period_s=durations.watch_period_s,
+        watch_check_interval_s=durations.watch_check_interval_s,
+        eval_timeout_s=EVAL_TIMEOUT_S[profile],
+        slot_wait_interval_s=durations.canary_check_interval_s,
+    )
+
+
+def build_worker(
+    client: Client,
+    settings: Settings,
+    *,
+    engine: Engine | None = None,
+    authorizer: Authorizer | None = None,
+    threshold_name: str = DEFAULT_THRESHOLD_NAME,
+    budgets: AdmissionBudgets | None = None,
+    timing: PromotionTiming | None = None,
+) -> Worker:
+    """A worker on the governance queue with every governance workflow and activity."""
+    engine = engine or role_engine(settings, "governance")
+    authorizer = authorizer or build_authorizer(settings, "governance")
+    timing = timing or promotion_timing(settings.gate_profile)
+    promotion = PromotionActivities(engine, authorizer, timing=timing,
+                                    threshold_name=threshold_name)
+    evidence = EvidenceActivities(engine, authorizer)
+    rollback = RollbackActivities(engine, authorizer)
+    admission = AdmissionActivities(engine, authorizer, budgets=budgets,
+                                    decision_deadline_s=timing.approval_deadline_s)
+    return Worker(
+        client,
+        task_queue=settings.task_queue(GOVERNANCE_QUEUE),
+        workflows=[PromotionWorkflow, RollbackWorkflow, AdmissionWorkflow],
+        activities=[
+            promotion.open_promotion, promotion.mark_promotion, promotion.record_gate,
+            promotion.set_routing, promotion.record_human_decision, promotion.promote_candidate,
+            evidence.decide_offline_eval, evidence.decide_shadow, evidence.look_canary,
+            evidence.look_watch, rollback.rollback_deployment,
+            admission.load_admission_task, admission.record_admission_evidence,
+            admission.decide_task_admission,
+        ],
+        # Activities are blocking (database, OPA over a sync client): run them in threads.
+        activity_executor=ThreadPoolExecutor(max_workers=16),
+        identity=client.identity,
+    )
+
+
+async def serve(settings: Settings) -> None:
+    """Connect, poll until SIGINT/SIGTERM, then finish in-flight tasks and stop."""
+    client = await connect(settings, identity=f"governance-worker@{socket.gethostname()}")
+    worker = build_worker(client, settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("governance worker polling %s", settings.task_queue(GOVERNANCE_QUEUE))
+    async with worker:
+        await stop.wait()
+
+
+def main() -> None:
+    """Entry point of ``python -m governance_loop.worker``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(serve(get_settings()))
+
+
+if __name__ == "__main__":
+    main()

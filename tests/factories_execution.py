@@ -1,0 +1,108 @@
+"""Rows the execution-loop tests need: built-in environment versions, tasks, checkpoints.
+
+Inserted as the owner (set-up only). Registering the same built-in contract twice
+returns the same version, as governance's registration does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from tests.factories import uid
+
+
+def _insert_once(engine: Engine, table: str, conflict: str, **values: Any) -> None:
+    columns = ", ".join(values)
+    params = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in values.items()}
+    placeholders = ", ".join(f":{k}" for k in values)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "
+                f"ON CONFLICT ({conflict}) DO NOTHING"
+            ),
+            params,
+        )
+
+
+def register_contract(
+    engine: Engine, contract_text: str, *, base_dir: Path, name: str | None = None
+) -> str:
+    """An environment version for a contract document; returns its id (sha256)."""
+    from execution_loop.contracts import contract_id, fixture_hashes, parse_contract_text
+
+    contract = parse_contract_text(contract_text, base_dir=base_dir)
+    hashes = fixture_hashes(contract, base_dir)
+    version_id = contract_id(contract, hashes)
+    env_name = name or contract.task
+    _insert_once(engine, "environment", "name", name=env_name, description="", created_by="test")
+    with engine.connect() as conn:
+        existing = conn.execute(
+            text("SELECT id FROM environment_version WHERE id = :i"), {"i": version_id}
+        ).first()
+        number = conn.execute(
+            text("SELECT count(*) FROM environment_version WHERE environment_name = :n"),
+            {"n": env_name},
+        ).scalar_one()
+    if existing is None:
+        _insert_once(
+            engine, "environment_version", "id", id=version_id, environment_name=env_name,
+            version=int(number) + 1, contract=contract.model_dump(mode="json"),
+            contract_text=contract_text, fixture_hashes=hashes, created_by="test",
+        )
+    return version_id
+
+
+def register_builtin(engine: Engine, name: str) -> str:
+    """The shipped contract of a built-in environment as a version; returns its id."""
+    from execution_loop.environments.registry import CONTRACTS_DIR, builtin_contract_path
+
+    path = builtin_contract_path(name)
+    return register_contract(engine, path.read_text(encoding="utf-8"), base_dir=CONTRACTS_DIR)
+
+
+def make_task_on(engine: Engine, version_id: str, seed: int, status: str = "admitted") -> str:
+    """A task on a version (reused if that version and seed exist); returns its id."""
+    _insert_once(
+        engine, "task", "environment_version_id, seed", id=uid("task-"),
+        environment_version_id=version_id, seed=seed, status=status, evidence={},
+    )
+    with engine.connect() as conn:
+        return str(
+            conn.execute(
+                text("SELECT id FROM task WHERE environment_version_id = :v AND seed = :s"),
+                {"v": version_id, "s": seed},
+            ).scalar_one()
+        )
+
+
+def make_builtin_task(engine: Engine, name: str, seed: int) -> str:
+    """A task on a built-in environment's shipped contract."""
+    return make_task_on(engine, register_builtin(engine, name), seed)
+
+
+def register_checkpoint_dir(engine: Engine, model_dir: Path, checkpoint_id: str | None = None) -> str:
+    """A checkpoint row whose artifact_uri is a local model directory; returns its id."""
+    ckpt = checkpoint_id or uid("ckpt-")
+    _insert_once(
+        engine, "checkpoint", "id", id=ckpt, base_model="tiny",
+        artifact_uri=model_dir.resolve().as_uri(), created_by="learning", data={},
+    )
+    return ckpt
+
+
+def set_routing(engine: Engine, slot: str, checkpoint_id: str | None, share: float = 0.0) -> None:
+    """Write a routing slot as governance would (owner connection, set-up only)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO routing (slot, checkpoint_id, share, updated_by, updated_at) "
+                "VALUES (:s, :c, :sh, 'test', now()) ON CONFLICT (slot) DO UPDATE "
+                "SET checkpoint_id = :c, share = :sh, updated_at = now()"
+            ),
+            {"s": slot, "c": checkpoint_id, "sh": share},
+        )

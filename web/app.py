@@ -1,0 +1,78 @@
+"""The web service's wiring point: builds its adapters and the FastAPI app (API + console).
+
+``uvicorn web.app:app`` serves it with settings from ``TRILOOP_*``; tests call
+``create_app(settings)``. Nothing connects at import: the engine and OPA client
+are lazy, and Temporal is reached on first use as ``web@<host>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from triloop.config import Settings, get_settings
+from triloop.db import role_engine
+from triloop.policy import OpaClient
+from triloop.wiring import build_authorizer
+from web.api import ROUTERS
+from web.auth import CookieSigner
+from web.console import install_console
+from web.deps import WebServices
+from web.orchestration import Orchestrator
+from web.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
+
+DESCRIPTION = (
+    "Operators approve promotions and roll back, ML engineers submit and follow runs, "
+    "auditors review lineage and verify the audit chain. Authenticate with "
+    "`Authorization: Bearer <token>` (`triloop users create NAME --role R`). Every request "
+    "is authorized by the policy for the signed-in person; errors are "
+    "`application/problem+json`; lists take `?limit=&cursor=` and return `next_cursor`."
+)
+
+
+def build_services(settings: Settings, *, temporal_timeout_s: float = 60.0) -> WebServices:
+    """The real adapters: the web role's engine, OPA, Temporal and the cookie signer."""
+    return WebServices(
+        settings=settings,
+        engine=role_engine(settings, "web"),
+        authorizer=build_authorizer(settings, "web"),
+        hints=OpaClient(settings.opa_url, timeout_s=settings.opa_timeout_s),
+        orchestrator=Orchestrator(settings, timeout_s=temporal_timeout_s),
+        signer=CookieSigner(settings.session_secret),
+    )
+
+
+def create_app(settings: Settings, *, temporal_timeout_s: float = 60.0) -> FastAPI:
+    """The FastAPI app for these settings."""
+    app = FastAPI(title="triloop", version="0.1.0", description=DESCRIPTION)
+    app.state.services = build_services(settings, temporal_timeout_s=temporal_timeout_s)
+    for router in ROUTERS:
+        app.include_router(router)
+    render_html = install_console(app)
+    install_problem_handlers(app, render_html=render_html)
+    _problem_only_errors(app)
+    return app
+
+
+def _problem_only_errors(app: FastAPI) -> None:
+    """Error responses are documented as problem+json only (FastAPI adds JSON too)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version,
+                                 description=app.description, routes=app.routes)
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    for status, response in operation.get("responses", {}).items():
+                        content = response.get("content", {})
+                        if status[0] in "45" and PROBLEM_MEDIA_TYPE in content:
+                            content.pop("application/json", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+app = create_app(get_settings())
