@@ -31,7 +31,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from learning_loop.batch import TrainingSample, collate
-from learning_loop.config import OptimizerConfig, UpdateConfig
+from triloop.run_config import OptimizerConfig, UpdateConfig
 from learning_loop.update import UpdateSettings, build_optimizer, select_device, update_policy
 
 

@@ -25,12 +25,13 @@ from pydantic import (
     PlainSerializer,
     PrivateAttr,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-from execution_loop.environments.base import TaskCapabilities
 from execution_loop.environments.contract_checks import (
+    Capabilities,
     ContractProblem,
     capability_problems,
     missing_fixtures,
@@ -39,6 +40,7 @@ from execution_loop.environments.contract_checks import (
 )
 
 __all__ = [
+    "Capabilities",
     "ContractError",
     "ContractProblem",
     "EnvironmentContract",
@@ -84,6 +86,14 @@ Percentage = Annotated[
     float | None,
     BeforeValidator(parse_percentage),
     PlainSerializer(format_percentage, return_type=str | None),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": _PERCENT.pattern, "examples": ["0.5%"]},
+                {"type": "null"},
+            ]
+        }
+    ),
 ]
 FixturePath = Annotated[str, AfterValidator(_fixture_path)]
 
@@ -212,7 +222,7 @@ def validate_contract_text(
     text: str,
     *,
     base_dir: Path,
-    capabilities: Mapping[str, TaskCapabilities] | None = None,
+    capabilities: Mapping[str, Capabilities] | None = None,
 ) -> list[ContractProblem]:
     """Every problem in a contract document (empty when it is valid).
 
@@ -226,7 +236,7 @@ def parse_contract_text(
     text: str,
     *,
     base_dir: Path,
-    capabilities: Mapping[str, TaskCapabilities] | None = None,
+    capabilities: Mapping[str, Capabilities] | None = None,
     source: str | None = None,
 ) -> EnvironmentContract:
     """Parse and validate a contract document or raise ``ContractError``."""
@@ -238,7 +248,7 @@ def parse_contract_text(
 
 
 def load_contract(
-    path: Path | str, *, capabilities: Mapping[str, TaskCapabilities] | None = None
+    path: Path | str, *, capabilities: Mapping[str, Capabilities] | None = None
 ) -> EnvironmentContract:
     """Load a contract file; fixtures resolve relative to its folder."""
     file = Path(path)
@@ -276,16 +286,15 @@ def canonical_form(contract: EnvironmentContract, fixture_hashes: Mapping[str, s
     return text.encode("utf-8")
 
 
-def contract_id(
-    contract: EnvironmentContract, fixture_hashes_: Mapping[str, str] | None = None
-) -> str:
+def contract_id(contract: EnvironmentContract, hashes: Mapping[str, str] | None = None) -> str:
     """sha256 hex of the canonical form (fixtures hashed from disk when not given)."""
-    hashes = fixture_hashes(contract) if fixture_hashes_ is None else fixture_hashes_
+    if hashes is None:
+        hashes = fixture_hashes(contract)
     return hashlib.sha256(canonical_form(contract, hashes)).hexdigest()
 
 
 def _parse(
-    text: str, *, base_dir: Path, capabilities: Mapping[str, TaskCapabilities] | None
+    text: str, *, base_dir: Path, capabilities: Mapping[str, Capabilities] | None
 ) -> tuple[list[ContractProblem], EnvironmentContract | None]:
     problems, data, locate = yaml_problems(text)
     if data is None:

@@ -134,9 +134,13 @@ def _drain(stream: IO[bytes], capture: _Capture) -> None:
 def _feed(stream: IO[bytes], data: bytes) -> None:
     try:
         stream.write(data)
-        stream.close()
     except OSError:
         pass  # the command exited without reading its input
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass  # flushing into a closed pipe: same thing
 
 
 def _wait_without_reaping(pid: int, exited: threading.Event) -> None:
@@ -235,8 +239,9 @@ class LocalProcessSandbox:
         proc.returncode = exit_code = os.waitstatus_to_exitcode(status)
         for thread in threads:
             thread.join(timeout=2.0)  # a process that left the group may hold a pipe
-        for stream in (proc.stdout, proc.stderr):
-            stream.close()
+        for stream, reader in zip((proc.stdout, proc.stderr), threads, strict=False):
+            if not reader.is_alive():  # closing under a blocked read could recycle its fd
+                stream.close()
         stdout, cut_out = out.text()
         stderr, cut_err = err.text()
         cpu_s = usage.ru_utime + usage.ru_stime

@@ -222,6 +222,12 @@ def find_environment_version(
     return session.exec(query).first()
 
 
+def latest_environment_version(*, session: Session, name: str) -> EnvironmentVersion | None:
+    """The newest version of a named environment."""
+    query = select(EnvironmentVersion).where(EnvironmentVersion.environment_name == name)
+    return session.exec(query.order_by(col(EnvironmentVersion.version).desc())).first()
+
+
 def ensure_environment(*, session: Session, name: str, created_by: str) -> Environment:
     """The named environment, created when new."""
     row = session.get(Environment, name)

@@ -32,7 +32,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from learning_loop.config import AdvantageConfig
+from triloop.run_config import AdvantageConfig
 
 
 @dataclass(frozen=True)

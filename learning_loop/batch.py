@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from learning_loop.advantages import AdvantageResult, TrajectoryReturn, compute_advantages
-from learning_loop.config import AdvantageConfig
+from triloop.run_config import AdvantageConfig
 
 
 class InvalidSampleError(ValueError):

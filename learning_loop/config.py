@@ -1,266 +1,30 @@
-"""Training-run configuration: the RUN.yaml an ML engineer submits, validated with clear errors.
+"""The run configuration lives in the shared kernel (``triloop.run_config``).
 
-Torch-free on purpose (pydantic + PyYAML only) so the API, the CLI and the learning workflow
-can validate a run without importing torch. Every section forbids unknown keys, so a typo is
-an error with its dotted path rather than a silently ignored setting.
+The web API validates a submitted RUN.yaml before any loop sees it, and the web
+service may not import a loop, so the schema moved to the kernel; import it
+from there.
 """
 
-from __future__ import annotations
+from triloop.run_config import (
+    AdvantageConfig,
+    ConfigProblem,
+    ObjectiveConfig,
+    OptimizerConfig,
+    RunConfig,
+    RunConfigError,
+    StabilityConfig,
+    UpdateConfig,
+    load_run_config,
+)
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, Literal
-
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-
-class RunConfigError(Exception):
-    """A run configuration that cannot be used; `problems` lists every one with its path."""
-
-    def __init__(self, problems: Iterable[ConfigProblem]) -> None:
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p.path}: {p.message}" for p in self.problems)
-        super().__init__(f"invalid run configuration ({len(self.problems)} problem(s)):\n{lines}")
-
-
-@dataclass(frozen=True)
-class ConfigProblem:
-    """One problem in a run configuration: dotted path (`objective.clip_eps_low`) and message."""
-
-    path: str
-    message: str
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelSection(_Section):
-    """Which policy the run starts from."""
-
-    # Path of a Hugging Face model directory, or the sha256 id of a triloop checkpoint.
-    base: str = Field(min_length=1)
-
-
-class RolloutSection(_Section):
-    """How the execution loop samples trajectories for each iteration."""
-
-    # Admitted task ids to sample from; each iteration draws groups from these tasks.
-    task_ids: list[str] = Field(min_length=1)
-    # Samples per group (same task and seed), G in GRPO; a group needs 2+ for a baseline.
-    group_size: int = Field(default=8, ge=2, le=1024)
-    # Groups sampled per iteration (count); samples per iteration = groups * group_size.
-    groups_per_iteration: int = Field(default=4, ge=1)
-    # Turns (model actions) per episode at most (count); longer episodes are truncated.
-    max_turns: int = Field(default=8, ge=1)
-    # Tokens the policy may generate per turn at most (tokens).
-    max_new_tokens: int = Field(default=64, ge=1)
-    # Sampling temperature (unitless, > 0); 1.0 keeps behaviour logprobs of the true policy.
-    temperature: float = Field(default=1.0, gt=0.0, le=2.0)
-    # Wall-clock budget for one rollout batch (seconds); unfinished episodes count as truncated.
-    deadline_s: float = Field(default=600.0, gt=0.0)
-
-
-class AdvantageConfig(_Section):
-    """How trajectory returns become advantages (see learning_loop.advantages)."""
-
-    # Divide by the group's reward std as in GRPO; False keeps r - mean only (Dr. GRPO).
-    scale_by_group_std: bool = True
-    # Also rescale advantages by their std over all groups of the same task (AgentRL style),
-    # so tasks with different reward scales weigh the same in a multi-task batch.
-    task_normalization: bool = False
-    # Added to a std before dividing (reward units); keeps near-constant groups finite.
-    eps: float = Field(default=1e-6, gt=0.0)
-    # A group whose reward std is at most this (reward units) has zero variance: advantage 0.
-    zero_variance_tolerance: float = Field(default=1e-8, ge=0.0)
-
-
-class ObjectiveConfig(_Section):
-    """The GRPO clipped objective (see learning_loop.objective)."""
-
-    # Lower clip range (unitless): the ratio is clipped below at 1 - clip_eps_low.
-    clip_eps_low: float = Field(default=0.2, gt=0.0, lt=1.0)
-    # Upper clip range (unitless): clipped above at 1 + clip_eps_high (DAPO "clip-higher").
-    clip_eps_high: float = Field(default=0.28, gt=0.0, le=10.0)
-    # "token": mean over all action tokens of the batch (DAPO); "sequence": mean per sample,
-    # then mean over samples (original GRPO).
-    aggregation: Literal["token", "sequence"] = "token"
-    # Weight of the k3 KL penalty to the frozen reference (unitless); 0 disables the reference.
-    kl_coef: float = Field(default=0.0, ge=0.0)
-
-
-class OptimizerConfig(_Section):
-    """AdamW with linear warm-up to a constant learning rate."""
-
-    # Peak learning rate (per optimizer step).
-    learning_rate: float = Field(default=1e-5, gt=0.0, le=1.0)
-    # Decoupled weight decay (unitless, per step, scaled by the learning rate).
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    # AdamW first and second moment decay rates (unitless).
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(default=0.999, ge=0.0, lt=1.0)
-    # AdamW denominator epsilon (unitless).
-    adam_eps: float = Field(default=1e-8, gt=0.0)
-    # Linear warm-up length (optimizer steps); the rate is constant afterwards.
-    warmup_steps: int = Field(default=0, ge=0)
-
-
-class UpdateConfig(_Section):
-    """Batching of one policy update and the off-policy guard (see learning_loop.update)."""
-
-    # Samples per forward/backward pass (count); gradients accumulate across micro-batches.
-    micro_batch_size: int = Field(default=8, ge=1)
-    # Optimizer steps per batch of rollouts (count); the batch is split into this many
-    # mini-batches. 1 = one step per iteration, as in most GRPO set-ups.
-    optimizer_steps_per_batch: int = Field(default=1, ge=1)
-    # Global gradient L2 norm is clipped to this (unitless); the pre-clip norm is reported.
-    max_grad_norm: float = Field(default=1.0, gt=0.0)
-    # Samples generated more than this many policy versions ago are stale (policy versions).
-    max_staleness: int = Field(default=1, ge=0)
-    # What to do with stale samples: "drop" them, or "importance_correct" them (clip against
-    # the current policy and weight by a truncated current/behaviour ratio).
-    stale_samples: Literal["drop", "importance_correct"] = "drop"
-    # Upper bound of the per-token importance weight for corrected samples (unitless, >= 1).
-    importance_weight_cap: float = Field(default=2.0, ge=1.0)
-
-
-class StabilityConfig(_Section):
-    """Thresholds and windows of the stability detectors (see learning_loop.stability)."""
-
-    # Iterations looked at by the echo-trap detector (count); needs this much history.
-    echo_window: int = Field(default=6, ge=3)
-    # Reward plateau: fitted change of mean reward across the window at most this (reward units).
-    reward_plateau_tolerance: float = Field(default=0.05, ge=0.0)
-    # Within-group reward variance must fall by at least this share of its window mean.
-    variance_drop: float = Field(default=0.3, gt=0.0)
-    # Token entropy must fall by at least this share of its window mean.
-    entropy_drop: float = Field(default=0.1, gt=0.0)
-    # Gradient norm must rise by at least this share of its window mean.
-    grad_norm_rise: float = Field(default=0.3, gt=0.0)
-    # Template collapse: retrieval accuracy at most chance + this margin (share, 0..1) ...
-    retrieval_margin: float = Field(default=0.1, ge=0.0, le=1.0)
-    # ... while token entropy stays at or above this (nats per token).
-    collapse_min_entropy: float = Field(default=0.5, ge=0.0)
-    # Alarm only if an earlier iteration discriminated clearly (accuracy above chance +
-    # margin): for runs from a randomly initialised model, which never depends on its input.
-    collapse_requires_prior_discrimination: bool = False
-    # Fewer distinct prompts than this make retrieval accuracy too noisy to judge (count).
-    min_discrimination_prompts: int = Field(default=4, ge=2)
-    # Distinct prompts scored against each other per iteration (count; cost grows as n^2).
-    discrimination_prompts: int = Field(default=8, ge=2)
-    # Pause the run on an alarm and wait for an ML engineer to resume or cancel it.
-    pause_on_alarm: bool = True
-
-
-class ScheduleSection(_Section):
-    """How long the run lasts and how often it checkpoints and proposes."""
-
-    # Iterations of rollout + update (count).
-    iterations: int = Field(default=10, ge=1)
-    # Propose the latest checkpoint to governance every this many iterations (count).
-    propose_every: int = Field(default=5, ge=1)
-    # Save a checkpoint every this many iterations (count); resume restarts from the last one.
-    checkpoint_every: int = Field(default=1, ge=1)
-    # Seed for torch, python and sampling (integer); the same seed repeats the run on CPU.
-    seed: int = Field(default=0, ge=0)
-
-
-class RunConfig(_Section):
-    """A whole training run, as submitted in RUN.yaml."""
-
-    # Human-readable run name (shown in the console; not an identifier).
-    name: str = Field(min_length=1, max_length=200)
-    model: ModelSection
-    rollout: RolloutSection
-    advantage: AdvantageConfig = AdvantageConfig()
-    objective: ObjectiveConfig = ObjectiveConfig()
-    optimizer: OptimizerConfig = OptimizerConfig()
-    update: UpdateConfig = UpdateConfig()
-    stability: StabilityConfig = StabilityConfig()
-    schedule: ScheduleSection = ScheduleSection()
-
-    @model_validator(mode="after")
-    def _consistent(self) -> RunConfig:
-        # Raised as RunConfigError (not ValueError) so pydantic lets it through with its paths.
-        problems = cross_field_problems(self)
-        if problems:
-            raise RunConfigError(problems)
-        return self
-
-
-def cross_field_problems(config: RunConfig) -> list[ConfigProblem]:
-    """Problems that involve more than one field (each field alone being valid)."""
-    problems: list[ConfigProblem] = []
-    schedule, rollout, update, stability = (
-        config.schedule, config.rollout, config.update, config.stability
-    )
-    if schedule.propose_every > schedule.iterations:
-        problems.append(ConfigProblem(
-            "schedule.propose_every",
-            f"{schedule.propose_every} is more than schedule.iterations ({schedule.iterations}):"
-            " the run would never propose a candidate",
-        ))
-    if schedule.propose_every % schedule.checkpoint_every != 0:
-        problems.append(ConfigProblem(
-            "schedule.propose_every",
-            f"{schedule.propose_every} is not a multiple of schedule.checkpoint_every"
-            f" ({schedule.checkpoint_every}): a proposal needs a checkpoint of that iteration",
-        ))
-    samples = rollout.groups_per_iteration * rollout.group_size
-    if update.optimizer_steps_per_batch > samples:
-        problems.append(ConfigProblem(
-            "update.optimizer_steps_per_batch",
-            f"{update.optimizer_steps_per_batch} is more than the {samples} trajectories per"
-            " iteration (rollout.groups_per_iteration * rollout.group_size)",
-        ))
-    if stability.min_discrimination_prompts > stability.discrimination_prompts:
-        problems.append(ConfigProblem(
-            "stability.min_discrimination_prompts",
-            f"{stability.min_discrimination_prompts} is more than"
-            f" stability.discrimination_prompts ({stability.discrimination_prompts})",
-        ))
-    return problems
-
-
-def load_run_config(text: str) -> RunConfig:
-    """Parse and validate RUN.yaml text; raises RunConfigError listing every problem."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = getattr(exc, "problem", None) or str(exc)
-        raise RunConfigError([ConfigProblem("(yaml)", f"not valid YAML{where}: {what}")]) from exc
-    if not isinstance(data, dict):
-        got = "an empty document" if data is None else type(data).__name__
-        problem = ConfigProblem("(root)", f"expected a mapping of sections, got {got}")
-        raise RunConfigError([problem])
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as exc:
-        raise RunConfigError(_problems_from(exc)) from exc
-
-
-def _problems_from(exc: ValidationError) -> list[ConfigProblem]:
-    problems = []
-    for error in exc.errors(include_url=False):
-        message = error["msg"]
-        if error["type"] == "extra_forbidden":
-            message = "unknown setting (check its spelling and section)"
-        elif error["type"] != "missing" and "input" in error:
-            message = f"{message} (got {_short(error['input'])})"
-        problems.append(ConfigProblem(_dotted(error["loc"]), message))
-    return problems
-
-
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "(root)"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+__all__ = [
+    "AdvantageConfig",
+    "ConfigProblem",
+    "ObjectiveConfig",
+    "OptimizerConfig",
+    "RunConfig",
+    "RunConfigError",
+    "StabilityConfig",
+    "UpdateConfig",
+    "load_run_config",
+]

@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from learning_loop.batch import TrainingSample, collate
-from learning_loop.config import ObjectiveConfig
+from triloop.run_config import ObjectiveConfig
 
 _LOG_RATIO_LIMIT = 20.0
 

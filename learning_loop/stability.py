@@ -14,7 +14,7 @@ reward curve that looks fine:
 
 Everything here is pure python over plain numbers, so the detectors run anywhere; the
 log-likelihood matrix itself comes from `learning_loop.objective.score_cross_input`.
-Thresholds and windows live in `learning_loop.config.StabilityConfig`.
+Thresholds and windows live in `triloop.run_config.StabilityConfig`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from learning_loop.advantages import TrajectoryReturn, mean_and_std, within_group_reward_variances
-from learning_loop.config import StabilityConfig
+from triloop.run_config import StabilityConfig
 
 
 class StabilityInputError(ValueError):

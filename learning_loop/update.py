@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from learning_loop.batch import PaddedBatch, TrainingSample, collate
-from learning_loop.config import ObjectiveConfig, OptimizerConfig, RunConfig, UpdateConfig
+from triloop.run_config import ObjectiveConfig, OptimizerConfig, RunConfig, UpdateConfig
 from learning_loop.objective import (
     ObjectiveStats,
     grpo_loss,

@@ -199,6 +199,8 @@ async def decide_promotion(
     if facts.audited_by:
         attrs["audited_by"] = facts.audited_by
     await guard(action, "promotion", id=promotion_id, attrs=attrs)
+    if not comment.strip():
+        raise invalid("a comment saying why is required")
     if promotion.status != "open":
         raise conflict(f"promotion {promotion_id} is {promotion.status}; decisions need it open")
     if promotion.workflow_id is None:

@@ -94,7 +94,8 @@ class Principal:
         return Actor(service="web", user=self.name, roles=self.roles)
 
 
-def _load_user(*, session: Session, token: str | None, name: str | None) -> Principal | None:
+def load_principal(*, session: Session, token: str | None, name: str | None) -> Principal | None:
+    """The enabled user with this token (or name) as a principal, if any."""
     if token is not None:
         user = users.find_by_token(session=session, token=token)
     elif name is not None:
@@ -108,14 +109,14 @@ async def optional_user(request: Request, services: ServicesDep, db: SessionDep)
     """The person behind a bearer token or the console cookie, if any."""
     token = bearer_token(request.headers.get("authorization"))
     if token is not None:
-        found = await db.read(_load_user, token=token, name=None)
+        found = await db.read(load_principal, token=token, name=None)
         if found is None:
             raise unauthenticated("the bearer token is unknown or its user is disabled")
         return found
     cookie = services.signer.load_session(request.cookies.get(SESSION_COOKIE))
     if cookie is None:
         return None
-    found = await db.read(_load_user, token=None, name=cookie.user)
+    found = await db.read(load_principal, token=None, name=cookie.user)
     if found is None:
         return None
     return Principal(found.name, found.roles, csrf=cookie.csrf)

@@ -10,14 +10,35 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from execution_loop.environments.base import TaskCapabilities
-
 Locate = Callable[[tuple[Any, ...]], int | None]
+
+
+class Capabilities(Protocol):
+    """What an environment implementation supports (``environments.base.TaskCapabilities``).
+
+    Structural, so this module and ``execution_loop.contracts`` import nothing else from
+    the execution loop and can move to the shared kernel together if governance needs them.
+    """
+
+    @property
+    def actions(self) -> frozenset[str]: ...
+    @property
+    def observations(self) -> frozenset[str]: ...
+    @property
+    def success_criteria(self) -> frozenset[str]: ...
+    @property
+    def outcome_terms(self) -> frozenset[str]: ...
+    @property
+    def process_terms(self) -> frozenset[str]: ...
+    @property
+    def initial_state(self) -> Mapping[str, tuple[type, ...]]: ...
+    @property
+    def required_state(self) -> frozenset[str]: ...
 
 
 @dataclass(frozen=True)
@@ -107,7 +128,7 @@ def _duplicate_keys(node: yaml.Node, path: tuple[Any, ...]) -> Iterator[Contract
 
 def capability_problems(
     data: Mapping[str, Any],
-    capabilities: Mapping[str, TaskCapabilities],
+    capabilities: Mapping[str, Capabilities],
     criteria_names: frozenset[str],
     locate: Locate,
 ) -> list[ContractProblem]:

@@ -10,15 +10,18 @@ back twice returns to where it started.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 from temporalio import activity
 
 from governance_loop import store
-from governance_loop.activities.common import GovernanceShell, record, refused
+from governance_loop.activities.common import GOVERNANCE, GovernanceShell, record, refused
 from governance_loop.activities.messages import ROLLBACK_DEPLOYMENT
 from triloop.db import session_scope
-from triloop.models import DeploymentHistory
-from triloop.policy import Actor, Resource, acting_for
+from triloop.models import Checkpoint, DeploymentHistory
+from triloop.policy import Actor, Authorizer, Resource, acting_for
 from triloop.workflow_api import RollbackInput, RollbackResult
 
 
@@ -98,3 +101,47 @@ class RollbackActivities(GovernanceShell):
             return None
         return RollbackResult(alias=alias, checkpoint_id=row.checkpoint_id,
                               previous_checkpoint_id=row.previous_checkpoint_id or "")
+
+
+def bootstrap_production(
+    *, engine: Engine, authorizer: Authorizer, checkpoint_id: str, requested_by: str,
+    roles: Sequence[str] = (), replace: bool = False,
+) -> RollbackResult:
+    """Deploy a base checkpoint as production when nothing is deployed yet (or ``replace``).
+
+    Later moves go through promotions; ``replace`` is for development stacks and
+    keeps the replaced checkpoint as the rollback target.
+    """
+    with session_scope(engine) as session:
+        if session.get(Checkpoint, checkpoint_id) is None:
+            raise store.StoreError(f"checkpoint {checkpoint_id} does not exist")
+        current = store.get_deployment(session=session, alias="production")
+    if current is not None and not replace:
+        raise store.StoreError(
+            f"production already serves {current.checkpoint_id}; promote a candidate instead "
+            "(or pass replace on a development stack)"
+        )
+    authorizer.authorize(
+        GOVERNANCE, "create" if current is None else "update",
+        Resource("deployment", id="production", attrs={"checkpoint_id": checkpoint_id}),
+        context={"requested_by": {"user": requested_by, "roles": list(roles)},
+                 "bootstrap": True},
+    )
+    with session_scope(engine) as session:
+        current = store.get_deployment(session=session, alias="production", for_update=True)
+        previous = current.checkpoint_id if current is not None else None
+        target = previous if previous != checkpoint_id else None
+        store.move_alias(session=session, alias="production", checkpoint_id=checkpoint_id,
+                         rollback_target_id=target, promotion_id=None, actor=requested_by,
+                         reason="bootstrap production")
+        store.set_routing(session=session, slot="production", checkpoint_id=checkpoint_id,
+                          share=1.0, promotion_id=None, updated_by=requested_by)
+        for slot in ("canary", "shadow"):
+            store.set_routing(session=session, slot=slot, checkpoint_id=None, share=0.0,
+                              promotion_id=None, updated_by=requested_by)
+        record(session, action="bootstrap_production",
+               resource={"kind": "deployment", "id": "production"},
+               payload={"checkpoint_id": checkpoint_id, "previous": previous,
+                        "requested_by": requested_by})
+    return RollbackResult(alias="production", checkpoint_id=checkpoint_id,
+                          previous_checkpoint_id=previous or "")

@@ -13,7 +13,7 @@ from learning_loop.advantages import (
     within_group_reward_variances,
 )
 from learning_loop.batch import StepRecord, build_training_samples
-from learning_loop.config import AdvantageConfig
+from triloop.run_config import AdvantageConfig
 
 EXACT = AdvantageConfig(eps=1e-12)
 

@@ -19,7 +19,7 @@ from learning_loop.checkpoints import (
     saved_weights_digest,
     weights_digest,
 )
-from learning_loop.config import OptimizerConfig
+from triloop.run_config import OptimizerConfig
 from learning_loop.update import UpdateSettings, build_optimizer, update_policy
 
 

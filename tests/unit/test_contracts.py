@@ -234,3 +234,21 @@ def test_cli_validate_prints_the_id_of_a_valid_contract(folder: Path) -> None:
     result = CliRunner().invoke(env_app, ["validate", str(path)])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == contract_id(load_contract(path))
+
+
+def test_a_single_file_fixture_is_hashed_under_its_own_path(folder: Path) -> None:
+    (folder / "data.json").write_text("{}\n")
+    text = GOOD.replace("fixtures: [repo]", "fixtures: [repo, ./data.json]")
+    contract = parse_contract_text(text, base_dir=folder)
+    assert contract.fixtures == ["repo", "data.json"]  # normalised
+    assert sorted(fixture_hashes(contract)) == ["data.json", "repo/main.py"]
+
+
+def test_cli_lists_the_builtin_environments() -> None:
+    result = CliRunner().invoke(env_app, ["list"])
+    assert result.exit_code == 0
+    assert [line.split("\t")[0] for line in result.output.splitlines()] == [
+        "fix_ci_failure",
+        "frozen_lake",
+        "tool_arithmetic",
+    ]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from learning_loop.config import ObjectiveConfig
+from triloop.run_config import ObjectiveConfig
 from learning_loop.objective import (
     ObjectiveInputError,
     ObjectiveStats,

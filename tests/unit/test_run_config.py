@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from learning_loop.config import RunConfig, RunConfigError, load_run_config
+from triloop.run_config import RunConfig, RunConfigError, load_run_config
 
 MINIMAL = """
 name: tiny text game
@@ -65,6 +65,13 @@ update: {stale_samples: keep}
     assert "(got 1.5)" in found["objective.clip_eps_low"]
 
 
+def test_numbers_must_be_finite() -> None:
+    found = problems("name: x\nmodel: {base: m}\nrollout: {task_ids: [a], deadline_s: .inf}\n"
+                     "objective: {kl_coef: .nan}\n")
+    assert set(found) == {"rollout.deadline_s", "objective.kl_coef"}
+    assert "finite" in found["rollout.deadline_s"]
+
+
 def test_cross_field_problems_are_listed_with_paths() -> None:
     with pytest.raises(RunConfigError) as info:
         load_run_config("""
@@ -113,7 +120,7 @@ def test_unusable_documents(text: str, path: str, fragment: str) -> None:
 
 def test_torch_free_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, learning_loop, learning_loop.config, learning_loop.advantages,"
+        "import sys, learning_loop, triloop.run_config, learning_loop.advantages,"
         " learning_loop.stability; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

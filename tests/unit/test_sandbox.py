@@ -124,3 +124,16 @@ def test_missing_command_is_an_exit_code(sandbox: LocalProcessSandbox) -> None:
     assert result.exit_code == 127 and "cannot start" in result.stderr
     with pytest.raises(SandboxError):
         sandbox.run([], limits=FAST)
+
+
+def test_unread_input_does_not_block(sandbox: LocalProcessSandbox) -> None:
+    result = sandbox.run(["true"], limits=FAST, stdin="x" * 1_000_000)
+    assert result.exit_code == 0 and not result.timed_out
+
+
+def test_runs_concurrently_from_threads(sandbox: LocalProcessSandbox) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda i: sandbox.run(["echo", str(i)], limits=FAST), range(8)))
+    assert [r.stdout.strip() for r in results] == [str(i) for i in range(8)]

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from learning_loop.advantages import TrajectoryReturn
-from learning_loop.config import StabilityConfig
+from triloop.run_config import StabilityConfig
 from learning_loop.objective import score_cross_input
 from learning_loop.stability import (
     DiscriminationResult,

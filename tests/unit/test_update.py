@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from learning_loop.batch import InvalidSampleError, TrainingSample, collate
-from learning_loop.config import ObjectiveConfig, OptimizerConfig, UpdateConfig
+from triloop.run_config import ObjectiveConfig, OptimizerConfig, UpdateConfig
 from learning_loop.objective import ObjectiveInputError, policy_action_logprobs
 from learning_loop.update import UpdateError, UpdateSettings, build_optimizer, update_policy
 

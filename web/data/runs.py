@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from triloop.models import Checkpoint, Task, TrainingRun, TrainingStep
@@ -169,3 +170,25 @@ def mark_failed(*, session: Session, run_id: str, reason: str) -> None:
     if run is not None:
         run.status, run.status_reason, run.updated_at = "failed", reason, utcnow()
         session.add(run)
+
+
+class RunAlarm(BaseModel):
+    """An alarm with the run it belongs to, for the overview."""
+
+    run_id: str
+    run_name: str
+    iteration: int
+    names: list[str]
+    created_at: datetime
+
+
+def recent_alarms(*, session: Session, limit: int = 10) -> list[RunAlarm]:
+    """The latest iterations that raised an alarm, across runs."""
+    rows = session.exec(
+        select(TrainingStep, TrainingRun.name)
+        .join(TrainingRun, col(TrainingRun.id) == col(TrainingStep.run_id))
+        .where(func.cardinality(col(TrainingStep.alarms)) > 0)
+        .order_by(col(TrainingStep.created_at).desc()).limit(limit)
+    )
+    return [RunAlarm(run_id=step.run_id, run_name=name, iteration=step.iteration,
+                     names=list(step.alarms), created_at=step.created_at) for step, name in rows]

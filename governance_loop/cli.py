@@ -1,0 +1,258 @@
+"""``triloop governance ...``: environment versions, eval sets, thresholds, production, admission.
+
+Every command acts as the governance service for the person named by ``--as``
+(default ``$USER``) with the roles given by ``--role``; each write asks OPA
+first, and the decision is audited with that person in its context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from sqlalchemy import Engine
+
+from triloop.config import Settings, get_settings
+from triloop.policy import Authorizer, PolicyDenied
+
+governance_app = typer.Typer(help="Governance: versions, eval sets, thresholds, production.",
+                             no_args_is_help=True)
+env_app = typer.Typer(help="Immutable environment versions.", no_args_is_help=True)
+eval_set_app = typer.Typer(help="Frozen, versioned eval sets.", no_args_is_help=True)
+threshold_app = typer.Typer(help="Versioned gate thresholds.", no_args_is_help=True)
+task_app = typer.Typer(help="Tasks (an environment version and a seed).", no_args_is_help=True)
+governance_app.add_typer(env_app, name="env")
+governance_app.add_typer(eval_set_app, name="eval-set")
+governance_app.add_typer(threshold_app, name="threshold")
+governance_app.add_typer(task_app, name="task")
+
+AsUser = Annotated[str | None, typer.Option("--as", help="Person acting (default: $USER).")]
+Roles = Annotated[list[str] | None, typer.Option("--role", help="Role of that person; repeat.")]
+
+
+def _adapters() -> tuple[Settings, Engine, Authorizer]:
+    from triloop.db import role_engine
+    from triloop.wiring import build_authorizer
+
+    settings = get_settings()
+    return settings, role_engine(settings, "governance"), build_authorizer(settings, "governance")
+
+
+def _who(user: str | None, roles: list[str] | None) -> tuple[str, list[str]]:
+    return user or getpass.getuser(), list(roles or [])
+
+
+def _fail(error: Exception) -> typer.Exit:
+    typer.echo(f"error: {error}", err=True)
+    return typer.Exit(1)
+
+
+def _run(action: Any) -> Any:
+    """Run one command body, turning refusals into a message and exit code 1."""
+    from governance_loop.contract_diff import ContractDiffError
+    from governance_loop.evalsets import EvalSetError
+    from governance_loop.gates import ThresholdSpecError
+    from governance_loop.store import StoreError
+
+    try:
+        return action()
+    except (PolicyDenied, StoreError, EvalSetError, ThresholdSpecError, ContractDiffError,
+            ValueError, OSError) as error:
+        raise _fail(error) from error
+
+
+@env_app.command("register")
+def env_register(
+    file: Annotated[Path, typer.Argument(help="Contract YAML file.")],
+    name: Annotated[str | None, typer.Option(help="Environment name (default: task).")] = None,
+    as_user: AsUser = None, role: Roles = None,
+) -> None:
+    """Register a contract as a new version (identical content returns the same version)."""
+    from governance_loop.environments import document_from_file, register_environment_version
+
+    _, engine, authorizer = _adapters()
+    user, roles = _who(as_user, role)
+    result = _run(lambda: register_environment_version(
+        engine=engine, authorizer=authorizer, document=document_from_file(file, name=name),
+        requested_by=user, roles=roles))
+    state = "registered" if result.created else "already registered"
+    typer.echo(f"{state}: {result.environment_name} v{result.version} {result.id}")
+
+
+@env_app.command("diff")
+def env_diff(
+    a: Annotated[str, typer.Argument(help="Version id, NAME@N, NAME, or a contract file.")],
+    b: Annotated[str, typer.Argument(help="Version id, NAME@N, NAME, or a contract file.")],
+) -> None:
+    """Show what changed from A to B (contract fields and fixture hashes)."""
+    from governance_loop.contract_diff import diff_contracts, render_diff
+    from governance_loop.environments import comparable, document_from_file, resolve_version
+    from triloop.db import session_scope
+
+    _, engine, _ = _adapters()
+
+    def load(ref: str) -> dict[str, Any]:
+        path = Path(ref)
+        if path.is_file():
+            doc = document_from_file(path)
+            return comparable(doc.contract, doc.fixture_hashes)
+        with session_scope(engine) as session:
+            row = resolve_version(session, ref)
+            return comparable(row.contract, row.fixture_hashes)
+
+    typer.echo(render_diff(_run(lambda: diff_contracts(load(a), load(b)))))
+
+
+@env_app.command("retire")
+def env_retire(
+    version_id: Annotated[str, typer.Argument(help="Environment version id.")],
+    as_user: AsUser = None, role: Roles = None,
+) -> None:
+    """Retire a version: no new tasks or runs; the lineage of old ones is kept."""
+    from governance_loop.environments import retire_environment_version
+
+    _, engine, authorizer = _adapters()
+    user, roles = _who(as_user, role)
+    result = _run(lambda: retire_environment_version(
+        engine=engine, authorizer=authorizer, version_id=version_id, requested_by=user,
+        roles=roles))
+    typer.echo(f"retired: {result.environment_name} v{result.version} {result.id}")
+
+
+@task_app.command("add")
+def task_add(
+    version: Annotated[str, typer.Argument(help="Environment version id or NAME@N.")],
+    seed: Annotated[int, typer.Option(help="The task's seed.")],
+    as_user: AsUser = None, role: Roles = None,
+) -> None:
+    """Create a pending task; it is usable only after `admit`."""
+    from governance_loop.environments import add_task
+
+    _, engine, authorizer = _adapters()
+    user, roles = _who(as_user, role)
+    task_id = _run(lambda: add_task(engine=engine, authorizer=authorizer, version_ref=version,
+                                    seed=seed, requested_by=user, roles=roles))
+    typer.echo(task_id)
+
+
+@eval_set_app.command("create")
+def eval_set_create(
+    name: Annotated[str, typer.Argument(help="Eval set name; each call makes a new version.")],
+    task: Annotated[list[str], typer.Option("--task", help="Admitted task id; repeat.")],
+    freeze: Annotated[bool, typer.Option("--freeze/--no-freeze", help="Freeze now.")] = True,
+    as_user: AsUser = None, role: Roles = None,
+) -> None:
+    """Create the next version of an eval set from admitted tasks."""
+    from governance_loop.evalsets import create_eval_set
+
+    _, engine, authorizer = _adapters()
+    user, roles = _who(as_user, role)
+    result = _run(lambda: create_eval_set(
+        engine=engine, authorizer=authorizer, name=name, task_ids=task, requested_by=user,
+        roles=roles, freeze=freeze))
+    typer.echo(f"{result.name} v{result.version} {result.id} hash={result.content_hash}")
+
+
+@threshold_app.command("set")
+def threshold_set(
+    name: Annotated[str, typer.Argument(help="Threshold name (promotions use 'promotion').")],
+    spec: Annotated[str, typer.Option(help="ThresholdSpec as JSON (version is assigned).")],
+    eval_set: Annotated[str, typer.Option(help="Frozen eval set id or name (newest).")],
+    as_user: AsUser = None, role: Roles = None,
+) -> None:
+    """Store the next version of a threshold."""
+    from governance_loop.evalsets import set_threshold
+
+    _, engine, authorizer = _adapters()
+    user, roles = _who(as_user, role)
+    result = _run(lambda: set_threshold(
+        engine=engine, authorizer=authorizer, name=name, spec=json.loads(spec),
+        eval_set=eval_set, requested_by=user, roles=roles))
+    typer.echo(f"{result.name} v{result.version} {result.id} eval_set={result.eval_set_id}")
+
+
+@governance_app.command("bootstrap-production")
+def bootstrap(
+    checkpoint_id: Annotated[str, typer.Argument(help="Checkpoint to serve production.")],
+    replace: Annotated[bool, typer.Option(help="Replace an existing deployment (dev).")] = False,
+    as_user: AsUser = None, role: Roles = None,
+) -> None:
+    """Deploy a base checkpoint as production (the first deployment)."""
+    from governance_loop.activities.rollback import bootstrap_production
+
+    _, engine, authorizer = _adapters()
+    user, roles = _who(as_user, role)
+    result = _run(lambda: bootstrap_production(
+        engine=engine, authorizer=authorizer, checkpoint_id=checkpoint_id, requested_by=user,
+        roles=roles, replace=replace))
+    typer.echo(f"production -> {result.checkpoint_id}")
+
+
+@governance_app.command("admit")
+def admit(
+    task_id: Annotated[str, typer.Argument(help="Task to assess.")],
+    decision: Annotated[str | None, typer.Option(help="approve or reject (operator).")] = None,
+    comment: Annotated[str, typer.Option(help="Why (required with --decision).")] = "",
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the assessment.")] = 120.0,
+    as_user: AsUser = None, role: Roles = None,
+) -> None:
+    """Start (or join) a task's admission, print the four answers, optionally decide."""
+    settings, _, authorizer = _adapters()
+    user, roles = _who(as_user, role)
+    from governance_loop.environments import GOVERNANCE, requested_by_context
+    from triloop.policy import Resource
+
+    _run(lambda: authorizer.authorize(GOVERNANCE, "update", Resource("task", id=task_id),
+                                      context=requested_by_context(user, roles)))
+    result = asyncio.run(_admit(settings, task_id, user, roles, decision, comment, wait))
+    typer.echo(f"task {result.task_id}: {result.status} (admissible={result.admissible})")
+    for reason in result.reasons:
+        typer.echo(f"  {reason}")
+
+
+async def _admit(settings: Settings, task_id: str, user: str, roles: list[str],
+                 decision: str | None, comment: str, wait: float) -> Any:
+    import socket
+
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.common import WorkflowIDConflictPolicy
+
+    from triloop.temporal import connect
+    from triloop.workflow_api import (
+        ADMISSION_DECIDE_UPDATE,
+        ADMISSION_STATUS_QUERY,
+        ADMISSION_WORKFLOW,
+        GOVERNANCE_QUEUE,
+        AdmissionInput,
+        AdmissionResult,
+        HumanDecision,
+        admission_workflow_id,
+    )
+
+    client = await connect(settings, identity=f"governance-cli:{user}@{socket.gethostname()}")
+    handle = await client.start_workflow(
+        ADMISSION_WORKFLOW, AdmissionInput(task_id=task_id, requested_by=user),
+        id=admission_workflow_id(task_id), task_queue=settings.task_queue(GOVERNANCE_QUEUE),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    result: AdmissionResult = await handle.query(ADMISSION_STATUS_QUERY,
+                                                 result_type=AdmissionResult)
+    while result.status == "assessing" and loop.time() < deadline:
+        await asyncio.sleep(0.5)
+        result = await handle.query(ADMISSION_STATUS_QUERY, result_type=AdmissionResult)
+    if decision is None:
+        return result
+    try:
+        return await handle.execute_update(
+            ADMISSION_DECIDE_UPDATE,
+            HumanDecision(user=user, roles=roles, decision=decision, comment=comment,
+                          service="cli"),
+            result_type=AdmissionResult)
+    except WorkflowUpdateFailedError as error:
+        raise _fail(RuntimeError(str(error.cause or error))) from error

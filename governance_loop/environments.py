@@ -1,0 +1,209 @@
+"""Environment versions: a canonical contract becomes an immutable ``environment_version`` row.
+
+A version's id is the sha256 of the contract's canonical form (contract plus
+fixture hashes), so registering identical content again returns the version
+that already exists; any change is a new version, numbered 1, 2, ... per
+environment. Retiring a version stops new tasks and runs on it; nothing that
+already used it changes, so its lineage stays intact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from governance_loop import store
+from governance_loop.contract_diff import ContractChange, diff_contracts
+from triloop.audit import append_event
+from triloop.db import session_scope
+from triloop.models import EnvironmentVersion, Task
+from triloop.models._columns import utcnow
+from triloop.policy import Actor, Authorizer, Resource
+
+GOVERNANCE = Actor(service="governance")
+
+
+def requested_by_context(user: str, roles: Sequence[str]) -> dict[str, Any]:
+    """Context naming the person behind a governance action (audited with the decision).
+
+    Not ``on_behalf_of``: the policy lets a person delegate only release decisions to
+    a loop; versioning is the governance service's own grant, taken at a person's request.
+    """
+    return {"requested_by": {"user": user, "roles": list(roles)}}
+
+
+@dataclass(frozen=True)
+class ContractDocument:
+    """A validated contract ready to register: its canonical JSON, text, fixtures and id."""
+
+    name: str  # environment name
+    contract: dict[str, Any]
+    contract_text: str
+    fixture_hashes: dict[str, str]
+    version_id: str  # sha256 of the canonical form
+
+
+@dataclass(frozen=True)
+class RegisteredVersion:
+    """Where a contract landed: its version row, and whether this call created it."""
+
+    id: str
+    environment_name: str
+    version: int
+    created: bool
+    retired: bool = False
+
+
+def document_from_file(path: Path, *, name: str | None = None) -> ContractDocument:
+    """Load, validate and identify a contract file (fixtures hashed from disk)."""
+    from triloop.contracts import contract_id, fixture_hashes, load_contract
+
+    contract = load_contract(path)
+    hashes = fixture_hashes(contract)
+    return ContractDocument(
+        name=name or contract.task, contract=contract.model_dump(mode="json"),
+        contract_text=path.read_text(encoding="utf-8"), fixture_hashes=dict(hashes),
+        version_id=contract_id(contract, hashes),
+    )
+
+
+def _registered(row: EnvironmentVersion, *, created: bool) -> RegisteredVersion:
+    return RegisteredVersion(
+        id=row.id, environment_name=row.environment_name, version=row.version,
+        created=created, retired=row.retired_at is not None,
+    )
+
+
+def register_environment_version(
+    *, engine: Engine, authorizer: Authorizer, document: ContractDocument, requested_by: str,
+    roles: Sequence[str] = (),
+) -> RegisteredVersion:
+    """Register a contract as the next version of its environment (identical content: same)."""
+    with session_scope(engine) as session:
+        existing = session.get(EnvironmentVersion, document.version_id)
+        if existing is not None:
+            return _registered(existing, created=False)
+    authorizer.authorize(
+        GOVERNANCE, "create",
+        Resource("environment_version", id=document.version_id,
+                 attrs={"environment": document.name}),
+        context=requested_by_context(requested_by, roles),
+    )
+    try:
+        with session_scope(engine) as session:
+            store.ensure_environment(session=session, name=document.name, created_by=requested_by)
+            row = EnvironmentVersion(
+                id=document.version_id, environment_name=document.name,
+                version=store.next_environment_version(session=session, name=document.name),
+                contract=document.contract, contract_text=document.contract_text,
+                fixture_hashes=document.fixture_hashes, created_by=requested_by,
+            )
+            session.add(row)
+            session.flush()
+            _record(session, "register_environment_version", row, requested_by)
+            return _registered(row, created=True)
+    except IntegrityError:
+        # Someone registered the same content meanwhile: that version is ours too.
+        with session_scope(engine) as session:
+            existing = session.get(EnvironmentVersion, document.version_id)
+            if existing is None:
+                raise
+            return _registered(existing, created=False)
+
+
+def retire_environment_version(
+    *, engine: Engine, authorizer: Authorizer, version_id: str, requested_by: str,
+    roles: Sequence[str] = (),
+) -> RegisteredVersion:
+    """Retire a version: no new tasks or runs on it; past runs keep their lineage."""
+    with session_scope(engine) as session:
+        row = store.get_environment_version(session=session, version_id=version_id)
+        if row.retired_at is not None:
+            return _registered(row, created=False)
+    authorizer.authorize(
+        GOVERNANCE, "retire", Resource("environment_version", id=version_id),
+        context=requested_by_context(requested_by, roles),
+    )
+    with session_scope(engine) as session:
+        row = store.get_environment_version(session=session, version_id=version_id)
+        row.retired_at = utcnow()
+        row.retired_by = requested_by
+        session.add(row)
+        _record(session, "retire_environment_version", row, requested_by)
+        return _registered(row, created=False)
+
+
+def add_task(
+    *, engine: Engine, authorizer: Authorizer, version_ref: str, seed: int, requested_by: str,
+    roles: Sequence[str] = (),
+) -> str:
+    """A pending task on a live version (the same version and seed return the same task)."""
+    with session_scope(engine) as session:
+        version = resolve_version(session, version_ref)
+        if version.retired_at is not None:
+            raise store.StoreError(f"environment version {version.id} is retired: no new tasks")
+        existing = session.exec(
+            select(Task).where(Task.environment_version_id == version.id, Task.seed == seed)
+        ).first()
+        if existing is not None:
+            return existing.id
+    authorizer.authorize(
+        GOVERNANCE, "create", Resource("task", attrs={"environment_version_id": version.id}),
+        context=requested_by_context(requested_by, roles),
+    )
+    with session_scope(engine) as session:
+        task = Task(environment_version_id=version.id, seed=seed, status="pending")
+        session.add(task)
+        session.flush()
+        append_event(session, actor=GOVERNANCE.to_input(), action="add_task",
+                     resource={"kind": "task", "id": task.id}, decision="record",
+                     payload={"environment_version_id": version.id, "seed": seed,
+                              "requested_by": requested_by})
+        return task.id
+
+
+def resolve_version(session: Session, ref: str) -> EnvironmentVersion:
+    """A version by id, by ``name@N``, or the newest version of ``name``."""
+    row = session.get(EnvironmentVersion, ref)
+    if row is not None:
+        return row
+    name, _, number = ref.partition("@")
+    if number:
+        found = store.find_environment_version(
+            session=session, name=name, version=int(number.lstrip("v"))
+        )
+    else:
+        found = store.latest_environment_version(session=session, name=name)
+    if found is None:
+        raise store.StoreError(
+            f"no environment version {ref!r}: give a version id, NAME@N or an environment name"
+        )
+    return found
+
+
+def comparable(contract: Mapping[str, Any], fixture_hashes: Mapping[str, Any]) -> dict[str, Any]:
+    """What a diff compares: the contract and its fixtures' hashes."""
+    return {**contract, "fixture_hashes": dict(fixture_hashes)}
+
+
+def diff_versions(*, engine: Engine, a: str, b: str) -> list[ContractChange]:
+    """Every difference between two registered versions (ids or ``name@N``)."""
+    with session_scope(engine) as session:
+        first, second = resolve_version(session, a), resolve_version(session, b)
+        return diff_contracts(comparable(first.contract, first.fixture_hashes),
+                              comparable(second.contract, second.fixture_hashes))
+
+
+def _record(session: Session, action: str, row: EnvironmentVersion, user: str) -> None:
+    append_event(
+        session, actor=GOVERNANCE.to_input(), action=action,
+        resource={"kind": "environment_version", "id": row.id}, decision="record",
+        payload={"environment": row.environment_name, "version": row.version,
+                 "requested_by": user},
+    )

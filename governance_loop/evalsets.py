@@ -1,0 +1,182 @@
+"""Eval sets and thresholds: created, frozen and versioned by governance only.
+
+An eval set version lists admitted tasks; freezing stores the sha256 of its
+items (name, version, and each task's id, environment version and seed) and a
+database trigger refuses any later change. A threshold version is a validated
+``ThresholdSpec`` whose ``version`` field names ``NAME@vN``, so every gate
+result says which bar it was held to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from governance_loop import store
+from governance_loop.environments import GOVERNANCE, requested_by_context
+from governance_loop.gates import ThresholdSpec
+from triloop.audit import append_event
+from triloop.db import session_scope
+from triloop.models import EnvironmentVersion, EvalItem, EvalSet, Task, Threshold
+from triloop.models._columns import utcnow
+from triloop.policy import Authorizer, Resource
+
+
+class EvalSetError(ValueError):
+    """An eval set or threshold request that cannot be honoured; the message says why."""
+
+
+@dataclass(frozen=True)
+class EvalSetVersion:
+    """One version of a named eval set."""
+
+    id: str
+    name: str
+    version: int
+    content_hash: str | None
+    task_ids: list[str]
+
+
+@dataclass(frozen=True)
+class ThresholdVersion:
+    """One version of a named threshold and the frozen eval set it applies to."""
+
+    id: str
+    name: str
+    version: int
+    eval_set_id: str | None
+    spec: dict[str, Any]
+
+
+def eval_set_content_hash(name: str, version: int, items: Sequence[Task]) -> str:
+    """sha256 over the set's identity and its items in order."""
+    document = {
+        "name": name, "version": version,
+        "items": [{"task_id": t.id, "environment_version_id": t.environment_version_id,
+                   "seed": t.seed} for t in items],
+    }
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _admitted_tasks(session: Session, task_ids: Sequence[str]) -> list[Task]:
+    if not task_ids:
+        raise EvalSetError("an eval set needs at least one task")
+    duplicates = sorted({t for t in task_ids if list(task_ids).count(t) > 1})
+    if duplicates:
+        raise EvalSetError(f"tasks listed more than once: {duplicates}")
+    tasks = []
+    for task_id in task_ids:
+        task = session.get(Task, task_id)
+        if task is None:
+            raise EvalSetError(f"task {task_id} does not exist")
+        if task.status != "admitted":
+            raise EvalSetError(f"task {task_id} is {task.status}; only admitted tasks may be "
+                               "used for evaluation")
+        version = session.get(EnvironmentVersion, task.environment_version_id)
+        if version is not None and version.retired_at is not None:
+            raise EvalSetError(f"task {task_id} is on retired environment version {version.id}")
+        tasks.append(task)
+    return tasks
+
+
+def create_eval_set(
+    *, engine: Engine, authorizer: Authorizer, name: str, task_ids: Sequence[str],
+    requested_by: str, roles: Sequence[str] = (), freeze: bool = True,
+) -> EvalSetVersion:
+    """Create the next version of an eval set from admitted tasks, frozen unless told not."""
+    with session_scope(engine) as session:
+        _admitted_tasks(session, task_ids)
+    context = requested_by_context(requested_by, roles)
+    authorizer.authorize(GOVERNANCE, "create", Resource("eval_set", attrs={"name": name}),
+                         context=context)
+    authorizer.authorize(GOVERNANCE, "create", Resource("eval_item", attrs={"name": name}),
+                         context=context)
+    if freeze:
+        authorizer.authorize(GOVERNANCE, "freeze", Resource("eval_set", attrs={"name": name}),
+                             context=context)
+    with session_scope(engine) as session:
+        tasks = _admitted_tasks(session, task_ids)
+        version = store.next_version(session=session, table=EvalSet, name=name)
+        eval_set = EvalSet(name=name, version=version, created_by=requested_by)
+        session.add(eval_set)
+        session.flush()
+        for ordinal, task in enumerate(tasks):
+            session.add(EvalItem(eval_set_id=eval_set.id, ordinal=ordinal, task_id=task.id))
+        session.flush()
+        if freeze:
+            _freeze(session, eval_set, tasks)
+        _record(session, "create_eval_set", "eval_set", eval_set.id,
+                {"name": name, "version": version, "content_hash": eval_set.content_hash,
+                 "requested_by": requested_by})
+        return EvalSetVersion(eval_set.id, name, version, eval_set.content_hash,
+                              [t.id for t in tasks])
+
+
+def freeze_eval_set(
+    *, engine: Engine, authorizer: Authorizer, eval_set_id: str, requested_by: str,
+    roles: Sequence[str] = (),
+) -> EvalSetVersion:
+    """Freeze an open eval set version: its hash is stored and it never changes again."""
+    authorizer.authorize(GOVERNANCE, "freeze", Resource("eval_set", id=eval_set_id),
+                         context=requested_by_context(requested_by, roles))
+    with session_scope(engine) as session:
+        eval_set = session.get(EvalSet, eval_set_id)
+        if eval_set is None:
+            raise EvalSetError(f"eval set {eval_set_id} does not exist")
+        task_ids = [t for t, _, _ in store.eval_set_tasks(session=session,
+                                                         eval_set_id=eval_set_id)]
+        tasks = _admitted_tasks(session, task_ids)
+        if eval_set.frozen_at is None:
+            _freeze(session, eval_set, tasks)
+            _record(session, "freeze_eval_set", "eval_set", eval_set.id,
+                    {"content_hash": eval_set.content_hash, "requested_by": requested_by})
+        return EvalSetVersion(eval_set.id, eval_set.name, eval_set.version,
+                              eval_set.content_hash, task_ids)
+
+
+def _freeze(session: Session, eval_set: EvalSet, tasks: Sequence[Task]) -> None:
+    eval_set.content_hash = eval_set_content_hash(eval_set.name, eval_set.version, tasks)
+    eval_set.frozen_at = utcnow()
+    session.add(eval_set)
+    session.flush()
+
+
+def set_threshold(
+    *, engine: Engine, authorizer: Authorizer, name: str, spec: Mapping[str, Any],
+    eval_set: str, requested_by: str, roles: Sequence[str] = (),
+) -> ThresholdVersion:
+    """Store the next version of a threshold for a frozen eval set (by id or name)."""
+    with session_scope(engine) as session:
+        target = session.get(EvalSet, eval_set) or store.latest_eval_set(session=session,
+                                                                          name=eval_set)
+        if target is None or target.frozen_at is None:
+            raise EvalSetError(f"no frozen eval set {eval_set!r}: thresholds apply to frozen "
+                               "sets only")
+        eval_set_id = target.id
+    authorizer.authorize(GOVERNANCE, "create", Resource("threshold", attrs={"name": name}),
+                         context=requested_by_context(requested_by, roles))
+    with session_scope(engine) as session:
+        version = store.next_version(session=session, table=Threshold, name=name)
+        # The version label is ours to give: it must name exactly this stored row.
+        parsed = ThresholdSpec.from_mapping({**spec, "version": f"{name}@v{version}"})
+        row = Threshold(name=name, version=version, eval_set_id=eval_set_id,
+                        spec=parsed.to_dict(), created_by=requested_by)
+        session.add(row)
+        session.flush()
+        _record(session, "set_threshold", "threshold", row.id,
+                {"name": name, "version": version, "eval_set_id": eval_set_id,
+                 "requested_by": requested_by})
+        return ThresholdVersion(row.id, name, version, eval_set_id, dict(row.spec))
+
+
+def _record(session: Session, action: str, kind: str, row_id: str,
+            payload: Mapping[str, Any]) -> None:
+    append_event(session, actor=GOVERNANCE.to_input(), action=action,
+                 resource={"kind": kind, "id": row_id}, decision="record", payload=payload)

@@ -1,0 +1,171 @@
+"""Console pages: promotions and decisions, rollback with confirmation, lineage, audit chain."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, Response
+from pydantic import ValidationError
+
+from web import actions
+from web.actions import RollbackRequest
+from web.console.decisions import decisions_for
+from web.console.rendering import ConsoleGuard, CsrfChecked, page, redirect
+from web.data import audit, deployments, lineage, promotions
+from web.data.promotions import GATE_ORDER
+from web.deps import Guard, ServicesDep, SessionDep
+from web.pagination import CursorParam
+from web.problems import ProblemError, invalid, not_found
+
+router = APIRouter(include_in_schema=False)
+FORM_ACTIONS = {"sign-audit": "sign_audit", "reject-audit": "reject_audit",
+                "approve": "approve", "reject": "reject"}
+DONE = {"sign_audit": "Audit signed", "reject_audit": "Audit refused",
+        "approve": "Approved", "reject": "Rejected"}
+
+
+@router.get("/promotions", response_class=HTMLResponse)
+async def promotions_page(
+    request: Request, guard: ConsoleGuard, db: SessionDep, cursor: CursorParam = None
+) -> Response:
+    """All promotions, newest first."""
+    await guard("read", "promotion")
+    listing = await db.read(promotions.list_promotions, limit=25, cursor=cursor)
+    return page(request, "promotions.html", guard.principal, title="Promotions", listing=listing)
+
+
+@router.get("/promotions/{promotion_id}", response_class=HTMLResponse)
+async def promotion_page(
+    request: Request, promotion_id: str, guard: ConsoleGuard, db: SessionDep
+) -> Response:
+    """Gate timeline with evidence vs thresholds, approvals, and this person's decisions."""
+    await guard("read", "promotion", id=promotion_id)
+    with_approvals = await guard.allows("read", "approval", id=promotion_id)
+    detail = await db.read(promotions.promotion_detail, promotion_id=promotion_id,
+                           with_approvals=with_approvals)
+    facts = await db.read(promotions.decision_facts, promotion_id=promotion_id)
+    if detail is None or facts is None:
+        raise not_found("promotion", promotion_id)
+    decisions = await decisions_for(guard, facts)
+    production = await db.read(deployments.get_deployment, alias="production")
+    can_rollback = (
+        production is not None and production.rollback_target_id is not None
+        and await guard.would_allow("rollback", "deployment", id="production")
+    )
+    by_gate = {g.gate: g for g in detail.gates}
+    timeline = [(gate, by_gate.get(gate)) for gate in GATE_ORDER]
+    timeline += [(g.gate, g) for g in detail.gates if g.gate not in GATE_ORDER]
+    return page(request, "promotion.html", guard.principal, title=f"Promotion {promotion_id}",
+                promotion=detail, timeline=timeline, decisions=decisions,
+                can_rollback=can_rollback, production=production)
+
+
+@router.post("/promotions/{promotion_id}/{form_action}")
+async def decide(
+    request: Request, promotion_id: str,
+    form_action: Literal["sign-audit", "reject-audit", "approve", "reject"],
+    principal: CsrfChecked, services: ServicesDep, db: SessionDep,
+    comment: Annotated[str, Form(max_length=4000)] = "",
+) -> Response:
+    """Send a decision to governance; the policy is asked again here, whatever the page showed."""
+    action = FORM_ACTIONS[form_action]
+    guard = Guard(services, principal)
+    outcome = await actions.decide_promotion(
+        guard=guard, db=db, services=services, promotion_id=promotion_id,
+        action=action,  # type: ignore[arg-type]
+        comment=comment,
+    )
+    result = f" Governance answered: {outcome.result}" if outcome.result is not None else ""
+    return redirect(request, f"/promotions/{promotion_id}",
+                    notice=("success", f"{DONE[action]} as {principal.name}.{result}"))
+
+
+@router.get("/rollback", response_class=HTMLResponse)
+async def rollback_confirm(
+    request: Request, guard: ConsoleGuard, db: SessionDep, alias: str = "production"
+) -> Response:
+    """The confirmation step: what the alias names now and what it would go back to."""
+    deployment = await db.read(deployments.get_deployment, alias=alias)
+    if deployment is None:
+        raise not_found("deployment alias", alias)
+    if not await guard.would_allow("rollback", "deployment", id=alias):
+        raise ProblemError(403, "Forbidden", "only operators may roll back a deployment")
+    return page(request, "rollback.html", guard.principal, title=f"Roll back {alias}",
+                deployment=deployment)
+
+
+@router.post("/rollback")
+async def rollback(
+    request: Request, principal: CsrfChecked, services: ServicesDep, db: SessionDep,
+    alias: Annotated[str, Form(max_length=64)] = "production",
+    reason: Annotated[str, Form(max_length=4000)] = "",
+    confirm: Annotated[str, Form(max_length=10)] = "",
+) -> Response:
+    """Run the rollback after the person confirmed it."""
+    guard = Guard(services, principal)
+    try:
+        body = RollbackRequest(alias=alias, reason=reason)
+    except ValidationError as exc:
+        raise invalid("a rollback needs an alias and a reason") from exc
+    if confirm != "yes":
+        raise invalid("tick the confirmation box to roll back")
+    outcome = await actions.rollback(guard=guard, db=db, services=services, body=body)
+    return redirect(request, "/deployments", notice=(
+        "success", f"Rolled back {outcome.alias}: now {outcome.checkpoint_id} "
+                   f"(was {outcome.previous_checkpoint_id})."))
+
+
+@router.get("/deployments", response_class=HTMLResponse)
+async def deployments_page(request: Request, guard: ConsoleGuard, db: SessionDep) -> Response:
+    """Aliases and routing, with rollback for operators."""
+    await guard("read", "deployment")
+    listing = await db.read(deployments.list_deployments, limit=50, cursor=None)
+    routing = await db.read(deployments.list_routing, limit=50, cursor=None)
+    can_rollback = await guard.would_allow("rollback", "deployment")
+    return page(request, "deployments.html", guard.principal, title="Deployments",
+                listing=listing, routing=routing.items, can_rollback=can_rollback)
+
+
+@router.get("/checkpoints/{checkpoint_id}/lineage", response_class=HTMLResponse)
+async def lineage_page(
+    request: Request, checkpoint_id: str, guard: ConsoleGuard, db: SessionDep
+) -> Response:
+    """From the base model to the candidate: runs, environment versions, eval sets, hashes."""
+    await guard("read", "checkpoint", id=checkpoint_id)
+    found = await db.read(lineage.lineage, checkpoint_id=checkpoint_id)
+    if found is None:
+        raise not_found("checkpoint", checkpoint_id)
+    can_verify = await guard.would_allow("verify", "audit_event")
+    return page(request, "lineage.html", guard.principal, title="Lineage", lineage=found,
+                can_verify=can_verify)
+
+
+@router.get("/audit", response_class=HTMLResponse)
+async def audit_page(
+    request: Request, guard: ConsoleGuard, db: SessionDep, cursor: CursorParam = None,
+    action: str | None = None, actor: str | None = None,
+) -> Response:
+    """Recent audit events with filters, and the chain check."""
+    await guard("read", "audit_event")
+    listing = await db.read(audit.list_events, limit=30, cursor=cursor,
+                            action=action or None, actor=actor or None)
+    can_verify = await guard.would_allow("verify", "audit_event")
+    return page(request, "audit.html", guard.principal, title="Audit log", listing=listing,
+                can_verify=can_verify, action=action or "", actor=actor or "")
+
+
+@router.post("/audit/verify")
+async def verify_chain(
+    request: Request, principal: CsrfChecked, services: ServicesDep,
+    next: Annotated[str, Form(max_length=500)] = "/audit",
+) -> Response:
+    """Recompute the chain and show the result on the page the button was on."""
+    report = await actions.verify_audit(guard=Guard(services, principal), services=services)
+    target = next if next.startswith("/") and not next.startswith("//") else "/audit"
+    if report.ok:
+        notice = ("success", f"Audit chain verified: {report.checked} events, no gap, no edit.")
+    else:
+        notice = ("error", f"Audit chain BROKEN at event {report.broken_seq}: {report.problem} "
+                           f"({report.checked} events verified before it).")
+    return redirect(request, target, notice=notice)

@@ -1,0 +1,159 @@
+"""Console pages: sign-in, overview, runs with live charts and pause/resume/cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from web import actions
+from web.auth import (
+    LOGIN_CSRF_COOKIE,
+    SESSION_COOKIE,
+    SESSION_MAX_AGE_S,
+    ConsoleSession,
+    new_csrf_token,
+    same_secret,
+)
+from web.console.charts import run_charts
+from web.console.decisions import awaiting_me
+from web.console.rendering import (
+    ConsoleGuard,
+    CsrfChecked,
+    page,
+    redirect,
+)
+from web.data import runs
+from web.deps import Guard, ServicesDep, SessionDep, load_principal
+from web.pagination import CursorParam
+from web.problems import ProblemError, not_found
+from web.users import touch
+
+router = APIRouter(include_in_schema=False)
+
+
+def _safe_next(target: str | None) -> str:
+    # Only local paths: never an open redirect to another site.
+    if target and target.startswith("/") and not target.startswith("//"):
+        return target
+    return "/"
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(request: Request, services: ServicesDep, next: str | None = None) -> Response:
+    """The sign-in form (an API token), with a CSRF token bound to this browser."""
+    token = new_csrf_token()
+    response = page(request, "login.html", None, title="Sign in", login_csrf=token,
+                    next=_safe_next(next), error=None)
+    response.set_cookie(LOGIN_CSRF_COOKIE, services.signer.dump_login_csrf(token),
+                        max_age=3600, httponly=True, samesite="strict")
+    return response
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(
+    request: Request, services: ServicesDep, db: SessionDep,
+    token: Annotated[str, Form(max_length=500)] = "",
+    csrf_token: Annotated[str, Form(max_length=200)] = "",
+    next: Annotated[str, Form(max_length=500)] = "/",
+) -> Response:
+    """Check the token and set the signed session cookie."""
+    expected = services.signer.load_login_csrf(request.cookies.get(LOGIN_CSRF_COOKIE))
+    if not same_secret(csrf_token, expected):
+        raise ProblemError(403, "Forbidden", "the sign-in form expired; reload it and try again")
+    principal = await db.read(load_principal, token=token.strip() or None, name=None)
+    if principal is None:
+        fresh = new_csrf_token()
+        response = page(request, "login.html", None, status_code=401, title="Sign in",
+                        login_csrf=fresh, next=_safe_next(next),
+                        error="That token is not valid. Ask an admin for a new one.")
+        response.set_cookie(LOGIN_CSRF_COOKIE, services.signer.dump_login_csrf(fresh),
+                            max_age=3600, httponly=True, samesite="strict")
+        return response
+    await db.write(touch, name=principal.name)
+    session = ConsoleSession(user=principal.name, csrf=new_csrf_token())
+    response = RedirectResponse(_safe_next(next), status_code=303)
+    response.set_cookie(SESSION_COOKIE, services.signer.dump_session(session),
+                        max_age=SESSION_MAX_AGE_S, httponly=True, samesite="lax",
+                        secure=request.url.scheme == "https")
+    response.delete_cookie(LOGIN_CSRF_COOKIE)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, _: CsrfChecked) -> Response:
+    """Forget the session."""
+    response = redirect(request, "/login", notice=("info", "You are signed out."))
+    response.delete_cookie(SESSION_COOKIE)
+    return response
+
+
+@router.get("/", response_class=HTMLResponse)
+async def overview(request: Request, guard: ConsoleGuard, db: SessionDep) -> Response:
+    """Runs, candidates waiting for this person, and recent alarms."""
+    can_runs = await guard.allows("read", "training_run")
+    recent = await db.read(runs.list_runs, limit=10, cursor=None) if can_runs else None
+    alarms = await db.read(runs.recent_alarms, limit=8) if can_runs else []
+    waiting = await awaiting_me(guard, db)
+    return page(request, "overview.html", guard.principal, title="Overview", runs=recent,
+                alarms=alarms, waiting=waiting)
+
+
+@router.get("/runs", response_class=HTMLResponse)
+async def runs_page(
+    request: Request, guard: ConsoleGuard, db: SessionDep, cursor: CursorParam = None
+) -> Response:
+    """All training runs, newest first."""
+    await guard("read", "training_run")
+    listing = await db.read(runs.list_runs, limit=25, cursor=cursor)
+    return page(request, "runs.html", guard.principal, title="Training runs", page_=listing)
+
+
+async def _run_view(guard: Guard, db: SessionDep, run_id: str) -> runs.RunDetail:
+    await guard("read", "training_run", id=run_id)
+    detail = await db.read(runs.run_detail, run_id=run_id)
+    if detail is None:
+        raise not_found("training run", run_id)
+    return detail
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+async def run_page(request: Request, run_id: str, guard: ConsoleGuard, db: SessionDep) -> Response:
+    """A run: charts with alarms, controls for its owner, checkpoints."""
+    detail = await _run_view(guard, db, run_id)
+    live = detail.status not in runs.TERMINAL_STATUSES
+    controls = []
+    if live:
+        for action in ("pause", "resume", "cancel"):
+            if await guard.would_allow(action, "training_run", id=run_id,
+                                       owner=detail.submitted_by):
+                controls.append(action)
+    charts = run_charts([m.model_dump() for m in detail.metrics])
+    return page(request, "run.html", guard.principal, title=f"Run {detail.name or detail.id}",
+                run=detail, charts=charts, controls=controls, live=live)
+
+
+@router.get("/runs/{run_id}/charts", response_class=HTMLResponse)
+async def run_charts_fragment(
+    request: Request, run_id: str, guard: ConsoleGuard, db: SessionDep
+) -> Response:
+    """The charts alone, for live refresh."""
+    detail = await _run_view(guard, db, run_id)
+    charts = run_charts([m.model_dump() for m in detail.metrics])
+    return page(request, "_charts.html", guard.principal, run=detail, charts=charts)
+
+
+@router.post("/runs/{run_id}/{action}")
+async def control_run(
+    request: Request, run_id: str, action: Literal["pause", "resume", "cancel"],
+    principal: CsrfChecked, services: ServicesDep, db: SessionDep,
+    reason: Annotated[str, Form(max_length=2000)] = "",
+) -> Response:
+    """Pause, resume or cancel from the run page."""
+    guard = Guard(services, principal)
+    await actions.control_run(guard=guard, db=db, services=services, run_id=run_id,
+                              action=action, reason=reason)
+    return redirect(request, f"/runs/{run_id}",
+                    notice=("success", f"Sent {action} to the run; it applies at the next "
+                                       "iteration boundary."))

@@ -1,0 +1,140 @@
+"""Console plumbing: templates and filters, the signed-in person, CSRF, flash notices, errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from web.auth import CSRF_FIELD, FLASH_COOKIE, SESSION_COOKIE, same_secret
+from web.deps import Guard, Principal, ServicesDep, SessionDep, WebServices, load_principal
+from web.problems import ProblemError, unauthenticated
+
+HERE = Path(__file__).parent
+templates = Jinja2Templates(directory=HERE / "templates")
+
+
+def _short(value: object, n: int = 12) -> str:
+    text = "" if value is None else str(value)
+    return text if len(text) <= n + 1 else text[:n] + "…"
+
+
+def _when(value: object) -> str:
+    if not isinstance(value, datetime):
+        return "—" if value is None else str(value)
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _num(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "—" if value is None else str(value)
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def flatten(value: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, str]]:
+    """Nested evidence as ``(dotted.key, text)`` rows for a table."""
+    if isinstance(value, dict) and value and depth < 5:
+        for key, item in value.items():
+            yield from flatten(item, f"{prefix}.{key}" if prefix else str(key), depth + 1)
+    elif isinstance(value, list) and value and depth < 5 and len(value) <= 20:
+        for index, item in enumerate(value):
+            yield from flatten(item, f"{prefix}[{index}]", depth + 1)
+    elif isinstance(value, float):
+        yield prefix or "value", _num(value)
+    elif isinstance(value, str | int | bool) or value is None:
+        yield prefix or "value", "—" if value is None else str(value)
+    else:
+        yield prefix or "value", json.dumps(value, default=str)[:400]
+
+
+def is_sample_size(key: str) -> bool:
+    """Keys that count samples: the reader should see how much evidence there is."""
+    last = key.rsplit(".", 1)[-1].lower()
+    return any(word in last for word in ("episodes", "samples", "sample_size", "successes")) or (
+        last in {"n", "count"}
+    )
+
+
+templates.env.filters.update(short=_short, when=_when, num=_num)
+templates.env.globals.update(flatten=flatten, is_sample_size=is_sample_size)
+
+
+def _services(request: Request) -> WebServices:
+    services: WebServices = request.app.state.services
+    return services
+
+
+async def console_user(request: Request, services: ServicesDep, db: SessionDep) -> Principal:
+    """The person signed in with the session cookie; otherwise 401 (the console redirects)."""
+    cookie = services.signer.load_session(request.cookies.get(SESSION_COOKIE))
+    if cookie is None:
+        raise unauthenticated("sign in to use the console")
+    found = await db.read(load_principal, token=None, name=cookie.user)
+    if found is None:
+        raise unauthenticated("your user no longer exists or is disabled; sign in again")
+    return Principal(found.name, found.roles, csrf=cookie.csrf)
+
+
+ConsoleUser = Annotated[Principal, Depends(console_user)]
+
+
+def console_guard(services: ServicesDep, principal: ConsoleUser) -> Guard:
+    """The policy guard for the console's person."""
+    return Guard(services, principal)
+
+
+ConsoleGuard = Annotated[Guard, Depends(console_guard)]
+
+
+def require_csrf(principal: ConsoleUser, csrf_token: Annotated[str, Form()] = "") -> Principal:
+    """Every console POST carries the session's csrf token; a forged form gets a 403."""
+    if not same_secret(csrf_token, principal.csrf):
+        raise ProblemError(403, "Forbidden", "the form's CSRF token is missing or wrong; "
+                           "reload the page and try again")
+    return principal
+
+
+CsrfChecked = Annotated[Principal, Depends(require_csrf)]
+
+
+def page(
+    request: Request, name: str, principal: Principal | None, *, status_code: int = 200,
+    **context: Any,
+) -> HTMLResponse:
+    """Render a page with the person, their csrf token and any flash notice."""
+    services = _services(request)
+    flash = services.signer.load_flash(request.cookies.get(FLASH_COOKIE))
+    response = templates.TemplateResponse(
+        request, name,
+        {"me": principal, "csrf": principal.csrf if principal else None,
+         "csrf_field": CSRF_FIELD, "flash": flash, **context},
+        status_code=status_code,
+    )
+    if flash is not None:
+        response.delete_cookie(FLASH_COOKIE)
+    return response
+
+
+def redirect(request: Request, url: str, *, notice: tuple[str, str] | None = None) -> Response:
+    """POST-redirect-GET, with an optional one-time notice (kind, text)."""
+    response = RedirectResponse(url, status_code=303)
+    if notice is not None:
+        value = _services(request).signer.dump_flash(*notice)
+        response.set_cookie(FLASH_COOKIE, value, max_age=300, httponly=True, samesite="lax")
+    return response
+
+
+async def render_problem(request: Request, error: ProblemError) -> Response:
+    """Console errors: a sign-in redirect for 401, otherwise an error page."""
+    if error.status == 401 and request.method == "GET":
+        return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
+    return page(request, "error.html", None, status_code=error.status, error=error,
+                title=error.title)
