@@ -27,7 +27,7 @@ unit: bootstrap
 	@$(PY) -m pytest tests/unit
 
 bench: bootstrap
-	@$(PY) -m bench.run_all
+	@$(PY) bench/run_all.py
 
 up: bootstrap
 	@.venv/bin/triloop dev up

@@ -85,7 +85,9 @@ def make_builtin_task(engine: Engine, name: str, seed: int) -> str:
     return make_task_on(engine, register_builtin(engine, name), seed)
 
 
-def register_checkpoint_dir(engine: Engine, model_dir: Path, checkpoint_id: str | None = None) -> str:
+def register_checkpoint_dir(
+    engine: Engine, model_dir: Path, checkpoint_id: str | None = None
+) -> str:
     """A checkpoint row whose artifact_uri is a local model directory; returns its id."""
     ckpt = checkpoint_id or uid("ckpt-")
     _insert_once(

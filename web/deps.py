@@ -105,7 +105,9 @@ def load_principal(*, session: Session, token: str | None, name: str | None) -> 
     return None if user is None else Principal(user.name, tuple(user.roles))
 
 
-async def optional_user(request: Request, services: ServicesDep, db: SessionDep) -> Principal | None:
+async def optional_user(
+    request: Request, services: ServicesDep, db: SessionDep
+) -> Principal | None:
     """The person behind a bearer token or the console cookie, if any."""
     token = bearer_token(request.headers.get("authorization"))
     if token is not None:

@@ -80,7 +80,8 @@ def validate_run_config(*, config: dict[str, Any] | None, config_yaml: str | Non
     try:
         json.dumps(data, allow_nan=False)
     except ValueError as exc:
-        raise RunConfigInvalid(["(body): numbers must be finite (NaN and Infinity are not JSON)"]) from exc
+        problem = "(body): numbers must be finite (NaN and Infinity are not JSON)"
+        raise RunConfigInvalid([problem]) from exc
     return ValidRun(
         name=str(data["name"]), base=str(data["model"]["base"]),
         task_ids=[str(t) for t in data["rollout"]["task_ids"]], config=data,

@@ -25,7 +25,9 @@ async def list_checkpoints(
 
 
 @router.get("/{checkpoint_id}", response_model=CheckpointPublic)
-async def get_checkpoint(checkpoint_id: str, guard: AuthorizeDep, db: SessionDep) -> CheckpointPublic:
+async def get_checkpoint(
+    checkpoint_id: str, guard: AuthorizeDep, db: SessionDep
+) -> CheckpointPublic:
     """One checkpoint (id = sha256 of its weights)."""
     await guard("read", "checkpoint", id=checkpoint_id)
     found = await db.read(lineage.get_checkpoint, checkpoint_id=checkpoint_id)

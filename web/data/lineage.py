@@ -129,7 +129,9 @@ def lineage(*, session: Session, checkpoint_id: str) -> Lineage | None:
     truncated = current is not None
     chain.reverse()
     run_ids = {c.run_id for c in chain if c.run_id}
-    runs = {r.id: r for r in session.exec(select(TrainingRun).where(col(TrainingRun.id).in_(run_ids)))}
+    runs = {
+        r.id: r for r in session.exec(select(TrainingRun).where(col(TrainingRun.id).in_(run_ids)))
+    }
     env_ids = {e for c in chain for e in c.environment_version_ids}
     envs = {
         e.id: e for e in session.exec(

@@ -1,0 +1,234 @@
+"""Governance test helpers: a promotion's world, and a stand-in execution loop.
+
+The stand-in is a collaborator the governance tests are not about: a
+``RolloutWorkflow`` registered under the real name on the test's execution queue,
+and a traffic generator that serves "production" episodes the way the execution
+loop does (reading governance's routing table, shadowing, canary share), writing
+trajectories as the execution role with success rates the test controls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine, text
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from tests.factories import insert, make_checkpoint, make_run, make_task, uid
+from triloop.workflow_api import (
+    EXECUTION_QUEUE,
+    ROLLOUT_WORKFLOW,
+    RolloutBatchInput,
+    RolloutBatchResult,
+)
+
+TEST_SPEC: dict[str, Any] = {
+    "min_success_rate": 0.5,
+    "max_regression_vs_production": 0.2,
+    "min_samples": 8,
+    "shadow": {"min_samples": 5, "agreement_floor": 0.8, "max_mean_reward_regression": 0.2},
+    "canary": {"min_samples_per_arm": 10, "regression_to_detect": 0.3},
+    "watch": {"min_samples": 10, "regression_to_detect": 0.3},
+}
+
+
+@dataclass
+class Quality:
+    """Success rate per (checkpoint, purpose); purpose None is the checkpoint's default."""
+
+    rates: dict[tuple[str, str | None], float] = field(default_factory=dict)
+    counters: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def set(self, checkpoint: str, rate: float, purpose: str | None = None) -> None:
+        """Set a rate (for one purpose, or the default)."""
+        self.rates[(checkpoint, purpose)] = rate
+
+    def success(self, checkpoint: str, purpose: str) -> bool:
+        """Deterministic: exactly ``rate`` of successive episodes succeed."""
+        rate = self.rates.get((checkpoint, purpose), self.rates.get((checkpoint, None), 0.9))
+        n = self.counters.get((checkpoint, purpose), 0)
+        self.counters[(checkpoint, purpose)] = n + 1
+        return int((n + 1) * rate + 1e-9) > int(n * rate + 1e-9)
+
+
+def _write(engine: Engine, rows: list[dict[str, Any]]) -> None:
+    with engine.begin() as conn:
+        for row in rows:
+            conn.execute(text(
+                "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, group_id, "
+                "sample_index, policy_version, status, success, total_reward, num_steps, outcome)"
+                " VALUES (:id, :batch_id, :task_id, :checkpoint_id, :purpose, :group_id, 0, 0, "
+                "'completed', :success, :reward, 1, CAST(:outcome AS jsonb)) "
+                "ON CONFLICT (id) DO NOTHING"
+            ), {**row, "reward": 1.0 if row["success"] else 0.0,
+                "outcome": json.dumps(row.get("outcome", {}))})
+            conn.execute(text(
+                "INSERT INTO step (trajectory_id, index, observation, action_text, reward, done) "
+                "VALUES (:id, 0, 'obs', 'act', :reward, true) ON CONFLICT DO NOTHING"
+            ), {"id": row["id"], "reward": 1.0 if row["success"] else 0.0})
+
+
+class StandInExecution:
+    """Eval batches (child workflows) and production traffic, as the execution role."""
+
+    def __init__(self, engine: Engine, quality: Quality, task_id: str) -> None:
+        self.engine = engine
+        self.quality = quality
+        self.task_id = task_id
+        self.served = 0
+
+    @activity.defn(name="standin_rollout_batch")
+    def rollout_batch(self, batch: RolloutBatchInput) -> RolloutBatchResult:
+        """Write every episode of an eval batch."""
+        assert batch.checkpoint_id is not None
+        rows = []
+        for i, item in enumerate(batch.items):
+            for sample in range(item.group_size):
+                rows.append({
+                    "id": f"{batch.batch_id}:{i}:{sample}", "batch_id": batch.batch_id,
+                    "task_id": item.task_id, "checkpoint_id": batch.checkpoint_id,
+                    "purpose": batch.purpose, "group_id": f"{batch.batch_id}:{i}",
+                    "success": self.quality.success(batch.checkpoint_id, batch.purpose),
+                })
+        _write(self.engine, rows)
+        wins = sum(1 for r in rows if r["success"])
+        return RolloutBatchResult(batch_id=batch.batch_id, trajectory_ids=[r["id"] for r in rows],
+                                  completed=len(rows), success_rate=wins / max(1, len(rows)))
+
+    def serve_tick(self, episodes: int) -> None:
+        """Serve a few production episodes following governance's routing table."""
+        with self.engine.connect() as conn:
+            routes = {r[0]: (r[1], float(r[2])) for r in conn.execute(
+                text("SELECT slot, checkpoint_id, share FROM routing")).all()}
+        production = routes.get("production", (None, 0.0))[0]
+        canary, share = routes.get("canary", (None, 0.0))
+        shadow = routes.get("shadow", (None, 0.0))[0]
+        if production is None:
+            return
+        rows = []
+        for _ in range(episodes):
+            self.served += 1
+            eid = f"prod-{uuid.uuid4().hex}"
+            bucket = int(hashlib.sha256(eid.encode()).hexdigest()[:8], 16) / 2**32
+            if canary and bucket < share:
+                rows.append(self._row(eid, canary, "canary"))
+                continue
+            rows.append(self._row(eid, production, "production"))
+            if shadow and shadow != production:
+                row = self._row(f"{eid}:shadow", shadow, "shadow")
+                row["outcome"] = {"shadow_of": eid}
+                rows.append(row)
+        _write(self.engine, rows)
+
+    def _row(self, eid: str, checkpoint: str, purpose: str) -> dict[str, Any]:
+        return {"id": eid, "batch_id": "traffic", "task_id": self.task_id,
+                "checkpoint_id": checkpoint, "purpose": purpose, "group_id": eid,
+                "success": self.quality.success(checkpoint, purpose)}
+
+
+@workflow.defn(name=ROLLOUT_WORKFLOW, sandboxed=False)
+class StandInRolloutWorkflow:
+    """Stands in for the execution loop's RolloutWorkflow: one activity writes the batch."""
+
+    @workflow.run
+    async def run(self, batch: RolloutBatchInput) -> RolloutBatchResult:
+        """Write the batch's episodes."""
+        result: RolloutBatchResult = await workflow.execute_activity(
+            "standin_rollout_batch", batch, result_type=RolloutBatchResult,
+            start_to_close_timeout=timedelta(seconds=60),
+        )
+        return result
+
+
+@contextlib.asynccontextmanager
+async def execution_stand_in(
+    client: Client, queue_prefix: str, execution: StandInExecution, *,
+    episodes_per_tick: int = 4, tick_s: float = 0.1,
+) -> AsyncIterator[StandInExecution]:
+    """Run the stand-in execution worker and production traffic until the block ends."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    worker = Worker(client, task_queue=f"{queue_prefix}{EXECUTION_QUEUE}",
+                    workflows=[StandInRolloutWorkflow], activities=[execution.rollout_batch],
+                    activity_executor=ThreadPoolExecutor(4))
+
+    async def traffic() -> None:
+        while True:
+            await asyncio.to_thread(execution.serve_tick, episodes_per_tick)
+            await asyncio.sleep(tick_s)
+
+    async with worker:
+        task = asyncio.create_task(traffic())
+        try:
+            yield execution
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@dataclass
+class PromotionWorld:
+    """Rows a promotion needs: checkpoints, a run, a proposal, an eval set and a threshold."""
+
+    baseline: str
+    candidate: str
+    run_id: str
+    proposal_id: str
+    task_ids: list[str]
+    eval_set_id: str
+    threshold_id: str
+    threshold_name: str
+    submitter: str = "alice"
+
+
+def make_world(
+    owner: Engine, gov_engine: Engine, authorizer: Any, *, threshold_name: str,
+    spec: dict[str, Any] | None = None, submitter: str = "alice",
+) -> PromotionWorld:
+    """Everything a promotion of a fresh candidate needs, production bootstrapped to baseline."""
+    from governance_loop.activities.rollback import bootstrap_production
+    from governance_loop.evalsets import create_eval_set, set_threshold
+
+    baseline = make_checkpoint(owner)
+    candidate = make_checkpoint(owner, parent_id=baseline)
+    run_id = make_run(owner, submitted_by=submitter)
+    proposal_id = uid("prop-")
+    insert(owner, "proposal", id=proposal_id, checkpoint_id=candidate, run_id=run_id,
+           submitted_by=submitter, evidence={})
+    tasks = [make_task(owner), make_task(owner)]
+    eval_set = create_eval_set(engine=gov_engine, authorizer=authorizer, name=uid("es-"),
+                               task_ids=tasks, requested_by="gov-admin")
+    threshold = set_threshold(engine=gov_engine, authorizer=authorizer, name=threshold_name,
+                              spec=spec or TEST_SPEC, eval_set=eval_set.id,
+                              requested_by="gov-admin")
+    bootstrap_production(engine=gov_engine, authorizer=authorizer, checkpoint_id=baseline,
+                         requested_by="gov-admin", replace=True)
+    return PromotionWorld(baseline, candidate, run_id, proposal_id, tasks, eval_set.id,
+                          threshold.id, threshold_name, submitter)
+
+
+async def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str,
+                   interval: float = 0.2) -> Any:
+    """Poll an (async or sync) predicate until it returns something truthy."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)

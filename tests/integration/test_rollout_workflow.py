@@ -1,0 +1,218 @@
+"""RolloutWorkflow on the real Temporal, PostgreSQL and OPA, with the tiny model on CPU.
+
+The worker runs in-process on a queue of its own per test; every assertion about
+what was stored reads the database.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from temporalio.client import Client, WorkflowFailureError
+
+from execution_loop.routing import canary_bucket
+from execution_loop.worker import build_worker
+from tests.factories_execution import make_builtin_task, register_checkpoint_dir, set_routing
+from triloop.config import Settings
+from triloop.temporal import connect
+from triloop.workflow_api import (
+    EXECUTION_QUEUE,
+    ROLLOUT_WORKFLOW,
+    RolloutBatchInput,
+    RolloutBatchResult,
+    RolloutItem,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model, created locally (no download)."""
+    import torch
+
+    from learning_loop.tiny_model import create_tiny_model
+
+    torch.set_num_threads(1)
+    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(owner_engine: Engine, tiny_dir: Path) -> str:
+    """The tiny model registered as a checkpoint row."""
+    return register_checkpoint_dir(owner_engine, tiny_dir)
+
+
+@pytest.fixture
+def queue_settings(settings: Settings) -> Settings:
+    """The session's settings with a task queue of this test's own."""
+    return settings.model_copy(
+        update={"task_queue_prefix": f"{settings.task_queue_prefix}{uuid.uuid4().hex[:6]}-"}
+    )
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[Client]:
+    """A Temporal client for starting batches."""
+    yield await connect(settings, identity="rollout-test")
+
+
+async def run_batch(client: Client, settings: Settings, batch: RolloutBatchInput,
+                    **worker_kwargs: Any) -> RolloutBatchResult:
+    """Run one batch with an in-process execution worker."""
+    async with build_worker(client, settings, **worker_kwargs):
+        return await client.execute_workflow(
+            ROLLOUT_WORKFLOW, batch, id=f"rollout-{batch.batch_id}",
+            task_queue=settings.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult,
+        )
+
+
+def stored(engine: Engine, batch_id: str) -> dict[str, dict[str, Any]]:
+    """Trajectory rows of a batch with their step counts, keyed by id."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT t.*, (SELECT count(*) FROM step s WHERE s.trajectory_id = t.id) "
+            "AS stored_steps FROM trajectory t WHERE t.batch_id = :b"), {"b": batch_id})
+        found = rows.mappings().all()
+    return {row["id"]: dict(row) for row in found}
+
+
+def new_batch(purpose: str, items: list[RolloutItem], **kwargs: Any) -> RolloutBatchInput:
+    """A batch with a fresh id."""
+    return RolloutBatchInput(batch_id=f"b{uuid.uuid4().hex[:10]}", purpose=purpose,
+                             items=items, **kwargs)
+
+
+@pytest.mark.parametrize("environment", ["frozen_lake", "tool_arithmetic", "fix_ci_failure"])
+async def test_batch_stores_every_episode_once_with_tokens(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str,
+    environment: str,
+) -> None:
+    task = make_builtin_task(owner_engine, environment, seed=7)
+    batch = new_batch("training", [RolloutItem(task, 7, group_size=2)], checkpoint_id=checkpoint,
+                      run_id=None, policy_version=3, max_concurrency=2, deadline_s=240)
+    result = await run_batch(client, queue_settings, batch)
+
+    expected = [f"{batch.batch_id}:0:0", f"{batch.batch_id}:0:1"]
+    rows = stored(owner_engine, batch.batch_id)
+    assert sorted(rows) == sorted(result.trajectory_ids) == expected
+    assert result.completed + result.truncated == 2 and result.failed == 0
+    for row in rows.values():
+        assert row["stored_steps"] == row["num_steps"] >= 1
+        assert (row["checkpoint_id"], row["purpose"], row["policy_version"]) == (
+            checkpoint, "training", 3)
+        assert row["group_id"] == f"{batch.batch_id}:0"
+    with owner_engine.connect() as conn:
+        steps = conn.execute(text(
+            "SELECT prompt_token_ids, action_token_ids, action_mask, behaviour_logprobs "
+            "FROM step WHERE trajectory_id = ANY(:ids)"), {"ids": expected}).all()
+    for prompt, action, mask, logprobs in steps:
+        assert prompt and action
+        assert len(logprobs) == len(action)
+        assert mask == [0] * len(prompt) + [1] * len(action)
+
+
+async def test_deadline_records_unfinished_episodes_as_truncated(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str
+) -> None:
+    task = make_builtin_task(owner_engine, "tool_arithmetic", seed=11)
+    batch = new_batch("training", [RolloutItem(task, 11, group_size=6)],
+                      checkpoint_id=checkpoint, max_concurrency=1, deadline_s=1.0,
+                      heartbeat_timeout_s=5)
+    result = await run_batch(client, queue_settings, batch)
+
+    rows = stored(owner_engine, batch.batch_id)
+    assert len(rows) == 6 and sorted(result.trajectory_ids) == sorted(rows)
+    assert result.truncated >= 4 and result.completed + result.truncated == 6
+    never_started = [r for r in rows.values() if r["failure_reason"] == "batch_deadline"]
+    assert never_started, "episodes queued behind the concurrency limit never ran"
+    assert all(r["status"] == "truncated" and r["stored_steps"] == 0 for r in never_started)
+
+
+async def test_policy_denial_writes_no_trajectory(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str
+) -> None:
+    dead_opa = queue_settings.model_copy(update={"opa_url": "http://127.0.0.1:9"})
+    task = make_builtin_task(owner_engine, "frozen_lake", seed=5)
+    batch = new_batch("training", [RolloutItem(task, 5, group_size=2)],
+                      checkpoint_id=checkpoint, deadline_s=120)
+    result = await run_batch(client, dead_opa, batch)
+
+    assert result.failed == 2 and result.trajectory_ids == []
+    assert stored(owner_engine, batch.batch_id) == {}
+    with owner_engine.connect() as conn:
+        denials = conn.execute(text(
+            "SELECT count(*) FROM audit_event WHERE decision = 'deny' AND action = 'create' "
+            "AND resource->>'id' LIKE :b"), {"b": f"{batch.batch_id}:%"}).scalar_one()
+    assert denials == 2
+
+
+async def test_batch_must_name_its_checkpoint_unless_production(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str
+) -> None:
+    task = make_builtin_task(owner_engine, "frozen_lake", seed=5)
+    unnamed = new_batch("training", [RolloutItem(task, 5)])
+    with pytest.raises(WorkflowFailureError) as unnamed_error:
+        await run_batch(client, queue_settings, unnamed)
+    assert "must name checkpoint_id" in str(unnamed_error.value.cause)
+
+    chosen = new_batch("production", [RolloutItem(task, 5)], checkpoint_id=checkpoint)
+    with pytest.raises(WorkflowFailureError) as chosen_error:
+        await run_batch(client, queue_settings, chosen)
+    assert "served by governance's routing" in str(chosen_error.value.cause)
+    assert stored(owner_engine, unnamed.batch_id) == stored(owner_engine, chosen.batch_id) == {}
+
+
+@pytest.fixture
+def routing(owner_engine: Engine) -> Iterator[None]:
+    """Leave governance's routing table as it was found."""
+    with owner_engine.connect() as conn:
+        saved = conn.execute(text("SELECT slot, checkpoint_id, share FROM routing")).all()
+    yield
+    with owner_engine.begin() as conn:
+        conn.execute(text("DELETE FROM routing"))
+    for slot, checkpoint_id, share in saved:
+        set_routing(owner_engine, slot, checkpoint_id, share)
+
+
+@pytest.mark.usefixtures("routing")
+async def test_production_routing_canary_share_and_shadow(
+    client: Client, queue_settings: Settings, owner_engine: Engine, tiny_dir: Path
+) -> None:
+    production, canary, shadow = (register_checkpoint_dir(owner_engine, tiny_dir) for _ in "pcs")
+    set_routing(owner_engine, "production", production)
+    set_routing(owner_engine, "canary", canary, share=0.5)
+    set_routing(owner_engine, "shadow", shadow)
+    task = make_builtin_task(owner_engine, "frozen_lake", seed=9)
+    batch = new_batch("production", [RolloutItem(task, 9, group_size=6)], max_concurrency=3,
+                      deadline_s=240)
+    while not 2 <= sum(canary_bucket(f"{batch.batch_id}:0:{i}") < 0.5 for i in range(6)) <= 4:
+        batch.batch_id = f"b{uuid.uuid4().hex[:10]}"  # ids that exercise both arms
+    result = await run_batch(client, queue_settings, batch)
+
+    rows = stored(owner_engine, batch.batch_id)
+    own = [f"{batch.batch_id}:0:{i}" for i in range(6)]
+    served_by_canary = {e for e in own if canary_bucket(e) < 0.5}
+    for episode in own:
+        expected = ("canary", canary) if episode in served_by_canary else (
+            "production", production)
+        assert (rows[episode]["purpose"], rows[episode]["checkpoint_id"]) == expected
+        assert result.checkpoints[episode] == expected[1]
+    shadows = {k: v for k, v in rows.items() if v["purpose"] == "shadow"}
+    assert sorted(shadows) == sorted(result.shadow_trajectory_ids) == sorted(
+        f"{e}:shadow" for e in own if e not in served_by_canary)
+    with owner_engine.connect() as conn:
+        for shadow_id, row in shadows.items():
+            production_id = shadow_id.removesuffix(":shadow")
+            assert row["checkpoint_id"] == shadow and row["outcome"]["shadow_of"] == production_id
+            # Same weights, same seed, same task: the shadow acts exactly as production did.
+            assert row["outcome"]["steps_compared"] == row["outcome"]["steps_agreed"] >= 1
+            feedback = conn.execute(text(
+                "SELECT feedback FROM step WHERE trajectory_id = :t ORDER BY index"),
+                {"t": shadow_id}).scalars().all()
+            assert all(f["shadow_agreement"]["agreed"] for f in feedback)

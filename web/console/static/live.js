@@ -1,0 +1,50 @@
+// Live run page: poll the JSON metrics endpoint; when a new iteration or status arrives,
+// fetch the server-rendered charts fragment and swap it in. No framework, no CDN.
+(function () {
+  "use strict";
+  var script = document.currentScript;
+  var runId = script && script.getAttribute("data-run-id");
+  if (!runId) { return; }
+  var terminal = { completed: true, cancelled: true, failed: true };
+  var periodMs = 4000;
+
+  function lastIteration() {
+    var charts = document.getElementById("charts");
+    return charts ? parseInt(charts.getAttribute("data-last-iteration") || "-1", 10) : -1;
+  }
+
+  function refreshCharts() {
+    return fetch("/runs/" + encodeURIComponent(runId) + "/charts", { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        var charts = document.getElementById("charts");
+        if (html && charts) { charts.outerHTML = html; }
+      });
+  }
+
+  function tick() {
+    var after = lastIteration();
+    fetch("/api/runs/" + encodeURIComponent(runId) + "/metrics?after=" + after,
+          { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (data) {
+        if (!data) { return; }
+        var status = document.getElementById("run-status");
+        if (status && status.textContent.trim() !== data.status.replace(/_/g, " ")) {
+          var badge = document.createElement("span");
+          badge.className = "badge badge-" + data.status.replace(/[^a-z_]/g, "").replace(/_/g, "-");
+          badge.textContent = data.status.replace(/_/g, " ");
+          status.replaceChildren(badge);
+        }
+        var iterations = document.getElementById("run-iterations");
+        if (iterations) { iterations.textContent = String(data.iterations_done); }
+        var next = data.metrics.length ? refreshCharts() : Promise.resolve();
+        return next.then(function () {
+          if (!terminal[data.status]) { window.setTimeout(tick, periodMs); }
+        });
+      })
+      .catch(function () { window.setTimeout(tick, periodMs * 3); });
+  }
+
+  window.setTimeout(tick, periodMs);
+})();
