@@ -26,7 +26,7 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from execution_loop.contracts import EnvironmentContract, parse_contract_text
+from triloop.contracts import EnvironmentContract, parse_contract_text
 from execution_loop.environments.base import Environment, EnvironmentFactory
 from execution_loop.episode import INFRASTRUCTURE_ERRORS, EpisodeRecord, StepRecord, run_episode
 from execution_loop.policies import PolicyCache

@@ -27,7 +27,7 @@ from pathlib import Path
 from temporalio import activity
 
 from execution_loop.activities import OpenedTask, TaskEnvironments
-from execution_loop.contracts import EnvironmentContract
+from triloop.contracts import EnvironmentContract
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits, SandboxResult
 from triloop.workflow_api import (
     PROBE_ADMISSION_ACTIVITY,

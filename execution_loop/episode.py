@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from execution_loop.contracts import ContextRule, Limits
+from triloop.contracts import ContextRule, Limits
 from execution_loop.environments.base import Environment, Outcome
 from execution_loop.harness import ChatHarness, Turn, step_action_mask
 from execution_loop.inference.base import InferenceError, PolicyClient, PromptTooLongError

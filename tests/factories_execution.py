@@ -33,7 +33,7 @@ def register_contract(
     engine: Engine, contract_text: str, *, base_dir: Path, name: str | None = None
 ) -> str:
     """An environment version for a contract document; returns its id (sha256)."""
-    from execution_loop.contracts import contract_id, fixture_hashes, parse_contract_text
+    from triloop.contracts import contract_id, fixture_hashes, parse_contract_text
 
     contract = parse_contract_text(contract_text, base_dir=base_dir)
     hashes = fixture_hashes(contract, base_dir)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from execution_loop.contracts import EnvironmentContract
+    from triloop.contracts import EnvironmentContract
     from execution_loop.sandbox import SandboxBackend
 
 

@@ -43,7 +43,7 @@ from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxL
 from execution_loop.verification import VerifierRequest, run_verifier
 
 if TYPE_CHECKING:
-    from execution_loop.contracts import EnvironmentContract
+    from triloop.contracts import EnvironmentContract
 
 VERIFIER = "execution_loop.environments.ci_verifier:verify"
 CAPABILITIES = TaskCapabilities(

@@ -34,7 +34,7 @@ from execution_loop.environments.base import (
 from execution_loop.verification import VerifierRequest, run_verifier
 
 if TYPE_CHECKING:
-    from execution_loop.contracts import EnvironmentContract
+    from triloop.contracts import EnvironmentContract
     from execution_loop.sandbox import SandboxBackend
 
 Cell = tuple[int, int]

@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from execution_loop.cli import env_app
-from execution_loop.contracts import (
+from triloop.contracts import (
     ContractError,
     canonical_form,
     contract_id,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from execution_loop.contracts import EnvironmentContract, SandboxSpec
+from triloop.contracts import EnvironmentContract, SandboxSpec
 from execution_loop.environments import ci_repo
 from execution_loop.environments.ci_actions import parse_action
 from execution_loop.environments.fix_ci_failure import FixCiFailure

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from execution_loop.contracts import EnvironmentContract
+from triloop.contracts import EnvironmentContract
 from execution_loop.environments.base import EnvironmentStateError
 from execution_loop.environments.frozen_lake import (
     Cell,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from execution_loop.contracts import ContractError
+from triloop.contracts import ContractError
 from execution_loop.environments.frozen_lake import FrozenLake
 from execution_loop.environments.registry import (
     UnknownEnvironmentError,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from execution_loop.contracts import EnvironmentContract, SandboxSpec
+from triloop.contracts import EnvironmentContract, SandboxSpec
 from execution_loop.environments.base import EnvironmentStateError
 from execution_loop.environments.registry import load_builtin_contract, reference_solution
 from execution_loop.environments.tool_arithmetic import (

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from execution_loop.contracts import ContextRule, Limits
+from triloop.contracts import ContextRule, Limits
 from execution_loop.environments.base import Outcome, StepResult
 from execution_loop.episode import (
     COMPLETED,

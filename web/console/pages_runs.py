@@ -73,12 +73,12 @@ async def login(
         return response
     await db.write(touch, name=principal.name)
     session = ConsoleSession(user=principal.name, csrf=new_csrf_token())
-    response = RedirectResponse(_safe_next(next), status_code=303)
-    response.set_cookie(SESSION_COOKIE, services.signer.dump_session(session),
+    signed_in = RedirectResponse(_safe_next(next), status_code=303)
+    signed_in.set_cookie(SESSION_COOKIE, services.signer.dump_session(session),
                         max_age=SESSION_MAX_AGE_S, httponly=True, samesite="lax",
                         secure=request.url.scheme == "https")
-    response.delete_cookie(LOGIN_CSRF_COOKIE)
-    return response
+    signed_in.delete_cookie(LOGIN_CSRF_COOKIE)
+    return signed_in
 
 
 @router.post("/logout")

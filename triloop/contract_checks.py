@@ -2,7 +2,7 @@
 
 YAML syntax (with line numbers), duplicate keys (which PyYAML silently resolves to the
 last one), locating any problem's line, and checking a contract against what its
-environment implementation supports. Used by ``execution_loop.contracts``.
+environment implementation supports. Used by ``triloop.contracts``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ Locate = Callable[[tuple[Any, ...]], int | None]
 class Capabilities(Protocol):
     """What an environment implementation supports (``environments.base.TaskCapabilities``).
 
-    Structural, so this module and ``execution_loop.contracts`` import nothing else from
+    Structural, so this module and ``triloop.contracts`` import nothing else from
     the execution loop and can move to the shared kernel together if governance needs them.
     """
 

@@ -1,0 +1,312 @@
+"""Environment contracts: the schema, validation that reports every problem, identity.
+
+A contract is a YAML document (task, initial_state, observations, allowed_actions,
+success_criteria, reward, limits, context, sandbox, fixtures). Its identity is the
+sha256 of a canonical form: the parsed contract as sorted-key compact JSON together
+with the sha256 of every fixture file, so key order, whitespace and spelling variants
+such as ``0.50%`` never change it, while any fixture edit does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PrivateAttr,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from triloop.contract_checks import (
+    Capabilities,
+    ContractProblem,
+    capability_problems,
+    missing_fixtures,
+    schema_problems,
+    yaml_problems,
+)
+
+__all__ = [
+    "Capabilities",
+    "ContractError",
+    "ContractProblem",
+    "EnvironmentContract",
+    "canonical_form",
+    "contract_id",
+    "fixture_hashes",
+    "load_contract",
+    "parse_contract_text",
+    "parse_percentage",
+    "validate_contract_text",
+]
+
+_PERCENT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+_IGNORED_FIXTURE_PARTS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache"})
+
+
+def parse_percentage(value: object) -> float | None:
+    """Parse ``'0.5%'`` into the fraction 0.005 (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    match = _PERCENT.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"expected a percentage like '0.5%', got {value!r}")
+    fraction = float(match.group(1)) / 100
+    if fraction > 1.0:
+        raise ValueError(f"expected a percentage between 0% and 100%, got {value!r}")
+    return fraction
+
+
+def format_percentage(value: float | None) -> str | None:
+    """Write a fraction back as a percentage string (the form the YAML uses)."""
+    return None if value is None else f"{round(value * 100, 10)!r}%"
+
+
+def _fixture_path(value: str) -> str:
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ValueError(f"expected a path inside the contract's folder, got {value!r}")
+    return path.as_posix()
+
+
+Percentage = Annotated[
+    float | None,
+    BeforeValidator(parse_percentage),
+    PlainSerializer(format_percentage, return_type=str | None),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": _PERCENT.pattern, "examples": ["0.5%"]},
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+FixturePath = Annotated[str, AfterValidator(_fixture_path)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class SuccessCriteria(_Section):
+    """What the verifier checks; a criterion left out (or false) is not required."""
+
+    all_tests_pass: bool = False
+    no_new_failures: bool = False  # a skipped test counts as a new failure
+    coverage_drop_lt: Percentage = None  # fraction of line coverage, e.g. 0.005 for 0.5%
+    goal_reached: bool = False
+    exact_answer: bool = False
+
+    @model_validator(mode="after")
+    def _something_required(self) -> SuccessCriteria:
+        if not self.required():
+            raise ValueError("at least one success criterion must be required")
+        return self
+
+    def required(self) -> dict[str, Any]:
+        """The criteria this contract actually requires, by name."""
+        return {k: v for k, v in self.model_dump().items() if v not in (None, False)}
+
+
+class RewardSpec(_Section):
+    """Outcome reward terms (``success`` is required) and per-step process terms."""
+
+    outcome: dict[str, float]
+    process: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("outcome")
+    @classmethod
+    def _names_success(cls, value: dict[str, float]) -> dict[str, float]:
+        if "success" not in value:
+            raise ValueError("must name the reward for 'success'")
+        return value
+
+
+class Limits(_Section):
+    """Episode budget; the harness enforces tokens, the environment turns and time."""
+
+    max_turns: int = Field(gt=0)
+    wall_time_s: float = Field(gt=0)  # seconds for the whole episode
+    max_tokens_per_turn: int = Field(gt=0)
+    max_total_tokens: int = Field(gt=0)
+
+
+class ContextRule(_Section):
+    """How the harness renders history: keep the last K turns (0 keeps all)."""
+
+    keep_last_turns: int = Field(default=0, ge=0)
+
+
+class SandboxSpec(_Section):
+    """Limits for each command the environment runs on the agent's behalf."""
+
+    cpu_time_s: int = Field(default=5, gt=0)  # CPU seconds (RLIMIT_CPU)
+    memory_mb: int = Field(default=512, gt=0)  # address space, MiB (RLIMIT_AS)
+    wall_time_s: float = Field(default=10.0, gt=0)  # seconds before the group is killed
+    max_output_bytes: int = Field(default=16384, gt=0)  # per stream, head and tail kept
+
+
+class EnvironmentContract(_Section):
+    """An immutable environment contract as written in its YAML file."""
+
+    task: str = Field(pattern=r"^[a-z][a-z0-9_]*$")  # the environment implementation
+    version: str = "1"
+    description: str = ""
+    initial_state: dict[str, Any] = Field(default_factory=dict)  # scalar parameters
+    observations: list[str] = Field(min_length=1)
+    allowed_actions: list[str] = Field(min_length=1)
+    success_criteria: SuccessCriteria
+    reward: RewardSpec
+    limits: Limits
+    context: ContextRule = Field(default_factory=ContextRule)
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    fixtures: list[FixturePath] = Field(default_factory=list)  # relative to the file
+
+    _source_dir: Path | None = PrivateAttr(default=None)
+
+    @field_validator("initial_state")
+    @classmethod
+    def _scalars_only(cls, value: dict[str, Any]) -> dict[str, Any]:
+        bad = [k for k, v in value.items() if not isinstance(v, str | int | float | bool)]
+        if bad:
+            raise ValueError(f"values must be strings, numbers or booleans: {', '.join(bad)}")
+        return value
+
+    @field_validator("observations", "allowed_actions")
+    @classmethod
+    def _no_duplicates(cls, value: list[str]) -> list[str]:
+        seen = {v for v in value if value.count(v) > 1}
+        if seen:
+            raise ValueError(f"duplicate entries: {', '.join(sorted(seen))}")
+        return value
+
+    @property
+    def source_dir(self) -> Path | None:
+        """Folder of the file this contract was loaded from (fixtures resolve here)."""
+        return self._source_dir
+
+    def fixture_path(self, relative: str) -> Path:
+        """Absolute path of one of this contract's fixtures."""
+        if self._source_dir is None:
+            raise ContractError([ContractProblem("fixtures", "contract has no source folder")])
+        if _fixture_path(relative) not in self.fixtures:
+            raise ContractError([ContractProblem("fixtures", f"{relative!r} is not listed")])
+        return self._source_dir / relative
+
+
+class ContractError(Exception):
+    """A contract that failed validation; carries every problem found."""
+
+    def __init__(self, problems: list[ContractProblem], source: str | None = None) -> None:
+        self.problems = problems
+        head = f"contract {source}" if source else "contract"
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"{head} has {len(problems)} problem(s):\n{lines}")
+
+
+def validate_contract_text(
+    text: str,
+    *,
+    base_dir: Path,
+    capabilities: Mapping[str, Capabilities] | None = None,
+) -> list[ContractProblem]:
+    """Every problem in a contract document (empty when it is valid).
+
+    With ``capabilities`` (environment name -> what it supports) the contract is also
+    checked against its environment: actions, observations, criteria, reward terms.
+    """
+    return _parse(text, base_dir=base_dir, capabilities=capabilities)[0]
+
+
+def parse_contract_text(
+    text: str,
+    *,
+    base_dir: Path,
+    capabilities: Mapping[str, Capabilities] | None = None,
+    source: str | None = None,
+) -> EnvironmentContract:
+    """Parse and validate a contract document or raise ``ContractError``."""
+    problems, contract = _parse(text, base_dir=base_dir, capabilities=capabilities)
+    if problems or contract is None:
+        raise ContractError(problems, source=source)
+    contract._source_dir = base_dir.resolve()
+    return contract
+
+
+def load_contract(
+    path: Path | str, *, capabilities: Mapping[str, Capabilities] | None = None
+) -> EnvironmentContract:
+    """Load a contract file; fixtures resolve relative to its folder."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ContractError([ContractProblem("", f"cannot read {file}: {exc}")]) from exc
+    return parse_contract_text(
+        text, base_dir=file.parent, capabilities=capabilities, source=str(file)
+    )
+
+
+def fixture_hashes(contract: EnvironmentContract, base_dir: Path | None = None) -> dict[str, str]:
+    """sha256 of every fixture file, keyed by its path relative to the contract."""
+    base = base_dir or contract.source_dir
+    if base is None:
+        raise ValueError("contract was not loaded from a file: pass base_dir")
+    hashes: dict[str, str] = {}
+    for rel in contract.fixtures:
+        root = base / rel
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for file in files:
+            inner = file.relative_to(root).parts if root.is_dir() else ()
+            if _IGNORED_FIXTURE_PARTS.intersection(inner) or file.suffix == ".pyc":
+                continue  # caches appear when fixtures are run; they are not content
+            key = PurePosixPath(rel, *inner).as_posix()
+            hashes[key] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return hashes
+
+
+def canonical_form(contract: EnvironmentContract, fixture_hashes: Mapping[str, str]) -> bytes:
+    """Sorted-key compact JSON of the contract and its fixture hashes."""
+    document = {"contract": contract.model_dump(mode="json"), "fixtures": dict(fixture_hashes)}
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return text.encode("utf-8")
+
+
+def contract_id(contract: EnvironmentContract, hashes: Mapping[str, str] | None = None) -> str:
+    """sha256 hex of the canonical form (fixtures hashed from disk when not given)."""
+    if hashes is None:
+        hashes = fixture_hashes(contract)
+    return hashlib.sha256(canonical_form(contract, hashes)).hexdigest()
+
+
+def _parse(
+    text: str, *, base_dir: Path, capabilities: Mapping[str, Capabilities] | None
+) -> tuple[list[ContractProblem], EnvironmentContract | None]:
+    problems, data, locate = yaml_problems(text)
+    if data is None:
+        return problems, None
+    contract: EnvironmentContract | None = None
+    try:
+        contract = EnvironmentContract.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(schema_problems(exc, EnvironmentContract, locate))
+    problems.extend(missing_fixtures(data, base_dir, _fixture_path, locate))
+    if capabilities is not None:
+        criteria = frozenset(SuccessCriteria.model_fields)
+        problems.extend(capability_problems(data, capabilities, criteria, locate))
+    problems.sort(key=lambda p: p.line or 0)  # document order; stable within a line
+    return problems, (contract if not problems else None)
