@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,6 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from triloop.contracts import EnvironmentContract, parse_contract_text
 from execution_loop.environments.base import Environment, EnvironmentFactory
 from execution_loop.episode import INFRASTRUCTURE_ERRORS, EpisodeRecord, StepRecord, run_episode
 from execution_loop.policies import PolicyCache
@@ -51,10 +51,15 @@ from execution_loop.workflows import (
     TruncateInput,
     TruncateResult,
 )
+from triloop.contracts import EnvironmentContract, parse_contract_text
 from triloop.models import EnvironmentVersion, Task, Trajectory
 from triloop.policy import Authorizer, PolicyDenied
 
 EnvironmentLookup = Callable[[str], EnvironmentFactory]
+# Every step heartbeats unless the last heartbeat is younger than this: an SDK heartbeat
+# costs ~0.25 ms of the worker's event loop, as much as a whole step of a fast environment,
+# and Temporal coalesces them to one per 0.8 heartbeat timeouts anyway.
+HEARTBEAT_MIN_INTERVAL_S = 0.1
 _RETRYABLE: tuple[type[BaseException], ...] = (
     *INFRASTRUCTURE_ERRORS,
     sqlalchemy.exc.OperationalError,
@@ -108,11 +113,15 @@ class TaskEnvironments:
     def __init__(self, *, engine: Engine, lookup: EnvironmentLookup | None = None) -> None:
         self._engine = engine
         self._lookup = lookup or _default_lookup
-        self._contracts: dict[str, EnvironmentContract] = {}
+        self._tasks: dict[str, OpenedTask] = {}
         self._lock = threading.Lock()
 
     def task(self, task_id: str) -> OpenedTask:
-        """Read the task and its environment version; the contract is parsed once per version."""
+        """The task with its contract; read once per task (tasks and versions are immutable)."""
+        with self._lock:
+            opened = self._tasks.get(task_id)
+        if opened is not None:
+            return opened
         with Session(self._engine) as session:
             task = session.get(Task, task_id)
             if task is None:
@@ -120,12 +129,11 @@ class TaskEnvironments:
             version = session.get(EnvironmentVersion, task.environment_version_id)
         if version is None:
             raise LookupError(f"environment version {task.environment_version_id!r} is missing")
+        contract = self._parse(version)
+        opened = OpenedTask(task.id, version.id, task.seed, contract, self._lookup(contract.task))
         with self._lock:
-            contract = self._contracts.get(version.id)
-            if contract is None:
-                contract = self._parse(version)
-                self._contracts[version.id] = contract
-        return OpenedTask(task.id, version.id, task.seed, contract, self._lookup(contract.task))
+            self._tasks[task_id] = opened
+        return opened
 
     def _parse(self, version: EnvironmentVersion) -> EnvironmentContract:
         from execution_loop.environments import registry
@@ -197,10 +205,10 @@ class RolloutActivities:
     @activity.defn(name=RUN_EPISODE_ACTIVITY, no_thread_cancel_exception=True)
     def run_episode(self, job: EpisodeInput) -> EpisodeSummary:
         """Play one episode, heartbeating every step, and store it once."""
-        with Session(self._engine) as session:
-            stored = session.get(Trajectory, job.spec.episode_id)
-        if stored is not None:  # an earlier attempt wrote it, then lost its report
-            return _summary(stored, written=False)
+        if activity.info().attempt > 1:
+            stored = self._stored(job.spec.episode_id)
+            if stored is not None:  # an earlier attempt wrote it, then lost its report
+                return stored
         try:
             row, steps = self._play(job)
             written = write_trajectory(
@@ -212,7 +220,14 @@ class RolloutActivities:
             if is_infrastructure_error(exc):
                 raise
             raise non_retryable(exc) from exc
-        return _summary(row, written=written)
+        if not written:  # another run of this episode got there first: report what it stored
+            return self._stored(row.id) or _summary(row, written=False)
+        return _summary(row, written=True)
+
+    def _stored(self, episode_id: str) -> EpisodeSummary | None:
+        with Session(self._engine) as session:
+            stored = session.get(Trajectory, episode_id)
+        return None if stored is None else _summary(stored, written=False)
 
     def _play(self, job: EpisodeInput) -> tuple[TrajectoryRow, list[StepRow]]:
         spec = job.spec
@@ -221,10 +236,15 @@ class RolloutActivities:
         info = activity.info()
         restarted_after = info.heartbeat_details[0] if info.heartbeat_details else 0
 
+        last_beat = [float("-inf")]
+
         def on_step(step: StepRecord) -> None:
             if activity.is_cancelled():
                 raise CancelledError("episode cancelled: the batch deadline passed")
-            activity.heartbeat(step.index + 1)
+            now = time.monotonic()
+            if now - last_beat[0] >= HEARTBEAT_MIN_INTERVAL_S or step.done:
+                activity.heartbeat(step.index + 1)  # details: steps done
+                last_beat[0] = now
 
         env = opened.open()
         try:

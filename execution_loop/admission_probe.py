@@ -27,8 +27,8 @@ from pathlib import Path
 from temporalio import activity
 
 from execution_loop.activities import OpenedTask, TaskEnvironments
-from triloop.contracts import EnvironmentContract
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits, SandboxResult
+from triloop.contracts import EnvironmentContract
 from triloop.workflow_api import (
     PROBE_ADMISSION_ACTIVITY,
     AdmissionProbeEvidence,

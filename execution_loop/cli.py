@@ -11,9 +11,9 @@ from pathlib import Path
 
 import typer
 
+from execution_loop.environments import registry
 from triloop.contracts import contract_id, fixture_hashes, parse_contract_text
 from triloop.contracts import validate_contract_text as _validate
-from execution_loop.environments import registry
 
 env_app = typer.Typer(help="Environment contracts.", no_args_is_help=True)
 

@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from triloop.contracts import ContextRule, Limits
 from execution_loop.environments.base import Environment, Outcome
 from execution_loop.harness import ChatHarness, Turn, step_action_mask
 from execution_loop.inference.base import InferenceError, PolicyClient, PromptTooLongError
 from execution_loop.sandbox import SandboxError
 from execution_loop.verification import VerificationError
+from triloop.contracts import ContextRule, Limits
 
 COMPLETED, TRUNCATED, FAILED = "completed", "truncated", "failed"
 INFRASTRUCTURE_ERRORS: tuple[type[Exception], ...] = (

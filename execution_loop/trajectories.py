@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +129,21 @@ def insert_steps_per_row(cursor: Cursor[Any], trajectory_id: str, steps: Iterabl
     return count
 
 
+def insert_steps_pipelined(
+    cursor: Cursor[Any], trajectory_id: str, steps: Iterable[StepRow]
+) -> int:
+    """Write steps with psycopg's ``executemany`` (one pipelined INSERT per row)."""
+    values = [_step_values(trajectory_id, step) for step in steps]
+    cursor.executemany(_INSERT_STEP, values)
+    return len(values)
+
+
+StepWriter = Callable[[Cursor[Any], str, Iterable[StepRow]], int]
+STEP_WRITERS: dict[str, StepWriter] = {
+    "copy": copy_steps, "insert": insert_steps_per_row, "executemany": insert_steps_pipelined,
+}
+
+
 def _trajectory_values(row: TrajectoryRow) -> tuple[Any, ...]:
     return (
         row.id, row.batch_id, row.run_id, row.task_id, row.checkpoint_id, row.purpose,
@@ -138,16 +153,17 @@ def _trajectory_values(row: TrajectoryRow) -> tuple[Any, ...]:
 
 
 def insert_trajectory(
-    cursor: Cursor[Any], trajectory: TrajectoryRow, steps: Sequence[StepRow], *, bulk: bool = True
+    cursor: Cursor[Any], trajectory: TrajectoryRow, steps: Sequence[StepRow], *,
+    method: str = "copy",
 ) -> bool:
-    """Insert inside the caller's transaction; False (and nothing written) if the id exists."""
+    """Insert inside the caller's transaction; False (and nothing written) if the id exists.
+
+    ``method`` names a ``STEP_WRITERS`` entry; only the bench uses anything but COPY.
+    """
     cursor.execute(_INSERT_TRAJECTORY, _trajectory_values(trajectory))
     if cursor.fetchone() is None:
         return False
-    if bulk:
-        copy_steps(cursor, trajectory.id, steps)
-    else:
-        insert_steps_per_row(cursor, trajectory.id, steps)
+    STEP_WRITERS[method](cursor, trajectory.id, steps)
     return True
 
 

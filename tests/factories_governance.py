@@ -91,7 +91,7 @@ class StandInExecution:
     def rollout_batch(self, batch: RolloutBatchInput) -> RolloutBatchResult:
         """Write every episode of an eval batch."""
         assert batch.checkpoint_id is not None
-        rows = []
+        rows: list[dict[str, Any]] = []
         for i, item in enumerate(batch.items):
             for sample in range(item.group_size):
                 rows.append({

@@ -101,6 +101,11 @@ class TrainingRunInput:
     start_iteration: int = 0
     latest_checkpoint_id: str | None = None
     paused: bool = False
+    base_checkpoint_id: str | None = None  # root of the run's lineage, once registered
+    # Bound the workflow history: continue-as-new after this many iterations (count).
+    continue_as_new_every: int = 25
+    # Seconds without a heartbeat before an update attempt counts as lost (its worker died).
+    update_heartbeat_timeout_s: float = 120.0
 
 
 @dataclass
@@ -248,3 +253,20 @@ class PromotionStatus:
     audited_by: str | None = None
     approved_by: str | None = None
     reason: str | None = None
+
+
+@dataclass
+class RunStatus:
+    """What ``RUN_STATUS_QUERY`` returns and what a training run's workflow ends with."""
+
+    run_id: str
+    status: str  # starting | running | paused | completed | cancelled | failed
+    iterations_done: int = 0
+    iterations: int = 0  # the configured total
+    latest_checkpoint_id: str | None = None
+    base_checkpoint_id: str | None = None
+    paused_reason: str | None = None
+    alarms: list[str] = field(default_factory=list)  # "iteration N: message", oldest first
+    proposals: list[str] = field(default_factory=list)  # proposal ids, oldest first
+    last_reward_mean: float | None = None
+    refused_controls: list[str] = field(default_factory=list)  # why the policy refused them

@@ -108,7 +108,7 @@ def as_problem(exc: Exception) -> ProblemError:
         reasons = [_describe(error) for error in exc.errors()]
         return invalid("the request does not match the API schema", reasons)
     if isinstance(exc, StarletteHTTPException):
-        titles = {401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
+        titles = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
                   405: "Method not allowed", 409: "Conflict", 422: "Invalid input"}
         title = titles.get(exc.status_code, "HTTP error")
         return ProblemError(exc.status_code, title, str(exc.detail))

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from triloop.contracts import EnvironmentContract
     from execution_loop.sandbox import SandboxBackend
+    from triloop.contracts import EnvironmentContract
 
 
 @dataclass(frozen=True)

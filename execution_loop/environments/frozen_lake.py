@@ -34,8 +34,8 @@ from execution_loop.environments.base import (
 from execution_loop.verification import VerifierRequest, run_verifier
 
 if TYPE_CHECKING:
-    from triloop.contracts import EnvironmentContract
     from execution_loop.sandbox import SandboxBackend
+    from triloop.contracts import EnvironmentContract
 
 Cell = tuple[int, int]
 VERIFIER = "execution_loop.environments.frozen_lake:verify"

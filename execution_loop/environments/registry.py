@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from triloop.contracts import ContractError, EnvironmentContract, load_contract
 from execution_loop.environments import fix_ci_failure, frozen_lake, tool_arithmetic
 from execution_loop.environments.base import Environment, EnvironmentFactory, TaskCapabilities
-from triloop.contract_checks import capability_problems
 from execution_loop.sandbox import SandboxBackend
+from triloop.contract_checks import capability_problems
+from triloop.contracts import ContractError, EnvironmentContract, load_contract
 
 CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
 

@@ -11,6 +11,7 @@ from sqlmodel import Session
 from temporalio import activity
 
 from governance_loop import store
+from governance_loop.activities import episodes
 from governance_loop.activities.common import (
     GovernanceShell,
     outcome_of,
@@ -60,7 +61,7 @@ def _spec(session: Session, threshold_id: str) -> ThresholdSpec:
     return ThresholdSpec.from_mapping(row.spec)
 
 
-def _stats(outcomes: store.Outcomes) -> EpisodeStats:
+def _stats(outcomes: episodes.Outcomes) -> EpisodeStats:
     return EpisodeStats.from_outcomes(outcomes.successes, outcomes.rewards)
 
 
@@ -93,13 +94,13 @@ class EvidenceActivities(GovernanceShell):
             else:
                 production = (
                     None if request.production_batch_id is None
-                    else _stats(store.batch_outcomes(session=session,
+                    else _stats(episodes.batch_outcomes(session=session,
                                                      batch_id=request.production_batch_id))
                 )
                 result = EvalSetResult(
                     eval_set=f"{eval_set.name}@v{eval_set.version}",
                     eval_set_version=eval_set.content_hash,
-                    candidate=_stats(store.batch_outcomes(
+                    candidate=_stats(episodes.batch_outcomes(
                         session=session, batch_id=request.candidate_batch_id)),
                     production=production,
                 )
@@ -113,7 +114,7 @@ class EvidenceActivities(GovernanceShell):
         """Judge the shadow soak on paired production/shadow episodes."""
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
-            pairs = store.shadow_pairs(
+            pairs = episodes.shadow_pairs(
                 session=session, candidate_id=request.candidate_checkpoint_id,
                 production_id=request.production_checkpoint_id,
                 since=parse_time(request.since),
@@ -133,11 +134,11 @@ class EvidenceActivities(GovernanceShell):
         since = parse_time(request.since)
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
-            canary = store.episode_counts(
+            canary = episodes.episode_counts(
                 session=session, checkpoint_id=request.candidate_checkpoint_id,
                 purposes=CANARY_PURPOSES, since=since,
             )
-            production = store.episode_counts(
+            production = episodes.episode_counts(
                 session=session, checkpoint_id=request.production_checkpoint_id,
                 purposes=(PRODUCTION,), since=since,
             )
@@ -166,12 +167,12 @@ class EvidenceActivities(GovernanceShell):
                 )
                 return self._store(session, request.promotion_id, decision,
                                    threshold_id=request.threshold_id)
-            baseline = store.episode_counts(
+            baseline = episodes.episode_counts(
                 session=session, checkpoint_id=request.baseline_checkpoint_id,
                 purposes=(PRODUCTION,), since=parse_time(request.baseline_since),
                 until=promoted_at,
             )
-            promoted = store.episode_counts(
+            promoted = episodes.episode_counts(
                 session=session, checkpoint_id=request.candidate_checkpoint_id,
                 purposes=(PRODUCTION,), since=promoted_at,
             )

@@ -6,17 +6,21 @@ what was stored reads the database.
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.worker import Replayer
 
+from execution_loop.inference.base import FINISH_STOP, Generation, PolicyClient
 from execution_loop.routing import canary_bucket
 from execution_loop.worker import build_worker
+from execution_loop.workflows import RolloutWorkflow
 from tests.factories_execution import make_builtin_task, register_checkpoint_dir, set_routing
 from triloop.config import Settings
 from triloop.temporal import connect
@@ -216,3 +220,47 @@ async def test_production_routing_canary_share_and_shadow(
                 "SELECT feedback FROM step WHERE trajectory_id = :t ORDER BY index"),
                 {"t": shadow_id}).scalars().all()
             assert all(f["shadow_agreement"]["agreed"] for f in feedback)
+
+    # The workflow is deterministic: its recorded history replays without divergence.
+    history = await client.get_workflow_handle(f"rollout-{batch.batch_id}").fetch_history()
+    await Replayer(workflows=[RolloutWorkflow]).replay_workflow(history)
+
+
+class StuckPolicy:
+    """A policy whose every turn takes far longer than the heartbeat timeout."""
+
+    def __init__(self, checkpoint_id: str, model_dir: Path, delay_s: float) -> None:
+        from transformers import AutoTokenizer
+
+        self.checkpoint_id = checkpoint_id
+        self._tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self._delay_s = delay_s
+
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def generate(self, prompt_token_ids: list[int], *, max_new_tokens: int, temperature: float,
+                 seed: int | None, stop_token_ids: Sequence[int] = ()) -> Generation:
+        del prompt_token_ids, max_new_tokens, temperature, seed, stop_token_ids
+        time.sleep(self._delay_s)
+        return Generation(token_ids=[5], logprobs=[-0.1], text="R", finish_reason=FINISH_STOP)
+
+
+async def test_stuck_episodes_never_hold_the_batch_past_its_deadline(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str
+) -> None:
+    def stuck(checkpoint_id: str, model_dir: Path) -> PolicyClient:
+        return StuckPolicy(checkpoint_id, model_dir, delay_s=6.0)
+
+    task = make_builtin_task(owner_engine, "frozen_lake", seed=6)
+    batch = new_batch("training", [RolloutItem(task, 6, group_size=2)],
+                      checkpoint_id=checkpoint, max_concurrency=2, deadline_s=1.0,
+                      heartbeat_timeout_s=2)
+    started = time.monotonic()
+    result = await run_batch(client, queue_settings, batch, policy_factory=stuck)
+
+    assert time.monotonic() - started < 30
+    assert result.truncated == 2 and result.completed == result.failed == 0
+    rows = stored(owner_engine, batch.batch_id)
+    assert sorted(rows) == sorted(result.trajectory_ids) and len(rows) == 2
+    assert {r["failure_reason"] for r in rows.values()} <= {"deadline", "batch_deadline"}

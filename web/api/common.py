@@ -9,6 +9,7 @@ from fastapi import Query
 from web.problems import PROBLEM_MEDIA_TYPE, Problem
 
 _MEANINGS = {
+    400: "The body could not be parsed (not valid JSON)",
     401: "No valid bearer token or console session",
     403: "The policy refused (its reasons are in the problem), or a CSRF check failed",
     404: "No resource with that id",

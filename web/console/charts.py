@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-WIDTH, HEIGHT = 560, 200
-PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 56, 12, 14, 30
+WIDTH, HEIGHT = 520, 210
+PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 64, 14, 14, 32
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,11 @@
-"""Governance workflows: promotion through the gates, task admission, rollback.
+"""PromotionWorkflow: offline eval, shadow, canary, audit, approval, promote, watch.
 
-Deterministic code only: every read and write is an activity named in
-``governance_loop.activities.messages``; gate verdicts are computed and stored by
-those activities so a history replays the verdict it recorded, even after the
-gate rules change. Human decisions arrive as updates whose validators re-check
-separation of duties with the pure ``governance_loop.gates.human`` rules; their
-handlers ask OPA again (in an activity) before anything is written. Soaks and
-deadlines are durable timers; polling loops sleep between looks, so a soak of
-days adds a few hundred events, never an unbounded history.
+Gate verdicts are computed and stored by activities, so a history replays the
+verdict it recorded even after the gate rules change. Human decisions arrive as
+updates whose validators re-check separation of duties with the pure rules in
+``governance_loop.gates.human``; their handlers ask OPA again (in an activity)
+before anything is written. Soaks are durable timers and every polling loop
+sleeps between looks, so a soak of days adds a few hundred events to the history.
 """
 
 from __future__ import annotations
@@ -17,11 +15,10 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from governance_loop.activities import messages as m
+    import governance_loop.activities.messages as m
     from governance_loop.gates import (
         APPROVAL,
         AUDIT,
@@ -34,24 +31,15 @@ with workflow.unsafe.imports_passed_through():
         validate_approval_decision,
         validate_audit_decision,
     )
-    from governance_loop.gates import HumanDecision as GateHumanDecision
+    from governance_loop.workflows._shared import HUMAN_RETRY, act, gate_decision, refusal
     from triloop.workflow_api import (
-        ADMISSION_DECIDE_UPDATE,
-        ADMISSION_STATUS_QUERY,
-        ADMISSION_WORKFLOW,
         EXECUTION_QUEUE,
-        PROBE_ADMISSION_ACTIVITY,
         PROMOTION_APPROVE_UPDATE,
         PROMOTION_PROPOSED_SIGNAL,
         PROMOTION_SIGN_AUDIT_UPDATE,
         PROMOTION_STATUS_QUERY,
         PROMOTION_WORKFLOW,
-        ROLLBACK_WORKFLOW,
         ROLLOUT_WORKFLOW,
-        AdmissionInput,
-        AdmissionProbeEvidence,
-        AdmissionProbeInput,
-        AdmissionResult,
         GateSummary,
         HumanDecision,
         PromotionInput,
@@ -62,38 +50,6 @@ with workflow.unsafe.imports_passed_through():
         RolloutBatchResult,
         sibling_queue,
     )
-
-QUICK = timedelta(seconds=60)
-RETRY = RetryPolicy(
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=[m.POLICY_DENIED, m.GOVERNANCE_REFUSED],
-)
-# A person waits on an update: fail fast instead of retrying for minutes.
-HUMAN_RETRY = RetryPolicy(
-    maximum_attempts=3, non_retryable_error_types=[m.POLICY_DENIED, m.GOVERNANCE_REFUSED]
-)
-
-
-async def _act(name: str, arg: Any, result_type: type[Any] | None = None,
-               retry: RetryPolicy = RETRY) -> Any:
-    return await workflow.execute_activity(
-        name, arg, result_type=result_type, start_to_close_timeout=QUICK, retry_policy=retry
-    )
-
-
-def _gate_decision(decision: HumanDecision, *, audit: bool) -> GateHumanDecision:
-    """The wire decision as the pure validator sees it; an auditor's 'approve' signs."""
-    choice = decision.decision
-    if audit and choice == "approve":
-        choice = "sign"
-    return GateHumanDecision(user=decision.user, service=decision.service,
-                             roles=list(decision.roles), decision=choice, comment=decision.comment)
-
-
-def _refusal(error: ActivityError) -> ApplicationError:
-    cause = error.cause
-    message = cause.message if isinstance(cause, ApplicationError) else str(cause or error)
-    return ApplicationError(f"refused: {message}", type=m.POLICY_DENIED, non_retryable=True)
 
 
 @workflow.defn(name=PROMOTION_WORKFLOW)
@@ -136,7 +92,7 @@ class PromotionWorkflow:
     async def run(self, request: PromotionInput) -> PromotionStatus:
         """Walk the gates; stop at the first that does not pass."""
         self._proposal_id = request.proposal_id
-        plan: m.PromotionPlan = await _act(m.OPEN_PROMOTION, m.OpenPromotionInput(
+        plan: m.PromotionPlan = await act(m.OPEN_PROMOTION, m.OpenPromotionInput(
             proposal_id=request.proposal_id, checkpoint_id=request.checkpoint_id,
             run_id=request.run_id, submitted_by=request.submitted_by,
             workflow_id=workflow.info().workflow_id,
@@ -180,7 +136,7 @@ class PromotionWorkflow:
     async def _enter(self, gate: str, waiting_for: str | None) -> None:
         self._gate, self._waiting_for = gate, waiting_for
         assert self._plan is not None
-        await _act(m.MARK_PROMOTION, m.MarkPromotion(promotion_id=self._plan.promotion_id,
+        await act(m.MARK_PROMOTION, m.MarkPromotion(promotion_id=self._plan.promotion_id,
                                                      gate=gate))
 
     def _note(self, outcome: m.GateOutcome) -> m.GateOutcome:
@@ -192,7 +148,7 @@ class PromotionWorkflow:
 
     async def _record(self, gate: str, reasons: list[str]) -> m.GateOutcome:
         assert self._plan is not None
-        outcome: m.GateOutcome = await _act(m.RECORD_GATE, m.GateRecord(
+        outcome: m.GateOutcome = await act(m.RECORD_GATE, m.GateRecord(
             promotion_id=self._plan.promotion_id, gate=gate, reasons=reasons,
             threshold_id=self._plan.threshold_id,
         ), m.GateOutcome)
@@ -203,11 +159,11 @@ class PromotionWorkflow:
         self._status, self._waiting_for = status, None
         self._reason = reason or (f"{outcome.gate}: " + "; ".join(outcome.reasons)
                                   if outcome else status)
-        await _act(m.MARK_PROMOTION, m.MarkPromotion(
+        await act(m.MARK_PROMOTION, m.MarkPromotion(
             promotion_id=self._plan.promotion_id, status=status, reason=self._reason[:2000]))
 
     async def _judge(self, name: str, arg: Any) -> m.GateOutcome:
-        outcome: m.GateOutcome = await _act(name, arg, m.GateOutcome)
+        outcome: m.GateOutcome = await act(name, arg, m.GateOutcome)
         return self._note(outcome) if outcome.verdict != "continue" else outcome
 
     # --- offline eval ----------------------------------------------------------------------
@@ -246,7 +202,7 @@ class PromotionWorkflow:
     async def _claim(self, plan: m.PromotionPlan, slot: str, share: float) -> str:
         """Route the slot to the candidate once no other open promotion holds it."""
         while True:
-            change: m.RoutingChange = await _act(m.SET_ROUTING, m.RoutingRequest(
+            change: m.RoutingChange = await act(m.SET_ROUTING, m.RoutingRequest(
                 promotion_id=plan.promotion_id, slot=slot,
                 checkpoint_id=plan.candidate_checkpoint_id, share=share,
             ), m.RoutingChange)
@@ -256,7 +212,7 @@ class PromotionWorkflow:
             await workflow.sleep(plan.timing.slot_wait_interval_s)
 
     async def _release(self, plan: m.PromotionPlan, slot: str) -> None:
-        await _act(m.SET_ROUTING, m.RoutingRequest(
+        await act(m.SET_ROUTING, m.RoutingRequest(
             promotion_id=plan.promotion_id, slot=slot, checkpoint_id=None), m.RoutingChange)
 
     async def _shadow(self, plan: m.PromotionPlan) -> m.GateOutcome:
@@ -328,7 +284,7 @@ class PromotionWorkflow:
     @sign_audit.validator
     def _validate_audit(self, decision: HumanDecision) -> None:
         submitter, awaiting = self._check_open(AUDIT)
-        validate_audit_decision(_gate_decision(decision, audit=True), submitter=submitter,
+        validate_audit_decision(gate_decision(decision, audit=True), submitter=submitter,
                                 awaiting=awaiting)
 
     @workflow.update(name=PROMOTION_APPROVE_UPDATE)
@@ -339,23 +295,23 @@ class PromotionWorkflow:
     @operator_decision.validator
     def _validate_approval(self, decision: HumanDecision) -> None:
         submitter, awaiting = self._check_open(APPROVAL)
-        validate_approval_decision(_gate_decision(decision, audit=False), submitter=submitter,
+        validate_approval_decision(gate_decision(decision, audit=False), submitter=submitter,
                                    auditor=self._auditor, awaiting=awaiting)
 
     async def _decide(self, gate: str, decision: HumanDecision) -> GateSummary:
         assert self._plan is not None
         self._deciding = True
         try:
-            outcome: m.GateOutcome = await _act(m.RECORD_HUMAN_DECISION, m.HumanDecisionRecord(
+            outcome: m.GateOutcome = await act(m.RECORD_HUMAN_DECISION, m.HumanDecisionRecord(
                 promotion_id=self._plan.promotion_id,
                 kind="audit" if gate == AUDIT else "operator",
                 user=decision.user, roles=list(decision.roles),
-                decision=_gate_decision(decision, audit=gate == AUDIT).decision,
+                decision=gate_decision(decision, audit=gate == AUDIT).decision,
                 comment=decision.comment, submitted_by=self._plan.submitted_by,
                 audited_by=self._auditor,
             ), m.GateOutcome, retry=HUMAN_RETRY)
         except ActivityError as error:
-            raise _refusal(error) from error
+            raise refusal(error) from error
         finally:
             self._deciding = False
         self._note(outcome)
@@ -372,7 +328,7 @@ class PromotionWorkflow:
     async def _promote(self, plan: m.PromotionPlan) -> str | None:
         assert plan.baseline_checkpoint_id and self._auditor and self._approver
         await self._enter(PROMOTE, None)
-        result: m.PromoteResult = await _act(m.PROMOTE_CANDIDATE, m.PromoteInput(
+        result: m.PromoteResult = await act(m.PROMOTE_CANDIDATE, m.PromoteInput(
             promotion_id=plan.promotion_id, candidate_checkpoint_id=plan.candidate_checkpoint_id,
             baseline_checkpoint_id=plan.baseline_checkpoint_id,
             submitted_by=plan.submitted_by, audited_by=self._auditor,
@@ -389,7 +345,7 @@ class PromotionWorkflow:
         return None
 
     async def _rollback(self, plan: m.PromotionPlan, reason: str) -> None:
-        await _act(m.ROLLBACK_DEPLOYMENT, RollbackInput(
+        await act(m.ROLLBACK_DEPLOYMENT, RollbackInput(
             requested_by="governance", reason=reason, promotion_id=plan.promotion_id,
         ), RollbackResult)
 
@@ -417,121 +373,5 @@ class PromotionWorkflow:
             await self._end("rolled_back", outcome)
             return
         self._waiting_for = None
-        await _act(m.MARK_PROMOTION, m.MarkPromotion(
+        await act(m.MARK_PROMOTION, m.MarkPromotion(
             promotion_id=plan.promotion_id, reason="watch passed: " + "; ".join(outcome.reasons)))
-
-
-@workflow.defn(name=ROLLBACK_WORKFLOW)
-class RollbackWorkflow:
-    """An operator's rollback: OPA for the person, then one transaction."""
-
-    @workflow.run
-    async def run(self, request: RollbackInput) -> RollbackResult:
-        """Move the alias back to its rollback target."""
-        if request.promotion_id is not None:
-            raise ApplicationError("automatic rollbacks come only from a promotion's watch",
-                                   type=m.GOVERNANCE_REFUSED, non_retryable=True)
-        result: RollbackResult = await workflow.execute_activity(
-            m.ROLLBACK_DEPLOYMENT, request, result_type=RollbackResult,
-            start_to_close_timeout=timedelta(seconds=10),
-            retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200),
-                                     maximum_attempts=5,
-                                     non_retryable_error_types=[m.POLICY_DENIED,
-                                                                m.GOVERNANCE_REFUSED]),
-        )
-        return result
-
-
-@workflow.defn(name=ADMISSION_WORKFLOW)
-class AdmissionWorkflow:
-    """The four questions answered by the execution loop's probe, then an operator decides."""
-
-    def __init__(self) -> None:
-        self._result = AdmissionResult(task_id="", status="assessing")
-        self._decision: str | None = None
-        self._deciding = False
-
-    @workflow.query(name=ADMISSION_STATUS_QUERY)
-    def status(self) -> AdmissionResult:
-        """The assessment so far and the decision, if any."""
-        return self._result
-
-    @workflow.run
-    async def run(self, request: AdmissionInput) -> AdmissionResult:
-        """Probe, assess, store, then wait for the operator (fail closed at the deadline)."""
-        self._result.task_id = request.task_id
-        task: m.AdmissionTask = await _act(
-            m.LOAD_ADMISSION_TASK, m.AdmissionTaskRequest(task_id=request.task_id),
-            m.AdmissionTask)
-        if task.status != "pending" or task.problem:
-            self._result.status = task.status if task.status != "pending" else "rejected"
-            self._result.reasons = [task.problem or f"task is already {task.status}"]
-            return self._result
-        probe: AdmissionProbeEvidence | None = None
-        error: str | None = None
-        try:
-            probe = await workflow.execute_activity(
-                PROBE_ADMISSION_ACTIVITY,
-                AdmissionProbeInput(task_id=request.task_id, resets=task.resets,
-                                    reference_runs=task.reference_runs),
-                task_queue=sibling_queue(workflow.info().task_queue, EXECUTION_QUEUE),
-                result_type=AdmissionProbeEvidence,
-                start_to_close_timeout=timedelta(minutes=30),
-                retry_policy=RetryPolicy(maximum_attempts=3),
-            )
-        except ActivityError as failure:
-            error = str(failure.cause or failure)
-        assessment: m.AdmissionAssessmentRecord = await _act(
-            m.RECORD_ADMISSION_EVIDENCE,
-            m.AdmissionEvidenceInput(task_id=request.task_id, probe=probe, probe_error=error),
-            m.AdmissionAssessmentRecord)
-        self._result.admissible = assessment.admissible
-        self._result.reasons = list(assessment.reasons)
-        self._result.status = "awaiting_decision"
-        try:
-            await workflow.wait_condition(lambda: self._decision is not None,
-                                          timeout=timedelta(seconds=task.decision_deadline_s))
-        except TimeoutError:
-            await workflow.wait_condition(lambda: not self._deciding)
-        if self._decision is None:
-            self._result.status = await _act(m.DECIDE_TASK_ADMISSION, m.AdmissionDecisionInput(
-                task_id=request.task_id, user="governance", roles=[], decision="reject",
-                comment=f"no operator decision within {task.decision_deadline_s:g}s",
-            ), str)
-        await workflow.wait_condition(workflow.all_handlers_finished)
-        return self._result
-
-    @workflow.update(name=ADMISSION_DECIDE_UPDATE)
-    async def decide_admission(self, decision: HumanDecision) -> AdmissionResult:
-        """An operator admits (only an admissible task) or rejects."""
-        self._deciding = True
-        try:
-            status: str = await _act(m.DECIDE_TASK_ADMISSION, m.AdmissionDecisionInput(
-                task_id=self._result.task_id, user=decision.user, roles=list(decision.roles),
-                decision=decision.decision, comment=decision.comment,
-            ), str, retry=HUMAN_RETRY)
-        except ActivityError as error:
-            raise _refusal(error) from error
-        finally:
-            self._deciding = False
-        self._decision = decision.decision
-        self._result.status = status
-        self._result.decided_by = decision.user
-        return self._result
-
-    @decide_admission.validator
-    def _validate_decision(self, decision: HumanDecision) -> None:
-        if self._result.status != "awaiting_decision" or self._deciding:
-            raise HumanDecisionError(f"the admission is {self._result.status}; no decision now")
-        if not decision.user.strip():
-            raise HumanDecisionError("an admission decision needs the signed-in user")
-        if "operator" not in decision.roles:
-            raise HumanDecisionError(f"{decision.user!r} lacks the 'operator' role to admit tasks")
-        if decision.decision not in ("approve", "reject"):
-            raise HumanDecisionError(f"unknown decision {decision.decision!r}: approve or reject")
-        if not decision.comment.strip():
-            raise HumanDecisionError("an admission decision needs a comment saying why")
-        if decision.decision == "approve" and not self._result.admissible:
-            raise HumanDecisionError(
-                "the task failed the admission questions and can only be rejected: "
-                + "; ".join(self._result.reasons))

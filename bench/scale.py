@@ -1,0 +1,275 @@
+"""Scale: 50 to 500 concurrent short episodes through the real RolloutWorkflow and worker.
+
+Usage: ``python bench/scale.py [--sizes 50,100,250,500] [--steps 5]
+[--database-url OWNER_URL --temporal-address HOST:PORT --opa-url URL]``.
+Without the URLs it starts its own PostgreSQL, Temporal and OPA (``triloop.devstack``)
+in a temporary folder and stops them afterwards (``bench/rollout.py``'s ``services``).
+
+For each size N: a fresh execution worker process (``execution_loop.worker.build_worker``
+with ``max_concurrent_episodes=N``, the scripted policy and the trivial counter
+environment of ``bench/rollout.py`` injected, as the tests inject theirs) runs one
+``RolloutWorkflow`` batch of N episodes with ``max_concurrency=N``: all N run at once,
+each authorizing with OPA and storing its trajectory in PostgreSQL. The worker first
+plays a small warm-up batch; its peak resident set is then reset and tracked (psutil
+samples every 20 ms, and the kernel's high-water mark where Linux has one) until the
+batch returns. Throughput is N / (batch start to result). Growth is each size against
+the first one, measured in the same run: ideal scaling keeps throughput flat (1.0x)
+and memory well under N / 50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.rollout import STEPS, Counter, Scripted, register, services
+from execution_loop.environments.base import Outcome, StepResult
+from triloop.config import Settings
+from triloop.db import owner_engine
+from triloop.temporal import connect
+from triloop.workflow_api import (
+    EXECUTION_QUEUE,
+    ROLLOUT_WORKFLOW,
+    RolloutBatchInput,
+    RolloutBatchResult,
+    RolloutItem,
+)
+
+WARM_UP_EPISODES = 8
+READY = "worker ready"
+MOST_OPEN = "most episodes open at once:"
+
+
+class ShortCounter(Counter):
+    """``bench/rollout.py``'s counter, done after ``TRILOOP_BENCH_STEPS`` ticks (short).
+
+    It also counts the episodes open at once in the worker: how many really overlapped.
+    """
+
+    steps = int(os.environ.get("TRILOOP_BENCH_STEPS", "5"))
+    open_now = 0
+    most_open = 0
+    _lock = threading.Lock()
+
+    def __init__(self, contract: Any = None, *, sandbox: Any = None) -> None:
+        super().__init__(contract, sandbox=sandbox)
+        with ShortCounter._lock:
+            ShortCounter.open_now += 1
+            ShortCounter.most_open = max(ShortCounter.most_open, ShortCounter.open_now)
+
+    def close(self) -> None:
+        with ShortCounter._lock:
+            ShortCounter.open_now -= 1
+
+    def step(self, action: str) -> StepResult:
+        result = super().step(action)
+        return dataclasses.replace(result, done=self.count >= self.steps)
+
+    def outcome(self) -> Outcome:
+        done = self.count >= self.steps
+        return Outcome(done, float(done), {"count": self.count})
+
+
+@dataclass(frozen=True)
+class Point:
+    """One size: throughput and the worker's memory (MiB)."""
+
+    episodes: int
+    seconds: float
+    completed: int
+    idle_mib: float  # worker RSS after the warm-up, before the batch
+    peak_mib: float  # worker peak RSS during the batch
+    most_open: int  # episodes the worker had open at the same moment
+
+    @property
+    def per_s(self) -> float:
+        return self.episodes / self.seconds
+
+
+def serve_worker(concurrency: int) -> None:
+    """Child process: the execution worker with the bench's policy and environment."""
+    from execution_loop.worker import build_worker
+
+    settings = Settings()
+
+    async def run() -> None:
+        client = await connect(settings, identity="bench-scale-worker")
+        worker = build_worker(client, settings, policy_factory=lambda c, _d: Scripted(c),
+                              environment_lookup=lambda _name: ShortCounter,
+                              max_concurrent_episodes=concurrency)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        async with worker:
+            print(READY, flush=True)
+            await stop.wait()
+            print(f"{MOST_OPEN} {ShortCounter.most_open}", flush=True)
+
+    asyncio.run(run())
+
+
+class RssSampler:
+    """Samples a process's resident set in a thread; reads the kernel's peak when it can."""
+
+    def __init__(self, pid: int, interval_s: float = 0.02) -> None:
+        self._process = psutil.Process(pid)
+        self._status = Path(f"/proc/{pid}/status")
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.peak = 0
+
+    def rss_mib(self) -> float:
+        return float(self._process.memory_info().rss) / 2**20
+
+    def __enter__(self) -> RssSampler:
+        try:  # Linux: writing 5 resets the peak resident set (VmHWM) to the current one
+            Path(f"/proc/{self._process.pid}/clear_refs").write_text("5")
+        except OSError:
+            pass  # no kernel peak to reset: the samples alone give it
+        self.peak = self._process.memory_info().rss
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        try:
+            for line in self._status.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    self.peak = max(self.peak, int(line.split()[1]) * 1024)
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+
+def worker_env(settings: Settings, steps: int) -> dict[str, str]:
+    """The child's environment: its settings as TRILOOP_* variables, as a deployed worker."""
+    env = dict(os.environ, TRILOOP_SERVICE="execution", TRILOOP_BENCH_STEPS=str(steps))
+    for name, value in settings.model_dump(exclude_none=True).items():
+        env[f"TRILOOP_{name.upper()}"] = str(value)
+    return env
+
+
+async def run_batch(client: Any, settings: Settings, task: str, checkpoint: str,
+                    episodes: int) -> tuple[float, RolloutBatchResult]:
+    """One batch with every episode at once; wall seconds from start to result."""
+    batch = RolloutBatchInput(batch_id=f"scale-{uuid.uuid4().hex[:8]}", purpose="training",
+                              items=[RolloutItem(task, 0, group_size=episodes)],
+                              checkpoint_id=checkpoint, max_concurrency=episodes,
+                              deadline_s=900.0)
+    started = time.perf_counter()
+    result: RolloutBatchResult = await client.execute_workflow(
+        ROLLOUT_WORKFLOW, batch, id=batch.batch_id,
+        task_queue=settings.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult)
+    return time.perf_counter() - started, result
+
+
+async def measure(settings: Settings, task: str, checkpoint: str, size: int,
+                  steps: int) -> Point:
+    """Start a worker for `size` concurrent episodes, warm it up, run and sample one batch."""
+    prefix = f"scale{size}-{uuid.uuid4().hex[:6]}-"  # a queue per worker: no stale pollers
+    settings = settings.model_copy(update={"task_queue_prefix": prefix})
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve-worker", str(size)], env=worker_env(settings, steps),
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        line = await asyncio.to_thread(child.stdout.readline)
+        if line.strip() != READY:
+            raise RuntimeError(f"the worker did not start (exit {child.wait()}); see its stderr")
+        client = await connect(settings, identity="bench-scale")
+        await run_batch(client, settings, task, checkpoint, WARM_UP_EPISODES)
+        with RssSampler(child.pid) as sampler:
+            idle = sampler.rss_mib()
+            seconds, result = await run_batch(client, settings, task, checkpoint, size)
+        child.send_signal(signal.SIGTERM)
+        said = await asyncio.to_thread(child.stdout.read)
+        most_open = next((int(line.split()[-1]) for line in said.splitlines()
+                          if line.startswith(MOST_OPEN)), 0)
+        return Point(size, seconds, result.completed, idle, sampler.peak / 2**20, most_open)
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def print_table(points: list[Point], steps: int) -> None:
+    """Throughput and memory per size, and growth against the first size."""
+    base = points[0]
+    print(f"scale: N concurrent episodes of {steps} steps (scripted policy, trivial env) in one"
+          " RolloutWorkflow batch; worker process RSS")
+    print(f"{'episodes':>8} {'completed':>9} {'wall s':>7} {'episodes/s':>10} {'steps/s':>8}"
+          f" {'idle MiB':>8} {'peak MiB':>8} {'x throughput':>12} {'x peak mem':>10}"
+          f" {'x batch':>7} {'max open':>8}")
+    for p in points:
+        print(f"{p.episodes:8d} {p.completed:9d} {p.seconds:7.2f} {p.per_s:10.1f}"
+              f" {p.per_s * steps:8.0f} {p.idle_mib:8.0f} {p.peak_mib:8.0f}"
+              f" {p.per_s / base.per_s:11.2f}x {p.peak_mib / base.peak_mib:9.2f}x"
+              f" {p.episodes / base.episodes:6.1f}x {p.most_open:8d}")
+    last = points[-1]
+    per_episode = (last.peak_mib - base.peak_mib) / max(1, last.episodes - base.episodes)
+    print(f"from {base.episodes} to {last.episodes} episodes"
+          f" ({last.episodes / base.episodes:.0f}x): throughput {last.per_s / base.per_s:.2f}x,"
+          f" worker peak memory {last.peak_mib / base.peak_mib:.2f}x ({per_episode * 1024:.0f} KiB per extra"
+          " concurrent episode)")
+
+
+async def run(args: argparse.Namespace, settings: Settings) -> list[Point]:
+    """Register the bench task, then measure each size with its own worker."""
+    task, checkpoint = register(owner_engine(settings))
+    points = []
+    for size in args.sizes:
+        points.append(await measure(settings, task, checkpoint, size, args.steps))
+        print(f"  {size} episodes: {points[-1].per_s:.1f}/s", file=sys.stderr, flush=True)
+    return points
+
+
+def main() -> int:
+    """Parse arguments, bring the services up if needed, measure, print."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="50,100,250,500",
+                        type=lambda s: [int(x) for x in s.split(",")],
+                        help="concurrent episodes per batch, comma-separated")
+    parser.add_argument("--steps", type=int, default=5,
+                        help=f"steps per episode (1..{STEPS})")
+    parser.add_argument("--database-url", help="owner URL of a migrated database")
+    parser.add_argument("--temporal-address", default="127.0.0.1:7233")
+    parser.add_argument("--opa-url", default="http://127.0.0.1:8181")
+    parser.add_argument("--serve-worker", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_worker:
+        serve_worker(args.serve_worker)
+        return 0
+    if not 1 <= args.steps <= STEPS:
+        parser.error(f"--steps must be within 1..{STEPS} (the bench contract's max_turns)")
+    with services(args) as settings:
+        points = asyncio.run(run(args, settings))
+    print_table(points, args.steps)
+    bad = [p for p in points if p.completed != p.episodes]
+    if bad:
+        print(f"incomplete batches: {[(p.episodes, p.completed) for p in bad]}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Governance workflows: promotion through the gates, task admission, rollback.
+
+Deterministic code only: every read and write is an activity named in
+``governance_loop.activities.messages`` (this package imports no database, HTTP
+or policy code; import-linter checks it).
+"""
+
+from governance_loop.workflows.admission import AdmissionWorkflow
+from governance_loop.workflows.promotion import PromotionWorkflow
+from governance_loop.workflows.rollback import RollbackWorkflow
+
+__all__ = ["AdmissionWorkflow", "PromotionWorkflow", "RollbackWorkflow"]

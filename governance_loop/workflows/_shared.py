@@ -1,0 +1,52 @@
+"""What the governance workflows share: activity calls, retry policies, decision mapping.
+
+Deterministic code only, like every module of this package.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    import governance_loop.activities.messages as m
+    from governance_loop.gates import HumanDecision as GateHumanDecision
+    from triloop.workflow_api import HumanDecision
+
+QUICK = timedelta(seconds=60)
+RETRY = RetryPolicy(
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=[m.POLICY_DENIED, m.GOVERNANCE_REFUSED],
+)
+# A person waits on an update: fail fast instead of retrying for minutes.
+HUMAN_RETRY = RetryPolicy(
+    maximum_attempts=3, non_retryable_error_types=[m.POLICY_DENIED, m.GOVERNANCE_REFUSED]
+)
+
+
+async def act(name: str, arg: Any, result_type: type[Any] | None = None,
+              retry: RetryPolicy = RETRY) -> Any:
+    """Run a governance activity by name on the workflow's own queue."""
+    return await workflow.execute_activity(
+        name, arg, result_type=result_type, start_to_close_timeout=QUICK, retry_policy=retry
+    )
+
+
+def gate_decision(decision: HumanDecision, *, audit: bool) -> GateHumanDecision:
+    """The wire decision as the pure validator sees it; an auditor's 'approve' signs."""
+    choice = decision.decision
+    if audit and choice == "approve":
+        choice = "sign"
+    return GateHumanDecision(user=decision.user, service=decision.service,
+                             roles=list(decision.roles), decision=choice, comment=decision.comment)
+
+
+def refusal(error: ActivityError) -> ApplicationError:
+    """An update's failure that tells the person why the activity refused their decision."""
+    cause = error.cause
+    message = cause.message if isinstance(cause, ApplicationError) else str(cause or error)
+    return ApplicationError(f"refused: {message}", type=m.POLICY_DENIED, non_retryable=True)

@@ -1,0 +1,122 @@
+"""AdmissionWorkflow: the execution loop's probe gathers evidence, an operator decides."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    import governance_loop.activities.messages as m
+    from governance_loop.gates import HumanDecisionError
+    from governance_loop.workflows._shared import HUMAN_RETRY, act, refusal
+    from triloop.workflow_api import (
+        ADMISSION_DECIDE_UPDATE,
+        ADMISSION_STATUS_QUERY,
+        ADMISSION_WORKFLOW,
+        EXECUTION_QUEUE,
+        PROBE_ADMISSION_ACTIVITY,
+        AdmissionInput,
+        AdmissionProbeEvidence,
+        AdmissionProbeInput,
+        AdmissionResult,
+        HumanDecision,
+        sibling_queue,
+    )
+
+
+@workflow.defn(name=ADMISSION_WORKFLOW)
+class AdmissionWorkflow:
+    """The four questions answered by the execution loop's probe, then an operator decides."""
+
+    def __init__(self) -> None:
+        self._result = AdmissionResult(task_id="", status="assessing")
+        self._decision: str | None = None
+        self._deciding = False
+
+    @workflow.query(name=ADMISSION_STATUS_QUERY)
+    def status(self) -> AdmissionResult:
+        """The assessment so far and the decision, if any."""
+        return self._result
+
+    @workflow.run
+    async def run(self, request: AdmissionInput) -> AdmissionResult:
+        """Probe, assess, store, then wait for the operator (fail closed at the deadline)."""
+        self._result.task_id = request.task_id
+        task: m.AdmissionTask = await act(
+            m.LOAD_ADMISSION_TASK, m.AdmissionTaskRequest(task_id=request.task_id),
+            m.AdmissionTask)
+        if task.status != "pending" or task.problem:
+            self._result.status = task.status if task.status != "pending" else "rejected"
+            self._result.reasons = [task.problem or f"task is already {task.status}"]
+            return self._result
+        probe: AdmissionProbeEvidence | None = None
+        error: str | None = None
+        try:
+            probe = await workflow.execute_activity(
+                PROBE_ADMISSION_ACTIVITY,
+                AdmissionProbeInput(task_id=request.task_id, resets=task.resets,
+                                    reference_runs=task.reference_runs),
+                task_queue=sibling_queue(workflow.info().task_queue, EXECUTION_QUEUE),
+                result_type=AdmissionProbeEvidence,
+                start_to_close_timeout=timedelta(minutes=30),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
+        except ActivityError as failure:
+            error = str(failure.cause or failure)
+        assessment: m.AdmissionAssessmentRecord = await act(
+            m.RECORD_ADMISSION_EVIDENCE,
+            m.AdmissionEvidenceInput(task_id=request.task_id, probe=probe, probe_error=error),
+            m.AdmissionAssessmentRecord)
+        self._result.admissible = assessment.admissible
+        self._result.reasons = list(assessment.reasons)
+        self._result.status = "awaiting_decision"
+        try:
+            await workflow.wait_condition(lambda: self._decision is not None,
+                                          timeout=timedelta(seconds=task.decision_deadline_s))
+        except TimeoutError:
+            await workflow.wait_condition(lambda: not self._deciding)
+        if self._decision is None:
+            self._result.status = await act(m.DECIDE_TASK_ADMISSION, m.AdmissionDecisionInput(
+                task_id=request.task_id, user="governance", roles=[], decision="reject",
+                comment=f"no operator decision within {task.decision_deadline_s:g}s",
+            ), str)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self._result
+
+    @workflow.update(name=ADMISSION_DECIDE_UPDATE)
+    async def decide_admission(self, decision: HumanDecision) -> AdmissionResult:
+        """An operator admits (only an admissible task) or rejects."""
+        self._deciding = True
+        try:
+            status: str = await act(m.DECIDE_TASK_ADMISSION, m.AdmissionDecisionInput(
+                task_id=self._result.task_id, user=decision.user, roles=list(decision.roles),
+                decision=decision.decision, comment=decision.comment,
+            ), str, retry=HUMAN_RETRY)
+        except ActivityError as error:
+            raise refusal(error) from error
+        finally:
+            self._deciding = False
+        self._decision = decision.decision
+        self._result.status = status
+        self._result.decided_by = decision.user
+        return self._result
+
+    @decide_admission.validator
+    def _validate_decision(self, decision: HumanDecision) -> None:
+        if self._result.status != "awaiting_decision" or self._deciding:
+            raise HumanDecisionError(f"the admission is {self._result.status}; no decision now")
+        if not decision.user.strip():
+            raise HumanDecisionError("an admission decision needs the signed-in user")
+        if "operator" not in decision.roles:
+            raise HumanDecisionError(f"{decision.user!r} lacks the 'operator' role to admit tasks")
+        if decision.decision not in ("approve", "reject"):
+            raise HumanDecisionError(f"unknown decision {decision.decision!r}: approve or reject")
+        if not decision.comment.strip():
+            raise HumanDecisionError("an admission decision needs a comment saying why")
+        if decision.decision == "approve" and not self._result.admissible:
+            raise HumanDecisionError(
+                "the task failed the admission questions and can only be rejected: "
+                + "; ".join(self._result.reasons))

@@ -1,0 +1,184 @@
+"""Light activities on the ``learning`` queue: a run's checks, status, controls and proposals.
+
+Every write asks ``authorize()`` first as ``Actor(service="learning")``. A person's
+pause/resume/cancel reached the workflow as a signal the web service sent after the
+policy allowed it; here the policy is asked again for that person (``on_behalf_of``,
+roles read from ``app_user``), so a signal from anywhere else changes nothing.
+
+Proposing is the learning loop's only step towards production: a ``proposal`` row and a
+signal-with-start of governance's promotion workflow on governance's queue. Everything
+after that (eval, gates, promotion) is governance's, under its own identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from sqlalchemy import Engine
+from sqlmodel import Session
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+
+from learning_loop.activities.messages import (
+    CONTROL_RUN,
+    PROPOSE_CHECKPOINT,
+    RUN_NOT_FOUND,
+    SET_RUN_STATUS,
+    TASK_NOT_ADMITTED,
+    VALIDATE_RUN,
+    ControlDecision,
+    ControlInput,
+    ProposeInput,
+    ProposeResult,
+    RunPlan,
+    RunStatusInput,
+    TaskSeed,
+    ValidateRunInput,
+)
+from learning_loop.lineage import (
+    get_run,
+    get_tasks,
+    insert_proposal,
+    reward_history,
+    set_run_status,
+)
+from triloop.models import EnvironmentVersion, Proposal, User
+from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
+from triloop.workflow_api import (
+    PROMOTION_PROPOSED_SIGNAL,
+    PROMOTION_WORKFLOW,
+    PromotionInput,
+    promotion_workflow_id,
+)
+
+LEARNING = Actor(service="learning")
+CONTROL_STATUS = {"pause": "paused", "resume": "running", "cancel": "cancelled"}
+_PROPOSAL_NAMESPACE = uuid.UUID("8f7d2a43-5a55-4f43-9a59-0c6f3b1d7e21")
+
+
+def proposal_id_for(run_id: str, iteration: int) -> str:
+    """The proposal id of a run's iteration: fixed, so a retried proposal is the same one."""
+    return uuid.uuid5(_PROPOSAL_NAMESPACE, f"{run_id}/{iteration}").hex
+
+
+class RunActivities:
+    """The run's bookkeeping, bound to the learning role's engine, OPA and Temporal."""
+
+    def __init__(self, *, engine: Engine, authorizer: Authorizer, client: Client) -> None:
+        self._engine = engine
+        self._authorizer = authorizer
+        self._client = client
+
+    @activity.defn(name=VALIDATE_RUN)
+    def validate_run(self, request: ValidateRunInput) -> RunPlan:
+        """The run's row exists as submitted and every task is admitted on a live version."""
+        run = get_run(engine=self._engine, run_id=request.run_id)
+        if run is None or run.submitted_by != request.submitted_by:
+            found = "no row" if run is None else f"a row submitted by {run.submitted_by!r}"
+            raise ApplicationError(
+                f"training run {request.run_id} has {found}; runs are submitted through"
+                " POST /api/runs or `triloop train submit`, which record the submitter",
+                type=RUN_NOT_FOUND, non_retryable=True,
+            )
+        tasks = get_tasks(engine=self._engine, task_ids=request.task_ids)
+        problems = [f"task {t} does not exist" for t in request.task_ids if t not in tasks]
+        problems += [
+            f"task {t} is {tasks[t].status}, not admitted" for t in request.task_ids
+            if t in tasks and tasks[t].status != "admitted"
+        ]
+        with Session(self._engine) as session:
+            for task_id in request.task_ids:
+                task = tasks.get(task_id)
+                version = session.get(EnvironmentVersion, task.environment_version_id) if task \
+                    else None
+                if version is not None and version.retired_at is not None:
+                    problems.append(f"task {task_id} is on retired environment version"
+                                    f" {version.id[:12]}")
+        if problems:
+            raise ApplicationError(
+                f"training run {request.run_id} refused: it may train only on tasks governance"
+                f" admitted ({'; '.join(problems)}); ask for admission (AdmissionWorkflow) or"
+                " remove them from rollout.task_ids",
+                type=TASK_NOT_ADMITTED, non_retryable=True,
+            )
+        ordered = [tasks[t] for t in request.task_ids]
+        return RunPlan(
+            tasks=[TaskSeed(t.id, t.seed, t.environment_version_id) for t in ordered],
+            environment_version_ids=sorted({t.environment_version_id for t in ordered}),
+        )
+
+    @activity.defn(name=SET_RUN_STATUS)
+    def set_run_status(self, request: RunStatusInput) -> None:
+        """Record the run's status on its row (``update``; ``pause`` for an alarm's pause)."""
+        self._authorizer.authorize(LEARNING, request.action, Resource(
+            "training_run", id=request.run_id, attrs={"status": request.status}
+        ), context={"reason": request.reason} if request.reason else None)
+        set_run_status(engine=self._engine, run_id=request.run_id, status=request.status,
+                       reason=request.reason)
+
+    @activity.defn(name=CONTROL_RUN)
+    def control_run(self, request: ControlInput) -> ControlDecision:
+        """Carry out a person's pause/resume/cancel if the policy allows it for them."""
+        if request.action not in CONTROL_STATUS:
+            return ControlDecision(False, f"unknown run control {request.action!r}")
+        run = get_run(engine=self._engine, run_id=request.run_id)
+        if run is None:
+            return ControlDecision(False, f"training run {request.run_id} has no row")
+        with Session(self._engine) as session:
+            user = session.get(User, request.user)
+        roles = tuple(user.roles) if user is not None and not user.disabled else ()
+        person = Actor(service="web", user=request.user, roles=roles)
+        try:
+            self._authorizer.authorize(
+                LEARNING, request.action,
+                Resource("training_run", id=request.run_id, owner=run.submitted_by),
+                context=acting_for(person, reason=request.reason),
+            )
+        except PolicyDenied as denied:
+            activity.logger.warning("run control refused: %s", denied)
+            return ControlDecision(False, str(denied))
+        reason = f"{request.action} by {request.user}" + (
+            f": {request.reason}" if request.reason else "")
+        set_run_status(engine=self._engine, run_id=request.run_id,
+                       status=CONTROL_STATUS[request.action], reason=reason)
+        return ControlDecision(True)
+
+    @activity.defn(name=PROPOSE_CHECKPOINT)
+    async def propose_checkpoint(self, request: ProposeInput) -> ProposeResult:
+        """Write the proposal row, then signal-with-start governance's promotion workflow."""
+        proposal_id = proposal_id_for(request.run_id, request.iteration)
+        await asyncio.to_thread(self._record_proposal, request, proposal_id)
+        workflow_id = promotion_workflow_id(proposal_id)
+        candidate = PromotionInput(proposal_id=proposal_id, checkpoint_id=request.checkpoint_id,
+                                   run_id=request.run_id, submitted_by=request.submitted_by)
+        try:
+            await self._client.start_workflow(
+                PROMOTION_WORKFLOW, candidate, id=workflow_id, task_queue=request.governance_queue,
+                start_signal=PROMOTION_PROPOSED_SIGNAL, start_signal_args=[candidate],
+                # A finished promotion for this proposal is never reopened by a retry.
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError:
+            activity.logger.info("promotion %s already ran; not reopened", workflow_id)
+        return ProposeResult(proposal_id, workflow_id)
+
+    def _record_proposal(self, request: ProposeInput, proposal_id: str) -> None:
+        self._authorizer.authorize(LEARNING, "propose", Resource(
+            "proposal", id=proposal_id,
+            attrs={"checkpoint_id": request.checkpoint_id, "run_id": request.run_id,
+                   "iteration": request.iteration, "submitted_by": request.submitted_by},
+        ))
+        evidence = {
+            "iteration": request.iteration,
+            "base_checkpoint_id": request.base_checkpoint_id,
+            "reward_mean_by_iteration": [
+                [i, r] for i, r in reward_history(engine=self._engine, run_id=request.run_id)
+            ],
+        }
+        insert_proposal(engine=self._engine, proposal=Proposal(
+            id=proposal_id, checkpoint_id=request.checkpoint_id, run_id=request.run_id,
+            submitted_by=request.submitted_by, evidence=evidence,
+        ))

@@ -1,0 +1,285 @@
+"""Activities on ``learning-gpu``: register a base model, and one policy update per iteration.
+
+The update is idempotent per (run, iteration): if the iteration's ``training_step`` row
+exists, the stored result is returned and nothing trains. Otherwise the parent checkpoint
+(weights, optimizer, scheduler, RNG) is loaded, the rollout batches are read from the
+database, the update runs in a worker thread while the activity heartbeats, and the
+checkpoint is saved; then, after ``authorize()``, one transaction writes the checkpoint
+row, the training step, ``iterations_done`` and the alarms' audit events.
+
+Heartbeat details say how far an attempt got. A retry after the checkpoint was saved
+(heartbeat stage ``saved``) reuses it instead of training again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import torch
+from sqlalchemy import Engine
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from learning_loop.activities.messages import (
+    BASE_MODEL_NOT_FOUND,
+    CHECKPOINT_BROKEN,
+    INVALID_TRAINING_DATA,
+    REGISTER_BASE_CHECKPOINT,
+    UPDATE_POLICY,
+    AlarmReport,
+    BaseCheckpoint,
+    RegisterBaseInput,
+    UpdateInput,
+    UpdateResult,
+)
+from learning_loop.activities.training import (
+    NoTrainableData,
+    load_model,
+    save_servable,
+    saved_iteration,
+    stability_history,
+    train_iteration,
+)
+from learning_loop.advantages import AdvantageInputError
+from learning_loop.batch import InvalidSampleError
+from learning_loop.checkpoints import CheckpointError, saved_weights_digest
+from learning_loop.lineage import (
+    get_checkpoint,
+    get_training_step,
+    record_iteration,
+    register_root,
+    stability_rows,
+)
+from learning_loop.stability import StabilityInputError
+from learning_loop.trajectory_reader import load_rollout_data
+from learning_loop.update import UpdateError
+from triloop.models import Checkpoint, TrainingStep
+from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
+from triloop.run_config import RunConfig
+
+LEARNING = Actor(service="learning")
+_BAD_DATA = (InvalidSampleError, NoTrainableData, AdvantageInputError, UpdateError,
+             StabilityInputError)
+
+
+class UpdateCancelled(RuntimeError):
+    """The workflow cancelled the update before its results were stored."""
+
+
+def local_dir(artifact_uri: str) -> Path:
+    """The directory of a ``file://`` (or plain path) checkpoint artifact."""
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme in ("file", ""):
+        return Path(unquote(parsed.path))
+    raise CheckpointError(
+        f"artifact {artifact_uri!r} is not a local directory; sync it to this worker first"
+    )
+
+
+@dataclass
+class _Progress:
+    """What the training thread reports; the activity heartbeats it."""
+
+    stage: str = "starting"
+    checkpoint_id: str | None = None
+
+    def details(self) -> dict[str, Any]:
+        return {"stage": self.stage, "checkpoint_id": self.checkpoint_id}
+
+
+class UpdateActivities:
+    """Torch activities, bound to the learning role's engine, the authorizer and artifacts."""
+
+    def __init__(self, *, engine: Engine, authorizer: Authorizer, artifact_dir: Path) -> None:
+        self._engine = engine
+        self._authorizer = authorizer
+        self._artifact_dir = artifact_dir
+        # One update at a time per worker: the accelerator (or the CPU) is the bottleneck.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner")
+
+    @activity.defn(name=REGISTER_BASE_CHECKPOINT)
+    def register_base_checkpoint(self, request: RegisterBaseInput) -> BaseCheckpoint:
+        """The base model as a root checkpoint: a registered id, or a directory to copy in."""
+        existing = get_checkpoint(engine=self._engine, checkpoint_id=request.base)
+        if existing is not None:
+            return BaseCheckpoint(existing.id, created=False)
+        source = Path(request.base)
+        if not (source / "config.json").is_file():
+            raise ApplicationError(
+                f"model.base {request.base!r} is neither a registered checkpoint id nor a Hugging"
+                " Face model directory (config.json) on the learning worker; create one with"
+                " `triloop model init-tiny DIR` or name a checkpoint",
+                type=BASE_MODEL_NOT_FOUND, non_retryable=True,
+            )
+        digest = saved_weights_digest(source)
+        if get_checkpoint(engine=self._engine, checkpoint_id=digest) is not None:
+            return BaseCheckpoint(digest, created=False)
+        self._authorizer.authorize(LEARNING, "create", Resource(
+            "checkpoint", id=digest, attrs={"run_id": request.run_id, "source": str(source)}
+        ))
+        # CPU: the base is only copied into the artifact store here, not trained.
+        model = load_model(source, torch.device("cpu"))
+        ref = save_servable(self._artifact_dir, model, source,
+                            data_cursor={}, metadata={"source": str(source.resolve())})
+        created = register_root(engine=self._engine, checkpoint_id=ref.id,
+                                artifact_uri=ref.path.resolve().as_uri(),
+                                source=str(source.resolve()))
+        return BaseCheckpoint(ref.id, created=created)
+
+    @activity.defn(name=UPDATE_POLICY)
+    async def update_policy(self, request: UpdateInput) -> UpdateResult:
+        """Train one iteration (once), heartbeating while the training thread works."""
+        details = activity.info().heartbeat_details
+        resume: dict[str, Any] = details[0] if details and isinstance(details[0], dict) else {}
+        progress, abort = _Progress(), threading.Event()
+        timeout = activity.info().heartbeat_timeout
+        interval = max(0.5, timeout.total_seconds() / 4) if timeout else 10.0
+        job = asyncio.get_running_loop().run_in_executor(
+            self._executor, self._update, request, progress, abort, resume
+        )
+        try:
+            while True:
+                done, _ = await asyncio.wait({job}, timeout=interval)
+                if done:
+                    break
+                activity.heartbeat(progress.details())
+        except asyncio.CancelledError:
+            abort.set()  # the thread stores nothing once it sees this
+            raise
+        try:
+            return job.result()
+        except _BAD_DATA as exc:
+            raise ApplicationError(f"{type(exc).__name__}: {exc}", type=INVALID_TRAINING_DATA,
+                                   non_retryable=True) from exc
+        except (CheckpointError, PolicyDenied) as exc:
+            kind = CHECKPOINT_BROKEN if isinstance(exc, CheckpointError) else "PolicyDenied"
+            raise ApplicationError(str(exc), type=kind, non_retryable=True) from exc
+
+    def _update(
+        self, request: UpdateInput, progress: _Progress, abort: threading.Event,
+        resume: dict[str, Any],
+    ) -> UpdateResult:
+        stored = get_training_step(engine=self._engine, run_id=request.run_id,
+                                   iteration=request.iteration)
+        if stored is not None:
+            return result_of(stored, already_done=True)
+        parent = get_checkpoint(engine=self._engine, checkpoint_id=request.parent_checkpoint_id)
+        if parent is None:
+            raise CheckpointError(f"parent checkpoint {request.parent_checkpoint_id} has no row")
+        parent_dir = local_dir(parent.artifact_uri)
+        record = self._saved(resume, request)
+        if record is None:
+            record = self._train(request, parent, parent_dir, progress)
+        if abort.is_set():
+            raise UpdateCancelled(f"update of iteration {request.iteration} was cancelled")
+        return self._store(request, parent, record)
+
+    def _saved(self, resume: dict[str, Any], request: UpdateInput) -> dict[str, Any] | None:
+        """A previous attempt's saved checkpoint for this iteration, if it got that far."""
+        checkpoint_id = resume.get("checkpoint_id")
+        if resume.get("stage") != "saved" or not isinstance(checkpoint_id, str):
+            return None
+        path = self._artifact_dir / "checkpoints" / checkpoint_id
+        saved = saved_iteration(path, run_id=request.run_id, iteration=request.iteration)
+        if saved is None:
+            return None
+        activity.logger.info("iteration %s: reusing checkpoint %s saved by an earlier attempt",
+                             request.iteration, checkpoint_id)
+        return {**saved, "checkpoint_id": checkpoint_id, "path": str(path)}
+
+    def _train(
+        self, request: UpdateInput, parent: Checkpoint, parent_dir: Path, progress: _Progress
+    ) -> dict[str, Any]:
+        config = RunConfig.model_validate(request.config)
+        data = load_rollout_data(engine=self._engine, run_id=request.run_id,
+                                 batch_ids=request.batch_ids)
+        history = stability_history(stability_rows(
+            engine=self._engine, run_id=request.run_id, before=request.iteration))
+        reference_dir = None
+        if config.objective.kl_coef > 0:
+            base = get_checkpoint(engine=self._engine, checkpoint_id=request.base_checkpoint_id)
+            if base is None:
+                raise CheckpointError(f"base checkpoint {request.base_checkpoint_id} has no row")
+            reference_dir = local_dir(base.artifact_uri)
+
+        def stage(name: str) -> None:
+            progress.stage = name
+
+        outcome = train_iteration(
+            artifact_dir=self._artifact_dir, parent_dir=parent_dir,
+            resume_optimizer=parent.run_id == request.run_id, reference_dir=reference_dir,
+            config=config, data=data, iteration=request.iteration, history=history,
+            data_cursor={"run_id": request.run_id, "iteration": request.iteration,
+                         "batch_ids": list(request.batch_ids),
+                         "next_iteration": request.iteration + 1},
+            on_stage=stage,
+        )
+        progress.stage, progress.checkpoint_id = "saved", outcome.checkpoint.id
+        saved = saved_iteration(outcome.checkpoint.path, run_id=request.run_id,
+                                iteration=request.iteration)
+        if saved is None:  # the directory's trainer state was replaced under us
+            raise CheckpointError(f"{outcome.checkpoint.path} lost iteration {request.iteration}")
+        return {**saved, "checkpoint_id": outcome.checkpoint.id,
+                "path": str(outcome.checkpoint.path)}
+
+    def _store(self, request: UpdateInput, parent: Checkpoint, record: dict[str, Any]
+               ) -> UpdateResult:
+        checkpoint_id: str = record["checkpoint_id"]
+        columns: dict[str, Any] = dict(record["training_step"])
+        batch = (columns.get("metrics") or {}).get("batch") or {}
+        child = None
+        if checkpoint_id != parent.id:  # identical weights keep the parent's id and row
+            child = Checkpoint(
+                id=checkpoint_id, parent_id=parent.id, run_id=request.run_id,
+                base_model=request.base_checkpoint_id, iteration=request.iteration,
+                environment_version_ids=list(request.environment_version_ids),
+                data={"trajectory_batches": list(request.batch_ids),
+                      "trajectories": batch.get("trajectories"),
+                      "policy_versions": batch.get("policy_versions")},
+                artifact_uri=Path(record["path"]).resolve().as_uri(), created_by="learning",
+            )
+            self._authorizer.authorize(LEARNING, "create", Resource(
+                "checkpoint", id=checkpoint_id,
+                attrs={"run_id": request.run_id, "parent_id": parent.id}))
+        self._authorizer.authorize(LEARNING, "create", Resource(
+            "training_step", id=f"{request.run_id}:{request.iteration}",
+            attrs={"run_id": request.run_id, "iteration": request.iteration}))
+        self._authorizer.authorize(LEARNING, "update", Resource(
+            "training_run", id=request.run_id, attrs={"iterations_done": request.iteration}))
+        step = TrainingStep(run_id=request.run_id, iteration=request.iteration,
+                            checkpoint_id=checkpoint_id, **columns)
+        alarms = list(record.get("alarms") or [])
+        events = [{
+            "actor": LEARNING.to_input(), "action": "stability_alarm",
+            "resource": {"kind": "training_run", "id": request.run_id, "attrs": {}},
+            "decision": "record", "payload": alarm,
+        } for alarm in alarms]
+        stored = record_iteration(engine=self._engine, step=step, checkpoint=child,
+                                  alarm_events=events)
+        if not stored:  # a concurrent attempt won; report what it stored
+            winner = get_training_step(engine=self._engine, run_id=request.run_id,
+                                       iteration=request.iteration)
+            assert winner is not None
+            return result_of(winner, already_done=True)
+        return result_of(step, already_done=False)
+
+
+def result_of(step: TrainingStep, *, already_done: bool) -> UpdateResult:
+    """The workflow's view of a stored iteration."""
+    metrics = step.metrics or {}
+    messages = list(metrics.get("alarm_messages") or [])
+    kinds = list(step.alarms or [])
+    update = metrics.get("update") or {}
+    return UpdateResult(
+        iteration=step.iteration, checkpoint_id=step.checkpoint_id or "",
+        reward_mean=step.reward_mean, loss=step.loss, samples=int(update.get("samples") or 0),
+        alarms=[AlarmReport(kind, messages[i] if i < len(messages) else kind)
+                for i, kind in enumerate(kinds)],
+        already_done=already_done,
+    )

@@ -1,0 +1,142 @@
+"""Load rollout batches from the database as the learner's step records.
+
+The execution loop stores a ``trajectory`` row per episode and a ``step`` row per turn
+with the prompt and action token ids exactly as generated, the action mask and the
+behaviour logprobs. Step rows carry the per-turn (process) reward only; the outcome
+reward the verifier gave at the end is in the trajectory's ``total_reward``. So that a
+trajectory's return is its ``total_reward`` (what the execution loop reported), the
+difference is added as a reward-only record (no action tokens) after the last step.
+
+Only ``training`` episodes of the run that played at least one turn and finished
+(``completed`` or ``truncated``) are read. ``failed`` episodes have no trustworthy reward,
+and a truncated episode without steps (the batch deadline came before it started) says
+nothing about the policy; both are left out, and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from learning_loop.advantages import TrajectoryReturn
+from learning_loop.batch import InvalidSampleError, StepRecord
+from triloop.models import Step, Trajectory
+
+USABLE_STATUSES = ("completed", "truncated")
+
+
+@dataclass(frozen=True)
+class StoredStep:
+    """The columns of a ``step`` row the learner needs."""
+
+    index: int
+    prompt_token_ids: Sequence[int]
+    action_token_ids: Sequence[int]
+    action_mask: Sequence[int]
+    behaviour_logprobs: Sequence[float]
+    reward: float
+
+
+@dataclass(frozen=True)
+class StoredTrajectory:
+    """The columns of a ``trajectory`` row the learner needs, with its steps in order."""
+
+    id: str
+    group_id: str
+    task_id: str
+    policy_version: int
+    total_reward: float
+    steps: Sequence[StoredStep]
+
+
+@dataclass
+class RolloutData:
+    """A batch ready for ``build_training_samples`` plus what the monitors need."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+    returns: list[TrajectoryReturn] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)  # action tokens per trajectory
+    policy_versions: list[int] = field(default_factory=list)  # one per trajectory
+    skipped: int = 0  # failed or never-started episodes left out
+
+
+def check_action_mask(step: StoredStep, trajectory_id: str) -> None:
+    """The mask must be 0 over the prompt and 1 over the action (empty: not recorded)."""
+    mask = list(step.action_mask)
+    if not mask:
+        return
+    prompt, action = len(step.prompt_token_ids), len(step.action_token_ids)
+    if mask != [0] * prompt + [1] * action:
+        raise InvalidSampleError(
+            f"step {step.index} of trajectory {trajectory_id!r}: its action mask does not mark"
+            f" exactly the {action} action tokens after the {prompt} prompt tokens; the learner"
+            " trains on model-generated tokens only and will not guess which ones they are"
+        )
+
+
+def to_rollout_data(trajectories: Sequence[StoredTrajectory]) -> RolloutData:
+    """Step records whose per-trajectory reward sums equal each ``total_reward`` (pure)."""
+    data = RolloutData()
+    for trajectory in trajectories:
+        step_rewards = 0.0
+        for step in trajectory.steps:
+            check_action_mask(step, trajectory.id)
+            data.steps.append(_record(trajectory, step.prompt_token_ids, step.action_token_ids,
+                                      step.behaviour_logprobs, step.reward))
+            step_rewards += step.reward
+        # Outcome reward (and any rounding): a record without action tokens adds it to the
+        # return without producing a sample (see learning_loop.batch).
+        data.steps.append(_record(trajectory, (), (), (), trajectory.total_reward - step_rewards))
+        data.returns.append(TrajectoryReturn(
+            trajectory.id, trajectory.group_id, trajectory.task_id, trajectory.total_reward
+        ))
+        data.lengths.append(sum(len(s.action_token_ids) for s in trajectory.steps))
+        data.policy_versions.append(trajectory.policy_version)
+    return data
+
+
+def _record(
+    trajectory: StoredTrajectory, prompt: Sequence[int], action: Sequence[int],
+    logprobs: Sequence[float], reward: float,
+) -> StepRecord:
+    return StepRecord(
+        trajectory_id=trajectory.id, group_id=trajectory.group_id, task_id=trajectory.task_id,
+        policy_version=trajectory.policy_version, prompt_token_ids=list(prompt),
+        action_token_ids=list(action), behaviour_logprobs=list(logprobs), reward=reward,
+    )
+
+
+def load_rollout_data(
+    *, engine: Engine, run_id: str, batch_ids: Sequence[str]
+) -> RolloutData:
+    """Read the run's training episodes of these batches, in a stable order."""
+    with Session(engine) as session:
+        rows = list(session.exec(
+            select(Trajectory)
+            .where(col(Trajectory.batch_id).in_(list(batch_ids)))
+            .where(Trajectory.run_id == run_id)
+            .where(Trajectory.purpose == "training")
+            .order_by(col(Trajectory.batch_id), col(Trajectory.id))
+        ))
+        usable = [t for t in rows if t.status in USABLE_STATUSES and t.num_steps > 0]
+        steps = list(session.exec(
+            select(Step)
+            .where(col(Step.trajectory_id).in_([t.id for t in usable]))
+            .order_by(col(Step.trajectory_id), col(Step.index))
+        )) if usable else []
+    by_trajectory: dict[str, list[StoredStep]] = {t.id: [] for t in usable}
+    for step in steps:
+        by_trajectory[step.trajectory_id].append(StoredStep(
+            step.index, step.prompt_token_ids, step.action_token_ids, step.action_mask,
+            step.behaviour_logprobs, step.reward,
+        ))
+    data = to_rollout_data([
+        StoredTrajectory(t.id, t.group_id, t.task_id, t.policy_version, t.total_reward,
+                         by_trajectory[t.id])
+        for t in usable
+    ])
+    data.skipped = len(rows) - len(usable)
+    return data

@@ -1,0 +1,128 @@
+"""The learning loop's worker: the one place that builds its adapters.
+
+``python -m learning_loop.worker`` reads ``TRILOOP_*`` settings, connects to Temporal as
+``learning-worker@<host>`` and polls two queues:
+
+- ``learning``: ``TrainingRunWorkflow`` and the light activities (run checks, status,
+  person's controls, proposals). Needs no torch at all.
+- ``learning-gpu``: the policy update and base-model registration (torch, CUDA when
+  present), one update at a time per process.
+
+``--queue learning`` or ``--queue learning-gpu`` polls one of them only, so GPU nodes can
+run update workers while a small machine runs the workflows. Database access uses the
+``triloop_learning`` role; every write asks OPA first. SIGTERM (or Ctrl-C) stops polling
+and gives running activities ``GRACEFUL_SHUTDOWN`` to finish; a killed update is retried
+elsewhere and resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from learning_loop.activities.run_state import RunActivities
+from learning_loop.workflows import TrainingRunWorkflow
+from triloop.config import Settings, get_settings
+from triloop.db import role_engine
+from triloop.temporal import connect
+from triloop.wiring import build_authorizer
+from triloop.workflow_api import LEARNING_GPU_QUEUE, LEARNING_QUEUE
+
+GRACEFUL_SHUTDOWN = timedelta(seconds=30)
+QUEUES = (LEARNING_QUEUE, LEARNING_GPU_QUEUE)
+log = logging.getLogger("learning_loop.worker")
+
+
+def worker_identity() -> str:
+    """How this worker appears in workflow histories."""
+    return f"learning-worker@{socket.gethostname()}"
+
+
+def build_workflow_worker(client: Client, settings: Settings) -> Worker:
+    """The ``learning`` queue: the run workflow and its light activities (no torch)."""
+    run_state = RunActivities(
+        engine=role_engine(settings, "learning"),
+        authorizer=build_authorizer(settings, "learning"), client=client,
+    )
+    return Worker(
+        client,
+        task_queue=settings.task_queue(LEARNING_QUEUE),
+        workflows=[TrainingRunWorkflow],
+        activities=[run_state.validate_run, run_state.set_run_status, run_state.control_run,
+                    run_state.propose_checkpoint],
+        activity_executor=ThreadPoolExecutor(max_workers=8, thread_name_prefix="learning"),
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        identity=worker_identity(),
+    )
+
+
+def build_update_worker(client: Client, settings: Settings) -> Worker:
+    """The ``learning-gpu`` queue: policy updates and base registration (torch)."""
+    from learning_loop.activities.update import UpdateActivities
+
+    updates = UpdateActivities(
+        engine=role_engine(settings, "learning"),
+        authorizer=build_authorizer(settings, "learning"), artifact_dir=settings.artifacts,
+    )
+    return Worker(
+        client,
+        task_queue=settings.task_queue(LEARNING_GPU_QUEUE),
+        activities=[updates.update_policy, updates.register_base_checkpoint],
+        activity_executor=ThreadPoolExecutor(max_workers=2, thread_name_prefix="learning-gpu"),
+        # One update at a time: it owns the accelerator (registration may run beside it).
+        max_concurrent_activities=2,
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        identity=worker_identity(),
+    )
+
+
+def build_worker(
+    client: Client, settings: Settings, *, queues: tuple[str, ...] = QUEUES
+) -> list[Worker]:
+    """One worker per requested queue (prefixed by settings); run them together."""
+    unknown = set(queues) - set(QUEUES)
+    if unknown:
+        raise ValueError(f"unknown learning queue(s) {sorted(unknown)}; choose from {QUEUES}")
+    builders = {LEARNING_QUEUE: build_workflow_worker, LEARNING_GPU_QUEUE: build_update_worker}
+    return [builders[q](client, settings) for q in queues]
+
+
+async def serve(settings: Settings, queues: tuple[str, ...] = QUEUES) -> None:
+    """Run the workers until SIGTERM or SIGINT, then shut down gracefully."""
+    client = await connect(settings, identity=worker_identity())
+    workers = build_worker(client, settings, queues=queues)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with AsyncExitStack() as stack:
+        for worker in workers:
+            await stack.enter_async_context(worker)
+        log.info("polling %s as %s", [settings.task_queue(q) for q in queues], worker_identity())
+        await stop.wait()
+        log.info("shutting down: no new tasks, waiting for running ones")
+    log.info("stopped")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m learning_loop.worker``."""
+    parser = argparse.ArgumentParser(prog="python -m learning_loop.worker",
+                                     description="Poll the learning loop's task queues.")
+    parser.add_argument("--queue", action="append", choices=QUEUES, dest="queues",
+                        help="poll only this queue (repeatable); default: both")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(serve(get_settings(), tuple(args.queues or QUEUES)))
+
+
+if __name__ == "__main__":
+    main()

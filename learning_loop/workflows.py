@@ -1,0 +1,306 @@
+"""``TrainingRunWorkflow``: rollout and update, overlapped one iteration, for one training run.
+
+Deterministic code only (no torch, database or network); activities are called by the
+names in ``learning_loop.activities.messages``.
+
+Iteration k (1-based) learns from rollout batch k and writes checkpoint c_k, policy
+version k; the base model is c_0. While the update of iteration k runs on the
+``learning-gpu`` queue (from c_{k-1}), the rollout of iteration k+1 already runs on the
+execution loop's queue with c_{k-1}, the latest checkpoint there is. So each update sees
+samples at most one policy version old (bounded staleness 1), and the update's off-policy
+guard (``update.max_staleness``) decides from each sample's ``policy_version``.
+
+People pause, resume and cancel by signal; each request is checked against the policy
+again by an activity before it changes anything, and takes effect between steps (a
+cancel also cancels a running rollout or update). A stability alarm pauses the run when
+``stability.pause_on_alarm`` is set. Every ``schedule.propose_every`` iterations the
+latest checkpoint is proposed to governance (a proposal row and a signal-with-start of
+its promotion workflow; nothing else). After ``continue_as_new_every`` iterations the
+workflow continues as new, carrying the iteration and the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from learning_loop.activities import messages as m
+    from triloop.run_config import RunConfig, RunConfigError
+    from triloop.workflow_api import (
+        EXECUTION_QUEUE,
+        GOVERNANCE_QUEUE,
+        LEARNING_GPU_QUEUE,
+        ROLLOUT_WORKFLOW,
+        RUN_CANCEL_SIGNAL,
+        RUN_PAUSE_SIGNAL,
+        RUN_RESUME_SIGNAL,
+        RUN_STATUS_QUERY,
+        TRAINING_RUN_WORKFLOW,
+        RolloutBatchInput,
+        RolloutBatchResult,
+        RolloutItem,
+        RunControl,
+        RunStatus,
+        TrainingRunInput,
+        sibling_queue,
+        training_run_workflow_id,
+    )
+
+T = TypeVar("T")
+LIGHT_TIMEOUT = timedelta(seconds=60)
+LIGHT_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=20))
+UPDATE_TIMEOUT = timedelta(hours=12)
+UPDATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                           maximum_interval=timedelta(seconds=30), maximum_attempts=20)
+MAX_ROLLOUT_CONCURRENCY = 16
+
+
+def rollout_items(tasks: list[m.TaskSeed], iteration: int, groups: int, group_size: int
+                  ) -> list[RolloutItem]:
+    """The iteration's groups, cycling through the run's tasks (pure)."""
+    start = (iteration - 1) * groups
+    return [RolloutItem(tasks[(start + g) % len(tasks)].task_id,
+                        tasks[(start + g) % len(tasks)].seed, group_size) for g in range(groups)]
+
+
+def parse_config(config: dict[str, Any]) -> RunConfig:
+    """The run's validated configuration, or a non-retryable error that says what is wrong."""
+    try:
+        return RunConfig.model_validate(config)
+    except (ValidationError, RunConfigError) as exc:
+        raise ApplicationError(f"invalid run configuration: {exc}", type="InvalidRunConfig",
+                               non_retryable=True) from exc
+
+
+@workflow.defn(name=TRAINING_RUN_WORKFLOW)
+class TrainingRunWorkflow:
+    """Iterations of rollout (execution loop) and update (learning-gpu) for one run."""
+
+    def __init__(self) -> None:
+        self._state = RunStatus(run_id="", status="starting")
+        self._controls: list[tuple[str, RunControl]] = []
+        self._cancelled = False
+
+    @workflow.signal(name=RUN_PAUSE_SIGNAL)
+    def pause(self, control: RunControl) -> None:
+        """A person asks to pause (checked by the policy before it acts)."""
+        self._controls.append(("pause", control))
+
+    @workflow.signal(name=RUN_RESUME_SIGNAL)
+    def resume(self, control: RunControl) -> None:
+        """A person asks to resume a paused run."""
+        self._controls.append(("resume", control))
+
+    @workflow.signal(name=RUN_CANCEL_SIGNAL)
+    def cancel(self, control: RunControl) -> None:
+        """A person asks to cancel the run."""
+        self._controls.append(("cancel", control))
+
+    @workflow.query(name=RUN_STATUS_QUERY)
+    def status(self) -> RunStatus:
+        """Where the run stands."""
+        return self._state
+
+    @workflow.run
+    async def run(self, run: TrainingRunInput) -> RunStatus:
+        """Validate, register the base, iterate; fail with the cause if a step fails."""
+        config = parse_config(run.config)
+        state = self._state
+        state.run_id, state.iterations = run.run_id, config.schedule.iterations
+        state.iterations_done, state.latest_checkpoint_id = run.start_iteration, \
+            run.latest_checkpoint_id
+        if run.paused:
+            state.status, state.paused_reason = "paused", "paused before continue-as-new"
+        try:
+            await self._iterate(run, config)
+        except asyncio.CancelledError:  # cancelled through Temporal rather than by a person
+            await self._set_status(run.run_id, "cancelled", "workflow cancelled in Temporal")
+            raise
+        except (ActivityError, ChildWorkflowError) as err:
+            cause = err.cause if isinstance(err.cause, ApplicationError) else None
+            message = cause.message if cause else str(err.cause or err)
+            await self._set_status(run.run_id, "failed", message[:2000])
+            raise ApplicationError(message, type=cause.type if cause else "StepFailed",
+                                   non_retryable=True) from err
+        return state
+
+    async def _iterate(self, run: TrainingRunInput, config: RunConfig) -> None:
+        state = self._state
+        queue = workflow.info().task_queue
+        plan = await self._light(m.VALIDATE_RUN, m.ValidateRunInput(
+            run.run_id, run.submitted_by, list(config.rollout.task_ids)), m.RunPlan)
+        base = run.base_checkpoint_id or (await workflow.execute_activity(
+            m.REGISTER_BASE_CHECKPOINT, m.RegisterBaseInput(run.run_id, config.model.base),
+            result_type=m.BaseCheckpoint, task_queue=sibling_queue(queue, LEARNING_GPU_QUEUE),
+            start_to_close_timeout=timedelta(hours=1), retry_policy=LIGHT_RETRY,
+        )).checkpoint_id
+        state.base_checkpoint_id = base
+        latest = run.latest_checkpoint_id or base
+        state.latest_checkpoint_id = latest
+        if state.status != "paused":
+            await self._set_status(run.run_id, "running", None)
+        k, total = run.start_iteration, config.schedule.iterations
+        pending: asyncio.Task[RolloutBatchResult] | None = None
+        cycle_end = False
+        while k < total and not self._cancelled:
+            await self._wait_while_paused(run.run_id)
+            if self._cancelled:
+                break
+            if pending is None:
+                pending = self._start_rollout(run, config, plan, k + 1, latest, version=k)
+            batch = await self._await(run.run_id, pending)
+            pending = None
+            if batch is None:
+                break
+            cycle_end = (k + 1 - run.start_iteration >= run.continue_as_new_every
+                         or workflow.info().is_continue_as_new_suggested())
+            if k + 1 < total and not (cycle_end or self._cancelled or state.status == "paused"):
+                # Overlap: the next rollout runs with c_k while c_{k+1} is being trained.
+                pending = self._start_rollout(run, config, plan, k + 2, latest, version=k)
+            result = await self._await(run.run_id, self._start_update(
+                run, plan, k + 1, latest, base, batch))
+            if result is None:
+                break
+            k, latest = k + 1, result.checkpoint_id
+            state.iterations_done, state.latest_checkpoint_id = k, latest
+            state.last_reward_mean = result.reward_mean
+            await self._after_update(run, config, result)
+            if cycle_end and k < total and not self._cancelled:
+                await self._continue_as_new(run, k, latest, base)
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        if self._cancelled:
+            state.status = "cancelled"
+        elif k >= total:
+            state.status, state.paused_reason = "completed", None
+            await self._set_status(run.run_id, "completed", f"{k} iterations")
+
+    async def _after_update(self, run: TrainingRunInput, config: RunConfig,
+                            result: m.UpdateResult) -> None:
+        state = self._state
+        if result.alarms:
+            messages = [f"iteration {result.iteration}: {a.message}" for a in result.alarms]
+            state.alarms.extend(messages)
+            if config.stability.pause_on_alarm and not self._cancelled:
+                state.status, state.paused_reason = "paused", "; ".join(messages)
+                await self._set_status(run.run_id, "paused", state.paused_reason[:2000],
+                                       action="pause")
+        if result.iteration % config.schedule.propose_every == 0:
+            proposed = await self._light(m.PROPOSE_CHECKPOINT, m.ProposeInput(
+                run.run_id, result.iteration, result.checkpoint_id, run.submitted_by,
+                sibling_queue(workflow.info().task_queue, GOVERNANCE_QUEUE),
+                state.base_checkpoint_id), m.ProposeResult)
+            state.proposals.append(proposed.proposal_id)
+
+    async def _continue_as_new(self, run: TrainingRunInput, k: int, latest: str,
+                               base: str) -> None:
+        await self._handle_controls(run.run_id)  # signals are not carried over
+        if self._cancelled:
+            return
+        workflow.continue_as_new(TrainingRunInput(
+            run_id=run.run_id, submitted_by=run.submitted_by, config=run.config,
+            start_iteration=k, latest_checkpoint_id=latest,
+            paused=self._state.status == "paused", base_checkpoint_id=base,
+            continue_as_new_every=run.continue_as_new_every,
+            update_heartbeat_timeout_s=run.update_heartbeat_timeout_s,
+        ))
+
+    def _start_rollout(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,
+                       iteration: int, checkpoint_id: str, *, version: int
+                       ) -> asyncio.Task[RolloutBatchResult]:
+        rollout = config.rollout
+        batch = RolloutBatchInput(
+            batch_id=f"{run.run_id}-{iteration}", purpose="training",
+            items=rollout_items(plan.tasks, iteration, rollout.groups_per_iteration,
+                                rollout.group_size),
+            checkpoint_id=checkpoint_id, run_id=run.run_id, policy_version=version,
+            max_concurrency=min(MAX_ROLLOUT_CONCURRENCY,
+                                rollout.groups_per_iteration * rollout.group_size),
+            deadline_s=rollout.deadline_s, temperature=rollout.temperature,
+        )
+        return asyncio.create_task(workflow.execute_child_workflow(
+            ROLLOUT_WORKFLOW, batch,
+            id=f"{training_run_workflow_id(run.run_id)}-rollout-{iteration}",
+            task_queue=sibling_queue(workflow.info().task_queue, EXECUTION_QUEUE),
+            result_type=RolloutBatchResult,
+            cancellation_type=workflow.ChildWorkflowCancellationType.TRY_CANCEL,
+        ))
+
+    def _start_update(self, run: TrainingRunInput, plan: m.RunPlan, iteration: int,
+                      parent: str, base: str, batch: RolloutBatchResult
+                      ) -> asyncio.Task[m.UpdateResult]:
+        return workflow.start_activity(
+            m.UPDATE_POLICY, m.UpdateInput(
+                run_id=run.run_id, iteration=iteration, parent_checkpoint_id=parent,
+                base_checkpoint_id=base, batch_ids=[batch.batch_id], config=run.config,
+                environment_version_ids=list(plan.environment_version_ids)),
+            result_type=m.UpdateResult,
+            task_queue=sibling_queue(workflow.info().task_queue, LEARNING_GPU_QUEUE),
+            start_to_close_timeout=UPDATE_TIMEOUT,
+            heartbeat_timeout=timedelta(seconds=run.update_heartbeat_timeout_s),
+            retry_policy=UPDATE_RETRY,
+        )
+
+    async def _await(self, run_id: str, task: asyncio.Task[T]) -> T | None:
+        """The task's result, handling controls meanwhile; None if the run was cancelled."""
+        while True:
+            await workflow.wait_condition(lambda: task.done() or bool(self._controls))
+            await self._handle_controls(run_id)
+            if task.done():
+                return task.result()
+            if self._cancelled:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return None
+
+    async def _wait_while_paused(self, run_id: str) -> None:
+        await self._handle_controls(run_id)
+        while self._state.status == "paused" and not self._cancelled:
+            await workflow.wait_condition(lambda: bool(self._controls))
+            await self._handle_controls(run_id)
+
+    async def _handle_controls(self, run_id: str) -> None:
+        state = self._state
+        while self._controls:
+            action, control = self._controls.pop(0)
+            paused = state.status == "paused"
+            if self._cancelled or (action == "pause" and paused) or (
+                action == "resume" and not paused
+            ):
+                continue  # nothing would change
+            decision = await self._light(m.CONTROL_RUN, m.ControlInput(
+                run_id, action, control.user, control.reason), m.ControlDecision)
+            if not decision.accepted:
+                state.refused_controls.append(f"{action} by {control.user}: {decision.reason}")
+                continue
+            if action == "pause":
+                state.status, state.paused_reason = "paused", f"paused by {control.user}" + (
+                    f": {control.reason}" if control.reason else "")
+            elif action == "resume":
+                state.status, state.paused_reason = "running", None
+            else:
+                self._cancelled, state.status = True, "cancelled"
+
+    async def _set_status(self, run_id: str, status: str, reason: str | None,
+                          action: str = "update") -> None:
+        self._state.status = status
+        await workflow.execute_activity(
+            m.SET_RUN_STATUS, m.RunStatusInput(run_id, status, reason, action),
+            start_to_close_timeout=LIGHT_TIMEOUT, retry_policy=LIGHT_RETRY,
+        )
+
+    async def _light(self, name: str, arg: Any, result_type: type[T]) -> T:
+        result: T = await workflow.execute_activity(
+            name, arg, result_type=result_type, start_to_close_timeout=LIGHT_TIMEOUT,
+            retry_policy=LIGHT_RETRY,
+        )
+        return result

@@ -1,0 +1,362 @@
+"""The console in a real browser (Debian's Chromium through Playwright) against the real stack.
+
+The app runs under uvicorn in a background thread on a free port, as ``triloop_web``
+against the test PostgreSQL, OPA and Temporal. A stand-in promotion workflow (the
+real name, on this module's governance queue) answers the operator's update and
+writes nothing. Screenshots of every page go to ``test-output/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from sqlalchemy import Engine, text
+from temporalio import workflow
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from tests.factories import insert, make_run, uid
+from tests.factories_web import (
+    Person,
+    SeededPromotion,
+    add_approval,
+    add_gate,
+    add_steps,
+    make_deployment,
+    make_promotion,
+    make_user,
+)
+from triloop.config import Settings
+from triloop.devstack.processes import free_port
+from triloop.temporal import connect
+from triloop.workflow_api import (
+    GOVERNANCE_QUEUE,
+    PROMOTION_APPROVE_UPDATE,
+    PROMOTION_SIGN_AUDIT_UPDATE,
+    PROMOTION_STATUS_QUERY,
+    PROMOTION_WORKFLOW,
+    HumanDecision,
+    PromotionInput,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
+pytest_plugins = ["tests.factories_web_fixtures"]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
+
+
+@workflow.defn(name=PROMOTION_WORKFLOW)
+class StandInPromotion:
+    """Records each decision it is sent and returns; writes nothing anywhere."""
+
+    def __init__(self) -> None:
+        self.decisions: list[dict[str, Any]] = []
+
+    @workflow.run
+    async def run(self, candidate: PromotionInput) -> None:
+        await workflow.wait_condition(lambda: len(self.decisions) >= 1)
+
+    @workflow.update(name=PROMOTION_SIGN_AUDIT_UPDATE)
+    def sign_audit(self, decision: HumanDecision) -> str:
+        self.decisions.append({"kind": "audit", "user": decision.user})
+        return "audit recorded"
+
+    @workflow.update(name=PROMOTION_APPROVE_UPDATE)
+    def operator_decision(self, decision: HumanDecision) -> str:
+        self.decisions.append({"kind": "operator", "user": decision.user,
+                               "decision": decision.decision, "comment": decision.comment})
+        return f"{decision.decision} recorded for {decision.user}"
+
+    @workflow.query(name=PROMOTION_STATUS_QUERY)
+    def status(self) -> list[dict[str, Any]]:
+        return self.decisions
+
+
+class Loop:
+    """An asyncio loop in a thread, for the Temporal stand-in and calls to it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def browser_settings(web_settings: Settings) -> Settings:
+    return web_settings.model_copy(update={"task_queue_prefix": f"br-{uuid.uuid4().hex[:8]}-"})
+
+
+@pytest.fixture(scope="module")
+def governance(browser_settings: Settings) -> Iterator[tuple[Loop, Any]]:
+    """A stand-in governance worker; yields the loop and a connected client."""
+    loop = Loop()
+    client = loop.run(connect(browser_settings, identity="test-browser-governance"))
+    worker = Worker(client, task_queue=browser_settings.task_queue(GOVERNANCE_QUEUE),
+                    workflows=[StandInPromotion], workflow_runner=UnsandboxedWorkflowRunner())
+    running = asyncio.run_coroutine_threadsafe(worker.run(), loop.loop)
+    yield loop, client
+    loop.run(worker.shutdown())
+    running.result(10)
+    loop.stop()
+
+
+@pytest.fixture(scope="module")
+def base_url(browser_settings: Settings) -> Iterator[str]:
+    """The console served by uvicorn in a thread."""
+    from web.app import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(browser_settings, temporal_timeout_s=20),
+                                           host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the console did not start within 30 s")
+        time.sleep(0.2)
+    yield url
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail("Debian's Chromium is missing: apt-get install -y chromium "
+                    "(make test installs it when run as root)")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                              args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    opened = context.new_page()
+    yield opened
+    context.close()
+
+
+def sign_in(page: Page, base_url: str, person: Person, target: str = "/") -> None:
+    page.goto(f"{base_url}/login?next={target}")
+    page.get_by_label("API token").fill(person.token)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("banner").get_by_text(person.name, exact=True)).to_be_visible()
+
+
+def shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def seeded_for_approval(engine: Engine, people: dict[str, Person]) -> SeededPromotion:
+    seeded = make_promotion(engine, submitted_by=people["engineer"].name)
+    add_gate(engine, seeded.promotion_id, "offline_eval", with_threshold=True, evidence={
+        "eval_sets": [{"eval_set": "sorting-v1", "candidate": {"episodes": 120,
+                                                               "success_rate": 0.81},
+                       "production": {"episodes": 120, "success_rate": 0.74}}]})
+    add_gate(engine, seeded.promotion_id, "shadow",
+             evidence={"episodes": 200, "agreement_rate": 0.93})
+    add_gate(engine, seeded.promotion_id, "canary",
+             evidence={"episodes": 80, "share": 0.1, "success_rate_delta": 0.02})
+    add_gate(engine, seeded.promotion_id, "audit", evidence={"user": people["auditor"].name})
+    add_approval(engine, seeded.promotion_id, "audit", people["auditor"].name)
+    return seeded
+
+
+def start_stand_in(governance: tuple[Loop, Any], settings: Settings,
+                   seeded: SeededPromotion) -> Any:
+    loop, client = governance
+    return loop.run(client.start_workflow(
+        PROMOTION_WORKFLOW, PromotionInput(proposal_id="p", checkpoint_id=seeded.checkpoint_id,
+                                           run_id=seeded.run_id, submitted_by="x"),
+        id=seeded.workflow_id, task_queue=settings.task_queue(GOVERNANCE_QUEUE)))
+
+
+def test_operator_signs_in_and_approves_a_promotion(
+    page: Page, base_url: str, people: dict[str, Person], owner_engine: Engine,
+    governance: tuple[Loop, Any], browser_settings: Settings,
+) -> None:
+    seeded = seeded_for_approval(owner_engine, people)
+    handle = start_stand_in(governance, browser_settings, seeded)
+    page.goto(f"{base_url}/")
+    expect(page).to_have_url(f"{base_url}/login?next=/")
+    shot(page, "login")
+    operator = people["operator"]
+    sign_in(page, base_url, operator)
+    waiting = page.get_by_role("region", name="Waiting for you")
+    link = waiting.locator(f"a[href='/promotions/{seeded.promotion_id}']")
+    expect(link).to_be_visible()
+    shot(page, "overview")
+    link.click()
+    expect(page.get_by_role("heading", name="Your decision (operator)")).to_be_visible()
+    expect(page.get_by_text("sample size").first).to_be_visible()
+    shot(page, "promotion")
+    page.get_by_role("button", name="Approve").click()  # empty comment: the browser refuses
+    expect(page).to_have_url(f"{base_url}/promotions/{seeded.promotion_id}")
+    page.get_by_label("Comment").fill("Offline, shadow and canary gates are green.")
+    page.get_by_role("button", name="Approve").click()
+    notice = page.get_by_role("status")
+    expect(notice).to_contain_text(f"Approved as {operator.name}")
+    expect(notice).to_contain_text(f"approve recorded for {operator.name}")
+    shot(page, "promotion-approved")
+    loop, _ = governance
+    assert loop.run(handle.query(PROMOTION_STATUS_QUERY)) == [{
+        "kind": "operator", "user": operator.name, "decision": "approve",
+        "comment": "Offline, shadow and canary gates are green."}]
+
+
+def test_auditor_sees_no_approve_button_and_a_forged_post_is_refused(
+    page: Page, base_url: str, people: dict[str, Person], owner_engine: Engine,
+    governance: tuple[Loop, Any], browser_settings: Settings,
+) -> None:
+    seeded = seeded_for_approval(owner_engine, people)
+    handle = start_stand_in(governance, browser_settings, seeded)
+    sign_in(page, base_url, people["auditor"], f"/promotions/{seeded.promotion_id}")
+    expect(page.get_by_role("heading", name="Gates")).to_be_visible()
+    expect(page.get_by_role("button", name="Approve")).to_have_count(0)
+    expect(page.get_by_role("button", name="Reject")).to_have_count(0)
+    expect(page.get_by_role("link", name="Roll back production…")).to_have_count(0)
+    shot(page, "promotion-as-auditor")
+    csrf = page.locator("input[name=csrf_token]").first.get_attribute("value")
+    assert csrf
+    forged = page.request.post(f"{base_url}/promotions/{seeded.promotion_id}/approve",
+                               form={"csrf_token": csrf, "comment": "forged approval"},
+                               headers={"Accept": "text/html"}, max_redirects=0)
+    assert forged.status == 403
+    assert "no rule lets" in forged.text() or "may not" in forged.text()
+    no_csrf = page.request.post(f"{base_url}/promotions/{seeded.promotion_id}/approve",
+                                form={"comment": "forged"}, max_redirects=0)
+    assert no_csrf.status == 403 and "CSRF" in no_csrf.text()
+    loop, _ = governance
+    assert loop.run(handle.query(PROMOTION_STATUS_QUERY)) == []
+    loop.run(handle.terminate())
+
+
+def test_lineage_page_shows_the_parent_chain_and_verifies_the_audit_chain(
+    page: Page, base_url: str, people: dict[str, Person], owner_engine: Engine
+) -> None:
+    seeded = seeded_for_approval(owner_engine, people)
+    sign_in(page, base_url, people["auditor"], f"/checkpoints/{seeded.checkpoint_id}/lineage")
+    chain = page.get_by_role("list", name="Parent chain, base model first").locator(":scope > li")
+    expect(chain).to_have_count(4)
+    expect(chain.nth(0)).to_contain_text("base model")
+    for index, checkpoint in enumerate((seeded.root_id, seeded.parent_id, seeded.checkpoint_id)):
+        expect(chain.nth(index + 1)).to_contain_text(checkpoint)
+    expect(chain.nth(3)).to_contain_text("candidate")
+    expect(page.get_by_role("region", name="Frozen eval sets used")).to_contain_text("v1")
+    page.get_by_role("button", name="Verify audit chain").click()
+    expect(page.get_by_role("status")).to_contain_text("Audit chain verified")
+    shot(page, "lineage")
+    chain.nth(2).get_by_role("link").first.click()
+    expect(page).to_have_url(f"{base_url}/checkpoints/{seeded.parent_id}/lineage")
+
+
+def test_every_page_renders_for_its_roles(
+    page: Page, base_url: str, people: dict[str, Person], owner_engine: Engine
+) -> None:
+    run_id = make_run(owner_engine, submitted_by=people["engineer"].name)
+    add_steps(owner_engine, run_id, 12, alarm_at=9)
+    seeded = seeded_for_approval(owner_engine, people)
+    alias_target = make_promotion(owner_engine, submitted_by=people["engineer"].name)
+    if _no_production(owner_engine):
+        make_deployment(owner_engine, "production", seeded.checkpoint_id,
+                        alias_target.checkpoint_id)
+    everyone = make_user(owner_engine, "operator", "auditor")
+    sign_in(page, base_url, everyone)
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    pages = {
+        "runs": "/runs", "run": f"/runs/{run_id}", "promotions": "/promotions",
+        "deployments": "/deployments", "rollback-confirm": "/rollback?alias=production",
+        "environments": "/environments", "audit-log": "/audit",
+    }
+    for name, path in pages.items():
+        response = page.goto(f"{base_url}{path}")
+        assert response is not None and response.status == 200, (path, response)
+        expect(page.locator("h1")).to_be_visible()
+        shot(page, name)
+    page.goto(f"{base_url}/runs/{run_id}")
+    expect(page.get_by_role("img", name="Reward (mean)", exact=False)).to_be_visible()
+    expect(page.locator("svg line.alarm")).to_have_count(5)
+    name = seed_environment(owner_engine)
+    page.goto(f"{base_url}/environments")
+    page.get_by_role("link", name=name).click()
+    expect(page.get_by_role("heading", name="Versions")).to_be_visible()
+    page.get_by_label("From").select_option("1")
+    page.get_by_label("to", exact=True).select_option("2")
+    page.get_by_role("button", name="Show diff").click()
+    expect(page.locator("table.diff tbody tr")).to_have_count(3)
+    page.locator("details.task summary").first.click()
+    expect(page.get_by_text("3 resets gave identical state hashes")).to_be_visible()
+    shot(page, "environment")
+    page.goto(f"{base_url}/promotions/nope")
+    expect(page.get_by_role("heading", name="404 · Not found")).to_be_visible()
+
+
+def seed_environment(engine: Engine) -> str:
+    """An environment with two contract versions and a task with admission evidence."""
+    name = uid("sorting-")
+    insert(engine, "environment", name=name, description="Sort a list with swaps",
+           created_by="governance")
+    contracts = [
+        {"task": "sort", "allowed_actions": ["read", "swap", "done"], "reward": {"success": 1.0}},
+        {"task": "sort", "allowed_actions": ["read", "done"], "reward": {"success": 1},
+         "observations": ["list"]},
+    ]
+    version_ids = []
+    for number, contract in enumerate(contracts, start=1):
+        version_ids.append(uid("sha-"))
+        insert(engine, "environment_version", id=version_ids[-1], environment_name=name,
+               version=number, contract=contract, contract_text=yaml_text(contract),
+               fixture_hashes={"lists.json": "5f" * 32}, created_by="governance")
+    insert(engine, "task", id=uid("task-"), environment_version_id=version_ids[-1], seed=7,
+           status="admitted", decided_by="governance", evidence={
+               "reproducible": {"answer": True,
+                                "evidence": "3 resets gave identical state hashes"},
+               "verifiable": {"answer": True, "evidence": "checker reads the final list"},
+               "recoverable": {"answer": True, "evidence": "reset in 4 ms"},
+               "repeatable": {"answer": True, "successes": 4, "samples": 5}})
+    return name
+
+
+def yaml_text(contract: dict[str, Any]) -> str:
+    import yaml
+
+    return str(yaml.safe_dump(contract, sort_keys=False))
+
+
+def _no_production(engine: Engine) -> bool:
+    with engine.begin() as conn:
+        count = conn.execute(text("SELECT count(*) FROM deployment WHERE alias='production'"))
+        return int(count.scalar_one()) == 0

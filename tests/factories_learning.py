@@ -1,0 +1,128 @@
+"""What the learning-loop tests share: people, run rows, run configs, in-process workers.
+
+Rows are inserted as the owner (set-up only), the way the web service would have written
+them before starting a run. Workers run in-process on the test's own task queues: the
+real learning workers, the real execution worker, and a stand-in for governance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, text
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Worker
+
+from tests.factories import insert, uid
+from tests.factories_execution import make_builtin_task
+from tests.learning_standins import StandInPromotionWorkflow
+from triloop.config import Settings
+from triloop.workflow_api import (
+    GOVERNANCE_QUEUE,
+    LEARNING_QUEUE,
+    TRAINING_RUN_WORKFLOW,
+    TrainingRunInput,
+    training_run_workflow_id,
+)
+
+
+def make_user(engine: Engine, roles: Sequence[str] = ("ml_engineer",)) -> str:
+    """A person with roles; returns the name."""
+    name = uid("user-")
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO app_user (name, roles, token_hash, created_by, disabled) "
+            "VALUES (:n, :r, :t, 'test', false)"),
+            {"n": name, "r": list(roles), "t": hashlib.sha256(name.encode()).hexdigest()})
+    return name
+
+
+def frozen_lake_tasks(engine: Engine, seeds: Sequence[int], status: str = "admitted"
+                      ) -> list[str]:
+    """Tasks on the built-in frozen_lake contract, one per seed."""
+    from tests.factories_execution import make_task_on, register_builtin
+
+    if status == "admitted":
+        return [make_builtin_task(engine, "frozen_lake", seed) for seed in seeds]
+    version = register_builtin(engine, "frozen_lake")
+    return [make_task_on(engine, version, seed + 10_000 + uuid.uuid4().int % 10_000, status)
+            for seed in seeds]
+
+
+def run_config(base: Path | str, task_ids: Sequence[str], **sections: dict[str, Any]
+               ) -> dict[str, Any]:
+    """A small, fast run config on the tiny model; ``sections`` override section fields."""
+    config: dict[str, Any] = {
+        "name": "test run",
+        "model": {"base": str(base)},
+        "rollout": {"task_ids": list(task_ids), "group_size": 2, "groups_per_iteration": 2,
+                    "temperature": 1.0, "deadline_s": 120},
+        "optimizer": {"learning_rate": 1e-2},
+        "update": {"micro_batch_size": 64},
+        "stability": {"pause_on_alarm": False},
+        "schedule": {"iterations": 2, "propose_every": 2, "seed": 0},
+    }
+    for name, fields in sections.items():
+        config[name] = {**config.get(name, {}), **fields}
+    return config
+
+
+def make_run(engine: Engine, config: dict[str, Any], submitted_by: str) -> str:
+    """A submitted ``training_run`` row, as the web service writes it; returns its id."""
+    run_id = uid("run-")
+    insert(engine, "training_run", id=run_id, name=config["name"], submitted_by=submitted_by,
+           config=json.loads(json.dumps(config)), status="submitted", iterations_done=0,
+           workflow_id=training_run_workflow_id(run_id))
+    return run_id
+
+
+def queue_settings(settings: Settings) -> Settings:
+    """The session's settings with task queues of the calling test's own."""
+    return settings.model_copy(
+        update={"task_queue_prefix": f"{settings.task_queue_prefix}{uuid.uuid4().hex[:6]}-"}
+    )
+
+
+@asynccontextmanager
+async def loops_running(
+    client: Client, settings: Settings, *, learning: bool = True
+) -> AsyncIterator[None]:
+    """Execution worker, governance stand-in and (unless told not to) the learning workers."""
+    from execution_loop.worker import build_worker as build_execution_worker
+    from learning_loop.worker import build_worker as build_learning_workers
+
+    workers: list[Worker] = [
+        build_execution_worker(client, settings, max_concurrent_episodes=4),
+        Worker(client, task_queue=settings.task_queue(GOVERNANCE_QUEUE),
+               workflows=[StandInPromotionWorkflow]),
+    ]
+    if learning:
+        workers += build_learning_workers(client, settings)
+    async with AsyncExitStack() as stack:
+        for worker in workers:
+            await stack.enter_async_context(worker)
+        yield
+
+
+async def start_run(
+    client: Client, settings: Settings, run_id: str, config: dict[str, Any], submitted_by: str,
+    **carried: Any,
+) -> WorkflowHandle[Any, Any]:
+    """Start a run's workflow on the learning queue, as the web service does."""
+    return await client.start_workflow(
+        TRAINING_RUN_WORKFLOW,
+        TrainingRunInput(run_id=run_id, submitted_by=submitted_by, config=config, **carried),
+        id=training_run_workflow_id(run_id), task_queue=settings.task_queue(LEARNING_QUEUE),
+    )
+
+
+def rows(engine: Engine, sql: str, **params: Any) -> list[dict[str, Any]]:
+    """Rows of a query as dicts (owner connection: the test's eyes only)."""
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(text(sql), params).mappings().all()]

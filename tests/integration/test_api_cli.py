@@ -1,0 +1,97 @@
+"""The web CLI groups: ``users create`` prints a working token; the rest call the API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import typer
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+from typer.testing import CliRunner
+
+from tests.factories import make_run, uid
+from tests.factories_web import Person, add_approval, make_promotion
+from triloop.config import Settings
+from web import cli
+
+pytestmark = pytest.mark.integration
+pytest_plugins = ["tests.factories_web_fixtures"]
+
+
+@pytest.fixture
+def app_cli(
+    monkeypatch: pytest.MonkeyPatch, web_settings: Settings, web_app: FastAPI
+) -> typer.Typer:
+    """The CLI groups mounted as in triloop, talking to the test database and app."""
+    monkeypatch.setattr(cli, "get_settings", lambda: web_settings)
+    client = TestClient(web_app)
+
+    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+        kwargs.pop("timeout", None)
+        return client.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
+
+    monkeypatch.setattr(cli.httpx, "request", request)
+    root = typer.Typer()
+    root.add_typer(cli.users_app, name="users")
+    root.add_typer(cli.train_app, name="train")
+    root.add_typer(cli.promotions_app, name="promotions")
+    root.command("rollback")(cli.rollback_command)
+    return root
+
+
+def test_users_create_prints_a_token_that_signs_in(
+    app_cli: typer.Typer, web_app: FastAPI
+) -> None:
+    name = uid("erin").lower()
+    result = CliRunner().invoke(app_cli, ["users", "create", name, "--role", "auditor",
+                                          "--role", "operator"])
+    assert result.exit_code == 0, result.output
+    token = result.output.strip().splitlines()[-1]
+    me = TestClient(web_app).get("/api/me", headers={"Authorization": f"Bearer {token}"})
+    assert me.json()["roles"] == ["auditor", "operator"]
+    listed = CliRunner().invoke(app_cli, ["users", "list"])
+    assert name in listed.output and token not in listed.output
+    again = CliRunner().invoke(app_cli, ["users", "create", name, "--role", "auditor"])
+    assert again.exit_code == 1 and "already exists" in again.output
+    bad = CliRunner().invoke(app_cli, ["users", "create", uid("f").lower(), "--role", "king"])
+    assert bad.exit_code == 1 and "unknown role" in bad.output
+
+
+def test_train_and_promotions_commands_call_the_api(
+    app_cli: typer.Typer, people: dict[str, Person], owner_engine: Engine, tmp_path: Path
+) -> None:
+    engineer = people["engineer"]
+    run_id = make_run(owner_engine, submitted_by=engineer.name)
+    status = CliRunner().invoke(app_cli, ["train", "status", run_id, "--token", engineer.token])
+    assert status.exit_code == 0, status.output
+    assert f"run {run_id}" in status.output and "submitted" in status.output
+
+    bad_run = tmp_path / "RUN.yaml"
+    bad_run.write_text("name: x\nmodel: {base: tiny}\n")
+    submit = CliRunner().invoke(app_cli, ["train", "submit", str(bad_run), "--token",
+                                          engineer.token])
+    assert submit.exit_code == 1 and "422" in submit.output and "rollout" in submit.output
+
+    seeded = make_promotion(owner_engine, submitted_by=engineer.name)
+    add_approval(owner_engine, seeded.promotion_id, "audit", people["auditor"].name)
+    shown = CliRunner().invoke(app_cli, ["promotions", "show", seeded.promotion_id,
+                                         "--token", people["auditor"].token])
+    assert shown.exit_code == 0 and "audit by" in shown.output
+    listed = CliRunner().invoke(app_cli, ["promotions", "list", "--status", "open",
+                                          "--token", people["operator"].token])
+    assert listed.exit_code == 0 and seeded.promotion_id[:8] in listed.output
+
+
+def test_rollback_needs_a_token_and_the_operator_role(
+    app_cli: typer.Typer, people: dict[str, Person], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TRILOOP_TOKEN", raising=False)
+    missing = CliRunner().invoke(app_cli, ["rollback", "--reason", "x"])
+    assert missing.exit_code == 2 and "no API token" in missing.output
+    denied = CliRunner().invoke(app_cli, ["rollback", "--reason", "x", "--token",
+                                          people["auditor"].token])
+    assert denied.exit_code == 1 and ("403" in denied.output or "404" in denied.output)

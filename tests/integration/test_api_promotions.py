@@ -1,0 +1,251 @@
+"""Promotion decisions: sent to governance as Temporal updates only after the policy allowed them.
+
+Refusals are checked on promotions whose workflow is not running: had the web
+service reached Temporal, the answer would be a 409 "not running", so a 403 or
+422 shows it refused first. The happy paths run against a stand-in promotion
+workflow (the real name, this test's governance queue) that records each
+decision and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from sqlalchemy import Engine
+from temporalio import workflow
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from tests.factories_web import (
+    Person,
+    SeededPromotion,
+    add_approval,
+    assert_problem,
+    make_promotion,
+    make_user,
+)
+from triloop.config import Settings
+from triloop.temporal import connect
+from triloop.workflow_api import (
+    GOVERNANCE_QUEUE,
+    PROMOTION_APPROVE_UPDATE,
+    PROMOTION_SIGN_AUDIT_UPDATE,
+    PROMOTION_STATUS_QUERY,
+    PROMOTION_WORKFLOW,
+    HumanDecision,
+    PromotionInput,
+)
+
+pytestmark = pytest.mark.integration
+pytest_plugins = ["tests.factories_web_fixtures"]
+
+
+@workflow.defn(name=PROMOTION_WORKFLOW)
+class StandInPromotion:
+    """Records decisions; its validators refuse a comment saying 'refuse-me'."""
+
+    def __init__(self) -> None:
+        self.decisions: list[dict[str, Any]] = []
+        self.done = False
+
+    @workflow.run
+    async def run(self, candidate: PromotionInput) -> None:
+        await workflow.wait_condition(lambda: self.done)
+
+    def _record(self, kind: str, decision: HumanDecision) -> dict[str, Any]:
+        entry = {"kind": kind, "user": decision.user, "roles": decision.roles,
+                 "decision": decision.decision, "comment": decision.comment}
+        self.decisions.append(entry)
+        return {"recorded": kind, "decision": decision.decision}
+
+    @workflow.update(name=PROMOTION_SIGN_AUDIT_UPDATE)
+    def sign_audit(self, decision: HumanDecision) -> dict[str, Any]:
+        return self._record("audit", decision)
+
+    @sign_audit.validator
+    def _check_audit(self, decision: HumanDecision) -> None:
+        if "refuse-me" in decision.comment:
+            raise ValueError("the stand-in refuses this audit")
+
+    @workflow.update(name=PROMOTION_APPROVE_UPDATE)
+    def operator_decision(self, decision: HumanDecision) -> dict[str, Any]:
+        self.done = True
+        return self._record("operator", decision)
+
+    @operator_decision.validator
+    def _check_operator(self, decision: HumanDecision) -> None:
+        if "refuse-me" in decision.comment:
+            raise ValueError("separation of duties re-checked by governance: refused")
+
+    @workflow.query(name=PROMOTION_STATUS_QUERY)
+    def status(self) -> list[dict[str, Any]]:
+        return self.decisions
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def governance(web_settings: Settings) -> AsyncIterator[Client]:
+    client = await connect(web_settings, identity="test-governance-stand-in")
+    async with Worker(client, task_queue=web_settings.task_queue(GOVERNANCE_QUEUE),
+                      workflows=[StandInPromotion],
+                      workflow_runner=UnsandboxedWorkflowRunner()):
+        yield client
+
+
+async def _start(client: Client, settings: Settings, seeded: SeededPromotion) -> WorkflowHandle:
+    return await client.start_workflow(
+        PROMOTION_WORKFLOW,
+        PromotionInput(proposal_id="p", checkpoint_id=seeded.checkpoint_id,
+                       run_id=seeded.run_id, submitted_by="x"),
+        id=seeded.workflow_id, task_queue=settings.task_queue(GOVERNANCE_QUEUE),
+    )
+
+
+async def test_auditor_signs_then_operator_approves(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+    governance: Client, web_settings: Settings,
+) -> None:
+    seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name,
+                            current_gate="audit")
+    handle = await _start(governance, web_settings, seeded)
+    auditor, operator = people["auditor"], people["operator"]
+    signed = await api.post(f"/api/promotions/{seeded.promotion_id}/sign-audit",
+                            json={"comment": "lineage and evidence checked"},
+                            headers=auditor.headers)
+    assert signed.status_code == 200, signed.text
+    assert signed.json()["result"] == {"recorded": "audit", "decision": "approve"}
+    # Governance records the sign-off; seeded here as it would have written it.
+    add_approval(owner_engine, seeded.promotion_id, "audit", auditor.name)
+    approved = await api.post(f"/api/promotions/{seeded.promotion_id}/approve",
+                              json={"comment": "gates green, ship it"}, headers=operator.headers)
+    assert approved.status_code == 200, approved.text
+    assert approved.json()["user"] == operator.name
+    await handle.result()
+    assert await handle.query(PROMOTION_STATUS_QUERY) == [
+        {"kind": "audit", "user": auditor.name, "roles": ["auditor"], "decision": "approve",
+         "comment": "lineage and evidence checked"},
+        {"kind": "operator", "user": operator.name, "roles": ["operator"],
+         "decision": "approve", "comment": "gates green, ship it"},
+    ]
+
+
+async def test_operator_rejects_with_comment(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+    governance: Client, web_settings: Settings,
+) -> None:
+    seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name)
+    handle = await _start(governance, web_settings, seeded)
+    add_approval(owner_engine, seeded.promotion_id, "audit", people["auditor"].name)
+    rejected = await api.post(f"/api/promotions/{seeded.promotion_id}/reject",
+                              json={"comment": "canary too small"},
+                              headers=people["operator"].headers)
+    assert rejected.status_code == 200, rejected.text
+    await handle.result()
+    [decision] = await handle.query(PROMOTION_STATUS_QUERY)
+    assert decision["decision"] == "reject" and decision["comment"] == "canary too small"
+
+
+async def test_workflow_validator_refusal_is_409(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+    governance: Client, web_settings: Settings,
+) -> None:
+    seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name)
+    handle = await _start(governance, web_settings, seeded)
+    add_approval(owner_engine, seeded.promotion_id, "audit", people["auditor"].name)
+    response = await api.post(f"/api/promotions/{seeded.promotion_id}/approve",
+                              json={"comment": "refuse-me"}, headers=people["operator"].headers)
+    assert_problem(response, 409, "re-checked by governance")
+    assert await handle.query(PROMOTION_STATUS_QUERY) == []
+    await handle.terminate()
+
+
+# ---- refusals: none of these reach Temporal (no workflow runs for these promotions) ----
+
+
+def _seed(engine: Engine, submitter: str, gate: str = "approval") -> SeededPromotion:
+    return make_promotion(engine, submitted_by=submitter, current_gate=gate)
+
+
+async def _decide(api: httpx.AsyncClient, who: Person, promotion: str, action: str,
+                  comment: str | None = "because") -> httpx.Response:
+    body = {} if comment is None else {"comment": comment}
+    return await api.post(f"/api/promotions/{promotion}/{action}", json=body,
+                          headers=who.headers)
+
+
+async def test_submitter_can_neither_audit_nor_approve(
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person]
+) -> None:
+    everything = make_user(owner_engine, "ml_engineer", "operator", "auditor")
+    seeded = _seed(owner_engine, everything.name)
+    add_approval(owner_engine, seeded.promotion_id, "audit", people["auditor"].name)
+    for action in ("approve", "sign-audit"):
+        response = await _decide(api, everything, seeded.promotion_id, action)
+        assert_problem(response, 403, "separation of duties", "submitted the run")
+
+
+async def test_auditor_who_signed_cannot_approve(
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person]
+) -> None:
+    both = people["auditor_operator"]
+    seeded = _seed(owner_engine, people["engineer"].name)
+    add_approval(owner_engine, seeded.promotion_id, "audit", both.name)
+    response = await _decide(api, both, seeded.promotion_id, "approve")
+    assert_problem(response, 403, "signed the audit and may not also approve")
+
+
+async def test_approval_needs_a_signed_audit(
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person]
+) -> None:
+    seeded = _seed(owner_engine, people["engineer"].name)
+    response = await _decide(api, people["operator"], seeded.promotion_id, "approve")
+    assert_problem(response, 403, "needs a signed audit")
+
+
+@pytest.mark.parametrize(("who", "action"), [
+    ("auditor", "approve"), ("auditor", "reject"), ("operator", "sign-audit"),
+    ("operator", "reject-audit"), ("engineer2", "approve"), ("engineer2", "sign-audit"),
+    ("admin", "approve"),
+])
+async def test_wrong_role_is_403(
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person], who: str,
+    action: str,
+) -> None:
+    seeded = _seed(owner_engine, people["engineer"].name)
+    add_approval(owner_engine, seeded.promotion_id, "audit", people["auditor_operator"].name)
+    assert_problem(await _decide(api, people[who], seeded.promotion_id, action), 403)
+
+
+@pytest.mark.parametrize("comment", [None, "", "   \n "])
+async def test_a_comment_is_required(
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person],
+    comment: str | None,
+) -> None:
+    seeded = _seed(owner_engine, people["engineer"].name)
+    add_approval(owner_engine, seeded.promotion_id, "audit", people["auditor"].name)
+    response = await _decide(api, people["operator"], seeded.promotion_id, "approve", comment)
+    assert_problem(response, 422, "comment")
+
+
+async def test_state_refusals(
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person]
+) -> None:
+    operator = people["operator"]
+    assert_problem(await _decide(api, operator, "nope", "approve"), 404)
+    closed = make_promotion(owner_engine, submitted_by=people["engineer"].name,
+                            status="promoted")
+    add_approval(owner_engine, closed.promotion_id, "audit", people["auditor"].name)
+    assert_problem(await _decide(api, operator, closed.promotion_id, "approve"), 409, "promoted")
+    orphan = make_promotion(owner_engine, submitted_by=people["engineer"].name,
+                            with_workflow=False)
+    add_approval(owner_engine, orphan.promotion_id, "audit", people["auditor"].name)
+    assert_problem(await _decide(api, operator, orphan.promotion_id, "approve"), 409,
+                   "no workflow")
+    # Allowed and open, but governance's workflow is gone: Temporal says so, a 409.
+    gone = _seed(owner_engine, people["engineer"].name)
+    add_approval(owner_engine, gone.promotion_id, "audit", people["auditor"].name)
+    assert_problem(await _decide(api, operator, gone.promotion_id, "approve"), 409,
+                   "not running")

@@ -1,0 +1,161 @@
+"""Trajectory storage against the real PostgreSQL and OPA: once per episode, COPY, queries."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlmodel import Session
+
+from execution_loop.trajectories import (
+    StepRow,
+    TrajectoryRow,
+    count_steps,
+    insert_trajectory,
+    list_trajectories,
+    load_steps,
+    write_trajectory,
+)
+from tests.factories import make_task, uid
+from triloop.config import Settings
+from triloop.policy import Authorizer, PolicyDenied
+from triloop.wiring import build_authorizer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def engine(role_engine: Callable[[str], Engine]) -> Engine:
+    """The execution loop's own database role."""
+    return role_engine("execution")
+
+
+@pytest.fixture
+def authorizer(settings: Settings) -> Authorizer:
+    """The execution service's authorizer on the real OPA."""
+    return build_authorizer(settings, "execution")
+
+
+def episode(task_id: str, *, batch_id: str = "batch", run_id: str | None = None,
+            checkpoint_id: str = "ckpt", steps: int = 3) -> tuple[TrajectoryRow, list[StepRow]]:
+    """A trajectory and its steps with distinctive arrays."""
+    row = TrajectoryRow(
+        id=uid("ep-"), batch_id=batch_id, task_id=task_id, checkpoint_id=checkpoint_id,
+        purpose="training", group_id=f"{batch_id}:0", status="completed", run_id=run_id,
+        success=True, total_reward=1.5, num_steps=steps, outcome={"verifier": {"ok": True}},
+    )
+    rows = [
+        StepRow(index=i, prompt_token_ids=[1, 2, 3 + i], action_token_ids=[40 + i, 41],
+                action_mask=[0, 0, 0, 1, 1], behaviour_logprobs=[-0.25, float("-inf")],
+                observation=f"obs {i}\x00", action_text=f"act {i}",
+                feedback={"note": "nul\x00byte", "i": i}, reward=0.5 * i, done=i == steps - 1)
+        for i in range(steps)
+    ]
+    return row, rows
+
+
+def test_write_is_idempotent_and_keeps_arrays_exact(
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine
+) -> None:
+    row, steps = episode(make_task(owner_engine))
+    assert write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
+    assert not write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
+
+    with Session(engine) as session:
+        stored = load_steps(session=session, trajectory_id=row.id)
+        assert count_steps(session=session, trajectory_ids=[row.id]) == {row.id: 3}
+    assert [s.index for s in stored] == [0, 1, 2]
+    first = stored[0]
+    assert first.prompt_token_ids == [1, 2, 3] and first.action_token_ids == [40, 41]
+    assert first.action_mask == [0, 0, 0, 1, 1]
+    assert first.behaviour_logprobs == [-0.25, float("-inf")]
+    assert first.observation == "obs 0\ufffd" and first.feedback["note"] == "nul\ufffdbyte"
+    assert stored[2].done and stored[2].reward == 1.0
+
+
+def test_copy_and_per_row_inserts_store_the_same_rows(
+    engine: Engine, owner_engine: Engine
+) -> None:
+    task = make_task(owner_engine)
+    bulk, steps = episode(task)
+    plain = TrajectoryRow(**{**bulk.__dict__, "id": uid("ep-")})
+    with engine.begin() as conn:
+        raw = conn.connection.driver_connection
+        with raw.cursor() as cursor:  # type: ignore[union-attr]
+            assert insert_trajectory(cursor, bulk, steps, method="copy")
+            assert insert_trajectory(cursor, plain, steps, method="insert")
+    columns = ("index, prompt_token_ids, action_token_ids, action_mask, behaviour_logprobs, "
+               "observation, action_text, feedback, reward, done")
+    with engine.connect() as conn:
+        read = [
+            conn.execute(text(f"SELECT {columns} FROM step WHERE trajectory_id = :t "
+                              "ORDER BY index"), {"t": t}).all()
+            for t in (bulk.id, plain.id)
+        ]
+    assert read[0] == read[1] and len(read[0]) == 3
+
+
+def test_denied_write_stores_nothing(
+    engine: Engine, settings: Settings, owner_engine: Engine
+) -> None:
+    dead_opa = build_authorizer(settings.model_copy(update={"opa_url": "http://127.0.0.1:9"}),
+                                "execution")
+    row, steps = episode(make_task(owner_engine))
+    with pytest.raises(PolicyDenied):
+        write_trajectory(engine=engine, authorizer=dead_opa, trajectory=row, steps=steps)
+    with engine.connect() as conn:
+        for table, column in (("trajectory", "id"), ("step", "trajectory_id")):
+            count = conn.execute(
+                text(f"SELECT count(*) FROM {table} WHERE {column} = :i"), {"i": row.id}
+            ).scalar_one()
+            assert count == 0
+
+
+def test_racing_writers_store_one_copy(
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine
+) -> None:
+    row, steps = episode(make_task(owner_engine), steps=50)
+    results: list[bool] = []
+    start = threading.Barrier(4)
+
+    def write() -> None:
+        start.wait()
+        results.append(
+            write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
+        )
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [False, False, False, True]
+    with Session(engine) as session:
+        assert count_steps(session=session, trajectory_ids=[row.id]) == {row.id: 50}
+
+
+def test_queries_by_run_batch_task_and_checkpoint(
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine
+) -> None:
+    task_a, task_b = make_task(owner_engine), make_task(owner_engine)
+    run, batch = uid("run-"), uid("batch-")
+    written = {
+        "a": episode(task_a, batch_id=batch, run_id=run, checkpoint_id="c1"),
+        "b": episode(task_b, batch_id=batch, run_id=run, checkpoint_id="c2"),
+        "c": episode(task_a, batch_id=uid("batch-"), checkpoint_id="c2"),
+    }
+    for row, steps in written.values():
+        write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
+    ids = {key: row.id for key, (row, _) in written.items()}
+
+    def found(**filters: str) -> set[str]:
+        with Session(engine) as session:
+            return {t.id for t in list_trajectories(session=session, **filters)}
+
+    assert found(run_id=run) == {ids["a"], ids["b"]}
+    assert found(batch_id=batch) == {ids["a"], ids["b"]}
+    assert found(task_id=task_a) == {ids["a"], ids["c"]}
+    assert found(checkpoint_id="c2", task_id=task_a) == {ids["c"]}
+    assert found(run_id=run, purpose="eval") == set()

@@ -1,0 +1,27 @@
+"""A recorded PromotionWorkflow history replays on today's code (no services needed).
+
+A change to the workflow that would break promotions in flight (a new activity
+call, a reordered timer) fails here; guard such changes with ``workflow.patched()``.
+The history comes from ``tests/integration/test_promotion_workflow.py``'s whole
+path to promotion; rerun it with ``TRILOOP_RECORD_HISTORIES=1`` to refresh it after
+a deliberate, patched change.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+
+from governance_loop.workflows import PromotionWorkflow
+
+RECORDED = Path(__file__).parent / "histories" / "promotion_workflow.json"
+
+
+async def test_recorded_promotion_replays() -> None:
+    recorded = json.loads(RECORDED.read_text())
+    history = WorkflowHistory.from_json(recorded["workflow_id"], recorded["history"])
+    result = await Replayer(workflows=[PromotionWorkflow]).replay_workflow(history)
+    assert result.replay_failure is None

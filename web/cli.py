@@ -1,0 +1,210 @@
+"""Command groups the ``triloop`` CLI mounts: users, train, promotions, rollback.
+
+``users`` runs on this machine with the web service's database role (it is how
+the first people and tokens come to exist; the policy is still asked, for the
+local operator as an admin). Everything else calls the HTTP API with a token
+(``--token`` or ``TRILOOP_TOKEN``) at ``TRILOOP_API_URL``, so the CLI is refused
+exactly what the console would refuse.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from triloop.config import get_settings
+
+console = Console()
+err = Console(stderr=True)
+
+users_app = typer.Typer(help="People and their API tokens (on the server machine).",
+                        no_args_is_help=True)
+train_app = typer.Typer(help="Submit and follow training runs (ML engineers).",
+                        no_args_is_help=True)
+promotions_app = typer.Typer(help="Candidates on their way through the gates.",
+                             no_args_is_help=True)
+
+TokenOption = Annotated[
+    str | None, typer.Option("--token", envvar="TRILOOP_TOKEN", help="API token.")
+]
+ApiOption = Annotated[
+    str, typer.Option("--api-url", envvar="TRILOOP_API_URL", help="Base URL of the web API.")
+]
+DEFAULT_API = "http://127.0.0.1:8000"
+
+
+def _local_actor() -> str:
+    return f"{getpass.getuser()}@cli"
+
+
+@users_app.command("create")
+def users_create(
+    name: Annotated[str, typer.Argument(help="Lowercase user name, e.g. alice.")],
+    role: Annotated[list[str], typer.Option("--role", help="ml_engineer, operator, auditor "
+                                                            "or admin; repeat for more.")],
+) -> None:
+    """Create a user and print their API token (shown this once only)."""
+    from triloop.db import role_engine, session_scope
+    from triloop.policy import Actor, PolicyDenied, Resource
+    from triloop.wiring import build_authorizer
+    from web.users import UserError, check_new_user, create_user
+
+    settings = get_settings()
+    try:
+        roles = check_new_user(name, role)
+        actor = Actor(service="web", user=_local_actor(), roles=("admin",))
+        build_authorizer(settings, "web").authorize(
+            actor, "create", Resource(kind="user", id=name, attrs={"via": "cli"})
+        )
+        with session_scope(role_engine(settings, "web")) as session:
+            _, token = create_user(session=session, name=name, roles=roles,
+                                   created_by=_local_actor())
+    except (UserError, PolicyDenied) as error:
+        err.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+    console.print(f"created {name} ({', '.join(roles)}). API token (shown once, keep it safe):")
+    console.print(token, markup=False, highlight=False, soft_wrap=True)
+
+
+@users_app.command("list")
+def users_list() -> None:
+    """List users and their roles (never tokens)."""
+    from sqlmodel import Session, col, select
+
+    from triloop.db import role_engine
+    from triloop.models import User
+    from triloop.policy import Actor, PolicyDenied, Resource
+    from triloop.wiring import build_authorizer
+
+    settings = get_settings()
+    try:
+        build_authorizer(settings, "web").authorize(
+            Actor(service="web", user=_local_actor(), roles=("admin",)), "read",
+            Resource(kind="user", attrs={"via": "cli"}),
+        )
+    except PolicyDenied as error:
+        err.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+    with Session(role_engine(settings, "web")) as session:
+        rows = list(session.exec(select(User).order_by(col(User.created_at))))
+    for user in rows:
+        state = " (disabled)" if user.disabled else ""
+        console.print(f"{user.name}\t{','.join(user.roles)}{state}\tcreated by {user.created_by} "
+                      f"at {user.created_at.isoformat(timespec='seconds')}",
+                      markup=False, highlight=False, soft_wrap=True)
+
+
+def api_call(
+    method: str, path: str, *, token: str | None, api_url: str, body: Any = None
+) -> Any:
+    """Call the API; print the problem and exit 1 on any error."""
+    if not token:
+        err.print("[red]error:[/red] no API token: pass --token or set TRILOOP_TOKEN")
+        raise typer.Exit(2)
+    try:
+        response = httpx.request(
+            method, api_url.rstrip("/") + path, json=body, timeout=120,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+        )
+    except httpx.HTTPError as error:
+        err.print(f"[red]error:[/red] cannot reach the API at {api_url}: {error}")
+        raise typer.Exit(1) from error
+    if response.status_code >= 400:
+        _print_problem(response)
+        raise typer.Exit(1)
+    return response.json()
+
+
+def _print_problem(response: httpx.Response) -> None:
+    try:
+        problem = response.json()
+    except ValueError:
+        err.print(f"[red]error {response.status_code}:[/red] {response.text[:500]}")
+        return
+    err.print(f"[red]error {response.status_code} {problem.get('title', '')}:[/red] "
+              f"{problem.get('detail', '')}", markup=True, highlight=False)
+    for reason in problem.get("reasons") or []:
+        err.print(f"  - {reason}", markup=False, highlight=False)
+
+
+@train_app.command("submit")
+def train_submit(
+    run_file: Annotated[Path, typer.Argument(help="RUN.yaml", exists=True, dir_okay=False)],
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """Submit RUN.yaml; prints the run id to follow with `triloop train status`."""
+    run = api_call("POST", "/api/runs", token=token, api_url=api_url,
+                   body={"config_yaml": run_file.read_text()})
+    console.print(f"submitted run [bold]{run['id']}[/bold] ({run['name']}), "
+                  f"workflow {run['workflow_id']}")
+    console.print(f"console: {api_url.rstrip('/')}/runs/{run['id']}")
+
+
+@train_app.command("status")
+def train_status(
+    run_id: str, token: TokenOption = None, api_url: ApiOption = DEFAULT_API
+) -> None:
+    """A run's status, latest metrics and alarms."""
+    run = api_call("GET", f"/api/runs/{run_id}", token=token, api_url=api_url)
+    console.print(f"run {run['id']} ({run['name']}) by {run['submitted_by']}: "
+                  f"[bold]{run['status']}[/bold], {run['iterations_done']} iterations")
+    if run.get("status_reason"):
+        console.print(f"  reason: {run['status_reason']}")
+    if run["metrics"]:
+        last = run["metrics"][-1]
+        keys = ("reward_mean", "entropy", "kl", "grad_norm", "discrimination")
+        values = ", ".join(f"{k}={last[k]:.4g}" for k in keys if last.get(k) is not None)
+        console.print(f"  iteration {last['iteration']}: {values}")
+    for alarm in run["alarms"]:
+        console.print(f"  [red]alarm[/red] {alarm['name']} at iteration {alarm['iteration']}")
+
+
+@promotions_app.command("list")
+def promotions_list(
+    status: Annotated[str | None, typer.Option(help="open, promoted, rejected, ...")] = None,
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """Promotions, newest first."""
+    query = f"?status={status}" if status else ""
+    page = api_call("GET", f"/api/promotions{query}", token=token, api_url=api_url)
+    table = Table("id", "candidate", "submitted by", "status", "gate")
+    for p in page["items"]:
+        table.add_row(p["id"], p["checkpoint_id"][:16], p["submitted_by"], p["status"],
+                      p.get("current_gate") or "")
+    console.print(table)
+
+
+@promotions_app.command("show")
+def promotions_show(
+    promotion_id: str, token: TokenOption = None, api_url: ApiOption = DEFAULT_API
+) -> None:
+    """A promotion's gates with reasons, and its human decisions."""
+    p = api_call("GET", f"/api/promotions/{promotion_id}", token=token, api_url=api_url)
+    console.print(f"promotion {p['id']}: candidate {p['checkpoint_id']} "
+                  f"[bold]{p['status']}[/bold] at {p.get('current_gate') or '-'}")
+    for gate in p["gates"]:
+        mark = "[green]passed[/green]" if gate["passed"] else "[red]failed[/red]"
+        console.print(f"  {gate['gate']}: {mark}")
+        for reason in gate["reasons"]:
+            console.print(f"    - {reason}", markup=False, highlight=False)
+    for a in p.get("approvals") or []:
+        console.print(f"  {a['kind']} by {a['user_name']}: {a['decision']} ({a['comment']})",
+                      markup=False, highlight=False)
+
+
+def rollback_command(
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the audit log).")],
+    alias: Annotated[str, typer.Option("--alias", help="Deployment alias.")] = "production",
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """Roll a deployment alias back to its rollback target (operators)."""
+    result = api_call("POST", "/api/rollback", token=token, api_url=api_url,
+                      body={"alias": alias, "reason": reason})
+    console.print(json.dumps(result, indent=2), markup=False, highlight=False)
