@@ -37,6 +37,7 @@ import psutil
 
 from bench.rollout import STEPS, Counter, Scripted, register, services
 from execution_loop.environments.base import Outcome, StepResult
+from execution_loop.inference.base import Generation
 from triloop.config import Settings
 from triloop.db import owner_engine
 from triloop.temporal import connect
@@ -83,6 +84,20 @@ class ShortCounter(Counter):
         return Outcome(done, float(done), {"count": self.count})
 
 
+class WaitingScripted(Scripted):
+    """``bench/rollout.py``'s scripted policy that waits ``TRILOOP_BENCH_THINK_MS`` per turn.
+
+    The wait stands for an inference server's response time: episodes then overlap the
+    way real ones do, instead of finishing faster than the worker can start them.
+    """
+
+    think_s = float(os.environ.get("TRILOOP_BENCH_THINK_MS", "0")) / 1e3
+
+    def generate(self, prompt_token_ids: list[int], **kwargs: Any) -> Generation:
+        time.sleep(self.think_s)
+        return super().generate(prompt_token_ids, **kwargs)
+
+
 @dataclass(frozen=True)
 class Point:
     """One size: throughput and the worker's memory (MiB)."""
@@ -107,7 +122,7 @@ def serve_worker(concurrency: int) -> None:
 
     async def run() -> None:
         client = await connect(settings, identity="bench-scale-worker")
-        worker = build_worker(client, settings, policy_factory=lambda c, _d: Scripted(c),
+        worker = build_worker(client, settings, policy_factory=lambda c, _d: WaitingScripted(c),
                               environment_lookup=lambda _name: ShortCounter,
                               max_concurrent_episodes=concurrency)
         stop = asyncio.Event()
@@ -158,9 +173,10 @@ class RssSampler:
             self.peak = max(self.peak, self._process.memory_info().rss)
 
 
-def worker_env(settings: Settings, steps: int) -> dict[str, str]:
+def worker_env(settings: Settings, steps: int, think_ms: float) -> dict[str, str]:
     """The child's environment: its settings as TRILOOP_* variables, as a deployed worker."""
-    env = dict(os.environ, TRILOOP_SERVICE="execution", TRILOOP_BENCH_STEPS=str(steps))
+    env = dict(os.environ, TRILOOP_SERVICE="execution", TRILOOP_BENCH_STEPS=str(steps),
+               TRILOOP_BENCH_THINK_MS=str(think_ms))
     for name, value in settings.model_dump(exclude_none=True).items():
         env[f"TRILOOP_{name.upper()}"] = str(value)
     return env
@@ -180,13 +196,13 @@ async def run_batch(client: Any, settings: Settings, task: str, checkpoint: str,
     return time.perf_counter() - started, result
 
 
-async def measure(settings: Settings, task: str, checkpoint: str, size: int,
-                  steps: int) -> Point:
+async def measure(settings: Settings, task: str, checkpoint: str, size: int, steps: int,
+                  think_ms: float) -> Point:
     """Start a worker for `size` concurrent episodes, warm it up, run and sample one batch."""
     prefix = f"scale{size}-{uuid.uuid4().hex[:6]}-"  # a queue per worker: no stale pollers
     settings = settings.model_copy(update={"task_queue_prefix": prefix})
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve-worker", str(size)], env=worker_env(settings, steps),
+        [sys.executable, __file__, "--serve-worker", str(size)], env=worker_env(settings, steps, think_ms),
         stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
@@ -229,8 +245,8 @@ def print_table(points: list[Point], steps: int) -> None:
     per_episode = (last.peak_mib - base.peak_mib) / max(1, last.episodes - base.episodes)
     print(f"from {base.episodes} to {last.episodes} episodes"
           f" ({last.episodes / base.episodes:.0f}x): throughput {last.per_s / base.per_s:.2f}x,"
-          f" worker peak memory {last.peak_mib / base.peak_mib:.2f}x ({per_episode * 1024:.0f} KiB per extra"
-          " concurrent episode)")
+          f" worker peak memory {last.peak_mib / base.peak_mib:.2f}x"
+          f" ({per_episode * 1024:.0f} KiB per extra concurrent episode)")
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> list[Point]:
@@ -238,7 +254,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> list[Point]:
     task, checkpoint = register(owner_engine(settings))
     points = []
     for size in args.sizes:
-        points.append(await measure(settings, task, checkpoint, size, args.steps))
+        points.append(await measure(settings, task, checkpoint, size, args.steps, args.think_ms))
         print(f"  {size} episodes: {points[-1].per_s:.1f}/s", file=sys.stderr, flush=True)
     return points
 
@@ -251,6 +267,8 @@ def main() -> int:
                         help="concurrent episodes per batch, comma-separated")
     parser.add_argument("--steps", type=int, default=5,
                         help=f"steps per episode (1..{STEPS})")
+    parser.add_argument("--think-ms", type=float, default=500.0,
+                        help="policy response time per turn, ms (stands for inference)")
     parser.add_argument("--database-url", help="owner URL of a migrated database")
     parser.add_argument("--temporal-address", default="127.0.0.1:7233")
     parser.add_argument("--opa-url", default="http://127.0.0.1:8181")

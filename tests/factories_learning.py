@@ -26,6 +26,7 @@ from triloop.config import Settings
 from triloop.workflow_api import (
     GOVERNANCE_QUEUE,
     LEARNING_QUEUE,
+    RunStatus,
     TRAINING_RUN_WORKFLOW,
     TrainingRunInput,
     training_run_workflow_id,
@@ -119,6 +120,7 @@ async def start_run(
         TRAINING_RUN_WORKFLOW,
         TrainingRunInput(run_id=run_id, submitted_by=submitted_by, config=config, **carried),
         id=training_run_workflow_id(run_id), task_queue=settings.task_queue(LEARNING_QUEUE),
+        result_type=RunStatus,
     )
 
 

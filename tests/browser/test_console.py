@@ -44,8 +44,11 @@ from triloop.workflow_api import (
     PROMOTION_SIGN_AUDIT_UPDATE,
     PROMOTION_STATUS_QUERY,
     PROMOTION_WORKFLOW,
+    ROLLBACK_WORKFLOW,
     HumanDecision,
     PromotionInput,
+    RollbackInput,
+    RollbackResult,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
@@ -85,6 +88,16 @@ class StandInPromotion:
         return self.decisions
 
 
+@workflow.defn(name=ROLLBACK_WORKFLOW)
+class StandInRollback:
+    """Answers a rollback as governance would, without touching anything."""
+
+    @workflow.run
+    async def run(self, request: RollbackInput) -> RollbackResult:
+        return RollbackResult(alias=request.alias, checkpoint_id="stand-in-target",
+                              previous_checkpoint_id=f"stand-in-current ({request.reason})")
+
+
 class Loop:
     """An asyncio loop in a thread, for the Temporal stand-in and calls to it."""
 
@@ -112,7 +125,8 @@ def governance(browser_settings: Settings) -> Iterator[tuple[Loop, Any]]:
     loop = Loop()
     client = loop.run(connect(browser_settings, identity="test-browser-governance"))
     worker = Worker(client, task_queue=browser_settings.task_queue(GOVERNANCE_QUEUE),
-                    workflows=[StandInPromotion], workflow_runner=UnsandboxedWorkflowRunner())
+                    workflows=[StandInPromotion, StandInRollback],
+                    workflow_runner=UnsandboxedWorkflowRunner())
     running = asyncio.run_coroutine_threadsafe(worker.run(), loop.loop)
     yield loop, client
     loop.run(worker.shutdown())
@@ -309,6 +323,14 @@ def test_every_page_renders_for_its_roles(
     page.goto(f"{base_url}/runs/{run_id}")
     expect(page.get_by_role("img", name="Reward (mean)", exact=False)).to_be_visible()
     expect(page.locator("svg line.alarm")).to_have_count(5)
+    expect(page.get_by_role("button", name="Pause")).to_have_count(0)  # not the owner
+    # Live: a new iteration with an alarm appears without a reload.
+    insert(owner_engine, "training_step", run_id=run_id, iteration=12, reward_mean=0.9,
+           entropy=0.8, kl=0.12, grad_norm=0.9, discrimination=0.78, alarms=["template_collapse"],
+           length_stats={}, metrics={})
+    expect(page.locator("#charts")).to_have_attribute("data-last-iteration", "12",
+                                                      timeout=20_000)
+    expect(page.locator("svg line.alarm")).to_have_count(10)
     name = seed_environment(owner_engine)
     page.goto(f"{base_url}/environments")
     page.get_by_role("link", name=name).click()
@@ -354,6 +376,37 @@ def yaml_text(contract: dict[str, Any]) -> str:
     import yaml
 
     return str(yaml.safe_dump(contract, sort_keys=False))
+
+
+def test_owner_controls_a_run_and_operator_rolls_back_with_confirmation(
+    page: Page, base_url: str, people: dict[str, Person], owner_engine: Engine,
+    governance: tuple[Loop, Any],
+) -> None:
+    run_id = make_run(owner_engine, submitted_by=people["engineer"].name)
+    sign_in(page, base_url, people["engineer"], f"/runs/{run_id}")
+    for name in ("Pause", "Resume", "Cancel"):
+        expect(page.get_by_role("button", name=name)).to_be_visible()
+    page.get_by_role("button", name="Pause").click()  # the run has no workflow yet: a 409
+    expect(page.get_by_role("heading", name="409 · Conflict")).to_be_visible()
+    expect(page.get_by_role("alert")).to_contain_text("no workflow yet")
+
+    page.context.clear_cookies()
+    checkpoint = make_promotion(owner_engine, submitted_by=people["engineer"].name)
+    if _no_production(owner_engine):
+        make_deployment(owner_engine, "production", checkpoint.checkpoint_id,
+                        checkpoint.parent_id)
+    sign_in(page, base_url, people["operator"], "/deployments")
+    page.get_by_role("link", name="Roll back…").first.click()
+    expect(page.get_by_role("heading", name="Roll back production?")).to_be_visible()
+    page.get_by_label("Reason").fill("canary regression seen by on-call")
+    page.get_by_role("button", name="Roll back now").click()  # box not ticked: browser refuses
+    expect(page.get_by_role("heading", name="Roll back production?")).to_be_visible()
+    page.get_by_label("I confirm rolling back").check()
+    page.get_by_role("button", name="Roll back now").click()
+    expect(page.get_by_role("status")).to_contain_text(
+        "Rolled back production: now stand-in-target (was stand-in-current "
+        "(canary regression seen by on-call))")
+    shot(page, "deployments-after-rollback")
 
 
 def _no_production(engine: Engine) -> bool:

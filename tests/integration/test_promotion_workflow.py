@@ -240,6 +240,8 @@ async def test_whole_path_to_promotion_with_refused_decisions(deps: Deps) -> Non
             ("bob", ["auditor", "operator"], "web", "signed the audit"),
             ("carol", ["operator"], "learning", "service 'learning' may not"),
             ("dave", ["auditor"], "web", "lacks the 'operator' role"),
+            # Passes the validator; the handler's own OPA check refuses it.
+            ("erin", ["operator", "admin"], "web", "admins manage users and may never approve"),
         ]:
             with pytest.raises(WorkflowUpdateFailedError) as refused:
                 await run.decide(PROMOTION_APPROVE_UPDATE, user, roles, service=service)

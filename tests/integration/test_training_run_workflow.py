@@ -1,0 +1,283 @@
+"""TrainingRunWorkflow on the real Temporal, PostgreSQL and OPA with the tiny model on CPU.
+
+The learning and execution workers run in-process on queues of each test's own; a
+stand-in answers for governance's promotion workflow. Every assertion about what was
+stored reads the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import ProgrammingError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+
+from learning_loop.lineage import lineage
+from tests.factories_learning import (
+    frozen_lake_tasks,
+    loops_running,
+    make_run,
+    make_user,
+    queue_settings,
+    rows,
+    run_config,
+    start_run,
+)
+from triloop.config import ServiceName, Settings
+from triloop.policy import Actor, PolicyDenied, Resource
+from triloop.temporal import connect
+from triloop.wiring import build_authorizer
+from triloop.workflow_api import (
+    RUN_CANCEL_SIGNAL,
+    RUN_PAUSE_SIGNAL,
+    RUN_RESUME_SIGNAL,
+    RUN_STATUS_QUERY,
+    RunControl,
+    RunStatus,
+    promotion_workflow_id,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model, created locally (no download)."""
+    import torch
+
+    from learning_loop.tiny_model import create_tiny_model
+
+    torch.set_num_threads(1)
+    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture
+def own_settings(settings: Settings) -> Settings:
+    """Settings with this test's own task queues."""
+    return queue_settings(settings)
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[Client]:
+    """A Temporal client standing in for the web service."""
+    yield await connect(settings, identity="web-test")
+
+
+async def status_of(handle: Any) -> RunStatus:
+    """The run's status query."""
+    result: RunStatus = await handle.query(RUN_STATUS_QUERY, result_type=RunStatus)
+    return result
+
+
+async def until(handle: Any, check: Callable[[RunStatus], bool], timeout: float = 120) -> RunStatus:
+    """Poll the status query until ``check`` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        state = await status_of(handle)
+        if check(state):
+            return state
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"run never reached the expected state; last: {state}")
+        await asyncio.sleep(0.3)
+
+
+async def test_run_writes_steps_lineage_and_proposals(
+    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path
+) -> None:
+    alice = make_user(owner_engine)
+    tasks = frozen_lake_tasks(owner_engine, [1, 2])
+    config = run_config(tiny_dir, tasks, schedule={"iterations": 4, "propose_every": 2})
+    run_id = make_run(owner_engine, config, alice)
+    async with loops_running(client, own_settings):
+        handle = await start_run(client, own_settings, run_id, config, alice,
+                                 continue_as_new_every=2)
+        result: RunStatus = await asyncio.wait_for(handle.result(), 300)
+
+    assert (result.status, result.iterations_done) == ("completed", 4)
+    first_run = client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+    assert (await first_run.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+    run_row = rows(owner_engine, "SELECT * FROM training_run WHERE id = :r", r=run_id)[0]
+    assert (run_row["status"], run_row["iterations_done"]) == ("completed", 4)
+
+    steps = rows(owner_engine, "SELECT * FROM training_step WHERE run_id = :r ORDER BY iteration",
+                 r=run_id)
+    assert [s["iteration"] for s in steps] == [1, 2, 3, 4]
+    for step in steps:
+        assert step["reward_mean"] is not None and step["loss"] is not None
+        assert step["trainable_tokens"] > 0 and step["entropy"] > 0
+        assert step["metrics"]["stability"]["iteration"] == step["iteration"]
+
+    chain = lineage(engine=owner_engine, checkpoint_id=result.latest_checkpoint_id or "")
+    root, children = chain[0], chain[1:]
+    assert root.id == result.base_checkpoint_id and root.parent_id is None
+    assert root.run_id is None and root.base_model == root.id
+    assert [c.iteration for c in children] == [1, 2, 3, 4]
+    assert [c.id for c in children] == [s["checkpoint_id"] for s in steps]
+    version_ids = {r["environment_version_id"] for r in rows(
+        owner_engine, "SELECT environment_version_id FROM task WHERE id = ANY(:t)", t=tasks)}
+    for number, child in enumerate(children, start=1):
+        assert child.run_id == run_id and child.base_model == root.id
+        assert child.data["trajectory_batches"] == [f"{run_id}-{number}"]
+        assert set(child.environment_version_ids) == version_ids
+        assert (Path(child.artifact_uri.removeprefix("file://")) / "tokenizer.json").is_file()
+
+    # Overlap with bounded staleness: rollout k+1 ran while update k trained, with the
+    # checkpoint before it; continue-as-new after iteration 2 drains the pipeline.
+    served = rows(owner_engine, "SELECT batch_id, checkpoint_id, policy_version FROM trajectory "
+                  "WHERE run_id = :r GROUP BY 1, 2, 3 ORDER BY 1", r=run_id)
+    by_batch = {r["batch_id"]: (r["checkpoint_id"], r["policy_version"]) for r in served}
+    assert by_batch == {
+        f"{run_id}-1": (root.id, 0), f"{run_id}-2": (root.id, 0),
+        f"{run_id}-3": (children[1].id, 2), f"{run_id}-4": (children[1].id, 2),
+    }
+    assert [s["metrics"]["update"]["off_policy"]["max_staleness_seen"] for s in steps] == [
+        0, 1, 0, 1]
+
+    proposals = rows(owner_engine, "SELECT * FROM proposal WHERE run_id = :r", r=run_id)
+    assert sorted(p["checkpoint_id"] for p in proposals) == sorted(
+        [children[1].id, children[3].id])
+    assert sorted(p["id"] for p in proposals) == sorted(result.proposals)
+    for proposal in proposals:
+        assert proposal["submitted_by"] == alice
+        promotion = client.get_workflow_handle(promotion_workflow_id(proposal["id"]))
+        opened = await asyncio.wait_for(promotion.result(), 60)
+        assert opened["checkpoint_id"] == proposal["checkpoint_id"]
+        assert opened["signals"] == [proposal["id"]]
+        assert (await promotion.describe()).workflow_type == "PromotionWorkflow"
+
+    audited = rows(owner_engine, "SELECT action, resource->>'kind' AS kind, count(*) AS n "
+                   "FROM audit_event WHERE actor->>'service' = 'learning' AND decision = 'allow' "
+                   "AND (resource->>'id' LIKE :r OR resource->'attrs'->>'run_id' = :x) "
+                   "GROUP BY 1, 2", r=f"{run_id}%", x=run_id)
+    counts = {(a["action"], a["kind"]): a["n"] for a in audited}
+    assert counts[("create", "training_step")] == 4
+    assert counts[("create", "checkpoint")] >= 4
+    assert counts[("propose", "proposal")] == 2
+
+
+async def test_person_pauses_resumes_and_cancels_own_run(
+    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path
+) -> None:
+    alice, mallory = make_user(owner_engine), make_user(owner_engine)
+    tasks = frozen_lake_tasks(owner_engine, [3])
+    config = run_config(tiny_dir, tasks, rollout={"groups_per_iteration": 1},
+                        schedule={"iterations": 40, "propose_every": 40})
+    run_id = make_run(owner_engine, config, alice)
+    async with loops_running(client, own_settings):
+        handle = await start_run(client, own_settings, run_id, config, alice)
+        await until(handle, lambda s: s.iterations_done >= 1)
+
+        await handle.signal(RUN_PAUSE_SIGNAL, RunControl(user=mallory, reason="not mine"))
+        refused = await until(handle, lambda s: bool(s.refused_controls))
+        assert refused.status == "running" and "only their own runs" in refused.refused_controls[0]
+
+        await handle.signal(RUN_PAUSE_SIGNAL, RunControl(user=alice, reason="look at metrics"))
+        paused = await until(handle, lambda s: s.status == "paused")
+        assert paused.paused_reason == f"paused by {alice}: look at metrics"
+        await asyncio.sleep(4)  # the update in flight (if any) finishes; nothing new starts
+        held = (await status_of(handle)).iterations_done
+        await asyncio.sleep(3)
+        assert (await status_of(handle)).iterations_done == held
+        row = rows(owner_engine, "SELECT status, status_reason FROM training_run WHERE id = :r",
+                   r=run_id)[0]
+        assert row["status"] == "paused" and alice in row["status_reason"]
+
+        await handle.signal(RUN_RESUME_SIGNAL, RunControl(user=alice))
+        await until(handle, lambda s: s.status == "running" and s.iterations_done > held)
+        await handle.signal(RUN_CANCEL_SIGNAL, RunControl(user=alice, reason="enough"))
+        result: RunStatus = await asyncio.wait_for(handle.result(), 120)
+
+    assert result.status == "cancelled" and result.iterations_done < 40
+    row = rows(owner_engine, "SELECT status, iterations_done FROM training_run WHERE id = :r",
+               r=run_id)[0]
+    assert row["status"] == "cancelled" and row["iterations_done"] == result.iterations_done
+    decisions = rows(owner_engine,
+                     "SELECT action, decision, payload->'context'->'on_behalf_of'->>'user' AS who "
+                     "FROM audit_event WHERE actor->>'service' = 'learning' "
+                     "AND resource->>'id' = :r AND action IN ('pause', 'resume', 'cancel') "
+                     "ORDER BY seq", r=run_id)
+    assert [(d["action"], d["decision"], d["who"]) for d in decisions] == [
+        ("pause", "deny", mallory), ("pause", "allow", alice), ("resume", "allow", alice),
+        ("cancel", "allow", alice)]
+
+
+async def test_stability_alarm_pauses_until_resumed_or_cancelled(
+    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path
+) -> None:
+    alice = make_user(owner_engine)
+    tasks = frozen_lake_tasks(owner_engine, [4])
+    # Thresholds that make template collapse fire on every iteration.
+    config = run_config(tiny_dir, tasks, rollout={"groups_per_iteration": 1}, stability={
+        "pause_on_alarm": True, "retrieval_margin": 1.0, "collapse_min_entropy": 0.0,
+        "min_discrimination_prompts": 2}, schedule={"iterations": 5, "propose_every": 5})
+    run_id = make_run(owner_engine, config, alice)
+    async with loops_running(client, own_settings):
+        handle = await start_run(client, own_settings, run_id, config, alice)
+        first = await until(handle, lambda s: s.status == "paused")
+        assert first.iterations_done == 1 and "template collapse" in (first.paused_reason or "")
+        await handle.signal(RUN_RESUME_SIGNAL, RunControl(user=alice, reason="checked"))
+        second = await until(handle, lambda s: s.status == "paused" and s.iterations_done == 2)
+        assert len(second.alarms) == 2
+        await handle.signal(RUN_CANCEL_SIGNAL, RunControl(user=alice))
+        result: RunStatus = await asyncio.wait_for(handle.result(), 60)
+
+    assert (result.status, result.iterations_done) == ("cancelled", 2)
+    alarms = rows(owner_engine, "SELECT payload FROM audit_event WHERE action = 'stability_alarm' "
+                  "AND resource->>'id' = :r ORDER BY seq", r=run_id)
+    assert [a["payload"]["iteration"] for a in alarms] == [1, 2]
+    assert all(a["payload"]["kind"] == "template_collapse" for a in alarms)
+    steps = rows(owner_engine, "SELECT alarms FROM training_step WHERE run_id = :r", r=run_id)
+    assert [s["alarms"] for s in steps] == [["template_collapse"]] * 2
+    pauses = rows(owner_engine, "SELECT count(*) AS n FROM audit_event WHERE action = 'pause' "
+                  "AND decision = 'allow' AND actor->>'service' = 'learning' "
+                  "AND resource->>'id' = :r AND payload->'context'->'on_behalf_of' IS NULL",
+                  r=run_id)
+    assert pauses[0]["n"] == 2  # the loop paused its own run, twice, without a person
+
+
+async def test_run_on_unadmitted_tasks_is_refused(
+    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path
+) -> None:
+    alice = make_user(owner_engine)
+    admitted = frozen_lake_tasks(owner_engine, [1])
+    pending = frozen_lake_tasks(owner_engine, [5], status="pending")
+    config = run_config(tiny_dir, [*admitted, *pending, "task-that-does-not-exist"])
+    run_id = make_run(owner_engine, config, alice)
+    async with loops_running(client, own_settings):
+        handle = await start_run(client, own_settings, run_id, config, alice)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 60)
+
+    message = str(failure.value.cause)
+    assert f"task {pending[0]} is pending, not admitted" in message
+    assert "task task-that-does-not-exist does not exist" in message
+    assert admitted[0] not in message
+    row = rows(owner_engine, "SELECT status, status_reason FROM training_run WHERE id = :r",
+               r=run_id)[0]
+    assert row["status"] == "failed" and "not admitted" in row["status_reason"]
+    assert rows(owner_engine, "SELECT * FROM trajectory WHERE run_id = :r", r=run_id) == []
+    assert rows(owner_engine, "SELECT * FROM checkpoint WHERE run_id = :r", r=run_id) == []
+
+
+@pytest.mark.parametrize(("kind", "sql"), [
+    ("threshold", "INSERT INTO threshold DEFAULT VALUES"),
+    ("eval_item", "INSERT INTO eval_item DEFAULT VALUES"),
+    ("promotion", "INSERT INTO promotion DEFAULT VALUES"),
+    ("routing", "UPDATE routing SET share = 1.0"),
+])
+def test_learning_identity_cannot_touch_what_judges_it(
+    settings: Settings, role_engine: Callable[[ServiceName], Engine], kind: str, sql: str
+) -> None:
+    authorizer = build_authorizer(settings, "learning")
+    for action in ("create", "update"):
+        with pytest.raises(PolicyDenied) as denied:
+            authorizer.authorize(Actor(service="learning"), action, Resource(kind, id="x"))
+        assert "learning loop may never" in str(denied.value)
+    with pytest.raises(ProgrammingError) as refused, role_engine("learning").begin() as conn:
+        conn.execute(text(sql))
+    assert "permission denied" in str(refused.value)
