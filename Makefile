@@ -17,7 +17,7 @@ lint: bootstrap
 	@echo "== import-linter"; .venv/bin/lint-imports --no-cache
 
 policy-test: bootstrap
-	@echo "== opa check/fmt/test"; $(OPA) check --strict policies/ && $(OPA) fmt --list --fail policies/ && $(OPA) test policies/ --coverage --threshold 95 --format json >/dev/null && $(OPA) test policies/
+	@echo "== opa check/fmt/test"; $(OPA) check --strict policies/ && $(OPA) fmt --list --fail policies/ && $(OPA) test policies/ --timeout 120s --coverage --threshold 95 --format json >/dev/null && $(OPA) test policies/ --timeout 120s
 
 test: lint policy-test
 	@TRILOOP_WITH_BROWSER=1 scripts/bootstrap.sh

@@ -392,19 +392,18 @@ def test_owner_controls_a_run_and_operator_rolls_back_with_confirmation(
 
     page.context.clear_cookies()
     checkpoint = make_promotion(owner_engine, submitted_by=people["engineer"].name)
-    if _no_production(owner_engine):
-        make_deployment(owner_engine, "production", checkpoint.checkpoint_id,
-                        checkpoint.parent_id)
+    alias = uid("console-").lower()
+    make_deployment(owner_engine, alias, checkpoint.checkpoint_id, checkpoint.parent_id)
     sign_in(page, base_url, people["operator"], "/deployments")
-    page.get_by_role("link", name="Roll back…").first.click()
-    expect(page.get_by_role("heading", name="Roll back production?")).to_be_visible()
+    page.locator(f"a[href='/rollback?alias={alias}']").click()
+    expect(page.get_by_role("heading", name=f"Roll back {alias}?")).to_be_visible()
     page.get_by_label("Reason").fill("canary regression seen by on-call")
     page.get_by_role("button", name="Roll back now").click()  # box not ticked: browser refuses
-    expect(page.get_by_role("heading", name="Roll back production?")).to_be_visible()
+    expect(page.get_by_role("heading", name=f"Roll back {alias}?")).to_be_visible()
     page.get_by_label("I confirm rolling back").check()
     page.get_by_role("button", name="Roll back now").click()
     expect(page.get_by_role("status")).to_contain_text(
-        "Rolled back production: now stand-in-target (was stand-in-current "
+        f"Rolled back {alias}: now stand-in-target (was stand-in-current "
         "(canary regression seen by on-call))")
     shot(page, "deployments-after-rollback")
 

@@ -83,6 +83,7 @@ role_grants := {
 	"operator": {
 		"promotion": {"approve", "reject"},
 		"deployment": {"rollback"},
+		"task": {"admit", "reject_task"},
 	},
 	"auditor": {
 		"promotion": {"sign_audit", "reject_audit"},
@@ -105,6 +106,7 @@ delegable := {
 	"governance": {
 		"promotion": {"approve", "reject", "sign_audit", "reject_audit"},
 		"deployment": {"rollback"},
+		"task": {"admit", "reject_task"},
 	},
 	"learning": {"training_run": {"cancel", "pause", "resume"}},
 }

@@ -131,3 +131,19 @@ test_people_read_their_own_user_record if {
 	allowed(inp)
 	denied(json.patch(inp, [{"op": "replace", "path": "/resource/id", "value": "vic"}]))
 }
+
+admission_for(person, roles, action) := {
+	"actor": {"service": "governance"},
+	"action": action,
+	"resource": {"kind": "task", "id": "t1", "attrs": {}},
+	"context": {"on_behalf_of": {"user": person, "roles": roles}},
+}
+
+test_governance_admits_a_task_for_an_operator if {
+	allowed(admission_for("olga", ["operator"], "admit"))
+	allowed(admission_for("olga", ["operator"], "reject_task"))
+}
+
+test_governance_cannot_admit_for_an_ml_engineer if {
+	denied(admission_for("maya", ["ml_engineer"], "admit"))
+}
