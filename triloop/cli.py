@@ -33,6 +33,7 @@ err_console = Console(stderr=True)
 # (group name, "module:attribute") published by each service package.
 PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("env", "execution_loop.cli:env_app"),
+    ("env", "governance_loop.cli:env_app"),
     ("model", "learning_loop.cli:model_app"),
     ("governance", "governance_loop.cli:governance_app"),
     ("users", "web.cli:users_app"),
@@ -54,10 +55,18 @@ def _load(target: str) -> object | None:
 
 
 def _mount_plugins() -> None:
+    mounted: dict[str, typer.Typer] = {}
     for name, target in PLUGIN_GROUPS:
         group = _load(target)
-        if isinstance(group, typer.Typer):
-            app.add_typer(group, name=name)
+        if not isinstance(group, typer.Typer):
+            continue
+        if name in mounted:
+            # Two packages contribute to one group (``env``: validate from the
+            # execution loop, register/diff/retire from governance).
+            mounted[name].registered_commands.extend(group.registered_commands)
+            continue
+        mounted[name] = group
+        app.add_typer(group, name=name)
     for name, target in PLUGIN_COMMANDS:
         command = _load(target)
         if callable(command):
