@@ -1,22 +1,27 @@
 """Scale: 50 to 500 concurrent short episodes through the real RolloutWorkflow and worker.
 
-Usage: ``python bench/scale.py [--sizes 50,100,250,500] [--steps 5]
+Usage: ``python bench/scale.py [--sizes 50,100,250,500] [--steps 5] [--think-ms 500]
 [--database-url OWNER_URL --temporal-address HOST:PORT --opa-url URL]``.
 Without the URLs it starts its own PostgreSQL, Temporal and OPA (``triloop.devstack``)
 in a temporary folder and stops them afterwards (``bench/rollout.py``'s ``services``).
 
-For each size N: a fresh execution worker process (``execution_loop.worker.build_worker``
-with ``max_concurrent_episodes=N``, the scripted policy and the trivial counter
-environment of ``bench/rollout.py`` injected, as the tests inject theirs) runs one
-``RolloutWorkflow`` batch of N episodes with ``max_concurrency=N``: all N run at once,
-each authorizing with OPA and storing its trajectory in PostgreSQL. The worker first
-plays a small warm-up batch; its peak resident set is then reset and tracked (psutil
-samples every 20 ms, and the kernel's high-water mark where Linux has one) until the
-batch returns. Throughput is N / (batch start to result). Growth is each size against
-the first one, measured in the same run: ideal scaling keeps throughput flat (1.0x)
-and memory well under N / 50.
-"""
+For each size N a fresh execution worker process (``execution_loop.worker.build_worker``
+with ``max_concurrent_episodes=N``; ``bench/rollout.py``'s scripted policy and counter
+environment injected, as the tests inject theirs) runs one ``RolloutWorkflow`` batch of N
+episodes with ``max_concurrency=N``; each episode authorizes with OPA and stores its
+trajectory in PostgreSQL. The policy waits ``--think-ms`` per turn, standing for an
+inference server, so episodes overlap as real ones do; "max open" counts how many the
+worker really held at once (they start only as fast as the stack can hand them out).
 
+The worker first plays a small warm-up batch; then its resident set is tracked (psutil
+samples every 20 ms, and the kernel's high-water mark, reset first, on Linux) until the
+batch returns. "idle" is its RSS before the batch (it includes torch, which the scripted
+policy's tokenizer builder imports), "+MiB" the growth during the batch. Throughput is N /
+(batch start to result). Every "x" column compares with the first size of the same run:
+ideal scaling keeps throughput at least flat and memory growth proportional to the
+episodes open at once. "worker CPU" is the worker's share of one core, "host busy" the
+share of the whole machine in use (other work on it included).
+"""
 from __future__ import annotations
 
 import argparse
@@ -108,10 +113,16 @@ class Point:
     idle_mib: float  # worker RSS after the warm-up, before the batch
     peak_mib: float  # worker peak RSS during the batch
     most_open: int  # episodes the worker had open at the same moment
+    worker_cpu_s: float  # CPU seconds the worker process used during the batch
+    host_busy: float  # share of all the machine's cores busy during the batch (0..1)
 
     @property
     def per_s(self) -> float:
         return self.episodes / self.seconds
+
+    @property
+    def growth_mib(self) -> float:
+        return self.peak_mib - self.idle_mib
 
 
 def serve_worker(concurrency: int) -> None:
@@ -146,6 +157,10 @@ class RssSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.peak = 0
 
+    def cpu_s(self) -> float:
+        times = self._process.cpu_times()
+        return float(times.user + times.system)
+
     def rss_mib(self) -> float:
         return float(self._process.memory_info().rss) / 2**20
 
@@ -171,6 +186,14 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             self.peak = max(self.peak, self._process.memory_info().rss)
+
+
+def _busy_share(before: Any, after: Any) -> float:
+    """Share of CPU time not idle between two ``psutil.cpu_times()`` readings."""
+    total = sum(after) - sum(before)
+    idle = (after.idle + getattr(after, "iowait", 0.0)) - (
+        before.idle + getattr(before, "iowait", 0.0))
+    return 1.0 - idle / total if total > 0 else 0.0
 
 
 def worker_env(settings: Settings, steps: int, think_ms: float) -> dict[str, str]:
@@ -202,8 +225,8 @@ async def measure(settings: Settings, task: str, checkpoint: str, size: int, ste
     prefix = f"scale{size}-{uuid.uuid4().hex[:6]}-"  # a queue per worker: no stale pollers
     settings = settings.model_copy(update={"task_queue_prefix": prefix})
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve-worker", str(size)], env=worker_env(settings, steps, think_ms),
-        stdout=subprocess.PIPE, text=True)
+        [sys.executable, __file__, "--serve-worker", str(size)],
+        env=worker_env(settings, steps, think_ms), stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         line = await asyncio.to_thread(child.stdout.readline)
@@ -213,12 +236,15 @@ async def measure(settings: Settings, task: str, checkpoint: str, size: int, ste
         await run_batch(client, settings, task, checkpoint, WARM_UP_EPISODES)
         with RssSampler(child.pid) as sampler:
             idle = sampler.rss_mib()
+            cpu, host = sampler.cpu_s(), psutil.cpu_times()
             seconds, result = await run_batch(client, settings, task, checkpoint, size)
+            cpu, busy = sampler.cpu_s() - cpu, _busy_share(host, psutil.cpu_times())
         child.send_signal(signal.SIGTERM)
         said = await asyncio.to_thread(child.stdout.read)
         most_open = next((int(line.split()[-1]) for line in said.splitlines()
                           if line.startswith(MOST_OPEN)), 0)
-        return Point(size, seconds, result.completed, idle, sampler.peak / 2**20, most_open)
+        return Point(size, seconds, result.completed, idle, sampler.peak / 2**20, most_open, cpu,
+                     busy)
     finally:
         child.send_signal(signal.SIGTERM)
         try:
@@ -228,25 +254,26 @@ async def measure(settings: Settings, task: str, checkpoint: str, size: int, ste
             child.wait()
 
 
-def print_table(points: list[Point], steps: int) -> None:
+def print_table(points: list[Point], steps: int, think_ms: float) -> None:
     """Throughput and memory per size, and growth against the first size."""
     base = points[0]
-    print(f"scale: N concurrent episodes of {steps} steps (scripted policy, trivial env) in one"
-          " RolloutWorkflow batch; worker process RSS")
-    print(f"{'episodes':>8} {'completed':>9} {'wall s':>7} {'episodes/s':>10} {'steps/s':>8}"
-          f" {'idle MiB':>8} {'peak MiB':>8} {'x throughput':>12} {'x peak mem':>10}"
-          f" {'x batch':>7} {'max open':>8}")
+    print(f"scale: N episodes of {steps} steps ({think_ms:.0f} ms policy wait per turn, trivial"
+          " env) in one RolloutWorkflow batch, max_concurrency N; execution worker process RSS")
+    print(f"{'episodes':>8} {'done':>4} {'wall s':>6} {'ep/s':>6} {'x ep/s':>6} {'max open':>8}"
+          f" {'idle MiB':>8} {'peak MiB':>8} {'+MiB':>5} {'x peak':>6} {'x +MiB':>6}"
+          f" {'worker CPU':>10} {'host busy':>9}")
     for p in points:
-        print(f"{p.episodes:8d} {p.completed:9d} {p.seconds:7.2f} {p.per_s:10.1f}"
-              f" {p.per_s * steps:8.0f} {p.idle_mib:8.0f} {p.peak_mib:8.0f}"
-              f" {p.per_s / base.per_s:11.2f}x {p.peak_mib / base.peak_mib:9.2f}x"
-              f" {p.episodes / base.episodes:6.1f}x {p.most_open:8d}")
+        print(f"{p.episodes:8d} {p.completed:4d} {p.seconds:6.1f} {p.per_s:6.1f}"
+              f" {p.per_s / base.per_s:5.2f}x {p.most_open:8d} {p.idle_mib:8.0f} {p.peak_mib:8.0f}"
+              f" {p.growth_mib:5.0f} {p.peak_mib / base.peak_mib:5.2f}x"
+              f" {p.growth_mib / max(base.growth_mib, 1.0):5.1f}x"
+              f" {p.worker_cpu_s / p.seconds:10.0%} {p.host_busy:9.0%}")
     last = points[-1]
-    per_episode = (last.peak_mib - base.peak_mib) / max(1, last.episodes - base.episodes)
     print(f"from {base.episodes} to {last.episodes} episodes"
-          f" ({last.episodes / base.episodes:.0f}x): throughput {last.per_s / base.per_s:.2f}x,"
-          f" worker peak memory {last.peak_mib / base.peak_mib:.2f}x"
-          f" ({per_episode * 1024:.0f} KiB per extra concurrent episode)")
+          f" ({last.episodes / base.episodes:.0f}x): throughput {last.per_s / base.per_s:.2f}x;"
+          f" worker peak memory {last.peak_mib / base.peak_mib:.2f}x, growth during the batch"
+          f" {last.growth_mib:.0f} MiB = {last.growth_mib * 1024 / max(1, last.most_open):.0f} KiB"
+          f" per episode open at once ({last.most_open} at most)")
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> list[Point]:
@@ -281,7 +308,7 @@ def main() -> int:
         parser.error(f"--steps must be within 1..{STEPS} (the bench contract's max_turns)")
     with services(args) as settings:
         points = asyncio.run(run(args, settings))
-    print_table(points, args.steps)
+    print_table(points, args.steps, args.think_ms)
     bad = [p for p in points if p.completed != p.episodes]
     if bad:
         print(f"incomplete batches: {[(p.episodes, p.completed) for p in bad]}")

@@ -18,7 +18,7 @@ Each variant runs in its own process so the memory figures are comparable: peak 
 set of the whole process (imports included) and its growth during the measured loop over
 what was resident once the model was loaded (CUDA: max allocated bytes instead).
 
-    .venv/bin/python bench/trl_peer.py            # CPU default: about a minute
+    .venv/bin/python bench/trl_peer.py            # CPU default: about two minutes
     .venv/bin/python bench/trl_peer.py --group-size 16 --completion-tokens 64 --json
 
 Needs the optional extra: pip install 'triloop[bench]'. Runs offline (HF_HUB_OFFLINE=1).
@@ -158,7 +158,8 @@ def run_triloop(args: argparse.Namespace, sampler: str) -> Result:
                               update=UpdateConfig(micro_batch_size=args.micro_batch))
     texts = prompt_texts(tokenizer, args.prompts * (args.warmup + args.iterations))
     prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    eos = set(model.generation_config.eos_token_id or []) | {tokenizer.eos_token_id}
+    declared = model.generation_config.eos_token_id
+    eos = {tokenizer.eos_token_id, *([declared] if isinstance(declared, int) else declared or [])}
     meter = Meter(args.device)
     timings: list[tuple[float, float, float]] = []  # sample s, update s, CPU s
     tokens: list[int] = []
@@ -311,7 +312,7 @@ def main() -> int:
     parser.add_argument("--group-size", type=int, default=8, help="completions per prompt")
     parser.add_argument("--completion-tokens", type=int, default=32, help="max new tokens")
     parser.add_argument("--micro-batch", type=int, default=8, help="completions per forward")
-    parser.add_argument("--iterations", type=int, default=6, help="measured iterations")
+    parser.add_argument("--iterations", type=int, default=5, help="measured iterations")
     parser.add_argument("--rounds", type=int, default=2,
                         help="fresh processes per variant, interleaved; the best one is shown")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured iterations first")

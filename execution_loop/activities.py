@@ -30,11 +30,10 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from execution_loop.environments.base import Environment, EnvironmentFactory
 from execution_loop.episode import INFRASTRUCTURE_ERRORS, EpisodeRecord, StepRecord, run_episode
 from execution_loop.policies import PolicyCache
-from execution_loop.routing import assign, read_routes
+from execution_loop.routing import assign, read_routes, shadow_comparison
 from execution_loop.trajectories import (
     StepRow,
     TrajectoryRow,
-    shadow_comparison,
     trajectory_statuses,
     write_trajectory,
 )
@@ -56,9 +55,10 @@ from triloop.models import EnvironmentVersion, Task, Trajectory
 from triloop.policy import Authorizer, PolicyDenied
 
 EnvironmentLookup = Callable[[str], EnvironmentFactory]
-# Every step heartbeats unless the last heartbeat is younger than this: an SDK heartbeat
-# costs ~0.25 ms of the worker's event loop, as much as a whole step of a fast environment,
-# and Temporal coalesces them to one per 0.8 heartbeat timeouts anyway.
+# A step heartbeats unless the last sign of life (a heartbeat, or the start) is younger
+# than this: an SDK heartbeat costs ~0.25 ms of the worker's event loop and a server
+# round trip, as much as a whole step of a fast environment. Liveness is unchanged: the
+# heartbeat timeout is seconds, and Temporal itself throttles heartbeats to 0.8 of it.
 HEARTBEAT_MIN_INTERVAL_S = 0.1
 _RETRYABLE: tuple[type[BaseException], ...] = (
     *INFRASTRUCTURE_ERRORS,
@@ -84,6 +84,10 @@ def non_retryable(exc: Exception) -> ApplicationError:
 def episode_seed(episode_id: str) -> int:
     """The sampling seed of an episode, fixed by its id (retries sample the same way)."""
     return int.from_bytes(hashlib.sha256(episode_id.encode()).digest()[:8], "big") % 2**31
+
+
+class TaskNotAdmitted(LookupError):
+    """Episodes were asked for on a task governance has not admitted."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,11 @@ class TaskEnvironments:
         self._tasks: dict[str, OpenedTask] = {}
         self._lock = threading.Lock()
 
-    def task(self, task_id: str) -> OpenedTask:
-        """The task with its contract; read once per task (tasks and versions are immutable)."""
+    def task(self, task_id: str, *, pending_ok: bool = False) -> OpenedTask:
+        """An admitted task with its contract (``pending_ok``: admission probes it first).
+
+        Admitted tasks are cached: their version and seed never change.
+        """
         with self._lock:
             opened = self._tasks.get(task_id)
         if opened is not None:
@@ -126,13 +133,19 @@ class TaskEnvironments:
             task = session.get(Task, task_id)
             if task is None:
                 raise LookupError(f"task {task_id!r} does not exist")
+            if task.status != "admitted" and not pending_ok:
+                raise TaskNotAdmitted(
+                    f"task {task_id!r} is {task.status}: episodes run only on admitted tasks "
+                    "(governance's AdmissionWorkflow admits them)"
+                )
             version = session.get(EnvironmentVersion, task.environment_version_id)
         if version is None:
             raise LookupError(f"environment version {task.environment_version_id!r} is missing")
         contract = self._parse(version)
         opened = OpenedTask(task.id, version.id, task.seed, contract, self._lookup(contract.task))
-        with self._lock:
-            self._tasks[task_id] = opened
+        if task.status == "admitted":
+            with self._lock:
+                self._tasks[task_id] = opened
         return opened
 
     def _parse(self, version: EnvironmentVersion) -> EnvironmentContract:
@@ -236,13 +249,13 @@ class RolloutActivities:
         info = activity.info()
         restarted_after = info.heartbeat_details[0] if info.heartbeat_details else 0
 
-        last_beat = [float("-inf")]
+        last_beat = [time.monotonic()]  # the activity's start counts as a sign of life
 
         def on_step(step: StepRecord) -> None:
             if activity.is_cancelled():
                 raise CancelledError("episode cancelled: the batch deadline passed")
             now = time.monotonic()
-            if now - last_beat[0] >= HEARTBEAT_MIN_INTERVAL_S or step.done:
+            if now - last_beat[0] >= HEARTBEAT_MIN_INTERVAL_S:
                 activity.heartbeat(step.index + 1)  # details: steps done
                 last_beat[0] = now
 

@@ -105,7 +105,7 @@ class AdmissionProbe:
     @activity.defn(name=PROBE_ADMISSION_ACTIVITY)
     def probe_admission(self, request: AdmissionProbeInput) -> AdmissionProbeEvidence:
         """Reset, recover and replay the reference solution; report what was observed."""
-        task = self._environments.task(request.task_id)
+        task = self._environments.task(request.task_id, pending_ok=True)
         evidence = AdmissionProbeEvidence(
             task_id=task.task_id, environment_version_id=task.environment_version_id,
             environment=task.contract.task, seed=task.seed,

@@ -266,7 +266,8 @@ class RunStatus:
     latest_checkpoint_id: str | None = None
     base_checkpoint_id: str | None = None
     paused_reason: str | None = None
-    alarms: list[str] = field(default_factory=list)  # "iteration N: message", oldest first
-    proposals: list[str] = field(default_factory=list)  # proposal ids, oldest first
+    # Since the last continue-as-new (the database keeps them all), oldest first:
+    alarms: list[str] = field(default_factory=list)  # "iteration N: message"
+    proposals: list[str] = field(default_factory=list)  # proposal ids
     last_reward_mean: float | None = None
     refused_controls: list[str] = field(default_factory=list)  # why the policy refused them

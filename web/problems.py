@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -112,6 +112,9 @@ def as_problem(exc: Exception) -> ProblemError:
                   405: "Method not allowed", 409: "Conflict", 422: "Invalid input"}
         title = titles.get(exc.status_code, "HTTP error")
         return ProblemError(exc.status_code, title, str(exc.detail))
+    if isinstance(exc, OperationalError):
+        return ProblemError(503, "Database unavailable",
+                            "PostgreSQL cannot be reached right now; try again shortly")
     if isinstance(exc, IntegrityError):
         return ProblemError(409, "Conflict", "the change conflicts with existing data: "
                             + _first_line(exc.orig))

@@ -2,9 +2,9 @@
 
 Torch-free and database-free so ``learning_loop.workflows`` can import it inside the
 workflow sandbox. Fields may be added later (with defaults) without breaking histories.
+No ``from __future__ import annotations``: the payload converter resolves field types
+with ``get_type_hints``, which cannot see this module's globals from inside the sandbox.
 """
-
-from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any

@@ -277,6 +277,26 @@ def test_auditor_sees_no_approve_button_and_a_forged_post_is_refused(
     loop.run(handle.terminate())
 
 
+def test_auditor_signs_the_audit_from_the_promotion_page(
+    page: Page, base_url: str, people: dict[str, Person], owner_engine: Engine,
+    governance: tuple[Loop, Any], browser_settings: Settings,
+) -> None:
+    seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name,
+                            current_gate="audit")
+    add_gate(owner_engine, seeded.promotion_id, "offline_eval", with_threshold=True)
+    handle = start_stand_in(governance, browser_settings, seeded)
+    sign_in(page, base_url, people["auditor"], f"/promotions/{seeded.promotion_id}")
+    expect(page.get_by_role("heading", name="Audit sign-off (auditor)")).to_be_visible()
+    expect(page.get_by_role("button", name="Approve")).to_have_count(0)
+    shot(page, "promotion-audit-form")
+    page.get_by_label("Audit comment").fill("Lineage, eval set hashes and evidence checked.")
+    page.get_by_role("button", name="Sign audit").click()
+    expect(page.get_by_role("status")).to_contain_text("Audit signed as")
+    loop, _ = governance
+    assert loop.run(handle.query(PROMOTION_STATUS_QUERY)) == [
+        {"kind": "audit", "user": people["auditor"].name}]
+
+
 def test_lineage_page_shows_the_parent_chain_and_verifies_the_audit_chain(
     page: Page, base_url: str, people: dict[str, Person], owner_engine: Engine
 ) -> None:

@@ -15,7 +15,7 @@ from execution_loop.admission_probe import AdmissionProbe
 from execution_loop.environments import frozen_lake
 from execution_loop.environments.base import Environment, Outcome, fingerprint
 from execution_loop.environments.registry import get_environment
-from tests.factories_execution import make_builtin_task
+from tests.factories_execution import make_task_on, register_builtin
 from triloop.workflow_api import AdmissionProbeEvidence, AdmissionProbeInput
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,8 @@ def probe(engine: Engine, task_id: str, lookup: Callable[[str], Any] | None = No
 def test_builtin_environments_give_admissible_evidence(
     role_engine: Callable[[str], Engine], owner_engine: Engine, environment: str
 ) -> None:
-    task = make_builtin_task(owner_engine, environment, seed=2)
+    task = make_task_on(owner_engine, register_builtin(owner_engine, environment), seed=2,
+                        status="pending")
     evidence = probe(role_engine("execution"), task)
     assert evidence.environment == environment and evidence.seed == 2
     assert len(evidence.reset_fingerprints) == 3 and len(set(evidence.reset_fingerprints)) == 1
@@ -66,7 +67,8 @@ def test_unreproducible_resets_and_in_process_verdicts_show_in_the_evidence(
             return DriftingLake(contract, **kwargs)
         return factory
 
-    task = make_builtin_task(owner_engine, "frozen_lake", seed=2)
+    task = make_task_on(owner_engine, register_builtin(owner_engine, "frozen_lake"), seed=3,
+                        status="pending")
     evidence = probe(role_engine("execution"), task, lookup=drifting)
     assert len(set(evidence.reset_fingerprints)) == 3
     assert evidence.reference_results == [True, True]

@@ -138,8 +138,6 @@ async def test_production_episodes_refusals(
         assert_problem(response, 422)
 
 
-@pytest.mark.xfail(strict=True, reason="the policy grants no person 'create trajectory' yet: "
-                   "production episodes need a grant (operator) in grants.rego")
 async def test_operator_starts_production_episodes(
     api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person], loops: Client
 ) -> None:

@@ -6,10 +6,12 @@ import hashlib
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from sqlalchemy import Engine, text
 
 from tests.factories import uid
 from tests.factories_web import Person, assert_problem
+from web.auth import SESSION_COOKIE, ConsoleSession
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["tests.factories_web_fixtures"]
@@ -59,3 +61,20 @@ async def test_only_admins_manage_users(
                                   headers=people[who].headers)
         assert_problem(response, 403)
     assert_problem(await api.get("/api/users", headers=people["operator"].headers), 403)
+
+
+async def test_console_cookie_reads_the_api_but_changes_need_the_csrf_header(
+    api: httpx.AsyncClient, people: dict[str, Person], web_app: FastAPI
+) -> None:
+    signer = web_app.state.services.signer
+    cookie = signer.dump_session(ConsoleSession(user=people["auditor"].name, csrf="c-123"))
+    cookies = {"Cookie": f"{SESSION_COOKIE}={cookie}"}
+    me = await api.get("/api/me", headers=cookies)
+    assert me.status_code == 200 and me.json()["name"] == people["auditor"].name
+    refused = await api.post("/api/audit/verify", headers=cookies)
+    assert_problem(refused, 403, "X-CSRF-Token")
+    allowed = await api.post("/api/audit/verify", headers={**cookies, "X-CSRF-Token": "c-123"})
+    assert allowed.status_code == 200
+    forged = signer.dump_session(ConsoleSession(user="nobody-" + people["auditor"].name,
+                                                csrf="c"))
+    assert_problem(await api.get("/api/me", headers={"Cookie": f"{SESSION_COOKIE}={forged}"}), 401)

@@ -21,7 +21,13 @@ from execution_loop.inference.base import FINISH_STOP, Generation, PolicyClient
 from execution_loop.routing import canary_bucket
 from execution_loop.worker import build_worker
 from execution_loop.workflows import RolloutWorkflow
-from tests.factories_execution import make_builtin_task, register_checkpoint_dir, set_routing
+from tests.factories_execution import (
+    make_builtin_task,
+    make_task_on,
+    register_builtin,
+    register_checkpoint_dir,
+    set_routing,
+)
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.workflow_api import (
@@ -171,6 +177,18 @@ async def test_batch_must_name_its_checkpoint_unless_production(
     assert "served by governance's routing" in str(chosen_error.value.cause)
     assert stored(owner_engine, unnamed.batch_id) == stored(owner_engine, chosen.batch_id) == {}
 
+
+
+async def test_episodes_run_only_on_admitted_tasks(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str
+) -> None:
+    pending = make_task_on(owner_engine, register_builtin(owner_engine, "frozen_lake"), seed=401,
+                           status="pending")
+    batch = new_batch("training", [RolloutItem(pending, 401, group_size=2)],
+                      checkpoint_id=checkpoint, deadline_s=120)
+    result = await run_batch(client, queue_settings, batch)
+    assert result.failed == 2 and result.trajectory_ids == []
+    assert stored(owner_engine, batch.batch_id) == {}
 
 @pytest.fixture
 def routing(owner_engine: Engine) -> Iterator[None]:

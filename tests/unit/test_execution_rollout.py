@@ -12,8 +12,14 @@ from execution_loop.activities import episode_seed, is_infrastructure_error, non
 from execution_loop.admission_probe import verifier_hash
 from execution_loop.inference.base import InferenceServerError, PromptTooLongError
 from execution_loop.policies import UnsupportedArtifactUri, checkpoint_dir
-from execution_loop.routing import NoProductionCheckpoint, Routes, assign, canary_bucket
-from execution_loop.trajectories import situation_hashes, step_agreement
+from execution_loop.routing import (
+    NoProductionCheckpoint,
+    Routes,
+    assign,
+    canary_bucket,
+    situation_hashes,
+    step_agreement,
+)
 from execution_loop.workflows import EpisodeSummary, plan_episodes, shadow_spec, summarize
 from triloop.policy import Actor, Decision, PolicyDenied, Resource
 from triloop.workflow_api import RolloutBatchInput, RolloutItem

@@ -15,7 +15,7 @@ _MEANINGS = {
     404: "No resource with that id",
     409: "The resource's state does not allow this (or the workflow refused it)",
     422: "The input does not match the schema or is not acceptable",
-    503: "Temporal is unreachable",
+    503: "Temporal or PostgreSQL is unreachable",
     504: "The loop's worker did not answer in time",
 }
 

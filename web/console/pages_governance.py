@@ -76,9 +76,17 @@ async def decide(
         action=action,  # type: ignore[arg-type]
         comment=comment,
     )
-    result = f" Governance answered: {outcome.result}" if outcome.result is not None else ""
+    result = f" Governance answered: {describe_result(outcome.result)}"
     return redirect(request, f"/promotions/{promotion_id}",
                     notice=("success", f"{DONE[action]} as {principal.name}.{result}"))
+
+
+def describe_result(result: object) -> str:
+    """A gate summary (``GateSummary`` as JSON) in words; anything else as text."""
+    if isinstance(result, dict) and "gate" in result and "verdict" in result:
+        reasons = "; ".join(str(r) for r in result.get("reasons") or [])
+        return f"{result['gate']} gate {result['verdict']}" + (f" ({reasons})" if reasons else "")
+    return "recorded" if result is None else str(result)
 
 
 @router.get("/rollback", response_class=HTMLResponse)

@@ -84,6 +84,8 @@ role_grants := {
 		"promotion": {"approve", "reject"},
 		"deployment": {"rollback"},
 		"task": {"admit", "reject_task"},
+		# Production traffic: an operator may send episodes to the routed checkpoint.
+		"trajectory": {"create"},
 	},
 	"auditor": {
 		"promotion": {"sign_audit", "reject_audit"},

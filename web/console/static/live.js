@@ -6,7 +6,7 @@
   var runId = script && script.getAttribute("data-run-id");
   if (!runId) { return; }
   var terminal = { completed: true, cancelled: true, failed: true };
-  var periodMs = 4000;
+  var periodMs = 5000;
 
   function lastIteration() {
     var charts = document.getElementById("charts");
