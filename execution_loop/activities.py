@@ -13,11 +13,12 @@ missing checkpoint fails the episode once instead of burning retries.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -27,9 +28,8 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from execution_loop.environments.base import Environment, EnvironmentFactory
 from execution_loop.episode import INFRASTRUCTURE_ERRORS, EpisodeRecord, StepRecord, run_episode
-from execution_loop.policies import PolicyCache
+from execution_loop.policies import PolicyCache, TaskEnvironments
 from execution_loop.routing import assign, read_routes, shadow_comparison
 from execution_loop.trajectories import (
     StepRow,
@@ -50,11 +50,9 @@ from execution_loop.workflows import (
     TruncateInput,
     TruncateResult,
 )
-from triloop.contracts import EnvironmentContract, parse_contract_text
-from triloop.models import EnvironmentVersion, Task, Trajectory
+from triloop.models import Trajectory
 from triloop.policy import Authorizer, PolicyDenied
 
-EnvironmentLookup = Callable[[str], EnvironmentFactory]
 # A step heartbeats unless the last sign of life (a heartbeat, or the start) is younger
 # than this: an SDK heartbeat costs ~0.25 ms of the worker's event loop and a server
 # round trip, as much as a whole step of a fast environment. Liveness is unchanged: the
@@ -86,76 +84,30 @@ def episode_seed(episode_id: str) -> int:
     return int.from_bytes(hashlib.sha256(episode_id.encode()).digest()[:8], "big") % 2**31
 
 
-class TaskNotAdmitted(LookupError):
-    """Episodes were asked for on a task governance has not admitted."""
+@contextmanager
+def keepalive() -> Iterator[None]:
+    """Heartbeat from a helper thread while a step-less part of an activity runs."""
+    timeout = activity.info().heartbeat_timeout
+    interval = max(timeout.total_seconds() / 3, 0.5) if timeout else 10.0
+    context = contextvars.copy_context()  # the activity's context, for the helper thread
+    stop = threading.Event()
 
+    beats = []
 
-@dataclass(frozen=True)
-class OpenedTask:
-    """A task with its parsed, registered contract and its environment factory."""
+    def beat() -> None:
+        while not stop.wait(interval):
+            context.run(activity.heartbeat, 0)
+            beats.append(1)
 
-    task_id: str
-    environment_version_id: str
-    seed: int
-    contract: EnvironmentContract
-    factory: EnvironmentFactory
-
-    def open(self, **kwargs: Any) -> Environment:
-        """A fresh environment (its own working copy) for one episode."""
-        return self.factory(self.contract, **kwargs)
-
-
-def _default_lookup(name: str) -> EnvironmentFactory:
-    from execution_loop.environments.registry import get_environment
-
-    return get_environment(name)
-
-
-class TaskEnvironments:
-    """Opens a task's environment from its registered, immutable environment version."""
-
-    def __init__(self, *, engine: Engine, lookup: EnvironmentLookup | None = None) -> None:
-        self._engine = engine
-        self._lookup = lookup or _default_lookup
-        self._tasks: dict[str, OpenedTask] = {}
-        self._lock = threading.Lock()
-
-    def task(self, task_id: str, *, pending_ok: bool = False) -> OpenedTask:
-        """An admitted task with its contract (``pending_ok``: admission probes it first).
-
-        Admitted tasks are cached: their version and seed never change.
-        """
-        with self._lock:
-            opened = self._tasks.get(task_id)
-        if opened is not None:
-            return opened
-        with Session(self._engine) as session:
-            task = session.get(Task, task_id)
-            if task is None:
-                raise LookupError(f"task {task_id!r} does not exist")
-            if task.status != "admitted" and not pending_ok:
-                raise TaskNotAdmitted(
-                    f"task {task_id!r} is {task.status}: episodes run only on admitted tasks "
-                    "(governance's AdmissionWorkflow admits them)"
-                )
-            version = session.get(EnvironmentVersion, task.environment_version_id)
-        if version is None:
-            raise LookupError(f"environment version {task.environment_version_id!r} is missing")
-        contract = self._parse(version)
-        opened = OpenedTask(task.id, version.id, task.seed, contract, self._lookup(contract.task))
-        if task.status == "admitted":
-            with self._lock:
-                self._tasks[task_id] = opened
-        return opened
-
-    def _parse(self, version: EnvironmentVersion) -> EnvironmentContract:
-        from execution_loop.environments import registry
-
-        # Fixtures of registered versions ship with the environment implementations.
-        return parse_contract_text(
-            version.contract_text, base_dir=registry.CONTRACTS_DIR,
-            source=f"environment version {version.id}",
-        )
+    helper = threading.Thread(target=beat, name="keepalive", daemon=True)
+    helper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        helper.join()
+        if beats:  # it ran long: restart the heartbeat clock from here
+            activity.heartbeat(0)
 
 
 def _step_row(step: StepRecord, extra: dict[str, Any] | None = None) -> StepRow:
@@ -245,11 +197,15 @@ class RolloutActivities:
     def _play(self, job: EpisodeInput) -> tuple[TrajectoryRow, list[StepRow]]:
         spec = job.spec
         opened = self._environments.task(spec.task_id)
-        policy = self._policies.get(spec.checkpoint_id)
+        if spec.checkpoint_id in self._policies.cached():
+            policy = self._policies.get(spec.checkpoint_id)
+        else:
+            with keepalive():  # loading a large checkpoint can outlast the heartbeat timeout
+                policy = self._policies.get(spec.checkpoint_id)
         info = activity.info()
         restarted_after = info.heartbeat_details[0] if info.heartbeat_details else 0
 
-        last_beat = [time.monotonic()]  # the activity's start counts as a sign of life
+        last_beat = [time.monotonic()]  # loading ended with a sign of life
 
         def on_step(step: StepRecord) -> None:
             if activity.is_cancelled():
@@ -325,4 +281,4 @@ def activities_of(rollout: RolloutActivities) -> list[Callable[..., Any]]:
             rollout.record_truncated_episodes]
 
 
-__all__ = ["EpisodeSpec", "OpenedTask", "RolloutActivities", "TaskEnvironments"]
+__all__ = ["EpisodeSpec", "RolloutActivities"]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from temporalio import activity
 
-from execution_loop.activities import OpenedTask, TaskEnvironments
+from execution_loop.policies import OpenedTask, TaskEnvironments
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits, SandboxResult
 from triloop.contracts import EnvironmentContract
 from triloop.workflow_api import (

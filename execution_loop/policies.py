@@ -1,10 +1,13 @@
-"""A per-worker cache of policy clients: checkpoint id -> ``PolicyClient``.
+"""What episodes run with, cached per worker: policy clients and task environments.
 
-The checkpoint's directory comes from its ``checkpoint.artifact_uri`` row; the
-backend (in-process torch, or an OpenAI-compatible vLLM server) from settings.
-Loading a model is slow and holds memory, so each worker keeps the few it serves
-(production, canary, shadow, or a run's current policy) and evicts the least
-recently used beyond ``capacity``.
+``PolicyCache``: checkpoint id -> ``PolicyClient``. The checkpoint's directory comes
+from its ``checkpoint.artifact_uri`` row; the backend (in-process torch, or an
+OpenAI-compatible vLLM server) from settings. Loading a model is slow and holds
+memory, so each worker keeps the few it serves (production, canary, shadow, or a
+run's current policy) and evicts the least recently used beyond ``capacity``.
+
+``TaskEnvironments``: task id -> its registered contract and environment factory.
+Episodes run only on admitted tasks; the admission probe may open pending ones.
 """
 
 from __future__ import annotations
@@ -12,15 +15,19 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from sqlalchemy import Engine
 from sqlmodel import Session
 
+from execution_loop.environments.base import Environment, EnvironmentFactory
 from execution_loop.inference.base import PolicyClient
 from triloop.config import Settings
-from triloop.models import Checkpoint
+from triloop.contracts import EnvironmentContract, parse_contract_text
+from triloop.models import Checkpoint, EnvironmentVersion, Task
 
 PolicyFactory = Callable[[str, Path], PolicyClient]
 """Builds a client for (checkpoint id, checkpoint directory)."""
@@ -122,3 +129,79 @@ class PolicyCache:
         """Checkpoint ids currently loaded, least recently used first."""
         with self._lock:
             return list(self._clients)
+
+
+EnvironmentLookup = Callable[[str], EnvironmentFactory]
+"""The environment factory for an environment name (the registry's, or a test's)."""
+
+
+class TaskNotAdmitted(LookupError):
+    """Episodes were asked for on a task governance has not admitted."""
+
+
+@dataclass(frozen=True)
+class OpenedTask:
+    """A task with its parsed, registered contract and its environment factory."""
+
+    task_id: str
+    environment_version_id: str
+    seed: int
+    contract: EnvironmentContract
+    factory: EnvironmentFactory
+
+    def open(self, **kwargs: Any) -> Environment:
+        """A fresh environment (its own working copy) for one episode."""
+        return self.factory(self.contract, **kwargs)
+
+
+def _default_lookup(name: str) -> EnvironmentFactory:
+    from execution_loop.environments.registry import get_environment
+
+    return get_environment(name)
+
+
+class TaskEnvironments:
+    """Opens a task's environment from its registered, immutable environment version."""
+
+    def __init__(self, *, engine: Engine, lookup: EnvironmentLookup | None = None) -> None:
+        self._engine = engine
+        self._lookup = lookup or _default_lookup
+        self._tasks: dict[str, OpenedTask] = {}
+        self._lock = threading.Lock()
+
+    def task(self, task_id: str, *, pending_ok: bool = False) -> OpenedTask:
+        """An admitted task with its contract (``pending_ok``: admission probes it first).
+
+        Admitted tasks are cached: their version and seed never change.
+        """
+        with self._lock:
+            opened = self._tasks.get(task_id)
+        if opened is not None:
+            return opened
+        with Session(self._engine) as session:
+            task = session.get(Task, task_id)
+            if task is None:
+                raise LookupError(f"task {task_id!r} does not exist")
+            if task.status != "admitted" and not pending_ok:
+                raise TaskNotAdmitted(
+                    f"task {task_id!r} is {task.status}: episodes run only on admitted tasks "
+                    "(governance's AdmissionWorkflow admits them)"
+                )
+            version = session.get(EnvironmentVersion, task.environment_version_id)
+        if version is None:
+            raise LookupError(f"environment version {task.environment_version_id!r} is missing")
+        contract = self._parse(version)
+        opened = OpenedTask(task.id, version.id, task.seed, contract, self._lookup(contract.task))
+        if task.status == "admitted":
+            with self._lock:
+                self._tasks[task_id] = opened
+        return opened
+
+    def _parse(self, version: EnvironmentVersion) -> EnvironmentContract:
+        from execution_loop.environments import registry
+
+        # Fixtures of registered versions ship with the environment implementations.
+        return parse_contract_text(
+            version.contract_text, base_dir=registry.CONTRACTS_DIR,
+            source=f"environment version {version.id}",
+        )

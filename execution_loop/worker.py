@@ -20,14 +20,15 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from execution_loop.activities import (
-    EnvironmentLookup,
-    RolloutActivities,
-    TaskEnvironments,
-    activities_of,
-)
+from execution_loop.activities import RolloutActivities, activities_of
 from execution_loop.admission_probe import AdmissionProbe
-from execution_loop.policies import PolicyCache, PolicyFactory, backend_factory
+from execution_loop.policies import (
+    EnvironmentLookup,
+    PolicyCache,
+    PolicyFactory,
+    TaskEnvironments,
+    backend_factory,
+)
 from execution_loop.workflows import RolloutWorkflow
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine

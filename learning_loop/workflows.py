@@ -12,11 +12,12 @@ guard (``update.max_staleness``) decides from each sample's ``policy_version``.
 
 People pause, resume and cancel by signal; each request is checked against the policy
 again by an activity before it changes anything, and takes effect between steps (a
-cancel also cancels a running rollout or update). A stability alarm pauses the run when
-``stability.pause_on_alarm`` is set. Every ``schedule.propose_every`` iterations the
-latest checkpoint is proposed to governance (a proposal row and a signal-with-start of
-its promotion workflow; nothing else). After ``continue_as_new_every`` iterations the
-workflow continues as new, carrying the iteration and the latest checkpoint.
+cancel also cancels a running rollout; an update in flight finishes and is kept). A
+stability alarm pauses the run when ``stability.pause_on_alarm`` is set. Every
+``schedule.propose_every`` iterations the latest checkpoint is proposed to governance (a
+proposal row and a signal-with-start of its promotion workflow; nothing else). After
+``continue_as_new_every`` iterations the workflow continues as new, carrying the
+iteration and the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class TrainingRunWorkflow:
                 # Overlap: the next rollout runs with c_k while c_{k+1} is being trained.
                 pending = self._start_rollout(run, config, plan, k + 2, latest, version=k)
             result = await self._await(run.run_id, self._start_update(
-                run, plan, k + 1, latest, base, batch))
+                run, plan, k + 1, latest, base, batch), cancellable=False)
             if result is None:
                 break
             k, latest = k + 1, result.checkpoint_id
@@ -194,7 +195,7 @@ class TrainingRunWorkflow:
                 state.status, state.paused_reason = "paused", "; ".join(messages)
                 await self._set_status(run.run_id, "paused", state.paused_reason[:2000],
                                        action="pause")
-        if result.iteration % config.schedule.propose_every == 0:
+        if result.iteration % config.schedule.propose_every == 0 and not self._cancelled:
             proposed = await self._light(m.PROPOSE_CHECKPOINT, m.ProposeInput(
                 run.run_id, result.iteration, result.checkpoint_id, run.submitted_by,
                 sibling_queue(workflow.info().task_queue, GOVERNANCE_QUEUE),
@@ -250,14 +251,19 @@ class TrainingRunWorkflow:
             retry_policy=UPDATE_RETRY,
         )
 
-    async def _await(self, run_id: str, task: asyncio.Task[T]) -> T | None:
-        """The task's result, handling controls meanwhile; None if the run was cancelled."""
+    async def _await(self, run_id: str, task: asyncio.Task[T], *, cancellable: bool = True
+                     ) -> T | None:
+        """The task's result, handling controls meanwhile; None if a cancel stopped it.
+
+        An update is not cancellable: it stores its iteration when it finishes, so
+        stopping it halfway would leave the workflow and the database disagreeing.
+        """
         while True:
             await workflow.wait_condition(lambda: task.done() or bool(self._controls))
             await self._handle_controls(run_id)
             if task.done():
                 return task.result()
-            if self._cancelled:
+            if self._cancelled and cancellable:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 return None

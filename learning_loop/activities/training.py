@@ -21,10 +21,16 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from learning_loop.batch import build_training_samples
-from learning_loop.checkpoints import CheckpointRef, load_checkpoint, save_checkpoint
+from learning_loop.checkpoints import (
+    CheckpointError,
+    CheckpointRef,
+    load_checkpoint,
+    save_checkpoint,
+)
 from learning_loop.objective import score_cross_input
 from learning_loop.stability import (
     Alarm,
@@ -88,8 +94,29 @@ class ServableModel:
 
 
 def load_model(model_dir: Path, device: torch.device) -> PreTrainedModel:
-    """A Hugging Face causal LM from a local directory, in float32 on ``device``."""
-    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    """A Hugging Face causal LM from a local directory, in float32 on ``device``.
+
+    Built from its config and filled from the safetensors files rather than with
+    ``from_pretrained``: that one initialises on the meta device through process-global
+    state, so two threads loading at once (a test's in-process execution worker beside
+    this learner) can get each other's meta tensors.
+    """
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.random.fork_rng(devices=[]):  # the random init must not move the run's RNG
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, dtype=torch.float32)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    current = model.state_dict()
+    loaded = {current[name].data_ptr() for name in tensors if name in current}
+    untied = [name for name in missing if current[name].data_ptr() not in loaded]
+    if unexpected or untied or not tensors:
+        raise CheckpointError(
+            f"{model_dir} does not fit its config: unexpected {sorted(unexpected)[:5]},"
+            f" missing {sorted(untied)[:5]}, {len(tensors)} tensors"
+        )
     cast(torch.nn.Module, model).to(device)  # in place; the cast sidesteps HF's decorator type
     return model
 

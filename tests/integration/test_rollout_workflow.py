@@ -282,3 +282,20 @@ async def test_stuck_episodes_never_hold_the_batch_past_its_deadline(
     rows = stored(owner_engine, batch.batch_id)
     assert sorted(rows) == sorted(result.trajectory_ids) and len(rows) == 2
     assert {r["failure_reason"] for r in rows.values()} <= {"deadline", "batch_deadline"}
+
+
+async def test_loading_a_checkpoint_slower_than_the_heartbeat_timeout_keeps_the_episode(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str
+) -> None:
+    def slow_to_load(checkpoint_id: str, model_dir: Path) -> PolicyClient:
+        time.sleep(5.0)  # a large checkpoint loading; the heartbeat timeout is 2 s
+        return StuckPolicy(checkpoint_id, model_dir, delay_s=0.0)
+
+    task = make_builtin_task(owner_engine, "frozen_lake", seed=8)
+    batch = new_batch("training", [RolloutItem(task, 8)], checkpoint_id=checkpoint,
+                      deadline_s=120, heartbeat_timeout_s=2)
+    result = await run_batch(client, queue_settings, batch, policy_factory=slow_to_load)
+
+    assert result.failed == 0 and len(result.trajectory_ids) == 1
+    row = stored(owner_engine, batch.batch_id)[result.trajectory_ids[0]]
+    assert row["outcome"]["attempt"] == 1 and row["stored_steps"] >= 1

@@ -1,0 +1,196 @@
+"""SIGKILL the learning worker during an update; a restarted worker resumes the run.
+
+The learning worker runs as its own process (``python -m learning_loop.worker``), as in
+production; the execution worker and a governance stand-in run in the test process.
+After the kill, Temporal notices the lost update by its heartbeat timeout and retries it
+on the restarted worker, which resumes from the last stored checkpoint. The run must
+finish with every iteration stored once, a gapless lineage, and each checkpoint's
+optimizer having taken exactly one step per iteration (nothing applied twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import Engine
+from temporalio.api.enums.v1 import EventType, PendingActivityState
+from temporalio.client import Client, WorkflowHandle
+
+from learning_loop.activities.messages import UPDATE_POLICY
+from learning_loop.lineage import lineage
+from tests.factories_learning import (
+    frozen_lake_tasks,
+    loops_running,
+    make_run,
+    make_user,
+    queue_settings,
+    rows,
+    run_config,
+    start_run,
+)
+from triloop.config import Settings
+from triloop.devstack.servers import repo_root
+from triloop.temporal import connect
+from triloop.workflow_api import RunStatus
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
+ITERATIONS = 3
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model, created locally (no download)."""
+    from learning_loop.tiny_model import create_tiny_model
+
+    torch.set_num_threads(1)
+    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[Client]:
+    """A Temporal client standing in for the web service."""
+    yield await connect(settings, identity="web-test")
+
+
+class WorkerProcess:
+    """``python -m learning_loop.worker`` with the test's settings in its environment."""
+
+    def __init__(self, settings: Settings, log: Path) -> None:
+        self.env = {
+            **os.environ,
+            "TRILOOP_HOME": str(settings.home),
+            "TRILOOP_DATABASE_URL": settings.owner_url(),
+            "TRILOOP_TEMPORAL_ADDRESS": settings.temporal_address,
+            "TRILOOP_OPA_URL": settings.opa_url,
+            "TRILOOP_ARTIFACT_DIR": str(settings.artifacts),
+            "TRILOOP_TASK_QUEUE_PREFIX": settings.task_queue_prefix,
+            "OMP_NUM_THREADS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "learning_loop.worker"], cwd=repo_root(), env=self.env,
+                stdout=out, stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+@pytest.fixture
+def own_settings(settings: Settings) -> Settings:
+    """Settings with this test's own task queues, shared with the worker subprocess."""
+    return queue_settings(settings)
+
+
+@pytest.fixture
+def worker_process(own_settings: Settings, tmp_path: Path) -> Iterator[WorkerProcess]:
+    """The learning worker as a subprocess (stopped at the end of the test)."""
+    worker = WorkerProcess(own_settings, tmp_path / "learning-worker.log")
+    yield worker
+    worker.stop()
+
+
+async def update_in_progress(handle: WorkflowHandle[object, object]) -> bool:
+    """Whether an update activity has been picked up by a worker right now."""
+    description = await handle.describe()
+    return any(
+        activity.activity_type.name == UPDATE_POLICY
+        and activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+        for activity in description.raw_description.pending_activities
+    )
+
+
+async def test_killed_learning_worker_resumes_without_losing_or_repeating_iterations(
+    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path,
+    worker_process: WorkerProcess,
+) -> None:
+    alice = make_user(owner_engine)
+    tasks = frozen_lake_tasks(owner_engine, [6, 7])
+    config = run_config(tiny_dir, tasks, schedule={"iterations": ITERATIONS,
+                                                   "propose_every": ITERATIONS})
+    run_id = make_run(owner_engine, config, alice)
+    worker_process.start()
+    async with loops_running(client, own_settings, learning=False):
+        handle = await start_run(client, own_settings, run_id, config, alice,
+                                 update_heartbeat_timeout_s=3.0)
+        killed_during = await _kill_during_an_update(handle, owner_engine, run_id,
+                                                     worker_process)
+        worker_process.start()
+        result: RunStatus = await asyncio.wait_for(handle.result(), 240)
+
+    assert (result.status, result.iterations_done) == ("completed", ITERATIONS)
+    steps = rows(owner_engine, "SELECT iteration, checkpoint_id FROM training_step "
+                 "WHERE run_id = :r ORDER BY iteration", r=run_id)
+    assert [s["iteration"] for s in steps] == list(range(1, ITERATIONS + 1))
+    chain = lineage(engine=owner_engine, checkpoint_id=result.latest_checkpoint_id or "")
+    assert chain[0].parent_id is None and chain[0].id == result.base_checkpoint_id
+    assert [c.iteration for c in chain[1:]] == list(range(1, ITERATIONS + 1))
+    assert [c.id for c in chain[1:]] == [s["checkpoint_id"] for s in steps]
+    for parent, child in zip(chain, chain[1:], strict=False):
+        assert child.parent_id == parent.id and child.run_id == run_id
+        state = torch.load(Path(child.artifact_uri.removeprefix("file://")) / "trainer_state.pt",
+                           map_location="cpu", weights_only=True)
+        steps_taken = {int(s["step"]) for s in state["optimizer"]["state"].values()}
+        assert steps_taken == {child.iteration}, "an update was applied twice or lost"
+        assert state["data_cursor"]["iteration"] == child.iteration
+
+    retried = await _update_attempts(handle)
+    assert retried[killed_during] >= 2, f"the killed update was not retried: {retried}"
+    run_row = rows(owner_engine, "SELECT status, iterations_done FROM training_run "
+                   "WHERE id = :r", r=run_id)[0]
+    assert (run_row["status"], run_row["iterations_done"]) == ("completed", ITERATIONS)
+
+
+async def _kill_during_an_update(
+    handle: WorkflowHandle[object, object], engine: Engine, run_id: str, worker: WorkerProcess
+) -> int:
+    """SIGKILL the worker while the update after the first stored iteration runs."""
+    deadline = asyncio.get_running_loop().time() + 180
+    while asyncio.get_running_loop().time() < deadline:
+        done = rows(engine, "SELECT count(*) AS n FROM training_step WHERE run_id = :r",
+                    r=run_id)[0]["n"]
+        if done >= 1 and await update_in_progress(handle):
+            worker.kill()
+            return int(done) + 1
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no update of run {run_id} started in time; see {worker.log}")
+
+
+async def _update_attempts(handle: WorkflowHandle[object, object]) -> dict[int, int]:
+    """Attempt number of each update activity's final start, by its order (iteration)."""
+    scheduled: dict[int, int] = {}
+    attempts: dict[int, int] = {}
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == UPDATE_POLICY:
+                scheduled[event.event_id] = len(scheduled) + 1
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started = event.activity_task_started_event_attributes
+            if started.scheduled_event_id in scheduled:
+                attempts[scheduled[started.scheduled_event_id]] = started.attempt
+    return attempts
