@@ -31,8 +31,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from learning_loop.batch import TrainingSample, collate
-from triloop.run_config import OptimizerConfig, UpdateConfig
 from learning_loop.update import UpdateSettings, build_optimizer, select_device, update_policy
+from triloop.run_config import OptimizerConfig, UpdateConfig
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ def run_one(title: str, argv: list[str], root: Path) -> str:
     output = (result.stdout + ("\n" + result.stderr if result.returncode else "")).strip()
     print(output, flush=True)
     status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
-    return f"## {title}\n\n`python {' '.join(argv)}`: {status}, {elapsed:.0f} s\n\n```\n{output}\n```\n"
+    command = " ".join(argv)
+    return f"## {title}\n\n`python {command}`: {status}, {elapsed:.0f} s\n\n```\n{output}\n```\n"
 
 
 def main() -> int:
@@ -62,7 +63,8 @@ def main() -> int:
     sections = [run_one(title, argv, root) for title, argv in BENCHMARKS]
     header = (
         "# Benchmark results\n\n"
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine_description()}.\n"
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+        f"on {machine_description()}.\n"
         "Every ratio compares against a baseline or peer measured in the same run.\n"
         "Rerun with `make bench`.\n\n"
     )

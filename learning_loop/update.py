@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from learning_loop.batch import PaddedBatch, TrainingSample, collate
-from triloop.run_config import ObjectiveConfig, OptimizerConfig, RunConfig, UpdateConfig
 from learning_loop.objective import (
     ObjectiveStats,
     grpo_loss,
@@ -30,6 +29,7 @@ from learning_loop.objective import (
     token_entropy,
     token_logprobs,
 )
+from triloop.run_config import ObjectiveConfig, OptimizerConfig, RunConfig, UpdateConfig
 
 
 class UpdateError(RuntimeError):

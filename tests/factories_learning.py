@@ -26,8 +26,8 @@ from triloop.config import Settings
 from triloop.workflow_api import (
     GOVERNANCE_QUEUE,
     LEARNING_QUEUE,
-    RunStatus,
     TRAINING_RUN_WORKFLOW,
+    RunStatus,
     TrainingRunInput,
     training_run_workflow_id,
 )

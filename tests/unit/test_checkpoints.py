@@ -19,8 +19,8 @@ from learning_loop.checkpoints import (
     saved_weights_digest,
     weights_digest,
 )
-from triloop.run_config import OptimizerConfig
 from learning_loop.update import UpdateSettings, build_optimizer, update_policy
+from triloop.run_config import OptimizerConfig
 
 
 def tiny_model(seed: int = 0, *, tied: bool = False) -> PreTrainedModel:

@@ -11,6 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from execution_loop.cli import env_app
+from execution_loop.environments import registry
 from triloop.contracts import (
     ContractError,
     canonical_form,
@@ -21,7 +22,6 @@ from triloop.contracts import (
     parse_percentage,
     validate_contract_text,
 )
-from execution_loop.environments import registry
 
 GOOD = """\
 task: fix_ci_failure

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from triloop.contracts import EnvironmentContract, SandboxSpec
 from execution_loop.environments import ci_repo
 from execution_loop.environments.ci_actions import parse_action
 from execution_loop.environments.fix_ci_failure import FixCiFailure
 from execution_loop.environments.registry import load_builtin_contract, reference_solution
 from execution_loop.verification import run_verifiers
+from triloop.contracts import EnvironmentContract, SandboxSpec
 
 PRICING = "shop/pricing.py"
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-from triloop.contracts import EnvironmentContract
 from execution_loop.environments.base import EnvironmentStateError
 from execution_loop.environments.frozen_lake import (
     Cell,
@@ -24,6 +23,7 @@ from execution_loop.environments.registry import (
     reference_solution,
 )
 from execution_loop.verification import run_verifiers
+from triloop.contracts import EnvironmentContract
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from triloop.contracts import ContractError
 from execution_loop.environments.frozen_lake import FrozenLake
 from execution_loop.environments.registry import (
     UnknownEnvironmentError,
@@ -21,6 +20,7 @@ from execution_loop.verification import (
     run_verifier,
     run_verifiers,
 )
+from triloop.contracts import ContractError
 
 
 def test_three_builtin_environments_with_contract_files() -> None:

@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from triloop.contracts import EnvironmentContract, SandboxSpec
 from execution_loop.environments.base import EnvironmentStateError
 from execution_loop.environments.registry import load_builtin_contract, reference_solution
 from execution_loop.environments.tool_arithmetic import (
@@ -16,6 +15,7 @@ from execution_loop.environments.tool_arithmetic import (
     parse_action,
 )
 from execution_loop.verification import run_verifiers
+from triloop.contracts import EnvironmentContract, SandboxSpec
 
 
 @pytest.fixture

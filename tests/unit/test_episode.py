@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from triloop.contracts import ContextRule, Limits
 from execution_loop.environments.base import Outcome, StepResult
 from execution_loop.episode import (
     COMPLETED,
@@ -25,6 +24,7 @@ from execution_loop.inference.base import Generation, InferenceError, PromptTooL
 from execution_loop.inference.torch_backend import TorchPolicyClient
 from execution_loop.sandbox import SandboxError
 from learning_loop.tiny_model import create_tiny_model
+from triloop.contracts import ContextRule, Limits
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from triloop.run_config import ObjectiveConfig
 from learning_loop.objective import (
     ObjectiveInputError,
     ObjectiveStats,
@@ -15,6 +14,7 @@ from learning_loop.objective import (
     token_entropy,
     token_logprobs,
 )
+from triloop.run_config import ObjectiveConfig
 
 LN = math.log
 CFG = ObjectiveConfig(clip_eps_low=0.2, clip_eps_high=0.28)

@@ -10,7 +10,6 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from learning_loop.advantages import TrajectoryReturn
-from triloop.run_config import StabilityConfig
 from learning_loop.objective import score_cross_input
 from learning_loop.stability import (
     DiscriminationResult,
@@ -23,6 +22,7 @@ from learning_loop.stability import (
     percentile,
     retrieval_accuracy,
 )
+from triloop.run_config import StabilityConfig
 
 
 def metrics(i: int, **values: Any) -> IterationMetrics:

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from learning_loop.batch import InvalidSampleError, TrainingSample, collate
-from triloop.run_config import ObjectiveConfig, OptimizerConfig, UpdateConfig
 from learning_loop.objective import ObjectiveInputError, policy_action_logprobs
 from learning_loop.update import UpdateError, UpdateSettings, build_optimizer, update_policy
+from triloop.run_config import ObjectiveConfig, OptimizerConfig, UpdateConfig
 
 CPU = torch.device("cpu")
 
