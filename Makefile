@@ -27,6 +27,7 @@ unit: bootstrap
 	@$(PY) -m pytest tests/unit
 
 bench: bootstrap
+	@"$$(cat .venv/.triloop-deps)/bin/python" -m pip install --quiet "trl>=0.12"
 	@$(PY) bench/run_all.py
 
 up: bootstrap
