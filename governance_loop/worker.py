@@ -46,9 +46,9 @@ def gate_durations(profile: str) -> GateDurations:
         return GateDurations.for_tests()
     if profile == "demo":
         return GateDurations(
-            shadow_soak_s=60.0, canary_soak_s=120.0, canary_share=0.5,
-            canary_check_interval_s=10.0, audit_deadline_s=3600.0,
-            approval_deadline_s=3600.0, watch_period_s=120.0, watch_check_interval_s=10.0,
+            shadow_soak_s=30.0, canary_soak_s=45.0, canary_share=0.5,
+            canary_check_interval_s=5.0, audit_deadline_s=3600.0,
+            approval_deadline_s=3600.0, watch_period_s=90.0, watch_check_interval_s=5.0,
         )
     if profile == "production":
         return GateDurations()
