@@ -40,17 +40,17 @@ from governance_loop.gates import (
     ShadowSample,
     ThresholdSpec,
     Verdict,
-    WatchObservation,
     decide_canary,
     decide_offline_eval,
     decide_shadow,
-    decide_watch,
+    decide_watch_against_baselines,
 )
 from triloop.db import session_scope
 from triloop.models import EvalSet, Threshold
 from triloop.policy import Resource
 
 PRODUCTION = "production"
+CANARY = "canary"
 CANARY_PURPOSES = ("canary", "production")
 
 
@@ -153,7 +153,7 @@ class EvidenceActivities(GovernanceShell):
 
     @activity.defn(name=LOOK_WATCH)
     def look_watch(self, request: WatchLook) -> GateOutcome:
-        """One look at production since promotion against production before it."""
+        """One look at production since promotion against both pre-promotion baselines."""
         promoted_at = parse_time(request.promoted_at)
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
@@ -167,19 +167,28 @@ class EvidenceActivities(GovernanceShell):
                 )
                 return self._store(session, request.promotion_id, decision,
                                    threshold_id=request.threshold_id)
-            baseline = episodes.episode_counts(
+            before = parse_time(request.baseline_since)
+            previous_production = episodes.episode_counts(
                 session=session, checkpoint_id=request.baseline_checkpoint_id,
-                purposes=(PRODUCTION,), since=parse_time(request.baseline_since),
-                until=promoted_at,
+                purposes=(PRODUCTION,), since=before, until=promoted_at,
+            )
+            candidate_in_canary = episodes.episode_counts(
+                session=session, checkpoint_id=request.candidate_checkpoint_id,
+                purposes=(CANARY,), since=before, until=promoted_at,
             )
             promoted = episodes.episode_counts(
                 session=session, checkpoint_id=request.candidate_checkpoint_id,
                 purposes=(PRODUCTION,), since=promoted_at,
             )
-            decision = decide_watch(WatchObservation(
-                baseline=BinomialCounts(*baseline), promoted=BinomialCounts(*promoted),
+            decision = decide_watch_against_baselines(
+                {
+                    "previous production": BinomialCounts(*previous_production),
+                    "candidate during canary": BinomialCounts(*candidate_in_canary),
+                },
+                BinomialCounts(*promoted),
                 period_complete=request.period_complete,
-            ), spec)
+                thresholds=spec,
+            )
             if not decision.final:
                 return outcome_of(decision)
             return self._store(session, request.promotion_id, decision,

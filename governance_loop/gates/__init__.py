@@ -40,6 +40,7 @@ from governance_loop.gates.sequential import (
     WatchObservation,
     decide_canary,
     decide_watch,
+    decide_watch_against_baselines,
 )
 from governance_loop.gates.shadow import ShadowSample, decide_shadow
 from governance_loop.gates.stats import BinomialCounts, EpisodeStats, Interval
@@ -88,6 +89,7 @@ __all__ = [
     "decide_offline_eval",
     "decide_shadow",
     "decide_watch",
+    "decide_watch_against_baselines",
     "failed_gate",
     "next_gate",
     "results_from_decisions",

@@ -22,6 +22,7 @@ baseline; at the end of the watch period without that, pass.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,6 +181,46 @@ def decide_watch(observation: WatchObservation, thresholds: ThresholdSpec) -> Ga
         passed=verdict is Verdict.PASS,
         reasons=[f"{reason} (thresholds {version})"],
         evidence=evidence,
+        verdict=verdict,
+        rollback=verdict is Verdict.ROLLBACK,
+    )
+
+
+def decide_watch_against_baselines(
+    baselines: Mapping[str, BinomialCounts],
+    promoted: BinomialCounts,
+    *,
+    period_complete: bool,
+    thresholds: ThresholdSpec,
+) -> GateDecision:
+    """Watch against every pre-promotion baseline; the first regression rolls back.
+
+    Two baselines exist before a promotion: the model production served, and the
+    candidate itself during its canary (the evidence it was promoted on). A model
+    that falls below either after promotion has regressed.
+    """
+    decisions = {
+        name: decide_watch(
+            WatchObservation(baseline=counts, promoted=promoted, period_complete=period_complete),
+            thresholds,
+        )
+        for name, counts in baselines.items()
+    }
+    evidence: dict[str, Any] = {name: d.evidence for name, d in decisions.items()}
+    reasons = [f"{name}: {reason}" for name, d in decisions.items() for reason in d.reasons]
+    rollback = [name for name, d in decisions.items() if d.verdict is Verdict.ROLLBACK]
+    if rollback:
+        verdict = Verdict.ROLLBACK
+        reasons = [r for r in reasons if r.split(":", 1)[0] in rollback]
+    elif period_complete:
+        verdict = Verdict.PASS
+    else:
+        verdict = Verdict.CONTINUE
+    return GateDecision(
+        gate=WATCH,
+        passed=verdict is Verdict.PASS,
+        reasons=reasons,
+        evidence={"baselines": evidence},
         verdict=verdict,
         rollback=verdict is Verdict.ROLLBACK,
     )

@@ -428,3 +428,28 @@ def test_durations_days_in_production_seconds_in_tests() -> None:
         GateDurations(canary_soak_s=10, canary_check_interval_s=20)
     with pytest.raises(ValueError):
         GateDurations(canary_share=0.9)
+
+
+def test_watch_rolls_back_against_the_candidates_own_canary_baseline() -> None:
+    from governance_loop.gates import BinomialCounts, decide_watch_against_baselines
+
+    spec = ThresholdSpec.from_mapping(
+        {"version": "t@v1", "min_success_rate": 0.0, "max_regression_vs_production": 1.0,
+         "min_samples": 1, "watch": {"min_samples": 20, "regression_to_detect": 0.2}}
+    )
+    # Production before was poor (0/40); the candidate earned promotion at 24/40 in canary.
+    baselines = {
+        "previous production": BinomialCounts(40, 0),
+        "candidate during canary": BinomialCounts(40, 24),
+    }
+    regressed = decide_watch_against_baselines(
+        baselines, BinomialCounts(60, 3), period_complete=False, thresholds=spec
+    )
+    assert regressed.rollback
+    assert all(r.startswith("candidate during canary") for r in regressed.reasons)
+    assert set(regressed.evidence["baselines"]) == set(baselines)
+
+    holding = decide_watch_against_baselines(
+        baselines, BinomialCounts(60, 35), period_complete=True, thresholds=spec
+    )
+    assert holding.passed and not holding.rollback
