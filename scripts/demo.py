@@ -1,23 +1,247 @@
-"""The main job: bring the stack up, migrate, show its status.
+"""The main job: one full governed cycle on this machine (``make demo``).
 
-Later steps (register environments, train, gate, promote, roll back) are
-added as the loops land; see issue 8.
+Stack up → environments registered and tasks admitted → frozen eval set and
+thresholds → the ML engineer submits a run on the tiny model → it trains and the
+learning loop proposes a candidate → offline eval, shadow, canary → the auditor
+signs and the operator approves through the API → promotion → an injected
+regression (traffic shifts to tasks the new model fails) → the watch gate rolls
+back automatically → a summary. The stack is left running for exploration.
 """
 
 from __future__ import annotations
 
-import subprocess
+import asyncio
+import os
 import sys
+import time
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+os.environ.setdefault("TRILOOP_GATE_PROFILE", "demo")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from scripts import demo_world as world  # noqa: E402
+from scripts.demo_traffic import TrafficGenerator, wait_for  # noqa: E402
+from triloop.config import get_settings  # noqa: E402
+
+console = Console(highlight=False)
+STARTED = time.monotonic()
+
+RUN_CONFIG: dict[str, Any] = {
+    "name": "frozen-lake demo",
+    "rollout": {"group_size": 8, "groups_per_iteration": 4, "temperature": 1.0,
+                "deadline_s": 300},
+    "optimizer": {"learning_rate": 3e-2},
+    "update": {"micro_batch_size": 64, "max_grad_norm": 1.0},
+    "stability": {"pause_on_alarm": False},
+    "schedule": {"iterations": 10, "propose_every": 10, "seed": 0},
+}
+
+
+def step(title: str) -> None:
+    """Print a numbered stage with the elapsed time."""
+    console.print(f"\n[bold cyan]▶ {title}[/bold cyan]  [dim](+{time.monotonic() - STARTED:.0f}s)"
+                  "[/dim]")
+
+
+class Api:
+    """The web API as one person sees it."""
+
+    def __init__(self, base: str, person: world.Person) -> None:
+        self.person = person
+        self._client = httpx.Client(base_url=base, timeout=60.0,
+                                    headers={"Authorization": f"Bearer {person.token}"})
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = self._client.get(path, params=params)
+        response.raise_for_status()
+        return response.json()
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        response = self._client.post(path, json=body)
+        if response.status_code >= 400:
+            raise RuntimeError(f"POST {path} as {self.person.name}: {response.status_code} "
+                               f"{response.text[:400]}")
+        return response.json()
 
 
 def main() -> int:
-    """Run the demo; return the exit status."""
-    triloop = [sys.executable, "-m", "triloop.cli"]
-    for args in (["dev", "up"], ["migrate"], ["dev", "status"]):
-        result = subprocess.run([*triloop, *args], check=False)
-        if result.returncode != 0:
-            return result.returncode
-    return 0
+    """Run the governed cycle; return the exit status."""
+    settings = get_settings()
+    suffix = time.strftime("%H%M%S")
+    api_base = f"http://{settings.web_host}:{settings.web_port}"
+
+    step("Bringing the stack up (PostgreSQL, Temporal, OPA, three loop workers, web)")
+    from triloop.devstack.stack import up
+
+    for line in up(settings):
+        console.print(f"  {line}")
+
+    step("Creating the tiny base model locally (no download)")
+    from learning_loop.tiny_model import create_tiny_model, tiny_model_info
+
+    base_dir = (settings.home / "models" / "tiny-base").resolve()
+    if not (base_dir / "config.json").exists():
+        create_tiny_model(base_dir, seed=0)
+    info = tiny_model_info(base_dir)
+    console.print(f"  {base_dir}: {info.num_parameters:,} parameters, vocab {info.vocab_size}")
+
+    step("Creating people: an ML engineer, an auditor, an operator")
+    people = world.create_people(settings, suffix)
+    for role, person in people.items():
+        console.print(f"  {person.name:<14} {role}")
+    engineer, auditor, operator = (Api(api_base, people[r])
+                                   for r in ("ml_engineer", "auditor", "operator"))
+
+    step("Governance registers the built-in environments and admits tasks (four questions)")
+    versions = world.register_environments(settings, people["operator"])
+    for name, version in versions.items():
+        console.print(f"  {name:<16} {version[:16]}…")
+    lake = world.add_tasks(settings, versions["frozen_lake"], world.TRAINING_SEEDS,
+                           people["operator"])
+    ci = world.add_tasks(settings, versions["fix_ci_failure"], world.CI_SEEDS, people["operator"])
+    for line in asyncio.run(world.admit_tasks(settings, lake + ci, people["operator"])):
+        console.print(f"  {line}")
+
+    step("Governance freezes an eval set and sets the promotion thresholds")
+    eval_set_id, eval_hash, threshold_id = world.freeze_eval_set_and_threshold(
+        settings, lake, people["operator"])
+    console.print(f"  eval set {eval_set_id} (sha256 {eval_hash[:16]}…), threshold {threshold_id}")
+
+    step(f"{engineer.person.name} submits a training run through the API")
+    config = {**RUN_CONFIG, "model": {"base": str(base_dir)},
+              "rollout": {**RUN_CONFIG["rollout"], "task_ids": lake}}
+    run = engineer.post("/api/runs", {"config": config})
+    console.print(f"  run {run['id']}: {api_base}/runs/{run['id']}")
+
+    base_id = wait_for(lambda: engineer.get(f"/api/runs/{run['id']}").get("base_checkpoint_id")
+                       or _root_checkpoint(engineer), timeout_s=300, what="the base checkpoint")
+    from governance_loop.activities.rollback import bootstrap_production
+    from triloop.db import role_engine
+    from triloop.wiring import build_authorizer
+
+    bootstrap_production(engine=role_engine(settings, "governance"),
+                         authorizer=build_authorizer(settings, "governance"),
+                         checkpoint_id=str(base_id), requested_by=operator.person.name,
+                         roles=operator.person.roles, replace=True)
+    console.print(f"  production serves the base checkpoint {str(base_id)[:16]}…")
+
+    step("Training (GRPO on frozen_lake): rollout on the execution loop, update on learning")
+    detail = _follow_training(engineer, run["id"])
+    rewards = [m["reward_mean"] for m in detail["metrics"] if m.get("reward_mean") is not None]
+
+    step("The learning loop proposed a candidate; governance runs the gates")
+    promotion = wait_for(lambda: _promotion_of(operator, run["id"]), timeout_s=300,
+                         what="the promotion opened for the run's proposal")
+    traffic = TrafficGenerator(api_base, operator.person.token,
+                               dict(zip(lake, world.TRAINING_SEEDS, strict=True)))
+    traffic.start()
+    try:
+        final = _walk_gates(operator, auditor, promotion["id"], api_base, traffic,
+                            dict(zip(ci, world.CI_SEEDS, strict=True)))
+    finally:
+        traffic.stop()
+
+    _summary(operator, run["id"], final, rewards, api_base, traffic)
+    console.print("\nThe stack is still running; stop it with [bold]triloop dev down[/bold].")
+    return 0 if final["status"] == "rolled_back" else 1
+
+
+def _root_checkpoint(api: Api) -> str | None:
+    page = api.get("/api/checkpoints", limit=50)
+    roots = [c["id"] for c in page["items"] if c.get("parent_id") is None]
+    return roots[0] if roots else None
+
+
+def _follow_training(api: Api, run_id: str) -> dict[str, Any]:
+    seen = -1
+    while True:
+        detail = api.get(f"/api/runs/{run_id}")
+        for point in detail["metrics"]:
+            if point["iteration"] > seen:
+                seen = point["iteration"]
+                values = {k: point.get(k) or 0.0 for k in
+                          ("reward_mean", "entropy", "grad_norm", "discrimination")}
+                console.print(
+                    f"  iteration {point['iteration']:>2}: reward {values['reward_mean']:+.3f}"
+                    f"  entropy {values['entropy']:.2f}  grad norm {values['grad_norm']:.2f}"
+                    f"  discrimination {values['discrimination']:.2f}"
+                )
+        if detail["status"] in ("completed", "failed", "cancelled"):
+            console.print(f"  run {detail['status']} after {detail['iterations_done']} iterations")
+            if detail["status"] != "completed":
+                raise RuntimeError(f"training run {detail['status']}: {detail['status_reason']}")
+            return detail
+        time.sleep(3)
+
+
+def _promotion_of(api: Api, run_id: str) -> dict[str, Any] | None:
+    page = api.get("/api/promotions", limit=50)
+    return next((p for p in page["items"] if p["run_id"] == run_id), None)
+
+
+def _walk_gates(operator: Api, auditor: Api, promotion_id: str, api_base: str,
+                traffic: TrafficGenerator, regression_tasks: dict[str, int]) -> dict[str, Any]:
+    printed: set[str] = set()
+    signed = approved = injected = False
+    url = f"{api_base}/promotions/{promotion_id}"
+    while True:
+        detail = operator.get(f"/api/promotions/{promotion_id}")
+        for gate in detail["gates"]:
+            key = f"{gate['gate']}:{gate['passed']}:{gate.get('created_at')}"
+            if key not in printed:
+                printed.add(key)
+                mark = "[green]passed[/green]" if gate["passed"] else "[red]did not pass[/red]"
+                console.print(f"  gate {gate['gate']:<12} {mark}: {'; '.join(gate['reasons'])}")
+        gate_now, status = detail.get("current_gate"), detail["status"]
+        if status != "open" and not (status == "promoted" and not injected):
+            return detail
+        if gate_now == "audit" and not signed:
+            console.print(f"  {auditor.person.name} (auditor) opens {url} and clicks "
+                          "'Sign audit' with a comment; through the API:")
+            auditor.post(f"/api/promotions/{promotion_id}/sign-audit",
+                         {"comment": "gates and lineage reviewed; evidence matches thresholds"})
+            signed = True
+        if gate_now == "approval" and not approved:
+            console.print(f"  {operator.person.name} (operator) opens {url} and clicks "
+                          "'Approve' with a comment; through the API:")
+            operator.post(f"/api/promotions/{promotion_id}/approve",
+                          {"comment": "audited; canary clean; promote"})
+            approved = True
+        if status == "promoted" or gate_now == "watch":
+            if not injected:
+                step("Promoted. Injecting a regression: production traffic shifts to "
+                     "fix_ci_failure, which the new model fails")
+                traffic.switch_tasks(regression_tasks)
+                injected = True
+        time.sleep(2)
+
+
+def _summary(api: Api, run_id: str, promotion: dict[str, Any], rewards: list[float],
+             api_base: str, traffic: TrafficGenerator) -> None:
+    step("Summary")
+    if rewards:
+        console.print(f"  training reward: first iteration {rewards[0]:+.3f} → "
+                      f"last {rewards[-1]:+.3f}")
+    console.print(f"  promotion {promotion['id']}: {promotion['status']}")
+    for gate in promotion["gates"]:
+        verdict = "passed" if gate["passed"] else "did not pass"
+        console.print(f"    {gate['gate']:<12} {verdict}: {'; '.join(gate['reasons'])[:160]}")
+    lineage = api.get(f"/api/checkpoints/{promotion['checkpoint_id']}/lineage")
+    chain = " → ".join(node["checkpoint"]["id"][:10] for node in lineage["chain"])
+    console.print(f"  lineage base → candidate: {chain}")
+    production = api.get("/api/deployments/production")
+    console.print(f"  production now serves {production['checkpoint_id'][:16]}… "
+                  f"(rollback target {str(production.get('rollback_target_id'))[:16]}…)")
+    verified = api.post("/api/audit/verify", {})
+    console.print(f"  audit chain: {verified}")
+    console.print(f"  production traffic: {traffic.batches} batches sent"
+                  + (f", {len(traffic.errors)} refused" if traffic.errors else ""))
+    console.print(f"  console: {api_base}/  (run: {api_base}/runs/{run_id}, "
+                  f"promotion: {api_base}/promotions/{promotion['id']})")
+    console.print(f"  total time {time.monotonic() - STARTED:.0f}s")
 
 
 if __name__ == "__main__":

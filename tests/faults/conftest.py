@@ -92,6 +92,9 @@ def restartable_postgres(tmp_path: Path) -> Iterator[RestartableService]:
 
     ``address`` is its owner URL. Fast shutdown aborts open transactions and closes
     every connection at once (``pg_ctl stop -m fast``), as an operator's restart does.
+    Durable like the dev stack and production (fsync, synchronous commit): the session
+    cluster's ``durable=False`` acknowledges commits before their WAL is written, so a
+    crash (immediate shutdown) loses trajectories the workflow was told were stored.
     """
     from triloop.db import engine_for_url
     from triloop.migrate import upgrade
