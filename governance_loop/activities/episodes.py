@@ -46,6 +46,22 @@ def episode_counts(
     return int(row[0]), int(row[1])
 
 
+def reward_summary(
+    *, session: Session, checkpoint_id: str, purposes: Sequence[str], since: datetime,
+    until: datetime | None = None,
+) -> tuple[int, float, float]:
+    """(episodes, mean reward, sample variance of reward) in a time window."""
+    row = session.execute(
+        text(
+            "SELECT count(*), coalesce(avg(total_reward), 0), coalesce(var_samp(total_reward), 0) "
+            "FROM trajectory WHERE checkpoint_id = :c AND purpose = ANY(:p) "
+            "AND created_at >= :s AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u)"
+        ),
+        {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until},
+    ).one()
+    return int(row[0]), float(row[1]), float(row[2])
+
+
 def shadow_pairs(
     *, session: Session, candidate_id: str, production_id: str, since: datetime
 ) -> list[tuple[str, int, int, float, float]]:

@@ -37,6 +37,7 @@ from governance_loop.gates import (
     EpisodeStats,
     EvalSetResult,
     GateDecision,
+    RewardSummary,
     ShadowSample,
     ThresholdSpec,
     Verdict,
@@ -168,26 +169,36 @@ class EvidenceActivities(GovernanceShell):
                 return self._store(session, request.promotion_id, decision,
                                    threshold_id=request.threshold_id)
             before = parse_time(request.baseline_since)
-            previous_production = episodes.episode_counts(
-                session=session, checkpoint_id=request.baseline_checkpoint_id,
-                purposes=(PRODUCTION,), since=before, until=promoted_at,
-            )
-            candidate_in_canary = episodes.episode_counts(
-                session=session, checkpoint_id=request.candidate_checkpoint_id,
-                purposes=(CANARY,), since=before, until=promoted_at,
-            )
-            promoted = episodes.episode_counts(
-                session=session, checkpoint_id=request.candidate_checkpoint_id,
-                purposes=(PRODUCTION,), since=promoted_at,
-            )
+            windows = {
+                "previous production": (request.baseline_checkpoint_id, (PRODUCTION,)),
+                "candidate during canary": (request.candidate_checkpoint_id, (CANARY,)),
+            }
+            counts = {
+                name: BinomialCounts(*episodes.episode_counts(
+                    session=session, checkpoint_id=checkpoint, purposes=purposes,
+                    since=before, until=promoted_at))
+                for name, (checkpoint, purposes) in windows.items()
+            }
+            rewards = {
+                name: RewardSummary(*episodes.reward_summary(
+                    session=session, checkpoint_id=checkpoint, purposes=purposes,
+                    since=before, until=promoted_at))
+                for name, (checkpoint, purposes) in windows.items()
+            }
+            candidate = request.candidate_checkpoint_id
+            promoted_counts = episodes.episode_counts(
+                session=session, checkpoint_id=candidate, purposes=(PRODUCTION,),
+                since=promoted_at)
+            promoted_reward = episodes.reward_summary(
+                session=session, checkpoint_id=candidate, purposes=(PRODUCTION,),
+                since=promoted_at)
             decision = decide_watch_against_baselines(
-                {
-                    "previous production": BinomialCounts(*previous_production),
-                    "candidate during canary": BinomialCounts(*candidate_in_canary),
-                },
-                BinomialCounts(*promoted),
+                counts,
+                BinomialCounts(*promoted_counts),
                 period_complete=request.period_complete,
                 thresholds=spec,
+                rewards=rewards,
+                promoted_reward=RewardSummary(*promoted_reward),
             )
             if not decision.final:
                 return outcome_of(decision)

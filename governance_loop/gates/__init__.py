@@ -37,6 +37,7 @@ from governance_loop.gates.human import (
 from governance_loop.gates.offline_eval import EvalSetResult, decide_offline_eval
 from governance_loop.gates.sequential import (
     CanaryObservation,
+    RewardSummary,
     WatchObservation,
     decide_canary,
     decide_watch,
@@ -81,6 +82,7 @@ __all__ = [
     "ThresholdSpec",
     "ThresholdSpecError",
     "Verdict",
+    "RewardSummary",
     "WatchObservation",
     "WatchSpec",
     "decide_approval",

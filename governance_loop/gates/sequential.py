@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 from governance_loop.gates.decision import CANARY, WATCH, GateDecision, Verdict
@@ -55,6 +56,35 @@ class WatchObservation:
     promoted: BinomialCounts
     # True at the last look, when the watch period has ended.
     period_complete: bool
+    baseline_reward: RewardSummary | None = None
+    promoted_reward: RewardSummary | None = None
+
+
+@dataclass(frozen=True)
+class RewardSummary:
+    """Mean and (sample) variance of episode rewards over ``episodes`` episodes."""
+
+    episodes: int
+    mean: float
+    variance: float
+
+
+def reward_regression(
+    baseline: RewardSummary, promoted: RewardSummary, *, tolerance: float, alpha: float
+) -> tuple[bool, dict[str, Any]]:
+    """Whether mean reward fell by more than ``tolerance``, on a one-sided (1 - alpha) bound."""
+    drop = baseline.mean - promoted.mean
+    stderr = math.sqrt(
+        baseline.variance / baseline.episodes + promoted.variance / promoted.episodes
+    )
+    lower = drop - NormalDist().inv_cdf(1 - alpha) * stderr
+    return lower > tolerance, {
+        "baseline_reward_mean": evidence_number(baseline.mean),
+        "promoted_reward_mean": evidence_number(promoted.mean),
+        "reward_drop": evidence_number(drop),
+        "reward_drop_lower_bound": evidence_number(lower),
+        "max_reward_regression": tolerance,
+    }
 
 
 def _arm(counts: BinomialCounts) -> dict[str, Any]:
@@ -176,6 +206,23 @@ def decide_watch(observation: WatchObservation, thresholds: ThresholdSpec) -> Ga
             reason = f"regression after promotion: {delta}, LLR {test.llr:.3f} >= {rollback_at:.3f}"
         else:
             reason = f"no regression detected: {delta}, LLR {test.llr:.3f} < {rollback_at:.3f}"
+        rewards = (observation.baseline_reward, observation.promoted_reward)
+        if (verdict is not Verdict.ROLLBACK and spec.max_reward_regression is not None
+                and rewards[0] is not None and rewards[1] is not None
+                and rewards[0].episodes >= 2 and rewards[1].episodes >= 2):
+            regressed, reward_evidence = reward_regression(
+                rewards[0], rewards[1], tolerance=spec.max_reward_regression,
+                alpha=spec.false_rollback_rate,
+            )
+            evidence.update(reward_evidence)
+            if regressed:
+                verdict = Verdict.ROLLBACK
+                reason = (
+                    f"regression after promotion: mean reward fell by "
+                    f"{reward_evidence['reward_drop']:.3f} (lower bound "
+                    f"{reward_evidence['reward_drop_lower_bound']:.3f} > tolerance "
+                    f"{spec.max_reward_regression}); {delta}"
+                )
     return GateDecision(
         gate=WATCH,
         passed=verdict is Verdict.PASS,
@@ -192,6 +239,8 @@ def decide_watch_against_baselines(
     *,
     period_complete: bool,
     thresholds: ThresholdSpec,
+    rewards: Mapping[str, RewardSummary] | None = None,
+    promoted_reward: RewardSummary | None = None,
 ) -> GateDecision:
     """Watch against every pre-promotion baseline; the first regression rolls back.
 
@@ -201,7 +250,10 @@ def decide_watch_against_baselines(
     """
     decisions = {
         name: decide_watch(
-            WatchObservation(baseline=counts, promoted=promoted, period_complete=period_complete),
+            WatchObservation(
+                baseline=counts, promoted=promoted, period_complete=period_complete,
+                baseline_reward=(rewards or {}).get(name), promoted_reward=promoted_reward,
+            ),
             thresholds,
         )
         for name, counts in baselines.items()

@@ -86,9 +86,20 @@ class WatchSpec:
     regression_to_detect: float = 0.05
     # Alpha under continuous monitoring: chance of rolling back a non-regressed model.
     false_rollback_rate: float = 0.05
+    # Drop in mean episode reward (reward units) tolerated before rolling back, judged on
+    # a one-sided lower confidence bound; None checks success rate only. Reward sees
+    # regressions that success rate misses when successes are rare.
+    max_reward_regression: float | None = None
 
     def __post_init__(self) -> None:
         _check_count("watch", "min_samples", self.min_samples)
+        if self.max_reward_regression is not None and (
+            not math.isfinite(self.max_reward_regression) or self.max_reward_regression < 0
+        ):
+            raise ThresholdSpecError(
+                f"watch.max_reward_regression must be a finite number >= 0, "
+                f"got {self.max_reward_regression!r}"
+            )
         _check_fraction("watch", "regression_to_detect", self.regression_to_detect,
                         allow_zero=False)
         _check_probability("watch", "false_rollback_rate", self.false_rollback_rate)
@@ -135,7 +146,9 @@ class ThresholdSpec:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> ThresholdSpec:
         """Build a spec from stored JSON, refusing unknown keys so typos cannot pass silently."""
-        nested = {"shadow": ShadowSpec, "canary": CanarySpec, "watch": WatchSpec}
+        nested: dict[str, type[ShadowSpec] | type[CanarySpec] | type[WatchSpec]] = {
+            "shadow": ShadowSpec, "canary": CanarySpec, "watch": WatchSpec,
+        }
         _refuse_unknown("thresholds", data, {f.name for f in fields(cls)})
         kwargs: dict[str, Any] = {}
         for key, value in data.items():

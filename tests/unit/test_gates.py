@@ -453,3 +453,43 @@ def test_watch_rolls_back_against_the_candidates_own_canary_baseline() -> None:
         baselines, BinomialCounts(60, 35), period_complete=True, thresholds=spec
     )
     assert holding.passed and not holding.rollback
+
+
+def test_watch_rolls_back_on_a_reward_regression_that_success_rate_misses() -> None:
+    from governance_loop.gates import (
+        BinomialCounts,
+        RewardSummary,
+        WatchObservation,
+        decide_watch,
+    )
+
+    spec = ThresholdSpec.from_mapping(
+        {"version": "t@v2", "min_success_rate": 0.0, "max_regression_vs_production": 1.0,
+         "min_samples": 1,
+         "watch": {"min_samples": 20, "regression_to_detect": 0.2, "max_reward_regression": 0.1}}
+    )
+    rare = BinomialCounts(40, 1)
+    observation = WatchObservation(
+        baseline=rare, promoted=BinomialCounts(40, 0), period_complete=False,
+        baseline_reward=RewardSummary(40, -0.30, 0.04),
+        promoted_reward=RewardSummary(40, -0.95, 0.01),
+    )
+    decision = decide_watch(observation, spec)
+    assert decision.rollback
+    assert "mean reward fell" in decision.reasons[0]
+    assert decision.evidence["reward_drop_lower_bound"] > 0.1
+
+    steady = WatchObservation(
+        baseline=rare, promoted=BinomialCounts(40, 1), period_complete=True,
+        baseline_reward=RewardSummary(40, -0.30, 0.04),
+        promoted_reward=RewardSummary(40, -0.32, 0.04),
+    )
+    assert decide_watch(steady, spec).passed
+
+
+def test_negative_reward_tolerance_is_refused() -> None:
+    with pytest.raises(ThresholdSpecError):
+        ThresholdSpec.from_mapping(
+            {"version": "t@v3", "min_success_rate": 0.0, "max_regression_vs_production": 1.0,
+             "min_samples": 1, "watch": {"max_reward_regression": -1}}
+        )
