@@ -17,7 +17,7 @@ import contextvars
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,8 +50,13 @@ from execution_loop.workflows import (
     TruncateInput,
     TruncateResult,
 )
+from triloop.faults import ServingFault
+from triloop.faults import describe as describe_fault
 from triloop.models import Trajectory
 from triloop.policy import Authorizer, PolicyDenied
+
+# Faults degrade serving only: training and eval batches name their checkpoint themselves.
+SERVED_PURPOSES = ("production", "canary")
 
 # A step heartbeats unless the last sign of life (a heartbeat, or the start) is younger
 # than this: an SDK heartbeat costs ~0.25 ms of the worker's event loop and a server
@@ -161,11 +166,13 @@ class RolloutActivities:
     def __init__(
         self, *, engine: Engine, authorizer: Authorizer, policies: PolicyCache,
         environments: TaskEnvironments,
+        serving_faults: Callable[[], Mapping[str, ServingFault]] = dict,
     ) -> None:
         self._engine = engine
         self._authorizer = authorizer
         self._policies = policies
         self._environments = environments
+        self._serving_faults = serving_faults
 
     @activity.defn(name=RUN_EPISODE_ACTIVITY, no_thread_cancel_exception=True)
     def run_episode(self, job: EpisodeInput) -> EpisodeSummary:
@@ -206,6 +213,11 @@ class RolloutActivities:
         restarted_after = info.heartbeat_details[0] if info.heartbeat_details else 0
 
         last_beat = [time.monotonic()]  # loading ended with a sign of life
+        temperature = job.temperature
+        fault = (self._serving_faults().get(spec.checkpoint_id)
+                 if spec.purpose in SERVED_PURPOSES else None)
+        if fault is not None:  # an operator's game day: serve this checkpoint degraded
+            temperature = fault.temperature
 
         def on_step(step: StepRecord) -> None:
             if activity.is_cancelled():
@@ -221,7 +233,7 @@ class RolloutActivities:
                 env, policy, seed=episode_seed(spec.shadow_of or spec.episode_id),
                 task_seed=spec.task_seed, limits=opened.contract.limits,
                 context_rule=opened.contract.context, on_step=on_step,
-                deadline=job.deadline_epoch_s, temperature=job.temperature,
+                deadline=job.deadline_epoch_s, temperature=temperature,
             )
         finally:
             env.close()
@@ -234,6 +246,8 @@ class RolloutActivities:
             "environment_version_id": opened.environment_version_id,
             "attempt": info.attempt, "restarted_after_steps": restarted_after,
         }
+        if fault is not None:
+            outcome["injected_fault"] = describe_fault(fault)
         if spec.shadow_of is None:
             return trajectory_row(record, job, outcome), [_step_row(s) for s in record.steps]
         comparison, extras = shadow_comparison(

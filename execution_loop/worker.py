@@ -32,6 +32,7 @@ from execution_loop.policies import (
 from execution_loop.workflows import RolloutWorkflow
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
+from triloop.faults import read_serving_faults
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import EXECUTION_QUEUE
@@ -62,7 +63,8 @@ def build_worker(
     )
     environments = TaskEnvironments(engine=engine, lookup=environment_lookup)
     rollout = RolloutActivities(
-        engine=engine, authorizer=authorizer, policies=policies, environments=environments
+        engine=engine, authorizer=authorizer, policies=policies, environments=environments,
+        serving_faults=lambda: read_serving_faults(settings.home),
     )
     probe = AdmissionProbe(environments=environments)
     # Episodes are synchronous (torch, subprocess sandboxes): one thread each.
