@@ -4,8 +4,8 @@ Stack up → environments registered and tasks admitted → frozen eval set and
 thresholds → the ML engineer submits a run on the tiny model → it trains and the
 learning loop proposes a candidate → offline eval, shadow, canary → the auditor
 signs and the operator approves through the API → promotion → an injected
-regression (traffic shifts to tasks the new model fails) → the watch gate rolls
-back automatically → a summary. The stack is left running for exploration.
+regression (a game-day serving fault degrades the new checkpoint) → the watch
+gate rolls back automatically → a summary. The stack is left running.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from scripts import demo_world as world  # noqa: E402
 from scripts.demo_traffic import TrafficGenerator, wait_for  # noqa: E402
 from triloop.config import get_settings  # noqa: E402
 
-console = Console(highlight=False)
+console = Console(highlight=False, width=110)
 STARTED = time.monotonic()
 
 RUN_CONFIG: dict[str, Any] = {
@@ -104,6 +104,7 @@ def main() -> int:
     ci = world.add_tasks(settings, versions["fix_ci_failure"], world.CI_SEEDS, people["operator"])
     for line in asyncio.run(world.admit_tasks(settings, lake + ci, people["operator"])):
         console.print(f"  {line}")
+    console.print(f"  (evidence per task: {api_base}/environments/frozen_lake)")
 
     step("Governance freezes an eval set and sets the promotion thresholds")
     eval_set_id, eval_hash, threshold_id = world.freeze_eval_set_and_threshold(
@@ -139,12 +140,12 @@ def main() -> int:
                                dict(zip(lake, world.TRAINING_SEEDS, strict=True)))
     traffic.start()
     try:
-        final = _walk_gates(operator, auditor, promotion["id"], api_base, traffic,
-                            dict(zip(ci, world.CI_SEEDS, strict=True)))
+        final = _walk_gates(operator, auditor, promotion["id"], api_base)
     finally:
         traffic.stop()
+        _triloop("faults", "clear")
 
-    _summary(operator, run["id"], final, rewards, api_base, traffic)
+    _summary(auditor, run["id"], final, rewards, api_base, traffic)
     console.print("\nThe stack is still running; stop it with [bold]triloop dev down[/bold].")
     return 0 if final["status"] == "rolled_back" else 1
 
@@ -182,8 +183,8 @@ def _promotion_of(api: Api, run_id: str) -> dict[str, Any] | None:
     return next((p for p in page["items"] if p["run_id"] == run_id), None)
 
 
-def _walk_gates(operator: Api, auditor: Api, promotion_id: str, api_base: str,
-                traffic: TrafficGenerator, regression_tasks: dict[str, int]) -> dict[str, Any]:
+def _walk_gates(operator: Api, auditor: Api, promotion_id: str, api_base: str
+                ) -> dict[str, Any]:
     printed: set[str] = set()
     signed = approved = injected = False
     url = f"{api_base}/promotions/{promotion_id}"
@@ -196,27 +197,37 @@ def _walk_gates(operator: Api, auditor: Api, promotion_id: str, api_base: str,
                 mark = "[green]passed[/green]" if gate["passed"] else "[red]did not pass[/red]"
                 console.print(f"  gate {gate['gate']:<12} {mark}: {'; '.join(gate['reasons'])}")
         gate_now, status = detail.get("current_gate"), detail["status"]
-        if status != "open" and not (status == "promoted" and not injected):
-            return detail
+        watched = any(g["gate"] == "watch" for g in detail["gates"])
+        if status not in ("open", "promoted") or watched:
+            return dict(detail)
         if gate_now == "audit" and not signed:
-            console.print(f"  {auditor.person.name} (auditor) opens {url} and clicks "
-                          "'Sign audit' with a comment; through the API:")
+            console.print(f"  {auditor.person.name} (auditor) would open {url} and click "
+                          "'Sign audit' with a comment; the demo does it through the API")
             auditor.post(f"/api/promotions/{promotion_id}/sign-audit",
                          {"comment": "gates and lineage reviewed; evidence matches thresholds"})
             signed = True
         if gate_now == "approval" and not approved:
-            console.print(f"  {operator.person.name} (operator) opens {url} and clicks "
-                          "'Approve' with a comment; through the API:")
+            console.print(f"  {operator.person.name} (operator) would open {url} and click "
+                          "'Approve' with a comment; the demo does it through the API")
             operator.post(f"/api/promotions/{promotion_id}/approve",
                           {"comment": "audited; canary clean; promote"})
             approved = True
-        if status == "promoted" or gate_now == "watch":
-            if not injected:
-                step("Promoted. Injecting a regression: production traffic shifts to "
-                     "fix_ci_failure, which the new model fails")
-                traffic.switch_tasks(regression_tasks)
-                injected = True
+        if status == "promoted" and not injected:
+            step("Promoted; the watch gate is on. Injecting a regression: a game-day serving "
+                 "fault degrades the new checkpoint")
+            _triloop("faults", "inject", detail["checkpoint_id"], "--temperature", "8",
+                     "--note", "demo: injected regression")
+            injected = True
         time.sleep(2)
+
+
+def _triloop(*args: str) -> None:
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-m", "triloop.cli", *args], capture_output=True,
+                            text=True, check=False)
+    answer = result.stdout.strip() or result.stderr.strip()
+    console.print(f"  $ triloop {' '.join(args)}\n  {answer}")
 
 
 def _summary(api: Api, run_id: str, promotion: dict[str, Any], rewards: list[float],

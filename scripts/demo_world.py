@@ -129,7 +129,8 @@ async def admit_tasks(settings: Settings, task_ids: list[str], operator: Person)
                               comment="evidence answers all four questions", service="cli"),
                 result_type=AdmissionResult,
             )
-        return f"{task_id}: {status.status} ({'; '.join(status.reasons)})"
+        answers = ", ".join(reason.split(":")[0] for reason in status.reasons if ": ok" in reason)
+        return f"{task_id[:12]}… {status.status}: {answers or '; '.join(status.reasons)}"
 
     return list(await asyncio.gather(*(admit(task) for task in task_ids)))
 
@@ -159,5 +160,5 @@ DEMO_THRESHOLDS = {
     "min_samples": 16,
     "shadow": {"min_samples": 12, "agreement_floor": 0.2, "max_mean_reward_regression": 0.2},
     "canary": {"min_samples_per_arm": 16, "regression_to_detect": 0.2},
-    "watch": {"min_samples": 16, "regression_to_detect": 0.1},
+    "watch": {"min_samples": 16, "regression_to_detect": 0.2, "max_reward_regression": 0.15},
 }
