@@ -104,15 +104,17 @@ def restartable_postgres(tmp_path: Path) -> Iterator[RestartableService]:
     service = RestartableService(
         "postgres", url,
         lambda: start_postgres(tmp_path / "pg", port=port, run_dir=tmp_path / "run",
-                               log_dir=tmp_path / "logs", name="fault-postgres", durable=False),
+                               log_dir=tmp_path / "logs", name="fault-postgres", durable=True),
         stop_signal=signal.SIGINT,
     )
     service.start()
     upgrade(url)
     yield service
     _cleanup(service)
-    for user in ("postgres", "triloop_execution"):
-        engine_for_url(url.replace("postgres@", f"{user}@", 1)).dispose()
+    # The worker's and the test's pooled connections point at a server that is gone.
+    owned = Settings(database_url=url)
+    for engine_url in (url, owned.role_url("execution")):
+        engine_for_url(engine_url).dispose()
 
 
 @pytest.fixture
