@@ -160,5 +160,5 @@ DEMO_THRESHOLDS = {
     "min_samples": 16,
     "shadow": {"min_samples": 12, "agreement_floor": 0.2, "max_mean_reward_regression": 0.2},
     "canary": {"min_samples_per_arm": 16, "regression_to_detect": 0.2},
-    "watch": {"min_samples": 16, "regression_to_detect": 0.2, "max_reward_regression": 0.15},
+    "watch": {"min_samples": 16, "regression_to_detect": 0.2, "max_reward_regression": 0.1},
 }
