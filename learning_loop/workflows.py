@@ -150,7 +150,6 @@ class TrainingRunWorkflow:
             await self._set_status(run.run_id, "running", None)
         k, total = run.start_iteration, config.schedule.iterations
         pending: asyncio.Task[RolloutBatchResult] | None = None
-        cycle_end = False
         while k < total and not self._cancelled:
             await self._wait_while_paused(run.run_id)
             if self._cancelled:

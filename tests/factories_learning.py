@@ -62,7 +62,7 @@ def run_config(base: Path | str, task_ids: Sequence[str], **sections: dict[str, 
     config: dict[str, Any] = {
         "name": "test run",
         "model": {"base": str(base)},
-        "rollout": {"task_ids": list(task_ids), "group_size": 2, "groups_per_iteration": 2,
+        "rollout": {"task_ids": list(task_ids), "group_size": 4, "groups_per_iteration": 2,
                     "temperature": 1.0, "deadline_s": 120},
         "optimizer": {"learning_rate": 1e-2},
         "update": {"micro_batch_size": 64},

@@ -11,7 +11,6 @@ parent so every checkpoint in a lineage loads the same way, and ``trainer_state.
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import shutil
@@ -24,14 +23,15 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from learning_loop.batch import build_training_samples
+from learning_loop.activities.records import alarm_record, step_columns
+from learning_loop.batch import TrainingSample, build_training_samples, collate
 from learning_loop.checkpoints import (
     CheckpointError,
     CheckpointRef,
     load_checkpoint,
     save_checkpoint,
 )
-from learning_loop.objective import score_cross_input
+from learning_loop.objective import score_cross_input, token_entropy
 from learning_loop.stability import (
     Alarm,
     DiscriminationResult,
@@ -43,7 +43,7 @@ from learning_loop.stability import (
     retrieval_accuracy,
 )
 from learning_loop.trajectory_reader import RolloutData
-from learning_loop.update import UpdateMetrics, UpdateSettings, build_optimizer, select_device
+from learning_loop.update import UpdateSettings, build_optimizer, select_device
 from learning_loop.update import update_policy as grpo_update
 from triloop.run_config import RunConfig
 
@@ -109,6 +109,7 @@ def load_model(model_dir: Path, device: torch.device) -> PreTrainedModel:
     for file in sorted(model_dir.glob("*.safetensors")):
         tensors.update(load_file(str(file)))
     missing, unexpected = model.load_state_dict(tensors, strict=False)
+    _tie_output_embeddings(model)
     current = model.state_dict()
     loaded = {current[name].data_ptr() for name in tensors if name in current}
     untied = [name for name in missing if current[name].data_ptr() not in loaded]
@@ -117,8 +118,24 @@ def load_model(model_dir: Path, device: torch.device) -> PreTrainedModel:
             f"{model_dir} does not fit its config: unexpected {sorted(unexpected)[:5]},"
             f" missing {sorted(untied)[:5]}, {len(tensors)} tensors"
         )
+    if any(p.is_meta for p in model.parameters()):  # transient: retried by the activity
+        raise RuntimeError(f"{model_dir}: model built with meta tensors; try again")
     cast(torch.nn.Module, model).to(device)  # in place; the cast sidesteps HF's decorator type
     return model
+
+
+def _tie_output_embeddings(model: PreTrainedModel) -> None:
+    """Share the input embeddings with the output layer when the config ties them.
+
+    Done by hand: ``tie_weights`` may be switched off process-wide while another thread
+    is inside ``from_pretrained``.
+    """
+    output: torch.nn.Module | None = model.get_output_embeddings()  # type: ignore[no-untyped-call]
+    shared: torch.nn.Parameter = model.get_input_embeddings().weight  # type: ignore[assignment]
+    weight = getattr(output, "weight", None)
+    if getattr(model.config, "tie_word_embeddings", False) and isinstance(weight, torch.Tensor) \
+            and weight.data_ptr() != shared.data_ptr():
+        output.weight = shared  # type: ignore[union-attr]
 
 
 def save_servable(
@@ -142,7 +159,7 @@ def discrimination(
 def train_iteration(
     *,
     artifact_dir: Path,
-    parent_dir: Path,
+    parent: CheckpointRef,
     resume_optimizer: bool,
     reference_dir: Path | None,
     config: RunConfig,
@@ -152,7 +169,11 @@ def train_iteration(
     data_cursor: Mapping[str, Any],
     on_stage: Callable[[str], None] = lambda _stage: None,
 ) -> IterationOutcome:
-    """Update the parent checkpoint (policy version ``iteration - 1``) on ``data``; save."""
+    """Update the parent checkpoint (policy version ``iteration - 1``) on ``data``; save.
+
+    A batch without learning signal (no sample, or every advantage zero and no KL term)
+    changes nothing: no optimizer step, no new checkpoint; the outcome names the parent.
+    """
     if not data.returns:
         raise NoTrainableData(
             f"iteration {iteration} has no finished trajectory to learn from"
@@ -160,34 +181,37 @@ def train_iteration(
         )
     device = select_device()
     on_stage("loading")
-    model = load_model(parent_dir, device)
+    model = load_model(parent.path, device)
     optimizer, scheduler = build_optimizer(model, config.optimizer)
     if resume_optimizer:
-        load_checkpoint(parent_dir, model, optimizer, scheduler)
+        load_checkpoint(parent.path, model, optimizer, scheduler)
     else:  # a new run from a base: fresh optimizer, RNG from the run's seed
-        load_checkpoint(parent_dir, model, restore_rng=False)
+        load_checkpoint(parent.path, model, restore_rng=False)
         random.seed(config.schedule.seed)
         torch.manual_seed(config.schedule.seed)
-    parent_id = parent_dir.name
     samples, advantages = build_training_samples(data.steps, config.advantage)
     on_stage("scoring")
     found = discrimination(
         model, [(s.prompt_token_ids, s.action_token_ids) for s in samples], config, device
     )
-    reference = None
-    if reference_dir is not None and config.objective.kl_coef > 0:
-        reference = load_model(reference_dir, device)
-        reference.train(False)
-    on_stage("updating")
-    pad = model.config.pad_token_id
-    update = grpo_update(
-        model, optimizer, samples, UpdateSettings.from_run(config), policy_version=iteration - 1,
-        reference=reference, scheduler=scheduler, device=device,
-        pad_token_id=pad if isinstance(pad, int) else 0,
-    ) if samples else None
+    signal = any(s.advantage != 0.0 for s in samples) or (
+        bool(samples) and config.objective.kl_coef > 0)
+    update = None
+    if signal:
+        on_stage("updating")
+        reference = None
+        if reference_dir is not None and config.objective.kl_coef > 0:
+            reference = load_model(reference_dir, device)
+            reference.train(False)
+        pad = model.config.pad_token_id
+        update = grpo_update(
+            model, optimizer, samples, UpdateSettings.from_run(config),
+            policy_version=iteration - 1, reference=reference, scheduler=scheduler,
+            device=device, pad_token_id=pad if isinstance(pad, int) else 0,
+        )
     stability = iteration_metrics(
         iteration=iteration, returns=data.returns, trajectory_lengths=data.lengths,
-        token_entropy=update.entropy if update else 0.0,
+        token_entropy=update.entropy if update else action_entropy(model, samples, device),
         grad_norm=update.grad_norm if update else None,
         kl=update.reference_kl if update else None, discrimination=found,
     )
@@ -197,82 +221,27 @@ def train_iteration(
     ) if a is not None]
     columns = step_columns(stability, update, alarms, advantages.zero_variance_groups,
                            advantages.groups, data)
+    if update is None:
+        return IterationOutcome(parent, False, columns, stability, alarms)
     on_stage("saving")
     ref = save_servable(
-        artifact_dir, model, parent_dir, optimizer=optimizer, scheduler=scheduler,
+        artifact_dir, model, parent.path, optimizer=optimizer, scheduler=scheduler,
         data_cursor=data_cursor,
         metadata={"iteration": iteration, "training_step": columns,
                   "alarms": [alarm_record(a) for a in alarms]},
     )
-    return IterationOutcome(ref, ref.id != parent_id, columns, stability, alarms)
+    return IterationOutcome(ref, ref.id != parent.id, columns, stability, alarms)
 
 
-def alarm_record(alarm: Alarm) -> dict[str, Any]:
-    """An alarm as plain, JSON-safe data (stored with the checkpoint and audited)."""
-    record: dict[str, Any] = finite({"kind": alarm.kind, "iteration": alarm.iteration,
-                                     "message": alarm.message, "evidence": dict(alarm.evidence)})
-    return record
-
-
-def step_columns(
-    stability: IterationMetrics, update: UpdateMetrics | None, alarms: Sequence[Alarm],
-    zero_variance_groups: int, groups: int, data: RolloutData,
-) -> dict[str, Any]:
-    """The ``training_step`` columns of an iteration (JSON-safe: no NaN or infinity)."""
-    columns: dict[str, Any] = finite({
-        "loss": update.loss if update else None,
-        "kl": stability.kl,
-        "entropy": stability.token_entropy if update else None,
-        "reward_mean": stability.reward_mean,
-        "reward_variance": stability.reward_variance,
-        "within_group_reward_variance": stability.within_group_reward_variance,
-        "grad_norm": stability.grad_norm,
-        "discrimination": stability.retrieval_accuracy,
-        "trainable_tokens": update.trainable_tokens if update else 0,
-        "length_stats": {"p50": stability.length_p50, "p90": stability.length_p90,
-                         "max": stability.length_max},
-        "metrics": {
-            "stability": stability.as_dict(),
-            "update": update.as_dict() if update else None,
-            "batch": {"trajectories": len(data.returns), "skipped": data.skipped,
-                      "groups": groups, "zero_variance_groups": zero_variance_groups,
-                      "policy_versions": sorted(set(data.policy_versions))},
-            "alarm_messages": [a.message for a in alarms],
-        },
-        "alarms": [a.kind for a in alarms],
-    })
-    return columns
-
-
-def finite(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by None (JSONB has no NaN)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value
-
-
-def stability_history(rows: Sequence[Mapping[str, Any]]) -> list[IterationMetrics]:
-    """Earlier iterations' monitors from their stored ``training_step.metrics``."""
-    history = []
-    for metrics in rows:
-        stored = metrics.get("stability")
-        if isinstance(stored, dict):
-            history.append(IterationMetrics(**stored))
-    return history
-
-
-def saved_iteration(checkpoint_dir: Path, *, run_id: str, iteration: int) -> dict[str, Any] | None:
-    """The iteration record a checkpoint was saved with, if it is this run's ``iteration``."""
-    state_file = checkpoint_dir / "trainer_state.pt"
-    if not state_file.is_file():
-        return None
-    state = torch.load(state_file, map_location="cpu", weights_only=True)
-    metadata = state.get("metadata") or {}
-    cursor = state.get("data_cursor") or {}
-    if metadata.get("iteration") != iteration or cursor.get("run_id") != run_id:
-        return None
-    return dict(metadata)
+@torch.no_grad()
+def action_entropy(
+    model: torch.nn.Module, samples: Sequence[TrainingSample], device: torch.device
+) -> float:
+    """Mean policy entropy (nats) over the samples' action tokens, without training."""
+    total, count = 0.0, 0.0
+    for start in range(0, len(samples), 16):
+        batch = collate(samples[start : start + 16]).to(device)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        total += float((token_entropy(logits) * batch.action_mask).sum())
+        count += float(batch.action_mask.sum())
+    return total / count if count else 0.0

@@ -38,17 +38,16 @@ from learning_loop.activities.messages import (
     UpdateInput,
     UpdateResult,
 )
+from learning_loop.activities.records import alarm_record, saved_iteration, stability_history
 from learning_loop.activities.training import (
     NoTrainableData,
     load_model,
     save_servable,
-    saved_iteration,
-    stability_history,
     train_iteration,
 )
 from learning_loop.advantages import AdvantageInputError
 from learning_loop.batch import InvalidSampleError
-from learning_loop.checkpoints import CheckpointError, saved_weights_digest
+from learning_loop.checkpoints import CheckpointError, CheckpointRef, saved_weights_digest
 from learning_loop.lineage import (
     get_checkpoint,
     get_training_step,
@@ -212,7 +211,8 @@ class UpdateActivities:
             progress.stage = name
 
         outcome = train_iteration(
-            artifact_dir=self._artifact_dir, parent_dir=parent_dir,
+            artifact_dir=self._artifact_dir,
+            parent=CheckpointRef(parent.id, parent_dir),
             resume_optimizer=parent.run_id == request.run_id, reference_dir=reference_dir,
             config=config, data=data, iteration=request.iteration, history=history,
             data_cursor={"run_id": request.run_id, "iteration": request.iteration,
@@ -220,18 +220,18 @@ class UpdateActivities:
                          "next_iteration": request.iteration + 1},
             on_stage=stage,
         )
-        progress.stage, progress.checkpoint_id = "saved", outcome.checkpoint.id
-        saved = saved_iteration(outcome.checkpoint.path, run_id=request.run_id,
-                                iteration=request.iteration)
-        if saved is None:  # the directory's trainer state was replaced under us
-            raise CheckpointError(f"{outcome.checkpoint.path} lost iteration {request.iteration}")
-        return {**saved, "checkpoint_id": outcome.checkpoint.id,
-                "path": str(outcome.checkpoint.path)}
+        if outcome.weights_changed:
+            progress.stage, progress.checkpoint_id = "saved", outcome.checkpoint.id
+        return {"training_step": outcome.step_columns,
+                "alarms": [alarm_record(a) for a in outcome.alarms],
+                "checkpoint_id": outcome.checkpoint.id, "path": str(outcome.checkpoint.path)}
 
     def _store(self, request: UpdateInput, parent: Checkpoint, record: dict[str, Any]
                ) -> UpdateResult:
         checkpoint_id: str = record["checkpoint_id"]
         columns: dict[str, Any] = dict(record["training_step"])
+        columns["metrics"] = {**columns.get("metrics", {}),
+                              "weights_changed": checkpoint_id != parent.id}
         batch = (columns.get("metrics") or {}).get("batch") or {}
         child = None
         if checkpoint_id != parent.id:  # identical weights keep the parent's id and row

@@ -16,8 +16,10 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import ProgrammingError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.worker import Replayer
 
 from learning_loop.lineage import lineage
+from learning_loop.workflows import TrainingRunWorkflow
 from tests.factories_learning import (
     frozen_lake_tasks,
     loops_running,
@@ -101,6 +103,10 @@ async def test_run_writes_steps_lineage_and_proposals(
     assert (result.status, result.iterations_done) == ("completed", 4)
     first_run = client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
     assert (await first_run.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+    # Both recorded histories replay against today's workflow code (determinism).
+    replayer = Replayer(workflows=[TrainingRunWorkflow])
+    for recorded in (first_run, client.get_workflow_handle(handle.id)):
+        await replayer.replay_workflow(await recorded.fetch_history())
     run_row = rows(owner_engine, "SELECT * FROM training_run WHERE id = :r", r=run_id)[0]
     assert (run_row["status"], run_row["iterations_done"]) == ("completed", 4)
 

@@ -1,0 +1,91 @@
+"""One learning iteration outside Temporal: child checkpoints, no-signal batches, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from learning_loop.activities.records import saved_iteration
+from learning_loop.activities.training import load_model, save_servable, train_iteration
+from learning_loop.batch import TrainingSample
+from learning_loop.checkpoints import CheckpointRef, saved_weights_digest
+from learning_loop.objective import policy_action_logprobs
+from learning_loop.tiny_model import create_tiny_model
+from learning_loop.trajectory_reader import StoredStep, StoredTrajectory, to_rollout_data
+from triloop.run_config import RunConfig
+
+torch.set_num_threads(1)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CheckpointRef]:
+    """The tiny model copied into an artifact store as a root checkpoint."""
+    base = create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+    artifacts = tmp_path_factory.mktemp("artifacts")
+    return artifacts, save_servable(artifacts, load_model(base, CPU), base)
+
+
+def config() -> RunConfig:
+    return RunConfig.model_validate({
+        "name": "unit", "model": {"base": "tiny"},
+        "rollout": {"task_ids": ["t"], "group_size": 2, "groups_per_iteration": 2},
+        "optimizer": {"learning_rate": 1e-2}, "stability": {"pause_on_alarm": False},
+        "schedule": {"iterations": 2, "propose_every": 2},
+    })
+
+
+def batch(parent: Path, rewards: list[float], version: int = 0) -> list[StoredTrajectory]:
+    """Two groups of two one-turn episodes with behaviour logprobs from ``parent``."""
+    model = load_model(parent, CPU)
+    out = []
+    for index, reward in enumerate(rewards):
+        prompt, action = [1, 40 + index % 2, 50, 60 + index % 2], [70 + index, 3]
+        sample = TrainingSample("", "", "", 0, tuple(prompt), tuple(action), (0.0, 0.0), 0.0)
+        logprobs = policy_action_logprobs(model, [sample], device=CPU)[0]
+        step = StoredStep(0, prompt, action, [0] * 4 + [1] * 2, logprobs, reward)
+        out.append(StoredTrajectory(f"e{index}", f"g{index // 2}", "t", version, reward, [step]))
+    return out
+
+
+def test_an_update_writes_a_servable_child_checkpoint(root: tuple[Path, CheckpointRef]) -> None:
+    artifacts, parent = root
+    data = to_rollout_data(batch(parent.path, [1.0, 0.0, 0.5, -0.5]))
+    outcome = train_iteration(
+        artifact_dir=artifacts, parent=parent, resume_optimizer=False, reference_dir=None,
+        config=config(), data=data, iteration=1, history=[], data_cursor={"iteration": 1})
+
+    child = outcome.checkpoint
+    assert outcome.weights_changed and child.id != parent.id
+    assert saved_weights_digest(child.path) == child.id
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in child.path.iterdir()}
+    columns = outcome.step_columns
+    assert columns["loss"] is not None and columns["trainable_tokens"] == 8
+    assert columns["reward_mean"] == pytest.approx(0.25)
+    assert saved_iteration(child.path, run_id="", iteration=1) is None  # cursor names no run
+    state = torch.load(child.path / "trainer_state.pt", weights_only=True)
+    assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {1}
+
+    again = train_iteration(
+        artifact_dir=artifacts, parent=child, resume_optimizer=True, reference_dir=None,
+        config=config(), data=to_rollout_data(batch(child.path, [0.0, 1.0, 1.0, 0.0], 1)),
+        iteration=2, history=[outcome.stability], data_cursor={"iteration": 2})
+    state = torch.load(again.checkpoint.path / "trainer_state.pt", weights_only=True)
+    assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {2}
+
+
+def test_a_batch_without_signal_changes_nothing(root: tuple[Path, CheckpointRef]) -> None:
+    artifacts, parent = root
+    before = sorted(p.name for p in (artifacts / "checkpoints").iterdir())
+    outcome = train_iteration(
+        artifact_dir=artifacts, parent=parent, resume_optimizer=False, reference_dir=None,
+        config=config(), data=to_rollout_data(batch(parent.path, [-1.0, -1.0, 0.2, 0.2])),
+        iteration=1, history=[], data_cursor={})
+
+    assert outcome.checkpoint == parent and not outcome.weights_changed
+    assert outcome.step_columns["loss"] is None and outcome.step_columns["entropy"] is None
+    assert outcome.stability.token_entropy > 0
+    assert sorted(p.name for p in (artifacts / "checkpoints").iterdir()) == before
