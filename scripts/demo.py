@@ -34,7 +34,7 @@ RUN_CONFIG: dict[str, Any] = {
     "rollout": {"group_size": 8, "groups_per_iteration": 4, "temperature": 1.0,
                 "deadline_s": 300},
     "optimizer": {"learning_rate": 3e-2},
-    "update": {"micro_batch_size": 64, "max_grad_norm": 1.0},
+    "update": {"micro_batch_size": 64, "max_grad_norm": 1.0, "optimizer_steps_per_batch": 4},
     "stability": {"pause_on_alarm": False},
     "schedule": {"iterations": 10, "propose_every": 10, "seed": 0},
 }
