@@ -55,6 +55,21 @@ def canonical_row(
     ).encode()
 
 
+def canonical_row_of(event: AuditEvent) -> bytes:
+    """The hashed bytes of a stored (or about to be stored) event."""
+    return canonical_row(
+        seq=event.seq,
+        at=event.at,
+        actor=event.actor,
+        action=event.action,
+        resource=event.resource,
+        decision=event.decision,
+        decision_id=event.decision_id,
+        policy_revision=event.policy_revision,
+        payload=event.payload,
+    )
+
+
 def chain_hash(prev_hash: str, row: bytes) -> str:
     """``sha256(prev_hash || row)`` as hex."""
     return hashlib.sha256(prev_hash.encode() + row).hexdigest()
@@ -80,21 +95,9 @@ def append_event(
     actor_doc = json.loads(json.dumps(dict(actor), allow_nan=False))
     resource_doc = json.loads(json.dumps(dict(resource), allow_nan=False, default=str))
     payload_doc = json.loads(json.dumps(dict(payload or {}), allow_nan=False, default=str))
-    at = datetime.now(UTC)
-    row = canonical_row(
-        seq=seq,
-        at=at,
-        actor=actor_doc,
-        action=action,
-        resource=resource_doc,
-        decision=decision,
-        decision_id=decision_id,
-        policy_revision=policy_revision,
-        payload=payload_doc,
-    )
     event = AuditEvent(
         seq=seq,
-        at=at,
+        at=datetime.now(UTC),
         actor=actor_doc,
         action=action,
         resource=resource_doc,
@@ -103,8 +106,9 @@ def append_event(
         policy_revision=policy_revision,
         payload=payload_doc,
         prev_hash=prev_hash,
-        hash=chain_hash(prev_hash, row),
+        hash="",
     )
+    event.hash = chain_hash(prev_hash, canonical_row_of(event))
     session.add(event)
     session.flush()
     return event
@@ -150,17 +154,7 @@ def verify_chain(engine: Engine) -> ChainReport:
             )
         if event.prev_hash != prev_hash:
             return ChainReport(False, checked, event.seq, "prev_hash does not match the row before")
-        row = canonical_row(
-            seq=event.seq,
-            at=event.at,
-            actor=event.actor,
-            action=event.action,
-            resource=event.resource,
-            decision=event.decision,
-            decision_id=event.decision_id,
-            policy_revision=event.policy_revision,
-            payload=event.payload,
-        )
+        row = canonical_row_of(event)
         if chain_hash(prev_hash, row) != event.hash:
             return ChainReport(False, checked, event.seq, "contents do not match the stored hash")
         prev_hash = event.hash
