@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -112,36 +111,15 @@ class Scripted:
 @contextlib.contextmanager
 def services(args: argparse.Namespace) -> Iterator[Settings]:
     """The given services, or a throwaway stack started for this run."""
+    prefix = f"bench-{uuid.uuid4().hex[:6]}-"
     if args.database_url:
         yield Settings(database_url=args.database_url, temporal_address=args.temporal_address,
-                       opa_url=args.opa_url, task_queue_prefix=f"bench-{uuid.uuid4().hex[:6]}-")
+                       opa_url=args.opa_url, task_queue_prefix=prefix)
         return
-    from triloop.devstack.postgres import start_postgres
-    from triloop.devstack.processes import free_port, stop_recorded
-    from triloop.devstack.servers import repo_root, start_opa, start_temporal
-    from triloop.migrate import upgrade
+    from triloop.devstack.ephemeral import ephemeral_stack
 
-    with tempfile.TemporaryDirectory(prefix="triloop-bench-") as tmp:
-        home = Path(tmp)
-        run, logs, procs = home / "run", home / "logs", []
-        try:
-            pg_port, t_port, o_port = free_port(), free_port(), free_port()
-            procs.append(start_postgres(home / "pg", port=pg_port, run_dir=run, log_dir=logs))
-            procs.append(start_temporal(db_file=home / "t.db", port=t_port, ui_port=None,
-                                        http_port=free_port(), metrics_port=free_port(),
-                                        run_dir=run, log_dir=logs))
-            procs.append(start_opa(policies=repo_root() / "policies", port=o_port, run_dir=run,
-                                   log_dir=logs))
-            url = f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}/triloop"
-            upgrade(url)
-            yield Settings(home=home, database_url=url, temporal_address=f"127.0.0.1:{t_port}",
-                           opa_url=f"http://127.0.0.1:{o_port}", task_queue_prefix="bench-")
-        finally:
-            from triloop.db import dispose_all
-
-            dispose_all()
-            for proc in reversed(procs):
-                stop_recorded(proc.pid_path)
+    with ephemeral_stack(queue_prefix=prefix) as settings:
+        yield settings
 
 
 def register(owner: Engine) -> tuple[str, str]:

@@ -1,0 +1,47 @@
+"""A throwaway stack (PostgreSQL, Temporal, OPA) in a temporary directory, for benchmarks.
+
+Free loopback ports, migrated to head, stopped and deleted on exit; a developer's
+running stack is never touched.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from triloop.config import Settings
+
+
+@contextmanager
+def ephemeral_stack(*, queue_prefix: str | None = None) -> Iterator[Settings]:
+    """Start the three services; yield settings pointing at them; stop them after."""
+    from triloop.db import dispose_all
+    from triloop.devstack.postgres import start_postgres
+    from triloop.devstack.processes import ServiceProcess, free_port, stop_recorded
+    from triloop.devstack.servers import repo_root, start_opa, start_temporal
+    from triloop.migrate import upgrade
+
+    prefix = queue_prefix or f"bench-{uuid.uuid4().hex[:6]}-"
+    with tempfile.TemporaryDirectory(prefix="triloop-ephemeral-") as tmp:
+        home = Path(tmp)
+        run, logs = home / "run", home / "logs"
+        procs: list[ServiceProcess] = []
+        try:
+            pg_port, t_port, o_port = free_port(), free_port(), free_port()
+            procs.append(start_postgres(home / "pg", port=pg_port, run_dir=run, log_dir=logs))
+            procs.append(start_temporal(db_file=home / "t.db", port=t_port, ui_port=None,
+                                        http_port=free_port(), metrics_port=free_port(),
+                                        run_dir=run, log_dir=logs))
+            procs.append(start_opa(policies=repo_root() / "policies", port=o_port, run_dir=run,
+                                   log_dir=logs))
+            url = f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}/triloop"
+            upgrade(url)
+            yield Settings(home=home, database_url=url, temporal_address=f"127.0.0.1:{t_port}",
+                           opa_url=f"http://127.0.0.1:{o_port}", task_queue_prefix=prefix)
+        finally:
+            dispose_all()
+            for proc in reversed(procs):
+                stop_recorded(proc.pid_path)
