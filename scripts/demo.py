@@ -36,7 +36,7 @@ RUN_CONFIG: dict[str, Any] = {
     "optimizer": {"learning_rate": 3e-2},
     "update": {"micro_batch_size": 64, "max_grad_norm": 1.0, "optimizer_steps_per_batch": 4},
     "stability": {"pause_on_alarm": False},
-    "schedule": {"iterations": 10, "propose_every": 10, "seed": 0},
+    "schedule": {"iterations": 16, "propose_every": 16, "seed": 0},
 }
 
 

@@ -72,12 +72,14 @@ def make_task_on(engine: Engine, version_id: str, seed: int, status: str = "admi
         environment_version_id=version_id, seed=seed, status=status, evidence={},
     )
     with engine.connect() as conn:
-        return str(
-            conn.execute(
-                text("SELECT id FROM task WHERE environment_version_id = :v AND seed = :s"),
-                {"v": version_id, "s": seed},
-            ).scalar_one()
-        )
+        task_id, stored = conn.execute(
+            text("SELECT id, status FROM task WHERE environment_version_id = :v AND seed = :s"),
+            {"v": version_id, "s": seed},
+        ).one()
+    # Tasks are shared rows: two tests wanting the same seed in different states collide.
+    assert stored == status, (
+        f"task seed {seed} already exists as {stored}, not {status}: pick another seed")
+    return str(task_id)
 
 
 def make_builtin_task(engine: Engine, name: str, seed: int) -> str:
