@@ -28,7 +28,7 @@ from governance_loop.activities.messages import (
 from governance_loop.admission import AdmissionBudgets, AdmissionEvidence, assess_admission
 from triloop.db import session_scope
 from triloop.models._columns import utcnow
-from triloop.policy import Authorizer, Resource
+from triloop.policy import Actor, Authorizer, Resource, acting_for
 
 
 class AdmissionActivities(GovernanceShell):
@@ -114,13 +114,16 @@ class AdmissionActivities(GovernanceShell):
             assessment = (task.evidence or {}).get("assessment") or {}
         if admit and assessment.get("admissible") is not True:
             raise refused(f"task {request.task_id} is not admissible; it can only be rejected")
-        # The policy has no person-delegated grant for tasks yet, so governance acts as
-        # itself and names the operator in the context (audited with the decision).
+        # An operator's decision is checked against the operator's own roles; the automatic
+        # rejection at the deadline (no person, no roles) is governance's own act.
+        context: dict[str, Any] = {"comment": request.comment}
+        if request.roles:
+            person = Actor(service="web", user=request.user, roles=tuple(request.roles))
+            context = acting_for(person, comment=request.comment)
         self.authorize(
             "admit" if admit else "reject_task",
             Resource("task", id=request.task_id, attrs={"admissible": admit}),
-            context={"decided_by": {"user": request.user, "roles": list(request.roles)},
-                     "comment": request.comment},
+            context=context,
         )
         status = "admitted" if admit else "rejected"
         with session_scope(self._engine) as session:
