@@ -14,6 +14,7 @@ missing checkpoint fails the episode once instead of burning retries.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import hashlib
 import threading
 import time
@@ -157,7 +158,7 @@ def stub_row(job: EpisodeInput, reason: str) -> TrajectoryRow:
 
 def _summary(row: Trajectory | TrajectoryRow, *, written: bool) -> EpisodeSummary:
     return EpisodeSummary(row.id, row.status, row.success, row.total_reward, row.num_steps,
-                          written)
+                          written, row.checkpoint_id)
 
 
 class RolloutActivities:
@@ -201,7 +202,25 @@ class RolloutActivities:
             stored = session.get(Trajectory, episode_id)
         return None if stored is None else _summary(stored, written=False)
 
+    def _rerouted(self, job: EpisodeInput) -> tuple[EpisodeInput, str | None]:
+        """Route a production episode again as it starts: a rollback applies to the next one.
+
+        The batch routed every episode when it began; if governance moved production
+        (a promotion or a rollback) since, this episode follows the routing table now.
+        Returns the job to play and the checkpoint it was first routed to, if that changed.
+        """
+        spec = job.spec
+        if spec.purpose not in SERVED_PURPOSES or spec.shadow_of is not None:
+            return job, None
+        current = assign(spec.episode_id, read_routes(self._engine))
+        if current.checkpoint_id == spec.checkpoint_id:
+            return job, None
+        moved = dataclasses.replace(spec, checkpoint_id=current.checkpoint_id,
+                                    purpose=current.purpose)
+        return dataclasses.replace(job, spec=moved), spec.checkpoint_id
+
     def _play(self, job: EpisodeInput) -> tuple[TrajectoryRow, list[StepRow]]:
+        job, rerouted_from = self._rerouted(job)
         spec = job.spec
         opened = self._environments.task(spec.task_id)
         if spec.checkpoint_id in self._policies.cached():
@@ -248,6 +267,8 @@ class RolloutActivities:
         }
         if fault is not None:
             outcome["injected_fault"] = describe_fault(fault)
+        if rerouted_from is not None:
+            outcome["rerouted_from"] = rerouted_from
         if spec.shadow_of is None:
             return trajectory_row(record, job, outcome), [_step_row(s) for s in record.steps]
         comparison, extras = shadow_comparison(

@@ -84,6 +84,7 @@ class EpisodeSummary:
     total_reward: float = 0.0
     num_steps: int = 0
     written: bool = True  # False: a previous attempt had stored it already
+    checkpoint_id: str | None = None  # who served it (a production episode may be rerouted)
 
 
 @dataclass
@@ -168,10 +169,11 @@ def summarize(
         status = statuses.get(spec.episode_id, FAILED)
         status = status if status in (COMPLETED, TRUNCATED) else FAILED
         result.statuses[spec.episode_id] = status
-        result.checkpoints[spec.episode_id] = spec.checkpoint_id
+        summary = summaries.get(spec.episode_id)
+        served_by = summary.checkpoint_id if summary and summary.checkpoint_id else None
+        result.checkpoints[spec.episode_id] = served_by or spec.checkpoint_id
         if spec.episode_id in stored:
             result.trajectory_ids.append(spec.episode_id)
-        summary = summaries.get(spec.episode_id)
         if summary is not None:
             rewards.append(summary.total_reward)
             successes += int(summary.success)
