@@ -18,9 +18,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import WorkflowHandle
 
 from tests.factories_execution import make_builtin_task, register_checkpoint_dir
 from triloop.config import Settings
@@ -38,6 +41,13 @@ pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow,
               pytest.mark.timeout(300)]
 
 EPISODES = 12
+
+
+async def playing(handle: WorkflowHandle[Any, Any]) -> bool:
+    """Whether a worker has started an episode activity it has not finished."""
+    description = await handle.describe()
+    return any(a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+               for a in description.raw_description.pending_activities)
 
 
 @pytest.fixture
@@ -107,10 +117,11 @@ async def test_killed_worker_batch_finishes_with_each_episode_once(
     workers.append(start_worker(worker_env, log))
 
     deadline = time.monotonic() + 120
-    while stored_count(owner_engine, batch.batch_id) < 2:
+    # Kill while an episode is being played (not between two), so one must be replayed.
+    while stored_count(owner_engine, batch.batch_id) < 2 or not await playing(handle):
         assert workers[0].poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, "the first worker stored nothing in 120 s"
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)
     workers[0].send_signal(signal.SIGKILL)
     workers[0].wait(timeout=10)
     assert stored_count(owner_engine, batch.batch_id) < EPISODES, "killed too late to matter"
