@@ -35,7 +35,9 @@ RUN_CONFIG: dict[str, Any] = {
                 "deadline_s": 300},
     "optimizer": {"learning_rate": 3e-2},
     "update": {"micro_batch_size": 64, "max_grad_norm": 1.0, "optimizer_steps_per_batch": 4},
-    "stability": {"pause_on_alarm": False},
+    # A model from random weights starts at chance discrimination: alarm on template collapse
+    # only after it once did better, and record alarms without pausing the demo.
+    "stability": {"pause_on_alarm": False, "collapse_requires_prior_discrimination": True},
     "schedule": {"iterations": 16, "propose_every": 16, "seed": 0},
 }
 
