@@ -61,6 +61,9 @@ class Api:
         response.raise_for_status()
         return response.json()
 
+    def exists(self, path: str) -> bool:
+        return self._client.get(path).status_code == 200
+
     def post(self, path: str, body: dict[str, Any]) -> Any:
         response = self._client.post(path, json=body)
         if response.status_code >= 400:
@@ -119,8 +122,12 @@ def main() -> int:
     run = engineer.post("/api/runs", {"config": config})
     console.print(f"  run {run['id']}: {api_base}/runs/{run['id']}")
 
-    base_id = wait_for(lambda: engineer.get(f"/api/runs/{run['id']}").get("base_checkpoint_id")
-                       or _root_checkpoint(engineer), timeout_s=300, what="the base checkpoint")
+    from learning_loop.checkpoints import saved_weights_digest
+
+    # The learning loop registers the base as a root checkpoint whose id is its weights' hash.
+    base_id = saved_weights_digest(base_dir)
+    wait_for(lambda: engineer.exists(f"/api/checkpoints/{base_id}"), timeout_s=300,
+             what=f"the base checkpoint {base_id[:16]}… to be registered")
     from governance_loop.activities.rollback import bootstrap_production
     from triloop.db import role_engine
     from triloop.wiring import build_authorizer
@@ -150,12 +157,6 @@ def main() -> int:
     _summary(auditor, run["id"], final, rewards, api_base, traffic)
     console.print("\nThe stack is still running; stop it with [bold]triloop dev down[/bold].")
     return 0 if final["status"] == "rolled_back" else 1
-
-
-def _root_checkpoint(api: Api) -> str | None:
-    page = api.get("/api/checkpoints", limit=50)
-    roots = [c["id"] for c in page["items"] if c.get("parent_id") is None]
-    return roots[0] if roots else None
 
 
 def _follow_training(api: Api, run_id: str) -> dict[str, Any]:
