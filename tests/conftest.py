@@ -133,3 +133,14 @@ def role_engine(db_settings: Settings) -> Callable[[ServiceName], Engine]:
     from triloop.db import role_engine as make
 
     return lambda service: make(db_settings, service)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model (seed 0), created locally once per session: no download."""
+    import torch
+
+    from learning_loop.tiny_model import create_tiny_model
+
+    torch.set_num_threads(1)
+    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)

@@ -27,13 +27,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-
-    from learning_loop.tiny_model import create_tiny_model
-
-    torch.set_num_threads(1)
-    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+def tiny_dir(tiny_model_dir: Path) -> Path:
+    """The session's tiny model."""
+    return tiny_model_dir
 
 
 @pytest.fixture
