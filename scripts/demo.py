@@ -14,9 +14,11 @@ import asyncio
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from rich.console import Console
 
 os.environ.setdefault("TRILOOP_GATE_PROFILE", "demo")
@@ -29,17 +31,11 @@ from triloop.config import get_settings  # noqa: E402
 console = Console(highlight=False, width=110)
 STARTED = time.monotonic()
 
-RUN_CONFIG: dict[str, Any] = {
-    "name": "frozen-lake demo",
-    "rollout": {"group_size": 8, "groups_per_iteration": 4, "temperature": 1.0,
-                "deadline_s": 300},
-    "optimizer": {"learning_rate": 3e-2},
-    "update": {"micro_batch_size": 64, "max_grad_norm": 1.0, "optimizer_steps_per_batch": 4},
-    # A model from random weights starts at chance discrimination: alarm on template collapse
-    # only after it once did better, and record alarms without pausing the demo.
-    "stability": {"pause_on_alarm": False, "collapse_requires_prior_discrimination": True},
-    "schedule": {"iterations": 16, "propose_every": 16, "seed": 0},
-}
+# The README's example run (examples/tiny-frozen-lake.run.yaml), on the demo's base and tasks.
+EXAMPLE_RUN = Path(__file__).resolve().parents[1] / "examples" / "tiny-frozen-lake.run.yaml"
+RUN_CONFIG: dict[str, Any] = {**yaml.safe_load(EXAMPLE_RUN.read_text()),
+                              "name": "frozen-lake demo"}
+RUN_CONFIG["rollout"] = {**RUN_CONFIG["rollout"], "deadline_s": 300}
 
 
 def step(title: str) -> None:

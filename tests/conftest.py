@@ -23,6 +23,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reverse-order", action="store_true",
+        help="run the collected tests in reverse order, to find tests that depend on the"
+        " order they run in or on rows another test left behind",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--reverse-order"):
+        items.reverse()
+
+
 @pytest.fixture(scope="session")
 def stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Temporary home of the test stack."""
