@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from triloop.config import Settings
 from triloop.devstack.processes import free_port, stop_recorded
 from triloop.devstack.servers import repo_root, start_opa
 from triloop.policy import Actor, OpaClient, Resource, acting_for
@@ -82,9 +83,9 @@ async def _concurrent(
     return _row(name, latencies, time.perf_counter() - start)
 
 
-def run(url: str, n: int, callers: int) -> list[Row]:
+def run(url: str, n: int, callers: int, tokens: dict[str, str] | None = None) -> list[Row]:
     """Measure decisions and the /health baseline, sequential then concurrent."""
-    client = OpaClient(url)
+    client = OpaClient(url, tokens=tokens)
     check = client.decide(ACTOR, ACTION, RESOURCE, CONTEXT)
     if not check.allow:
         raise SystemExit(f"the benchmark input was denied, fix it first: {check.reasons}")
@@ -141,15 +142,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="async callers")
     args = parser.parse_args()
     if args.opa_url:
-        print_table(run(args.opa_url.rstrip("/"), args.requests, args.concurrency))
+        print_table(run(args.opa_url.rstrip("/"), args.requests, args.concurrency,
+                        Settings().opa_tokens()))
         return
     with tempfile.TemporaryDirectory(prefix="triloop-bench-") as tmp:
         port = free_port()
         proc = start_opa(
-            policies=repo_root() / "policies", port=port, run_dir=Path(tmp), log_dir=Path(tmp)
+            policies=repo_root() / "policies", port=port, run_dir=Path(tmp), log_dir=Path(tmp),
+            secrets_dir=Path(tmp) / "secrets",
         )
         try:
-            print_table(run(f"http://127.0.0.1:{port}", args.requests, args.concurrency))
+            tokens = Settings(home=Path(tmp)).opa_tokens()
+            print_table(run(f"http://127.0.0.1:{port}", args.requests, args.concurrency, tokens))
         finally:
             stop_recorded(proc.pid_path)
 

@@ -15,9 +15,10 @@ import pytest
 from sqlalchemy import Engine
 
 from triloop.config import ServiceName, Settings
-from triloop.devstack.postgres import start_postgres
+from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import ServiceProcess, free_port, stop_recorded
 from triloop.devstack.servers import repo_root, start_opa, start_temporal
+from triloop.secrets import OWNER_PASSWORD, ensure_secret
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -48,11 +49,14 @@ def pg_server(stack_dir: Path) -> Iterator[tuple[ServiceProcess, int]]:
     from triloop.migrate import upgrade
 
     port = free_port()
+    secrets_dir = stack_dir / "secrets"
     proc = start_postgres(
         stack_dir / "pg", port=port, run_dir=stack_dir / "run", log_dir=stack_dir / "logs",
-        durable=False,
+        owner_password=ensure_secret(secrets_dir, OWNER_PASSWORD), durable=False,
     )
-    upgrade(f"postgresql+psycopg://postgres@127.0.0.1:{port}/triloop")
+    url = Settings(home=stack_dir, pg_port=port).owner_url()
+    upgrade(url)
+    provision_role_passwords(url, role_passwords(secrets_dir))
     yield proc, port
     from triloop.db import dispose_all
 
@@ -61,9 +65,9 @@ def pg_server(stack_dir: Path) -> Iterator[tuple[ServiceProcess, int]]:
 
 
 @pytest.fixture(scope="session")
-def database_url(pg_server: tuple[ServiceProcess, int]) -> str:
-    """Owner URL of the test database."""
-    return f"postgresql+psycopg://postgres@127.0.0.1:{pg_server[1]}/triloop"
+def database_url(stack_dir: Path, pg_server: tuple[ServiceProcess, int]) -> str:
+    """Owner URL of the test database, with the owner's password."""
+    return Settings(home=stack_dir, pg_port=pg_server[1]).owner_url()
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +99,7 @@ def opa_server(stack_dir: Path) -> Iterator[tuple[ServiceProcess, str]]:
     port = free_port()
     proc = start_opa(
         policies=repo_root() / "policies", port=port, run_dir=stack_dir / "run",
-        log_dir=stack_dir / "logs",
+        log_dir=stack_dir / "logs", secrets_dir=stack_dir / "secrets",
     )
     yield proc, f"http://127.0.0.1:{port}"
     stop_recorded(proc.pid_path)
@@ -114,6 +118,12 @@ def db_settings(stack_dir: Path, database_url: str) -> Settings:
         home=stack_dir, database_url=database_url, artifact_dir=stack_dir / "artifacts",
         opa_url="http://127.0.0.1:9",
     )
+
+
+@pytest.fixture(scope="session")
+def opa_tokens(stack_dir: Path, opa_server: tuple[ServiceProcess, str]) -> dict[str, str]:
+    """Every service's OPA bearer token (the test plays every service)."""
+    return Settings(home=stack_dir).opa_tokens()
 
 
 @pytest.fixture(scope="session")

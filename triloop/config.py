@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from triloop.secrets import OWNER_PASSWORD, opa_token_name, read_secret, role_password_name
+
 ServiceName = Literal["execution", "learning", "governance", "web"]
 SERVICES: tuple[ServiceName, ...] = ("execution", "learning", "governance", "web")
 
@@ -40,6 +42,14 @@ class Settings(BaseSettings):
     temporal_ui_port: int = Field(8233, description="Port of the dev server's web UI.")
     task_queue_prefix: str = Field("", description="Prefix for task queue names (tests).")
 
+    secrets_dir: Path | None = Field(
+        None,
+        description="Folder of credential files (pg-<service>, opa-<service>, ...);"
+        " default home/secrets. `dev up` hands each service a folder of its own.",
+    )
+    opa_token: str | None = Field(
+        None, description="This service's OPA bearer token; default the opa-<service> secret."
+    )
     opa_url: str = Field("http://127.0.0.1:8181", description="OPA server base URL.")
     opa_timeout_s: float = Field(2.0, description="Timeout of one policy query, seconds.")
 
@@ -63,18 +73,40 @@ class Settings(BaseSettings):
         """Where content-addressed artifacts live."""
         return self.artifact_dir or self.home / "artifacts"
 
+    @property
+    def secrets(self) -> Path:
+        """Where this process finds its credential files."""
+        return self.secrets_dir or self.home / "secrets"
+
     def owner_url(self) -> str:
-        """URL of the migration owner (superuser on the embedded stack)."""
+        """URL of the migration owner (superuser on the embedded stack), with its password."""
         if self.database_url:
             return self.database_url
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.pg_port}/triloop"
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{self.pg_port}/triloop"
+        return _with_password(url, read_secret(self.secrets, OWNER_PASSWORD))
 
     def role_url(self, service: ServiceName) -> str:
-        """URL a service connects with: its own role, never the owner."""
+        """URL a service connects with: its own role and password, never the owner's.
+
+        The password is the one in the URL if it has one, else the service's secret file;
+        without either the server refuses the connection (no role logs in without one).
+        """
         explicit: str | None = getattr(self, f"database_url_{service}")
-        if explicit:
-            return explicit
-        return _with_user(self.owner_url(), f"triloop_{service}")
+        url = explicit or _with_user(self.owner_url(), f"triloop_{service}")
+        from sqlalchemy.engine import make_url
+
+        if make_url(url).password:
+            return url
+        return _with_password(url, read_secret(self.secrets, role_password_name(service)))
+
+    def opa_tokens(self, *services: ServiceName) -> dict[str, str]:
+        """The OPA bearer tokens this process holds for ``services`` (default: all it has)."""
+        tokens: dict[str, str] = {}
+        for service in services or SERVICES:
+            token = self.opa_token or read_secret(self.secrets, opa_token_name(service))
+            if token is not None:
+                tokens[service] = token
+        return tokens
 
     def task_queue(self, name: str) -> str:
         """Task queue name, prefixed so parallel test runs never share queues."""
@@ -84,7 +116,17 @@ class Settings(BaseSettings):
 def _with_user(url: str, user: str) -> str:
     from sqlalchemy.engine import make_url
 
-    return make_url(url).set(username=user, password=None).render_as_string(hide_password=False)
+    # URL.set() ignores None, so the owner's password is dropped with _replace.
+    bare = make_url(url).set(username=user)._replace(password=None)
+    return bare.render_as_string(hide_password=False)
+
+
+def _with_password(url: str, password: str | None) -> str:
+    if password is None:
+        return url
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(password=password).render_as_string(hide_password=False)
 
 
 @lru_cache(maxsize=1)

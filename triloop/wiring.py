@@ -10,5 +10,6 @@ from triloop.policy import Authorizer, OpaClient
 
 def build_authorizer(settings: Settings, service: ServiceName) -> Authorizer:
     """An ``Authorizer`` that asks the configured OPA and audits with the service's role."""
-    opa = OpaClient(settings.opa_url, timeout_s=settings.opa_timeout_s)
+    opa = OpaClient(settings.opa_url, tokens=settings.opa_tokens(service),
+                    timeout_s=settings.opa_timeout_s)
     return Authorizer(opa, DatabaseAuditSink(role_engine(settings, service)))

@@ -38,7 +38,8 @@ def build_services(settings: Settings, *, temporal_timeout_s: float = 60.0) -> W
         settings=settings,
         engine=role_engine(settings, "web"),
         authorizer=build_authorizer(settings, "web"),
-        hints=OpaClient(settings.opa_url, timeout_s=settings.opa_timeout_s),
+        hints=OpaClient(settings.opa_url, tokens=settings.opa_tokens("web"),
+                        timeout_s=settings.opa_timeout_s),
         orchestrator=Orchestrator(settings, timeout_s=temporal_timeout_s),
         signer=CookieSigner(settings.session_secret),
     )

@@ -166,6 +166,39 @@ def train_status(
         console.print(f"  [red]alarm[/red] {alarm['name']} at iteration {alarm['iteration']}")
 
 
+def _control_run(action: str, run_id: str, reason: str | None, token: str | None,
+                 api_url: str) -> None:
+    run = api_call("POST", f"/api/runs/{run_id}/{action}", token=token, api_url=api_url,
+                   body={"reason": reason} if reason else {})
+    console.print(f"asked to {action} run {run['id']} ({run['name']}); it is"
+                  f" [bold]{run['status']}[/bold]. The learning loop checks the request with"
+                  " the policy and applies it between steps: see `triloop train status`.")
+
+
+ReasonOption = Annotated[str | None, typer.Option("--reason", help="Why, for the record.")]
+
+
+@train_app.command("pause")
+def train_pause(run_id: str, reason: ReasonOption = None, token: TokenOption = None,
+                api_url: ApiOption = DEFAULT_API) -> None:
+    """Pause one of your runs after its current iteration."""
+    _control_run("pause", run_id, reason, token, api_url)
+
+
+@train_app.command("resume")
+def train_resume(run_id: str, reason: ReasonOption = None, token: TokenOption = None,
+                 api_url: ApiOption = DEFAULT_API) -> None:
+    """Resume one of your paused runs, e.g. one an alarm paused (stability.pause_on_alarm)."""
+    _control_run("resume", run_id, reason, token, api_url)
+
+
+@train_app.command("cancel")
+def train_cancel(run_id: str, reason: ReasonOption = None, token: TokenOption = None,
+                 api_url: ApiOption = DEFAULT_API) -> None:
+    """Cancel one of your runs; checkpoints already written stay in its lineage."""
+    _control_run("cancel", run_id, reason, token, api_url)
+
+
 @promotions_app.command("list")
 def promotions_list(
     status: Annotated[str | None, typer.Option(help="open, promoted, rejected, ...")] = None,

@@ -30,9 +30,10 @@ from temporalio.service import RPCError
 from execution_loop.inference.base import FINISH_STOP, Generation, PolicyClient
 from execution_loop.policies import PolicyFactory
 from triloop.config import Settings
-from triloop.devstack.postgres import start_postgres
+from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import ServiceProcess, free_port, recorded_process
 from triloop.devstack.servers import repo_root, start_opa, start_temporal
+from triloop.secrets import OWNER_PASSWORD, ensure_secret
 from triloop.workflow_api import RolloutBatchResult
 
 # FrozenLake's shipped contract: an episode of invalid moves lasts exactly this long.
@@ -87,7 +88,7 @@ def _cleanup(service: RestartableService) -> None:
 
 
 @pytest.fixture
-def restartable_postgres(tmp_path: Path) -> Iterator[RestartableService]:
+def restartable_postgres(tmp_path: Path, stack_dir: Path) -> Iterator[RestartableService]:
     """A PostgreSQL cluster of this test's own, migrated to head; SIGINT = fast shutdown.
 
     ``address`` is its owner URL. Fast shutdown aborts open transactions and closes
@@ -100,31 +101,36 @@ def restartable_postgres(tmp_path: Path) -> Iterator[RestartableService]:
     from triloop.migrate import upgrade
 
     port = free_port()
-    url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/triloop"
+    secrets_dir = stack_dir / "secrets"  # the session's credentials: the test plays every role
+    password = ensure_secret(secrets_dir, OWNER_PASSWORD)
+    url = Settings(home=stack_dir, pg_port=port).owner_url()
     service = RestartableService(
         "postgres", url,
         lambda: start_postgres(tmp_path / "pg", port=port, run_dir=tmp_path / "run",
-                               log_dir=tmp_path / "logs", name="fault-postgres", durable=True),
+                               log_dir=tmp_path / "logs", name="fault-postgres", durable=True,
+                               owner_password=password),
         stop_signal=signal.SIGINT,
     )
     service.start()
     upgrade(url)
+    provision_role_passwords(url, role_passwords(secrets_dir))
     yield service
     _cleanup(service)
     # The worker's and the test's pooled connections point at a server that is gone.
-    owned = Settings(database_url=url)
+    owned = Settings(home=stack_dir, database_url=url)
     for engine_url in (url, owned.role_url("execution")):
         engine_for_url(engine_url).dispose()
 
 
 @pytest.fixture
-def restartable_opa(tmp_path: Path) -> Iterator[RestartableService]:
+def restartable_opa(tmp_path: Path, stack_dir: Path) -> Iterator[RestartableService]:
     """An OPA server of this test's own on the project's policies; ``address`` is its URL."""
     port = free_port()
     service = RestartableService(
         "opa", f"http://127.0.0.1:{port}",
         lambda: start_opa(policies=repo_root() / "policies", port=port,
-                          run_dir=tmp_path / "run", log_dir=tmp_path / "logs", name="fault-opa"),
+                          run_dir=tmp_path / "run", log_dir=tmp_path / "logs", name="fault-opa",
+                          secrets_dir=stack_dir / "secrets"),
     )
     service.start()
     yield service

@@ -58,6 +58,7 @@ def worker_env(settings: Settings, tmp_path: Path) -> dict[str, str]:
         "TRILOOP_SERVICE": "execution",
         "TRILOOP_HOME": str(tmp_path),
         "TRILOOP_DATABASE_URL": settings.owner_url(),
+        "TRILOOP_SECRETS_DIR": str(settings.secrets),
         "TRILOOP_TEMPORAL_ADDRESS": settings.temporal_address,
         "TRILOOP_OPA_URL": settings.opa_url,
         "TRILOOP_TASK_QUEUE_PREFIX": f"{settings.task_queue_prefix}kill-{uuid.uuid4().hex[:6]}-",

@@ -53,6 +53,7 @@ class WorkerProcess:
             "TRILOOP_SERVICE": "governance",
             "TRILOOP_HOME": str(settings.home),
             "TRILOOP_DATABASE_URL": settings.owner_url(),
+            "TRILOOP_SECRETS_DIR": str(settings.secrets),
             "TRILOOP_TEMPORAL_ADDRESS": settings.temporal_address,
             "TRILOOP_OPA_URL": settings.opa_url,
             "TRILOOP_TASK_QUEUE_PREFIX": settings.task_queue_prefix,

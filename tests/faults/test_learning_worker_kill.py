@@ -68,6 +68,7 @@ class WorkerProcess:
             **os.environ,
             "TRILOOP_HOME": str(settings.home),
             "TRILOOP_DATABASE_URL": settings.owner_url(),
+            "TRILOOP_SECRETS_DIR": str(settings.secrets),
             "TRILOOP_TEMPORAL_ADDRESS": settings.temporal_address,
             "TRILOOP_OPA_URL": settings.opa_url,
             "TRILOOP_ARTIFACT_DIR": str(settings.artifacts),

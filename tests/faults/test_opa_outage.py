@@ -11,11 +11,12 @@ port, the same in-process worker runs the same batch to the end.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 from sqlalchemy import Engine, text
 
@@ -29,6 +30,7 @@ from tests.faults.conftest import (
     trajectory_rows,
 )
 from triloop.config import SERVICES, Settings
+from triloop.devstack.servers import repo_root, tool_path
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
@@ -54,12 +56,15 @@ DUTY_ATTRS = {"submitted_by": "fault-ml", "audited_by": "fault-auditor",
               "approved_by": "fault-operator", "rollback_target": "ckpt-prev"}
 
 
-def privileged_actions(opa_url: str) -> list[tuple[Actor, str, Resource]]:
+def privileged_actions() -> list[tuple[Actor, str, Resource]]:
     """Every non-read action the policy's own tables grant a service or a human role."""
     def table(name: str) -> dict[str, Any]:
-        response = httpx.get(f"{opa_url}/v1/data/triloop/authz/{name}", timeout=5)
-        response.raise_for_status()
-        return dict(response.json()["result"])
+        # Read from the Rego files with `opa eval`: the server answers decisions only.
+        out = subprocess.run(
+            [tool_path("opa"), "eval", "--format", "json", "--data",
+             str(repo_root() / "policies"), f"data.triloop.authz.{name}"],
+            check=True, capture_output=True, text=True).stdout
+        return dict(json.loads(out)["result"][0]["expressions"][0]["value"])
 
     found: list[tuple[Actor, str, Resource]] = []
     for service, kinds in table("service_grants").items():
@@ -116,7 +121,7 @@ async def test_opa_outage_denies_every_privileged_action_then_work_resumes(
 ) -> None:
     opa = restartable_opa
     test_settings = own_queues(settings, opa_url=opa.address)
-    requests = privileged_actions(opa.address)
+    requests = privileged_actions()
     by_service = authorizers(test_settings)
     granted = [r for r in requests if allowed(by_service, r)]
     # The policy grants each loop its own writes: a broken table would make this test moot.

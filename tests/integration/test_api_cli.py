@@ -95,3 +95,15 @@ def test_rollback_needs_a_token_and_the_operator_role(
     denied = CliRunner().invoke(app_cli, ["rollback", "--reason", "x", "--token",
                                           people["auditor"].token])
     assert denied.exit_code == 1 and ("403" in denied.output or "404" in denied.output)
+
+
+def test_train_pause_resume_cancel_ask_the_api_for_the_signed_in_person(
+    app_cli: typer.Typer, people: dict[str, Person], owner_engine: Engine
+) -> None:
+    run_id = make_run(owner_engine, submitted_by=people["engineer"].name)
+    for action in ("pause", "resume", "cancel"):
+        # The auditor does not own the run: the API refuses, and the CLI says so.
+        refused = CliRunner().invoke(app_cli, ["train", action, run_id, "--reason", "x",
+                                               "--token", people["auditor"].token])
+        assert refused.exit_code == 1, refused.output
+        assert "403" in refused.output, refused.output

@@ -210,3 +210,31 @@ def test_environment_version_contract_is_immutable(
     _run(role_engine("governance"),
          "UPDATE environment_version SET retired_at = now(), retired_by = 'gov' WHERE id = :v",
          {"v": version_id})
+
+
+def _login(url: str) -> str:
+    import psycopg
+
+    with psycopg.connect(url.replace("+psycopg", ""), connect_timeout=5) as conn:
+        return str(conn.execute("SELECT current_user").fetchone()[0])  # type: ignore[index]
+
+
+def test_each_role_logs_in_with_its_own_password_only(db_settings: Any) -> None:
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    learning = db_settings.role_url("learning")
+    assert _login(learning) == "triloop_learning"
+    url = make_url(learning)
+    governance_password = make_url(db_settings.role_url("governance")).password
+    for password in (None, governance_password, "guess"):
+        attempt = url._replace(password=password).render_as_string(hide_password=False)
+        with pytest.raises(psycopg.OperationalError, match="password|no password"):
+            _login(attempt)
+
+
+def test_no_trust_is_left_in_pg_hba(db_settings: Any, owner_engine: Engine) -> None:
+    with owner_engine.connect() as conn:
+        rules = conn.execute(text(
+            "SELECT type, auth_method FROM pg_hba_file_rules WHERE error IS NULL")).all()
+    assert rules and {method for _, method in rules} == {"scram-sha-256"}, rules

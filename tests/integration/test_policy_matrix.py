@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from triloop.config import Settings
 from triloop.devstack.processes import (
     ServiceProcess,
     free_port,
@@ -294,18 +295,23 @@ def _run(authorizer: Authorizer, case: Case) -> Decision:
 
 
 @pytest.fixture(scope="module")
-def opa(opa_url: str) -> Iterator[OpaClient]:
-    """One client for the session OPA, as a service would hold it."""
-    client = OpaClient(opa_url)
+def opa(opa_url: str, opa_tokens: dict[str, str]) -> Iterator[OpaClient]:
+    """One client for the session OPA holding every service's token (the test plays all)."""
+    client = OpaClient(opa_url, tokens=opa_tokens)
     yield client
     client.close()
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_matrix(opa: OpaClient, case: Case) -> None:
+def test_matrix(opa: OpaClient, opa_tokens: dict[str, str], case: Case) -> None:
     sink = RecordingSink()
     decision = _run(Authorizer(opa, sink), case)
     assert decision.allow is case.allow, decision.reasons
+    if case.actor.service.strip().lower() not in opa_tokens:
+        # No service holds a token for this name: OPA's own authentication refuses first.
+        assert decision.reasons == ("failed closed: OPA answered HTTP 401: request rejected"
+                                    " by administrative policy",)
+        return
     assert any(case.why in reason for reason in decision.reasons), decision.reasons
     assert decision.decision_id, "OPA issues an id for every decision (decision logging on)"
     assert sink.records == [(case.actor, case.action, case.resource, decision, case.context)]
@@ -333,10 +339,15 @@ async def test_every_decision_reaches_the_sink_even_concurrently(opa: OpaClient)
     assert len(recorded_ids) == len(CASES)
 
 
+def _tokens(tmp: Path) -> dict[str, str]:
+    return Settings(home=tmp).opa_tokens()
+
+
 def _start_private_opa(tmp: Path, *extra: str, policies: Path) -> tuple[ServiceProcess, str]:
     port = free_port()
     if not extra:
-        proc = start_opa(policies=policies, port=port, run_dir=tmp, log_dir=tmp)
+        proc = start_opa(policies=policies, port=port, run_dir=tmp, log_dir=tmp,
+                         secrets_dir=tmp / "secrets")
         return proc, f"http://127.0.0.1:{port}"
     argv = [
         tool_path("opa"),
@@ -366,7 +377,7 @@ def _start_private_opa(tmp: Path, *extra: str, policies: Path) -> tuple[ServiceP
 
 def test_opa_stopped_denies_everything_and_the_sink_records_it(tmp_path: Path) -> None:
     proc, url = _start_private_opa(tmp_path, policies=repo_root() / "policies")
-    client = OpaClient(url, timeout_s=1.0)
+    client = OpaClient(url, tokens=_tokens(tmp_path), timeout_s=1.0)
     sink = RecordingSink()
     authorizer = Authorizer(client, sink)
     try:
@@ -386,7 +397,7 @@ def test_policy_edit_applies_to_the_next_call(tmp_path: Path) -> None:
     policies = tmp_path / "policies"
     shutil.copytree(repo_root() / "policies", policies)
     proc, url = _start_private_opa(tmp_path, policies=policies)
-    client = OpaClient(url)
+    client = OpaClient(url, tokens=_tokens(tmp_path))
     case = ALLOWED_LOOPS[0]  # learning creates a checkpoint
     try:
         assert client.decide(case.actor, case.action, case.resource).allow is True
@@ -408,7 +419,8 @@ def test_policy_edit_applies_to_the_next_call(tmp_path: Path) -> None:
 def test_bundle_revision_reaches_the_decision(tmp_path: Path) -> None:
     bundle = tmp_path / "bundle"
     shutil.copytree(repo_root() / "policies", bundle)
-    (bundle / ".manifest").write_text(json.dumps({"revision": "rev-42", "roots": ["triloop"]}))
+    manifest = {"revision": "rev-42", "roots": ["triloop", "system/authz", "system/authz_test"]}
+    (bundle / ".manifest").write_text(json.dumps(manifest))
     proc, url = _start_private_opa(tmp_path, "--bundle", policies=bundle)
     try:
         with OpaClient(url) as client:
@@ -417,3 +429,31 @@ def test_bundle_revision_reaches_the_decision(tmp_path: Path) -> None:
         stop_recorded(proc.pid_path)
     assert decision.allow is True
     assert decision.policy_revision == "rev-42"
+
+
+def test_a_token_speaks_for_its_own_service_only(opa_url: str, opa_tokens: dict[str, str]
+                                                 ) -> None:
+    # The learning service's token, asking as governance (who may promote): OPA itself
+    # refuses the query before any policy about promotions is evaluated.
+    forged = OpaClient(opa_url, tokens={"governance": opa_tokens["learning"]})
+    honest = OpaClient(opa_url, tokens=opa_tokens)
+    governance = Actor("governance")
+    promote = Resource("promotion", "p-1", attrs={
+        "submitted_by": "ml", "audited_by": "auditor", "approved_by": "operator"})
+    try:
+        assert honest.decide(governance, "promote", promote).allow is True
+        decision = forged.decide(governance, "promote", promote)
+        assert decision.allow is False
+        assert "HTTP 401" in decision.reasons[0] and "failed closed" in decision.reasons[0]
+        anonymous = OpaClient(opa_url).decide(governance, "promote", promote)
+        assert anonymous.allow is False and "HTTP 401" in anonymous.reasons[0]
+    finally:
+        forged.close()
+        honest.close()
+
+
+def test_opa_serves_nothing_but_decisions(opa_url: str, opa_tokens: dict[str, str]) -> None:
+    bearer = {"authorization": f"Bearer {opa_tokens['web']}"}
+    for path in ("/v1/data", "/v1/data/system/tokens", "/v1/policies", "/v1/data/triloop"):
+        assert httpx.get(f"{opa_url}{path}", headers=bearer).status_code == 401, path
+    assert httpx.get(f"{opa_url}/health").status_code == 200

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from triloop.config import Settings
 from triloop.devstack.processes import free_port, stop_recorded
 from triloop.devstack.servers import repo_root, start_opa
 from triloop.policy import (
@@ -209,9 +210,11 @@ async def test_bad_servers_deny_sync_and_async(
 def test_real_opa_then_stopped_denies(tmp_path: Path) -> None:
     port = free_port()
     proc = start_opa(
-        policies=repo_root() / "policies", port=port, run_dir=tmp_path, log_dir=tmp_path
+        policies=repo_root() / "policies", port=port, run_dir=tmp_path, log_dir=tmp_path,
+        secrets_dir=tmp_path / "secrets",
     )
-    client = OpaClient(f"http://127.0.0.1:{port}", timeout_s=1.0)
+    client = OpaClient(f"http://127.0.0.1:{port}", timeout_s=1.0,
+                       tokens=Settings(home=tmp_path).opa_tokens())
     try:
         before = client.decide(OPERATOR, "approve", PROMOTION)
         assert before.allow is True

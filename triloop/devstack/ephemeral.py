@@ -19,10 +19,15 @@ from triloop.config import Settings
 def ephemeral_stack(*, queue_prefix: str | None = None) -> Iterator[Settings]:
     """Start the three services; yield settings pointing at them; stop them after."""
     from triloop.db import dispose_all
-    from triloop.devstack.postgres import start_postgres
+    from triloop.devstack.postgres import (
+        provision_role_passwords,
+        role_passwords,
+        start_postgres,
+    )
     from triloop.devstack.processes import ServiceProcess, free_port, stop_recorded
     from triloop.devstack.servers import repo_root, start_opa, start_temporal
     from triloop.migrate import upgrade
+    from triloop.secrets import OWNER_PASSWORD, ensure_secret
 
     prefix = queue_prefix or f"bench-{uuid.uuid4().hex[:6]}-"
     with tempfile.TemporaryDirectory(prefix="triloop-ephemeral-") as tmp:
@@ -31,14 +36,18 @@ def ephemeral_stack(*, queue_prefix: str | None = None) -> Iterator[Settings]:
         procs: list[ServiceProcess] = []
         try:
             pg_port, t_port, o_port = free_port(), free_port(), free_port()
-            procs.append(start_postgres(home / "pg", port=pg_port, run_dir=run, log_dir=logs))
+            secrets_dir = home / "secrets"
+            procs.append(start_postgres(
+                home / "pg", port=pg_port, run_dir=run, log_dir=logs,
+                owner_password=ensure_secret(secrets_dir, OWNER_PASSWORD)))
             procs.append(start_temporal(db_file=home / "t.db", port=t_port, ui_port=None,
                                         http_port=free_port(), metrics_port=free_port(),
                                         run_dir=run, log_dir=logs))
             procs.append(start_opa(policies=repo_root() / "policies", port=o_port, run_dir=run,
-                                   log_dir=logs))
-            url = f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}/triloop"
+                                   log_dir=logs, secrets_dir=secrets_dir))
+            url = Settings(home=home, pg_port=pg_port).owner_url()
             upgrade(url)
+            provision_role_passwords(url, role_passwords(secrets_dir))
             yield Settings(home=home, database_url=url, temporal_address=f"127.0.0.1:{t_port}",
                            opa_url=f"http://127.0.0.1:{o_port}", task_queue_prefix=prefix)
         finally:

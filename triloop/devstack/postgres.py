@@ -11,13 +11,15 @@ import os
 import pwd
 import subprocess
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
+from psycopg import sql
 
-from triloop.devstack.processes import ServiceProcess, start_process, wait_until
+from triloop.devstack.processes import ServiceProcess, ServiceStartError, start_process, wait_until
 
 PG_SYSTEM_USER = "embedded_postgres"
 
@@ -63,29 +65,50 @@ def _make_accessible(path: Path, user: str) -> None:
             os.chown(os.path.join(root, item), entry.pw_uid, entry.pw_gid)
 
 
-def init_cluster(pgdata: Path) -> None:
-    """``initdb`` once: trust auth on loopback (production uses its own server)."""
+# No `trust` anywhere: every connection, socket or TCP, proves its role with a SCRAM password.
+PG_HBA = """\
+# Written by triloop: every role proves itself with its own SCRAM-SHA-256 password.
+local   all   all                  scram-sha-256
+host    all   all   127.0.0.1/32   scram-sha-256
+host    all   all   ::1/128        scram-sha-256
+"""
+
+
+def init_cluster(pgdata: Path, owner_password: str) -> None:
+    """``initdb`` once, SCRAM-SHA-256 only, the owner ``postgres`` with its own password."""
     user = _system_user()
     pgdata.mkdir(parents=True, exist_ok=True)
     if user:
         _make_accessible(pgdata, user)
     if (pgdata / "PG_VERSION").exists():
         return
-    subprocess.run(
-        [
-            str(_bin_dir() / "initdb"),
-            "-D",
-            str(pgdata),
-            "--auth=trust",
-            "--encoding=utf8",
-            "--locale=C",
-            "-U",
-            "postgres",
-        ],
-        check=True,
-        capture_output=True,
-        user=user,
-    )
+    # initdb reads the password from a file (0600, the server's user's) beside the data
+    # folder, which initdb wants empty; it exists only for the duration of the call.
+    pwfile = pgdata.parent / f".{pgdata.name}-initdb-pw"
+    pwfile.write_text(owner_password + "\n")
+    os.chmod(pwfile, 0o600)
+    if user:
+        entry = pwd.getpwnam(user)
+        os.chown(pwfile, entry.pw_uid, entry.pw_gid)
+    try:
+        subprocess.run(
+            [
+                str(_bin_dir() / "initdb"),
+                "-D",
+                str(pgdata),
+                "--auth=scram-sha-256",
+                f"--pwfile={pwfile}",
+                "--encoding=utf8",
+                "--locale=C",
+                "-U",
+                "postgres",
+            ],
+            check=True,
+            capture_output=True,
+            user=user,
+        )
+    finally:
+        pwfile.unlink(missing_ok=True)
 
 
 def start_postgres(
@@ -94,11 +117,16 @@ def start_postgres(
     port: int,
     run_dir: Path,
     log_dir: Path,
+    owner_password: str,
     name: str = "postgres",
     durable: bool = True,
 ) -> ServiceProcess:
-    """Start the server on 127.0.0.1:port and create the ``triloop`` database."""
-    init_cluster(pgdata)
+    """Start the server on 127.0.0.1:port, SCRAM only, and create the ``triloop`` database.
+
+    A cluster made by an older triloop with ``trust`` is brought to the same state: the
+    owner gets its password and ``pg_hba.conf`` is rewritten before anything else runs.
+    """
+    init_cluster(pgdata, owner_password)
     user = _system_user()
     argv = [
         str(_bin_dir() / "postgres"),
@@ -120,16 +148,39 @@ def start_postgres(
         log_dir.mkdir(parents=True, exist_ok=True)
         _make_accessible(log_dir, user)
     proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir, user=user)
-    admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    admin = f"postgresql://postgres:{quote(owner_password, safe='')}@127.0.0.1:{port}/postgres"
     wait_until(
-        lambda: _accepts(admin),
+        lambda: _accepts(admin, name),
         name=name,
         log_path=proc.log_path,
         timeout_s=60,
         alive=lambda: _alive(proc.pid),
     )
+    _require_passwords(admin, pgdata, owner_password, user)
     ensure_database(admin, "triloop")
     return proc
+
+
+def _require_passwords(admin_url: str, pgdata: Path, owner_password: str, user: str | None
+                       ) -> None:
+    """The owner has its password and the server asks every connection for one."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(owner_password)))
+        hba = pgdata / "pg_hba.conf"
+        if hba.read_text() != PG_HBA:
+            hba.write_text(PG_HBA)
+            if user:
+                entry = pwd.getpwnam(user)
+                os.chown(hba, entry.pw_uid, entry.pw_gid)
+            conn.execute("SELECT pg_reload_conf()")
+
+
+def provision_role_passwords(owner_url: str, passwords: Mapping[str, str]) -> None:
+    """Give each role (``triloop_<service>``, made by the migrations) its own password."""
+    with psycopg.connect(owner_url.replace("+psycopg", ""), autocommit=True) as conn:
+        for role, password in passwords.items():
+            conn.execute(sql.SQL("ALTER ROLE {} WITH LOGIN PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(password)))
 
 
 def ensure_database(admin_url: str, name: str) -> None:
@@ -140,11 +191,16 @@ def ensure_database(admin_url: str, name: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def _accepts(url: str) -> bool:
+def _accepts(url: str, name: str) -> bool:
     try:
         with psycopg.connect(url, connect_timeout=2):
             return True
-    except psycopg.Error:
+    except psycopg.OperationalError as exc:
+        if "password authentication failed" in str(exc):
+            raise ServiceStartError(
+                f"{name}: the server refused the owner's password; the cluster was made with"
+                " another one (its data folder and the secrets folder do not belong together)"
+            ) from exc
         return False
 
 
@@ -154,3 +210,11 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def role_passwords(secrets_dir: Path) -> dict[str, str]:
+    """Each service role's password, generated into the secrets folder the first time."""
+    from triloop.config import SERVICES
+    from triloop.secrets import ensure_secret, role_password_name
+
+    return {f"triloop_{s}": ensure_secret(secrets_dir, role_password_name(s)) for s in SERVICES}

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 from pathlib import Path
 
 import httpx
 
+from triloop.config import SERVICES
 from triloop.devstack.processes import ServiceProcess, start_process, wait_until
+from triloop.policy.opa import TOKENS_BUNDLE
+from triloop.secrets import ensure_secret, opa_token_name
 
 
 def repo_root() -> Path:
@@ -80,13 +84,18 @@ def start_opa(
     port: int,
     run_dir: Path,
     log_dir: Path,
+    secrets_dir: Path,
     name: str = "opa",
 ) -> ServiceProcess:
     """``opa run --server --watch`` on the policy folder, decision logs to its log file.
 
-    Console decision logging is what makes OPA issue a ``decision_id`` per query.
+    Console decision logging is what makes OPA issue a ``decision_id`` per query. OPA's
+    own token authentication is on: ``policies/system/authz`` lets each service's bearer
+    token ask only about that service, with the tokens (as sha256) in a second bundle
+    written from ``secrets_dir``.
     """
     write_bundle_manifest(policies)
+    tokens = write_tokens_bundle(secrets_dir)
     argv = [
         tool_path("opa"),
         "run",
@@ -97,9 +106,12 @@ def start_opa(
         "error",
         "--set",
         "decision_logs.console=true",
+        "--authentication=token",
+        "--authorization=basic",
         "--bundle",
         "--watch",
         str(policies),
+        str(tokens),
     ]
     proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir)
     wait_until(
@@ -128,8 +140,24 @@ def write_bundle_manifest(policies: Path) -> None:
     generated at start, so a policy edited under ``--watch`` keeps the old
     revision until OPA is restarted (``triloop dev down && triloop dev up``).
     """
-    manifest = {"revision": policy_revision(policies), "roots": ["triloop"]}
+    roots = ["triloop", "system/authz", "system/authz_test"]
+    manifest = {"revision": policy_revision(policies), "roots": roots}
     (policies / ".manifest").write_text(json.dumps(manifest))
+
+
+def write_tokens_bundle(secrets_dir: Path) -> Path:
+    """The bundle of ``data.system.tokens``: sha256 of each service's token -> the service.
+
+    Only digests go to OPA, so its memory and decision logs never hold a usable token.
+    """
+    tokens = {hashlib.sha256(ensure_secret(secrets_dir, opa_token_name(s)).encode()).hexdigest(): s
+              for s in SERVICES}
+    bundle = secrets_dir / TOKENS_BUNDLE
+    (bundle / "system" / "tokens").mkdir(parents=True, exist_ok=True)
+    os.chmod(bundle, 0o700)
+    (bundle / "system" / "tokens" / "data.json").write_text(json.dumps(tokens))
+    (bundle / ".manifest").write_text(json.dumps({"revision": "", "roots": ["system/tokens"]}))
+    return bundle
 
 
 def _tcp_open(port: int) -> bool:

@@ -7,9 +7,12 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
-from triloop.config import Settings
-from triloop.devstack.postgres import start_postgres
+from sqlalchemy.engine import make_url
+
+from triloop.config import SERVICES, ServiceName, Settings
+from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import (
     ServiceProcess,
     ServiceStartError,
@@ -20,6 +23,14 @@ from triloop.devstack.processes import (
     wait_until,
 )
 from triloop.devstack.servers import _http_ok, repo_root, start_opa, start_temporal
+from triloop.secrets import (
+    OWNER_PASSWORD,
+    SESSION_SECRET,
+    ensure_secret,
+    hand_out,
+    opa_token_name,
+    role_password_name,
+)
 
 # Start order; down goes in reverse.
 SERVICE_ORDER = (
@@ -64,12 +75,33 @@ def _check_port(name: str, port: int, paths: StackPaths) -> None:
         )
 
 
-def _service_env(settings: Settings, service: str) -> dict[str, str]:
-    env = dict(os.environ.items())
+def _service_env(settings: Settings, service: ServiceName) -> dict[str, str]:
+    """The environment of one service process: its own credentials and nobody else's.
+
+    The owner URL is left out (services never migrate), the role URL carries no password,
+    and ``TRILOOP_SECRETS_DIR`` is a folder holding only this service's secrets.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRILOOP_DATABASE_URL", "TRILOOP_OPA_TOKEN")}
     env["TRILOOP_HOME"] = str(settings.home.resolve())
     env["TRILOOP_SERVICE"] = service
     env["PYTHONUNBUFFERED"] = "1"
+    env[f"TRILOOP_DATABASE_URL_{service.upper()}"] = make_url(settings.role_url(service))._replace(
+        password=None).render_as_string(hide_password=False)
+    own = [role_password_name(service), opa_token_name(service)]
+    if service == "web":
+        own.append(SESSION_SECRET)
+    env["TRILOOP_SECRETS_DIR"] = str(hand_out(settings.secrets.resolve(), service, own))
     return env
+
+
+def ensure_credentials(settings: Settings) -> None:
+    """Generate every credential the stack needs, once per install (see triloop.secrets)."""
+    folder = settings.secrets
+    for service in SERVICES:
+        ensure_secret(folder, opa_token_name(service))
+    ensure_secret(folder, SESSION_SECRET)
+    role_passwords(folder)
 
 
 def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
@@ -82,10 +114,12 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
     def running(name: str) -> bool:
         return recorded_process(paths.pid_file(name)) is not None
 
+    ensure_credentials(settings)
     if settings.database_url is None and not running("postgres"):
         _check_port("postgres", settings.pg_port, paths)
         start_postgres(
-            paths.home / "pg", port=settings.pg_port, run_dir=paths.run, log_dir=paths.logs
+            paths.home / "pg", port=settings.pg_port, run_dir=paths.run, log_dir=paths.logs,
+            owner_password=ensure_secret(settings.secrets, OWNER_PASSWORD),
         )
     if not running("temporal"):
         _check_port("temporal", temporal_port, paths)
@@ -101,15 +135,17 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
     if not running("opa"):
         _check_port("opa", opa_port, paths)
         start_opa(policies=repo_root() / "policies", port=opa_port, run_dir=paths.run,
-                  log_dir=paths.logs)
+                  log_dir=paths.logs, secrets_dir=settings.secrets)
 
     from triloop.migrate import upgrade
 
     upgrade(settings.owner_url())
+    provision_role_passwords(settings.owner_url(), role_passwords(settings.secrets))
     if with_workers:
         for name, module in WORKER_MODULES.items():
             if not running(name) and importlib.util.find_spec(module) is not None:
-                _start_python(name, ["-m", module], settings, paths, service=name.split("-")[0])
+                service = cast(ServiceName, name.split("-")[0])
+                _start_python(name, ["-m", module], settings, paths, service=service)
         if not running("web") and importlib.util.find_spec("web.app") is not None:
             _check_port("web", settings.web_port, paths)
             proc = _start_python(
@@ -132,7 +168,7 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
 
 
 def _start_python(
-    name: str, args: list[str], settings: Settings, paths: StackPaths, *, service: str
+    name: str, args: list[str], settings: Settings, paths: StackPaths, *, service: ServiceName
 ) -> ServiceProcess:
     return start_process(
         name,
@@ -148,7 +184,7 @@ def urls(settings: Settings) -> list[str]:
     """Where each service listens."""
     host = settings.temporal_address.rsplit(":", 1)[0]
     return [
-        f"PostgreSQL  {settings.owner_url()}",
+        f"PostgreSQL  {make_url(settings.owner_url()).render_as_string(hide_password=True)}",
         f"Temporal    {settings.temporal_address} (UI http://{host}:{settings.temporal_ui_port})",
         f"OPA         {settings.opa_url}",
         f"Console     http://{settings.web_host}:{settings.web_port}/",

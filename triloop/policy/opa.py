@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,6 +39,9 @@ import httpx
 from triloop.policy.model import Actor, Decision, Resource, policy_input
 
 DECISION_PATH = "/v1/data/triloop/authz/decision"
+# The bundle of service-token digests OPA authenticates with: credentials, not policy, so
+# its (empty) revision is not part of the policy revision a decision reports.
+TOKENS_BUNDLE = "opa-tokens"
 
 
 def _deny(reason: str, decision_id: str | None = None, revision: str | None = None) -> Decision:
@@ -53,7 +57,7 @@ def _revision(provenance: Any) -> str | None:
         revisions = {
             name: str(info.get("revision", ""))
             for name, info in bundles.items()
-            if isinstance(info, dict)
+            if isinstance(info, dict) and Path(name).name != TOKENS_BUNDLE
         }
         if len(revisions) == 1:
             return next(iter(revisions.values())) or None
@@ -97,6 +101,11 @@ def decision_from_response(status: int, body: bytes) -> Decision:
     return Decision(result["allow"], tuple(reasons), decision_id, revision)
 
 
+def _service_key(service: str) -> str:
+    """A service name as the policy normalises it (``policies/triloop/authz/decision.rego``)."""
+    return service.strip().lower()
+
+
 def _transport_failure(exc: Exception, url: str, timeout_s: float) -> Decision:
     if isinstance(exc, httpx.TimeoutException):
         return _deny(f"OPA at {url} did not answer within {timeout_s:g}s ({type(exc).__name__})")
@@ -108,13 +117,21 @@ def _transport_failure(exc: Exception, url: str, timeout_s: float) -> Decision:
 class OpaClient:
     """Queries the triloop decision on an OPA server; sync and async share one connection pool."""
 
-    def __init__(self, url: str, *, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, *, tokens: Mapping[str, str] | None = None,
+                 timeout_s: float = 2.0) -> None:
+        """``tokens``: the OPA bearer token of each service this process may act as.
+
+        A service process holds its own token only; a question asked for an actor of
+        another service goes without one, and OPA's ``system.authz`` refuses it.
+        """
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"OPA url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         # Built once: httpx merging params and headers per call is measurable on loopback.
         self._endpoint = f"{self.url}{DECISION_PATH}?provenance=true"
+        self._auth = {_service_key(service): {"authorization": f"Bearer {token}"}
+                      for service, token in (tokens or {}).items()}
         # One pool for sync and async callers; httpx.Client is thread-safe.
         self._client = httpx.Client(timeout=timeout_s, headers={"content-type": "application/json"})
 
@@ -135,7 +152,8 @@ class OpaClient:
         """Ask OPA; any failure is a deny with its reason."""
         body = self._body(actor, action, resource, context)
         try:
-            response = self._client.post(self._endpoint, content=body)
+            response = self._client.post(self._endpoint, content=body,
+                                         headers=self._auth.get(_service_key(actor.service)))
         except httpx.HTTPError as exc:
             return _transport_failure(exc, self.url, self.timeout_s)
         return decision_from_response(response.status_code, response.content)

@@ -1,0 +1,77 @@
+"""Generated credentials of the embedded stack: one file per secret, mode 0600, folder 0700.
+
+``triloop dev up`` (and the test fixtures) generate every credential once per install under
+``$TRILOOP_HOME/secrets/``: the PostgreSQL owner's password (``pg-owner``), one password
+per service role (``pg-<service>``), one OPA bearer token per service (``opa-<service>``)
+and the web service's session secret. Each service process is then handed a folder of its
+own, ``secrets/services/<service>/``, holding only its own credentials
+(``TRILOOP_SECRETS_DIR``), so a worker cannot log in as another loop's role or query OPA
+as another service. In production the same file names come from a secret store mounted
+per service, or each credential is passed explicitly (see the README).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+OWNER_PASSWORD = "pg-owner"
+SESSION_SECRET = "session-secret"
+
+
+def role_password_name(service: str) -> str:
+    """File name of a service role's PostgreSQL password."""
+    return f"pg-{service}"
+
+
+def opa_token_name(service: str) -> str:
+    """File name of a service's OPA bearer token."""
+    return f"opa-{service}"
+
+
+def read_secret(directory: Path, name: str) -> str | None:
+    """The secret's value, or None when the folder holds no such secret."""
+    try:
+        return (directory / name).read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def write_secret(directory: Path, name: str, value: str) -> None:
+    """Write one secret readable by its owner only (the folder is made 0700)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    path = directory / name
+    # Created 0600 before the value is written: never readable by others, not even briefly.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(value)
+    os.chmod(path, 0o600)
+
+
+def ensure_secret(directory: Path, name: str) -> str:
+    """The secret's value, generated (256 random bits) the first time it is asked for."""
+    existing = read_secret(directory, name)
+    if existing is not None:
+        return existing
+    value = secrets.token_urlsafe(32)
+    write_secret(directory, name, value)
+    return value
+
+
+def service_folder(directory: Path, service: str) -> Path:
+    """The folder handed to one service process: only that service's credentials."""
+    return directory / "services" / service
+
+
+def hand_out(directory: Path, service: str, names: Iterable[str]) -> Path:
+    """Copy the named secrets into the service's own folder; returns that folder."""
+    folder = service_folder(directory, service)
+    for name in names:
+        value = read_secret(directory, name)
+        if value is None:
+            raise FileNotFoundError(f"secret {name!r} is missing from {directory}")
+        write_secret(folder, name, value)
+    return folder
