@@ -1,8 +1,11 @@
 """``triloop governance ...``: environment versions, eval sets, thresholds, production, admission.
 
-Every command acts as the governance service for the person named by ``--as``
-(default ``$USER``) with the roles given by ``--role``; each write asks OPA
-first, and the decision is audited with that person in its context.
+These commands run on the server with the governance service's own credentials: each
+write asks OPA as the governance service and is audited with the operating-system
+account that ran the command (``user@host``), which is a label, not a proven person.
+A decision that belongs to a person, such as admitting a task, is not taken here: it goes
+through the web API with that person's token (``admit --decision`` calls it), where the
+web service authenticates them and records the decision that governance then reads.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+import socket
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,8 +35,11 @@ governance_app.add_typer(eval_set_app, name="eval-set")
 governance_app.add_typer(threshold_app, name="threshold")
 governance_app.add_typer(task_app, name="task")
 
-AsUser = Annotated[str | None, typer.Option("--as", help="Person acting (default: $USER).")]
-Roles = Annotated[list[str] | None, typer.Option("--role", help="Role of that person; repeat.")]
+TokenOption = Annotated[
+    str | None, typer.Option("--token", envvar="TRILOOP_TOKEN", help="The operator's API token.")
+]
+ApiOption = Annotated[str, typer.Option("--api-url", envvar="TRILOOP_API_URL",
+                                        help="Base URL of the web API.")]
 
 
 def _adapters() -> tuple[Settings, Engine, Authorizer]:
@@ -42,8 +50,9 @@ def _adapters() -> tuple[Settings, Engine, Authorizer]:
     return settings, role_engine(settings, "governance"), build_authorizer(settings, "governance")
 
 
-def _who(user: str | None, roles: list[str] | None) -> tuple[str, list[str]]:
-    return user or getpass.getuser(), list(roles or [])
+def _who() -> tuple[str, list[str]]:
+    """The operating-system account running the command: a label for the audit log only."""
+    return f"{getpass.getuser()}@{socket.gethostname()}", []
 
 
 def _fail(error: Exception) -> typer.Exit:
@@ -69,13 +78,12 @@ def _run(action: Any) -> Any:
 def env_register(
     file: Annotated[Path, typer.Argument(help="Contract YAML file.")],
     name: Annotated[str | None, typer.Option(help="Environment name (default: task).")] = None,
-    as_user: AsUser = None, role: Roles = None,
 ) -> None:
     """Register a contract as a new version (identical content returns the same version)."""
     from governance_loop.environments import document_from_file, register_environment_version
 
     _, engine, authorizer = _adapters()
-    user, roles = _who(as_user, role)
+    user, roles = _who()
     result = _run(lambda: register_environment_version(
         engine=engine, authorizer=authorizer, document=document_from_file(file, name=name),
         requested_by=user, roles=roles))
@@ -110,13 +118,12 @@ def env_diff(
 @env_app.command("retire")
 def env_retire(
     version_id: Annotated[str, typer.Argument(help="Environment version id.")],
-    as_user: AsUser = None, role: Roles = None,
 ) -> None:
     """Retire a version: no new tasks or runs; the lineage of old ones is kept."""
     from governance_loop.environments import retire_environment_version
 
     _, engine, authorizer = _adapters()
-    user, roles = _who(as_user, role)
+    user, roles = _who()
     result = _run(lambda: retire_environment_version(
         engine=engine, authorizer=authorizer, version_id=version_id, requested_by=user,
         roles=roles))
@@ -127,13 +134,12 @@ def env_retire(
 def task_add(
     version: Annotated[str, typer.Argument(help="Environment version id or NAME@N.")],
     seed: Annotated[int, typer.Option(help="The task's seed.")],
-    as_user: AsUser = None, role: Roles = None,
 ) -> None:
     """Create a pending task; it is usable only after `admit`."""
     from governance_loop.environments import add_task
 
     _, engine, authorizer = _adapters()
-    user, roles = _who(as_user, role)
+    user, roles = _who()
     task_id = _run(lambda: add_task(engine=engine, authorizer=authorizer, version_ref=version,
                                     seed=seed, requested_by=user, roles=roles))
     typer.echo(task_id)
@@ -144,13 +150,12 @@ def eval_set_create(
     name: Annotated[str, typer.Argument(help="Eval set name; each call makes a new version.")],
     task: Annotated[list[str], typer.Option("--task", help="Admitted task id; repeat.")],
     freeze: Annotated[bool, typer.Option("--freeze/--no-freeze", help="Freeze now.")] = True,
-    as_user: AsUser = None, role: Roles = None,
 ) -> None:
     """Create the next version of an eval set from admitted tasks."""
     from governance_loop.evalsets import create_eval_set
 
     _, engine, authorizer = _adapters()
-    user, roles = _who(as_user, role)
+    user, roles = _who()
     result = _run(lambda: create_eval_set(
         engine=engine, authorizer=authorizer, name=name, task_ids=task, requested_by=user,
         roles=roles, freeze=freeze))
@@ -162,13 +167,12 @@ def threshold_set(
     name: Annotated[str, typer.Argument(help="Threshold name (promotions use 'promotion').")],
     spec: Annotated[str, typer.Option(help="ThresholdSpec as JSON (version is assigned).")],
     eval_set: Annotated[str, typer.Option(help="Frozen eval set id or name (newest).")],
-    as_user: AsUser = None, role: Roles = None,
 ) -> None:
     """Store the next version of a threshold."""
     from governance_loop.evalsets import set_threshold
 
     _, engine, authorizer = _adapters()
-    user, roles = _who(as_user, role)
+    user, roles = _who()
     result = _run(lambda: set_threshold(
         engine=engine, authorizer=authorizer, name=name, spec=json.loads(spec),
         eval_set=eval_set, requested_by=user, roles=roles))
@@ -179,61 +183,95 @@ def threshold_set(
 def bootstrap(
     checkpoint_id: Annotated[str, typer.Argument(help="Checkpoint to serve production.")],
     replace: Annotated[bool, typer.Option(help="Replace an existing deployment (dev).")] = False,
-    as_user: AsUser = None, role: Roles = None,
 ) -> None:
     """Deploy a base checkpoint as production (the first deployment)."""
     from governance_loop.activities.rollback import bootstrap_production
 
     _, engine, authorizer = _adapters()
-    user, roles = _who(as_user, role)
+    user, roles = _who()
     result = _run(lambda: bootstrap_production(
         engine=engine, authorizer=authorizer, checkpoint_id=checkpoint_id, requested_by=user,
         roles=roles, replace=replace))
     typer.echo(f"production -> {result.checkpoint_id}")
 
 
+class DecisionChoice(StrEnum):
+    """What an operator may decide about an assessed task."""
+
+    approve = "approve"
+    reject = "reject"
+
+
 @governance_app.command("admit")
 def admit(
     task_id: Annotated[str, typer.Argument(help="Task to assess.")],
-    decision: Annotated[str | None, typer.Option(help="approve or reject (operator).")] = None,
+    decision: Annotated[DecisionChoice | None, typer.Option(
+        help="The operator's decision, sent through the web API with --token.")] = None,
     comment: Annotated[str, typer.Option(help="Why (required with --decision).")] = "",
     wait: Annotated[float, typer.Option(help="Seconds to wait for the assessment.")] = 120.0,
-    as_user: AsUser = None, role: Roles = None,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
 ) -> None:
-    """Start (or join) a task's admission, print the four answers, optionally decide."""
+    """Start (or join) a task's assessment and print the four answers; --decision decides.
+
+    The assessment is governance's own work. A decision is the operator's: it goes to
+    POST /api/tasks/TASK/admission with their token, so the web service proves who they are.
+    """
     settings, _, authorizer = _adapters()
-    user, roles = _who(as_user, role)
+    user, roles = _who()
     from governance_loop.environments import GOVERNANCE, requested_by_context
     from triloop.policy import Resource
 
     _run(lambda: authorizer.authorize(GOVERNANCE, "update", Resource("task", id=task_id),
                                       context=requested_by_context(user, roles)))
-    result = asyncio.run(_admit(settings, task_id, user, roles, decision, comment, wait))
+    result = asyncio.run(_assess(settings, task_id, user, wait))
+    if decision is not None:
+        if not comment.strip():
+            raise _fail(ValueError("--comment is required with --decision: say why"))
+        result = _decide_through_api(task_id, decision.value, comment, token, api_url)
     typer.echo(f"task {result.task_id}: {result.status} (admissible={result.admissible})")
     for reason in result.reasons:
         typer.echo(f"  {reason}")
 
 
-async def _admit(settings: Settings, task_id: str, user: str, roles: list[str],
-                 decision: str | None, comment: str, wait: float) -> Any:
-    import socket
+def _decide_through_api(task_id: str, decision: str, comment: str, token: str | None,
+                        api_url: str) -> Any:
+    import httpx
 
-    from temporalio.client import WorkflowUpdateFailedError
+    from triloop.workflow_api import AdmissionResult
+
+    if not token:
+        raise _fail(ValueError("a decision needs the operator's API token (--token or"
+                               " TRILOOP_TOKEN): the web service proves who decides"))
+    try:
+        response = httpx.post(f"{api_url.rstrip('/')}/api/tasks/{task_id}/admission",
+                              json={"decision": decision, "comment": comment},
+                              headers={"Authorization": f"Bearer {token}"}, timeout=120)
+    except httpx.HTTPError as exc:
+        raise _fail(RuntimeError(f"cannot reach the web API at {api_url}: {exc}")) from exc
+    body = response.json() if response.content else {}
+    if response.status_code != 200:
+        reasons = "; ".join(body.get("reasons") or [])
+        raise _fail(RuntimeError(f"the API refused ({response.status_code}):"
+                                 f" {body.get('detail', '')} {reasons}".strip()))
+    return AdmissionResult(task_id=body["task_id"], status=body["status"],
+                           admissible=body.get("admissible"), reasons=body.get("reasons", []),
+                           decided_by=body.get("decided_by"))
+
+
+async def _assess(settings: Settings, task_id: str, user: str, wait: float) -> Any:
     from temporalio.common import WorkflowIDConflictPolicy
 
     from triloop.temporal import connect
     from triloop.workflow_api import (
-        ADMISSION_DECIDE_UPDATE,
         ADMISSION_STATUS_QUERY,
         ADMISSION_WORKFLOW,
         GOVERNANCE_QUEUE,
         AdmissionInput,
         AdmissionResult,
-        HumanDecision,
         admission_workflow_id,
     )
 
-    client = await connect(settings, identity=f"governance-cli:{user}@{socket.gethostname()}")
+    client = await connect(settings, identity=f"governance-cli:{user}")
     handle = await client.start_workflow(
         ADMISSION_WORKFLOW, AdmissionInput(task_id=task_id, requested_by=user),
         id=admission_workflow_id(task_id), task_queue=settings.task_queue(GOVERNANCE_QUEUE),
@@ -246,13 +284,4 @@ async def _admit(settings: Settings, task_id: str, user: str, roles: list[str],
     while result.status == "assessing" and loop.time() < deadline:
         await asyncio.sleep(0.5)
         result = await handle.query(ADMISSION_STATUS_QUERY, result_type=AdmissionResult)
-    if decision is None:
-        return result
-    try:
-        return await handle.execute_update(
-            ADMISSION_DECIDE_UPDATE,
-            HumanDecision(user=user, roles=roles, decision=decision, comment=comment,
-                          service="cli"),
-            result_type=AdmissionResult)
-    except WorkflowUpdateFailedError as error:
-        raise _fail(RuntimeError(str(error.cause or error))) from error
+    return result

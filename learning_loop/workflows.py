@@ -283,13 +283,14 @@ class TrainingRunWorkflow:
             ):
                 continue  # nothing would change
             decision = await self._light(m.CONTROL_RUN, m.ControlInput(
-                run_id, action, control.user, control.reason), m.ControlDecision)
+                run_id, action, control.decision_id), m.ControlDecision)
             if not decision.accepted:
-                state.refused_controls.append(f"{action} by {control.user}: {decision.reason}")
+                who = decision.user or f"decision {control.decision_id!r}"
+                state.refused_controls.append(f"{action} by {who}: {decision.reason}")
                 continue
             if action == "pause":
-                state.status, state.paused_reason = "paused", f"paused by {control.user}" + (
-                    f": {control.reason}" if control.reason else "")
+                state.status, state.paused_reason = "paused", f"paused by {decision.user}" + (
+                    f": {decision.reason}" if decision.reason else "")
             elif action == "resume":
                 state.status, state.paused_reason = "running", None
             else:

@@ -89,8 +89,8 @@ def main() -> int:
     info = tiny_model_info(base_dir)
     console.print(f"  {base_dir}: {info.num_parameters:,} parameters, vocab {info.vocab_size}")
 
-    step("Creating people: an ML engineer, an auditor, an operator")
-    people = world.create_people(settings, suffix)
+    step("An admin creates people through the API: an ML engineer, an auditor, an operator")
+    people = world.create_people(settings, suffix, api_base)
     for role, person in people.items():
         console.print(f"  {person.name:<14} {role}")
     engineer, auditor, operator = (Api(api_base, people[r])
@@ -103,7 +103,11 @@ def main() -> int:
     lake = world.add_tasks(settings, versions["frozen_lake"], world.TRAINING_SEEDS,
                            people["operator"])
     ci = world.add_tasks(settings, versions["fix_ci_failure"], world.CI_SEEDS, people["operator"])
-    for line in asyncio.run(world.admit_tasks(settings, lake + ci, people["operator"])):
+    def admit(task_id: str) -> dict[str, Any]:
+        return operator.post(f"/api/tasks/{task_id}/admission", {
+            "decision": "approve", "comment": "evidence answers all four questions"})
+
+    for line in asyncio.run(world.admit_tasks(settings, lake + ci, admit)):
         console.print(f"  {line}")
     console.print(f"  (evidence per task: {api_base}/environments/frozen_lake)")
 

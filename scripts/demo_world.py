@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import getpass
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from triloop.config import Settings
 from triloop.db import role_engine, session_scope
@@ -46,22 +48,47 @@ class World:
     threshold_id: str = ""
 
 
-def create_people(settings: Settings, suffix: str) -> dict[str, Person]:
-    """An ML engineer, an auditor and an operator, as an admin would create them."""
-    from web.users import check_new_user, create_user
+def admin_token(settings: Settings) -> str:
+    """The demo admin's API token: the first admin on an empty database, kept as a secret.
 
+    ``triloop users create`` makes only the first admin; a later demo on the same stack
+    reads that admin's token back from the secrets folder (mode 0600).
+    """
+    from triloop.secrets import read_secret, write_secret
+    from web.users import UserError, create_first_admin
+
+    stored = read_secret(settings.secrets, "demo-admin-token")
+    if stored is not None:
+        return stored
     admin = Actor(service="web", user=f"{getpass.getuser()}@demo", roles=("admin",))
-    authorizer = build_authorizer(settings, "web")
+    build_authorizer(settings, "web").authorize(
+        admin, "create", Resource(kind="user", id="demo-admin", attrs={"first_admin": True}))
+    try:
+        with session_scope(role_engine(settings, "web")) as session:
+            _, token = create_first_admin(session=session, name="demo-admin",
+                                          created_by=admin.user or "demo")
+    except UserError as exc:
+        raise SystemExit(
+            f"{exc}. Put an admin's API token in {settings.secrets / 'demo-admin-token'}"
+            " to run the demo on this stack.") from exc
+    write_secret(settings.secrets, "demo-admin-token", token)
+    return token
+
+
+def create_people(settings: Settings, suffix: str, api_base: str) -> dict[str, Person]:
+    """An ML engineer, an auditor and an operator, created by the admin through the API."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {admin_token(settings)}"}
     people: dict[str, Person] = {}
     for role, first_name in (("ml_engineer", "maya"), ("auditor", "ada"), ("operator", "olga")):
-        name = f"{first_name}-{suffix}"
-        roles = check_new_user(name, [role])
-        authorizer.authorize(admin, "create", Resource(kind="user", id=name,
-                                                       attrs={"via": "demo"}))
-        with session_scope(role_engine(settings, "web")) as session:
-            _, token = create_user(session=session, name=name, roles=roles,
-                                   created_by=admin.user or "demo")
-        people[role] = Person(name, roles, token)
+        response = httpx.post(f"{api_base}/api/users", headers=headers, timeout=60,
+                              json={"name": f"{first_name}-{suffix}", "roles": [role]})
+        if response.status_code != 201:
+            raise SystemExit(f"creating {first_name} through the API failed:"
+                             f" {response.status_code} {response.text[:400]}")
+        created = response.json()
+        people[role] = Person(created["name"], created["roles"], created["token"])
     return people
 
 
@@ -94,26 +121,29 @@ def add_tasks(settings: Settings, version_id: str, seeds: tuple[int, ...],
                      requested_by=operator.name, roles=operator.roles) for seed in seeds]
 
 
-async def admit_tasks(settings: Settings, task_ids: list[str], operator: Person) -> list[str]:
-    """Run each task's AdmissionWorkflow (the four questions), then the operator admits it."""
+async def admit_tasks(settings: Settings, task_ids: list[str],
+                      decide: Callable[[str], dict[str, Any]]) -> list[str]:
+    """Run each task's AdmissionWorkflow (the four questions), then the operator decides.
+
+    The assessment is governance's own work; ``decide(task_id)`` is the operator's decision,
+    which goes through the web API with their token (POST /api/tasks/TASK/admission).
+    """
     from temporalio.common import WorkflowIDConflictPolicy
 
     from triloop.workflow_api import (
-        ADMISSION_DECIDE_UPDATE,
         ADMISSION_STATUS_QUERY,
         ADMISSION_WORKFLOW,
         GOVERNANCE_QUEUE,
         AdmissionInput,
         AdmissionResult,
-        HumanDecision,
         admission_workflow_id,
     )
 
-    client = await connect(settings, identity=f"demo-operator@{socket.gethostname()}")
+    client = await connect(settings, identity=f"demo-governance@{socket.gethostname()}")
 
-    async def admit(task_id: str) -> str:
+    async def assess(task_id: str) -> AdmissionResult:
         handle = await client.start_workflow(
-            ADMISSION_WORKFLOW, AdmissionInput(task_id=task_id, requested_by=operator.name),
+            ADMISSION_WORKFLOW, AdmissionInput(task_id=task_id, requested_by="demo"),
             id=admission_workflow_id(task_id), task_queue=settings.task_queue(GOVERNANCE_QUEUE),
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
@@ -122,17 +152,20 @@ async def admit_tasks(settings: Settings, task_ids: list[str], operator: Person)
         while status.status == "assessing":
             await asyncio.sleep(0.5)
             status = await handle.query(ADMISSION_STATUS_QUERY, result_type=AdmissionResult)
-        if status.status == "awaiting_decision":
-            status = await handle.execute_update(
-                ADMISSION_DECIDE_UPDATE,
-                HumanDecision(user=operator.name, roles=operator.roles, decision="approve",
-                              comment="evidence answers all four questions", service="cli"),
-                result_type=AdmissionResult,
-            )
-        answers = ", ".join(reason.split(":")[0] for reason in status.reasons if ": ok" in reason)
-        return f"{task_id[:12]}… {status.status}: {answers or '; '.join(status.reasons)}"
+        return status
 
-    return list(await asyncio.gather(*(admit(task) for task in task_ids)))
+    lines = []
+    for task_id, status in zip(task_ids, await asyncio.gather(*map(assess, task_ids)),
+                               strict=True):
+        reasons = status.reasons
+        if status.status == "awaiting_decision":
+            decided = await asyncio.to_thread(decide, task_id)
+            state, reasons = decided["status"], decided["reasons"]
+        else:
+            state = status.status
+        answers = ", ".join(reason.split(":")[0] for reason in reasons if ": ok" in reason)
+        lines.append(f"{task_id[:12]}… {state}: {answers or '; '.join(reasons)}")
+    return lines
 
 
 def freeze_eval_set_and_threshold(settings: Settings, task_ids: list[str],

@@ -91,3 +91,28 @@ def make_eval_set(engine: Engine, *, frozen: bool = False) -> str:
         with engine.begin() as conn:
             conn.execute(text("UPDATE eval_set SET frozen_at = now() WHERE id = :i"), {"i": set_id})
     return set_id
+
+
+def make_person(engine: Engine, name: str, roles: list[str], *, disabled: bool = False) -> str:
+    """A person in ``app_user`` with exactly these roles now (inserted or updated as owner)."""
+    import hashlib
+
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO app_user (name, roles, token_hash, created_by, disabled) "
+            "VALUES (:n, :r, :t, 'test', :d) "
+            "ON CONFLICT (name) DO UPDATE"
+            " SET roles = EXCLUDED.roles, disabled = EXCLUDED.disabled"),
+            {"n": name, "r": roles, "t": hashlib.sha256(f"token-{name}".encode()).hexdigest(),
+             "d": disabled})
+    return name
+
+
+def record_decision(engine: Engine, *, kind: str, subject: str, decision: str, user: str,
+                    comment: str = "checked the evidence", details: dict[str, Any] | None = None
+                    ) -> str:
+    """A ``human_decision`` row inserted with ``engine``'s role (the web role, or a forger)."""
+    decision_id = uid("dec-")
+    insert(engine, "human_decision", id=decision_id, kind=kind, subject=subject,
+           decision=decision, user_name=user, comment=comment, details=details or {})
+    return decision_id

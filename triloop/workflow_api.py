@@ -110,10 +110,12 @@ class TrainingRunInput:
 
 @dataclass
 class RunControl:
-    """A pause/resume/cancel request from a person."""
+    """A person's pause/resume/cancel: the id of the decision the web service recorded.
 
-    user: str
-    reason: str = ""
+    Who asked, and why, is read from that ``human_decision`` row by the learning loop.
+    """
+
+    decision_id: str = ""
 
 
 @dataclass
@@ -127,27 +129,25 @@ class PromotionInput:
 
 
 @dataclass
-class HumanDecision:
-    """An auditor's sign-off or an operator's approval/rejection."""
+class DecisionRef:
+    """A person's decision as a Temporal update carries it: its ``human_decision`` row id.
 
-    user: str
-    roles: list[str]
-    decision: str  # approve | reject (an auditor's approve means sign)
-    comment: str
-    # The service that forwards the person's decision; only "web" may (checked by validators).
-    service: str = "web"
+    Nothing about the person travels here: the loop that acts reads the person, the
+    decision and the person's current roles from the row that only the web role can write.
+    """
+
+    decision_id: str = ""
 
 
 @dataclass
 class RollbackInput:
-    """Move an alias back to its rollback target."""
+    """Move an alias back: an operator's recorded decision (``decision_id``) says who and why."""
 
-    requested_by: str
-    reason: str
+    decision_id: str = ""
     alias: str = "production"
-    roles: list[str] = field(default_factory=list)
     # Set only by a promotion's watch (automatic rollback); RollbackWorkflow refuses it.
     promotion_id: str | None = None
+    reason: str = ""  # the watch's reason; an operator's is in their decision row
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from triloop.models import DecisionKind
 from triloop.models._columns import new_id
 from triloop.workflow_api import (
     PROMOTION_APPROVE_UPDATE,
@@ -22,7 +23,7 @@ from triloop.workflow_api import (
     RUN_CANCEL_SIGNAL,
     RUN_PAUSE_SIGNAL,
     RUN_RESUME_SIGNAL,
-    HumanDecision,
+    DecisionRef,
     RollbackInput,
     RolloutBatchInput,
     RolloutItem,
@@ -31,7 +32,7 @@ from triloop.workflow_api import (
     training_run_workflow_id,
 )
 from web.data import audit as audit_data
-from web.data import deployments, promotions, runs
+from web.data import decisions, deployments, promotions, runs
 from web.data.audit import ChainVerification
 from web.data.runs import RunSummary
 from web.deps import Guard, Sessions, WebServices
@@ -43,12 +44,12 @@ PromotionAction = Literal["sign_audit", "reject_audit", "approve", "reject"]
 RUN_SIGNALS: dict[str, str] = {
     "pause": RUN_PAUSE_SIGNAL, "resume": RUN_RESUME_SIGNAL, "cancel": RUN_CANCEL_SIGNAL,
 }
-# action -> (update name, HumanDecision.decision)
-PROMOTION_UPDATES: dict[str, tuple[str, str]] = {
-    "sign_audit": (PROMOTION_SIGN_AUDIT_UPDATE, "approve"),
-    "reject_audit": (PROMOTION_SIGN_AUDIT_UPDATE, "reject"),
-    "approve": (PROMOTION_APPROVE_UPDATE, "approve"),
-    "reject": (PROMOTION_APPROVE_UPDATE, "reject"),
+# action -> (update name, the recorded decision's kind and verb)
+PROMOTION_UPDATES: dict[str, tuple[str, DecisionKind, str]] = {
+    "sign_audit": (PROMOTION_SIGN_AUDIT_UPDATE, DecisionKind.AUDIT, "sign"),
+    "reject_audit": (PROMOTION_SIGN_AUDIT_UPDATE, DecisionKind.AUDIT, "reject"),
+    "approve": (PROMOTION_APPROVE_UPDATE, DecisionKind.APPROVAL, "approve"),
+    "reject": (PROMOTION_APPROVE_UPDATE, DecisionKind.APPROVAL, "reject"),
 }
 ALIAS_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 Comment = Annotated[
@@ -181,8 +182,11 @@ async def control_run(
         raise conflict(f"run {run_id} is {run.status}; it can no longer be {action}d")
     if run.workflow_id is None:
         raise conflict(f"run {run_id} has no workflow yet; try again in a moment")
-    control = RunControl(user=guard.principal.name, reason=reason)
-    await services.orchestrator.signal_run(run.workflow_id, RUN_SIGNALS[action], control)
+    decision_id = await db.write(
+        decisions.record_decision, kind=DecisionKind.RUN_CONTROL, subject=run_id,
+        decision=action, user=guard.principal.name, comment=reason)
+    await services.orchestrator.signal_run(run.workflow_id, RUN_SIGNALS[action],
+                                           RunControl(decision_id=decision_id))
     return run
 
 
@@ -205,11 +209,13 @@ async def decide_promotion(
         raise conflict(f"promotion {promotion_id} is {promotion.status}; decisions need it open")
     if promotion.workflow_id is None:
         raise conflict(f"promotion {promotion_id} has no workflow to decide on")
-    update, decision = PROMOTION_UPDATES[action]
+    update, kind, decision = PROMOTION_UPDATES[action]
     person = guard.principal
-    human = HumanDecision(user=person.name, roles=list(person.roles), decision=decision,
-                          comment=comment.strip())
-    result = await services.orchestrator.promotion_update(promotion.workflow_id, update, human)
+    decision_id = await db.write(
+        decisions.record_decision, kind=kind, subject=promotion_id, decision=decision,
+        user=person.name, comment=comment.strip())
+    result = await services.orchestrator.promotion_update(
+        promotion.workflow_id, update, DecisionRef(decision_id=decision_id))
     return DecisionOutcome(promotion_id=promotion_id, action=action, decision=decision,
                            user=person.name, result=_plain(result))
 
@@ -224,14 +230,51 @@ async def rollback(
     await guard("rollback", "deployment", id=body.alias)
     if deployment.rollback_target_id is None:
         raise conflict(f"alias {body.alias} has no rollback target")
-    person = guard.principal
+    decision_id = await db.write(
+        decisions.record_decision, kind=DecisionKind.ROLLBACK, subject=body.alias,
+        decision="rollback", user=guard.principal.name, comment=body.reason.strip())
     workflow_id = f"rollback-{body.alias}-{uuid.uuid4().hex[:12]}"
-    request = RollbackInput(requested_by=person.name, reason=body.reason.strip(),
-                            alias=body.alias, roles=list(person.roles))
+    request = RollbackInput(decision_id=decision_id, alias=body.alias)
     result = await services.orchestrator.rollback(request, workflow_id)
     return RollbackOutcome(alias=result.alias, checkpoint_id=result.checkpoint_id,
                            previous_checkpoint_id=result.previous_checkpoint_id,
                            workflow_id=workflow_id)
+
+
+class AdmissionRequest(BaseModel):
+    """An operator admits an assessed task (only an admissible one) or rejects it."""
+
+    decision: Literal["approve", "reject"]
+    comment: Comment
+
+
+class AdmissionOutcome(BaseModel):
+    """The task's admission as governance left it."""
+
+    task_id: str
+    status: str
+    admissible: bool | None = None
+    reasons: list[str] = Field(default_factory=list)
+    decided_by: str | None = None
+
+
+async def decide_admission(
+    *, guard: Guard, db: Sessions, services: WebServices, task_id: str, body: AdmissionRequest
+) -> AdmissionOutcome:
+    """Record the operator's decision, then hand its id to the task's admission workflow."""
+    tasks = await db.read(runs.tasks_by_id, task_ids=[task_id])
+    if task_id not in tasks:
+        raise not_found("task", task_id)
+    await guard("admit" if body.decision == "approve" else "reject_task", "task", id=task_id)
+    if tasks[task_id].status != "pending":
+        raise conflict(f"task {task_id} is already {tasks[task_id].status}")
+    decision_id = await db.write(
+        decisions.record_decision, kind=DecisionKind.ADMISSION, subject=task_id,
+        decision=body.decision, user=guard.principal.name, comment=body.comment.strip())
+    result = await services.orchestrator.admission_update(task_id, DecisionRef(decision_id))
+    return AdmissionOutcome(task_id=task_id, status=result.status,
+                            admissible=result.admissible, reasons=list(result.reasons),
+                            decided_by=result.decided_by)
 
 
 async def start_episodes(

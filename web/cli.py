@@ -1,10 +1,9 @@
 """Command groups the ``triloop`` CLI mounts: users, train, promotions, rollback.
 
-``users`` runs on this machine with the web service's database role (it is how
-the first people and tokens come to exist; the policy is still asked, for the
-local operator as an admin). Everything else calls the HTTP API with a token
-(``--token`` or ``TRILOOP_TOKEN``) at ``TRILOOP_API_URL``, so the CLI is refused
-exactly what the console would refuse.
+``users create`` runs on this machine with the web service's database role: it is how the
+first admin comes to exist on an empty database, and it refuses once anyone exists.
+Everything else calls the HTTP API with a token (``--token`` or ``TRILOOP_TOKEN``) at
+``TRILOOP_API_URL``, so the CLI is refused exactly what the console would refuse.
 """
 
 from __future__ import annotations
@@ -46,31 +45,55 @@ def _local_actor() -> str:
 
 @users_app.command("create")
 def users_create(
-    name: Annotated[str, typer.Argument(help="Lowercase user name, e.g. alice.")],
-    role: Annotated[list[str], typer.Option("--role", help="ml_engineer, operator, auditor "
-                                                            "or admin; repeat for more.")],
+    name: Annotated[str, typer.Argument(help="Lowercase user name, e.g. root.")],
+    role: Annotated[list[str], typer.Option("--role", help="admin: the first user is the"
+                                                            " first admin.")],
 ) -> None:
-    """Create a user and print their API token (shown this once only)."""
+    """Create the first admin on an empty database and print their API token (shown once).
+
+    Only the first person is made here, on the server, with the web service's database role.
+    Everyone after is created by an admin through the API (`triloop users add` or
+    POST /api/users), which authenticates the admin and audits the creation.
+    """
     from triloop.db import role_engine, session_scope
     from triloop.policy import Actor, PolicyDenied, Resource
     from triloop.wiring import build_authorizer
-    from web.users import UserError, check_new_user, create_user
+    from web.users import UserError, check_new_user, create_first_admin
 
     settings = get_settings()
     try:
         roles = check_new_user(name, role)
+        if roles != ["admin"]:
+            raise UserError("the first user is an admin (--role admin) and nothing else;"
+                            " an admin then creates everyone else through the API")
         actor = Actor(service="web", user=_local_actor(), roles=("admin",))
         build_authorizer(settings, "web").authorize(
-            actor, "create", Resource(kind="user", id=name, attrs={"via": "cli"})
+            actor, "create", Resource(kind="user", id=name, attrs={"via": "cli",
+                                                                  "first_admin": True})
         )
         with session_scope(role_engine(settings, "web")) as session:
-            _, token = create_user(session=session, name=name, roles=roles,
-                                   created_by=_local_actor())
+            _, token = create_first_admin(session=session, name=name,
+                                          created_by=_local_actor())
     except (UserError, PolicyDenied) as error:
         err.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from error
     console.print(f"created {name} ({', '.join(roles)}). API token (shown once, keep it safe):")
     console.print(token, markup=False, highlight=False, soft_wrap=True)
+
+
+@users_app.command("add")
+def users_add(
+    name: Annotated[str, typer.Argument(help="Lowercase user name, e.g. alice.")],
+    role: Annotated[list[str], typer.Option("--role", help="ml_engineer, operator, auditor "
+                                                            "or admin; repeat for more.")],
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """An admin creates a person through the API; prints their API token (shown once)."""
+    created = api_call("POST", "/api/users", token=token, api_url=api_url,
+                       body={"name": name, "roles": role})
+    console.print(f"created {created['name']} ({', '.join(created['roles'])}). API token"
+                  " (shown once, keep it safe):")
+    console.print(created["token"], markup=False, highlight=False, soft_wrap=True)
 
 
 @users_app.command("list")

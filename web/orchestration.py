@@ -27,18 +27,21 @@ from temporalio.service import RPCError, RPCStatusCode
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.workflow_api import (
+    ADMISSION_DECIDE_UPDATE,
     EXECUTION_QUEUE,
     GOVERNANCE_QUEUE,
     LEARNING_QUEUE,
     ROLLBACK_WORKFLOW,
     ROLLOUT_WORKFLOW,
     TRAINING_RUN_WORKFLOW,
-    HumanDecision,
+    AdmissionResult,
+    DecisionRef,
     RollbackInput,
     RollbackResult,
     RolloutBatchInput,
     RunControl,
     TrainingRunInput,
+    admission_workflow_id,
 )
 from web.problems import ProblemError, conflict
 
@@ -92,7 +95,7 @@ class Orchestrator:
         await self._call(handle.signal(signal, control), what=f"{signal} run {workflow_id}")
 
     async def promotion_update(
-        self, workflow_id: str, update: str, decision: HumanDecision
+        self, workflow_id: str, update: str, decision: DecisionRef
     ) -> Any:
         """Send a person's decision to the promotion workflow and wait for its answer."""
         client = await self.client()
@@ -101,6 +104,15 @@ class Orchestrator:
             handle.execute_update(update, decision, rpc_timeout=self._rpc_timeout()),
             what=f"{update} on promotion {workflow_id}",
         )
+
+    async def admission_update(self, task_id: str, decision: DecisionRef) -> AdmissionResult:
+        """Send an operator's recorded decision to the task's admission workflow."""
+        client = await self.client()
+        handle = client.get_workflow_handle(admission_workflow_id(task_id))
+        result: AdmissionResult = await self._call(handle.execute_update(
+            ADMISSION_DECIDE_UPDATE, decision, result_type=AdmissionResult,
+            rpc_timeout=self._rpc_timeout()), what=f"decide admission of task {task_id}")
+        return result
 
     async def rollback(self, request: RollbackInput, workflow_id: str) -> RollbackResult:
         """Run governance's rollback workflow to completion and return where the alias points."""

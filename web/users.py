@@ -6,6 +6,7 @@ import re
 from datetime import datetime
 
 from pydantic import BaseModel, Field
+from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from triloop.models import User
@@ -80,6 +81,20 @@ def create_user(
     session.add(user)
     session.flush()
     return user, token
+
+
+FIRST_ADMIN_LOCK = text("SELECT pg_advisory_xact_lock(hashtext('triloop.first_admin'))")
+
+
+def create_first_admin(*, session: Session, name: str, created_by: str) -> tuple[User, str]:
+    """The first person, an admin, on an empty database; refused once anyone exists."""
+    session.execute(FIRST_ADMIN_LOCK)  # two first admins at once: the second sees the first
+    existing = session.exec(select(User.name).limit(1)).first()
+    if existing is not None:
+        raise UserError(
+            "people already exist, so this is not the first admin: an admin creates users"
+            " through the API (`triloop users add NAME --role ROLE --token ADMIN_TOKEN`)")
+    return create_user(session=session, name=name, roles=["admin"], created_by=created_by)
 
 
 def find_by_token(*, session: Session, token: str) -> User | None:

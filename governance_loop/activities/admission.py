@@ -20,6 +20,7 @@ from governance_loop.activities.messages import (
     LOAD_ADMISSION_TASK,
     RECORD_ADMISSION_EVIDENCE,
     AdmissionAssessmentRecord,
+    AdmissionDecided,
     AdmissionDecisionInput,
     AdmissionEvidenceInput,
     AdmissionTask,
@@ -27,8 +28,9 @@ from governance_loop.activities.messages import (
 )
 from governance_loop.admission import AdmissionBudgets, AdmissionEvidence, assess_admission
 from triloop.db import session_scope
+from triloop.models import DecisionKind
 from triloop.models._columns import utcnow
-from triloop.policy import Actor, Authorizer, Resource, acting_for
+from triloop.policy import Authorizer, Resource
 
 
 class AdmissionActivities(GovernanceShell):
@@ -106,37 +108,46 @@ class AdmissionActivities(GovernanceShell):
         return AdmissionAssessmentRecord(admissible=assessment.admissible, reasons=reasons)
 
     @activity.defn(name=DECIDE_TASK_ADMISSION)
-    def decide_task_admission(self, request: AdmissionDecisionInput) -> str:
+    def decide_task_admission(self, request: AdmissionDecisionInput) -> AdmissionDecided:
         """Admit (only an admissible task) or reject; returns the task's new status."""
-        admit = request.decision == "approve"
+        resource = Resource("task", id=request.task_id)
+        if request.decision_id:  # an operator's: proven from the row the web service wrote
+            proven = self.prove(request.decision_id, DecisionKind.ADMISSION, request.task_id,
+                                role="operator", resource=resource)
+            decided_by, decision, comment = proven.user, proven.decision, proven.comment
+        else:  # the automatic rejection at the deadline is governance's own act
+            proven, decided_by, decision = None, "governance", "reject"
+            comment = request.automatic_reason
+        if decision not in ("approve", "reject"):
+            raise refused(f"unknown decision {decision!r}: approve or reject")
+        if not comment.strip():
+            raise refused("an admission decision needs a comment saying why")
+        admit = decision == "approve"
         with session_scope(self._engine) as session:
             task = store.get_task(session=session, task_id=request.task_id)
             assessment = (task.evidence or {}).get("assessment") or {}
         if admit and assessment.get("admissible") is not True:
             raise refused(f"task {request.task_id} is not admissible; it can only be rejected")
-        # An operator's decision is checked against the operator's own roles; the automatic
-        # rejection at the deadline (no person, no roles) is governance's own act.
-        context: dict[str, Any] = {"comment": request.comment}
-        if request.roles:
-            person = Actor(service="web", user=request.user, roles=tuple(request.roles))
-            context = acting_for(person, comment=request.comment)
-        self.authorize(
-            "admit" if admit else "reject_task",
-            Resource("task", id=request.task_id, attrs={"admissible": admit}),
-            context=context,
-        )
+        action = "admit" if admit else "reject_task"
+        resource = Resource("task", id=request.task_id, attrs={"admissible": admit})
+        if proven is not None:
+            self.authorize_for(proven, action, resource)
+        else:
+            self.authorize(action, resource, context={"comment": comment})
         status = "admitted" if admit else "rejected"
         with session_scope(self._engine) as session:
             task = store.get_task(session=session, task_id=request.task_id, for_update=True)
             if task.status not in ("pending", status):
                 raise refused(f"task {task.id} is already {task.status}")
             task.status = status
-            task.decided_by = request.user
+            task.decided_by = decided_by
             task.decided_at = utcnow()
             task.evidence = {**(task.evidence or {}),
-                             "decision": {"user": request.user, "decision": request.decision,
-                                          "comment": request.comment}}
+                             "decision": {"user": decided_by, "decision": decision,
+                                          "comment": comment,
+                                          "human_decision_id": request.decision_id or None}}
             session.add(task)
             record(session, action=f"task_{status}", resource={"kind": "task", "id": task.id},
-                   payload={"decided_by": request.user, "comment": request.comment})
-        return status
+                   payload={"decided_by": decided_by, "comment": comment,
+                            "human_decision_id": request.decision_id or None})
+        return AdmissionDecided(status=status, decided_by=decided_by, decision=decision)

@@ -21,8 +21,9 @@ from governance_loop.activities.messages import (
 )
 from governance_loop.gates import GateDecision
 from triloop.audit import append_event
-from triloop.models import GateResult
-from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
+from triloop.decisions import DecisionRefused, ProvenDecision, audit_refusal, load_decision
+from triloop.models import DecisionKind, GateResult
+from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
 
 GOVERNANCE = Actor(service="governance")
 _ROW_IDS = uuid.UUID("5b0f8c1e-7a55-4c39-9d0e-3f1c2a9e6b71")
@@ -54,6 +55,25 @@ class GovernanceShell:
     def __init__(self, engine: Engine, authorizer: Authorizer) -> None:
         self._engine = engine
         self._authorizer = authorizer
+
+    def prove(
+        self, decision_id: str, kind: DecisionKind, subject: str, *, role: str,
+        resource: Resource,
+    ) -> ProvenDecision:
+        """The person's recorded decision, read from the database; a refusal is audited."""
+        try:
+            with Session(self._engine) as session:
+                return load_decision(session, decision_id=decision_id, kind=kind,
+                                     subject=subject, role=role)
+        except DecisionRefused as exc:
+            audit_refusal(self._engine, service=GOVERNANCE.service, action=f"{kind}_decision",
+                          resource=resource.to_input(), decision_id=decision_id, reason=str(exc))
+            raise refused(str(exc)) from exc
+
+    def authorize_for(self, proven: ProvenDecision, action: str, resource: Resource) -> None:
+        """Ask OPA again, as governance carrying out this person's recorded decision."""
+        self.authorize(action, resource, context=acting_for(
+            proven.person, comment=proven.comment, human_decision_id=proven.id))
 
     def authorize(
         self, action: str, resource: Resource, *, context: Mapping[str, Any] | None = None

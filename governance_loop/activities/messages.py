@@ -111,6 +111,7 @@ class GateOutcome:
     gate_result_id: str | None = None
     restore_routing: bool = False
     rollback: bool = False
+    decided_by: str | None = None  # audit and approval: the person, read from the database
 
 
 @dataclass
@@ -169,16 +170,16 @@ class CanaryLook:
 
 @dataclass
 class HumanDecisionRecord:
-    """A person's audit or approval decision, already validated by the update's validator."""
+    """Carry out a person's audit or approval decision: its ``human_decision`` row id.
+
+    Who decided, what and why are read from that row, their roles from ``app_user``.
+    """
 
     promotion_id: str
-    kind: str  # audit | operator
-    user: str
-    roles: list[str]
-    decision: str  # audit: sign | reject; operator: approve | reject
-    comment: str
+    gate: str  # audit | approval
+    decision_id: str
     submitted_by: str
-    audited_by: str | None = None  # the auditor who signed (operator decisions)
+    audited_by: str | None = None  # the auditor who signed (approval decisions)
 
 
 @dataclass
@@ -252,10 +253,21 @@ class AdmissionAssessmentRecord:
 
 @dataclass
 class AdmissionDecisionInput:
-    """An operator's admit/reject, already validated."""
+    """Admit or reject a task: an operator's recorded decision, or governance's own rejection.
+
+    ``decision_id`` names the operator's ``human_decision`` row (who, what and why are read
+    from it); without one, ``automatic_reason`` says why governance rejects on its own.
+    """
 
     task_id: str
-    user: str
-    roles: list[str]
+    decision_id: str = ""
+    automatic_reason: str = ""
+
+
+@dataclass
+class AdmissionDecided:
+    """The task's new status and who decided (a person, or governance)."""
+
+    status: str
+    decided_by: str
     decision: str  # approve | reject
-    comment: str

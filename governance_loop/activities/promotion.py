@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from sqlalchemy import Engine
 from sqlmodel import Session
@@ -36,28 +37,33 @@ from governance_loop.activities.messages import (
     RoutingRequest,
 )
 from governance_loop.gates import (
+    APPROVAL,
     AUDIT,
     PROMOTE,
     GateDecision,
-    HumanDecision,
+    HumanDecisionError,
     ThresholdSpec,
     Verdict,
     decide_approval,
     decide_audit,
 )
+from governance_loop.gates import HumanDecision as GateHumanDecision
+from governance_loop.gates.human import AUDITOR_ROLE, OPERATOR_ROLE
 from triloop.db import session_scope
-from triloop.models import Approval, Proposal, TrainingRun
-from triloop.policy import Actor, Authorizer, Resource, acting_for
+from triloop.decisions import audit_refusal
+from triloop.models import Approval, DecisionKind, Proposal, TrainingRun
+from triloop.policy import Authorizer, Resource
 from triloop.workflow_api import RolloutItem
 
 DEFAULT_THRESHOLD_NAME = "promotion"
 PRODUCTION = "production"
 # Policy action for each (kind, decision) a person may take on a promotion.
+# The policy's action for each recorded decision (DecisionKind, decision).
 HUMAN_ACTIONS = {
-    ("audit", "sign"): "sign_audit",
-    ("audit", "reject"): "reject_audit",
-    ("operator", "approve"): "approve",
-    ("operator", "reject"): "reject",
+    (DecisionKind.AUDIT, "sign"): "sign_audit",
+    (DecisionKind.AUDIT, "reject"): "reject_audit",
+    (DecisionKind.APPROVAL, "approve"): "approve",
+    (DecisionKind.APPROVAL, "reject"): "reject",
 }
 
 
@@ -200,38 +206,44 @@ class PromotionActivities(GovernanceShell):
             return RoutingChange(ok=True, at=store.db_now(session).isoformat())
 
     @activity.defn(name=RECORD_HUMAN_DECISION)
-    def record_human_decision(self, decision: HumanDecisionRecord) -> GateOutcome:
-        """Ask OPA again for the person, then write the approval row, gate result and audit."""
-        action = HUMAN_ACTIONS.get((decision.kind, decision.decision))
+    def record_human_decision(self, request: HumanDecisionRecord) -> GateOutcome:
+        """Prove the person from their recorded decision, re-check duties and OPA, then write."""
+        audit = request.gate == AUDIT
+        kind = DecisionKind.AUDIT if audit else DecisionKind.APPROVAL
+        attrs = {"submitted_by": request.submitted_by}
+        if not audit:
+            attrs["audited_by"] = request.audited_by or ""
+        resource = Resource("promotion", id=request.promotion_id, attrs=attrs)
+        proven = self.prove(request.decision_id, kind, request.promotion_id,
+                            role=AUDITOR_ROLE if audit else OPERATOR_ROLE, resource=resource)
+        action = HUMAN_ACTIONS.get((kind, proven.decision))
         if action is None:
-            raise refused(f"unknown {decision.kind} decision {decision.decision!r}")
-        attrs = {"submitted_by": decision.submitted_by}
-        if decision.kind == "audit":
-            attrs["audited_by"] = decision.user
-        else:
-            attrs["audited_by"] = decision.audited_by or ""
-            attrs["approved_by"] = decision.user
-        person = Actor(service="web", user=decision.user, roles=tuple(decision.roles))
-        self.authorize(
-            action, Resource("promotion", id=decision.promotion_id, attrs=attrs),
-            context=acting_for(person, comment=decision.comment),
-        )
-        human = HumanDecision(user=decision.user, service="web", roles=list(decision.roles),
-                              decision=decision.decision, comment=decision.comment)
-        if decision.kind == "audit":
-            gate = decide_audit(human, submitter=decision.submitted_by, awaiting=AUDIT)
-        else:
-            gate = decide_approval(human, submitter=decision.submitted_by,
-                                   auditor=decision.audited_by, awaiting="approval")
+            raise refused(f"unknown {kind} decision {proven.decision!r}")
+        human = GateHumanDecision(user=proven.user, service="web", roles=list(proven.roles),
+                                  decision=proven.decision, comment=proven.comment)
+        try:  # the pure duty rules first: their refusals say the most
+            if audit:
+                gate = decide_audit(human, submitter=request.submitted_by, awaiting=AUDIT)
+            else:
+                gate = decide_approval(human, submitter=request.submitted_by,
+                                       auditor=request.audited_by, awaiting=APPROVAL)
+        except HumanDecisionError as exc:
+            audit_refusal(self._engine, service="governance", action=action,
+                          resource=resource.to_input(), decision_id=proven.id, reason=str(exc))
+            raise refused(str(exc)) from exc
+        self.authorize_for(proven, action, Resource("promotion", id=request.promotion_id, attrs={
+            **attrs, ("audited_by" if audit else "approved_by"): proven.user}))
         with session_scope(self._engine) as session:
             key = row_id("approval")
             if session.get(Approval, key) is None:
                 store.add_approval(
-                    session=session, promotion_id=decision.promotion_id, kind=decision.kind,
-                    decision="approve" if gate.passed else "reject", user_name=decision.user,
-                    comment=decision.comment, row_id=key,
+                    session=session, promotion_id=request.promotion_id,
+                    kind="audit" if audit else "operator",
+                    decision="approve" if gate.passed else "reject", user_name=proven.user,
+                    comment=proven.comment, row_id=key,
                 )
-            return store_gate(session, promotion_id=decision.promotion_id, decision=gate)
+            outcome = store_gate(session, promotion_id=request.promotion_id, decision=gate)
+        return replace(outcome, decided_by=proven.user)
 
     @activity.defn(name=PROMOTE_CANDIDATE)
     def promote_candidate(self, request: PromoteInput) -> PromoteResult:

@@ -20,8 +20,8 @@ from governance_loop import store
 from governance_loop.activities.common import GOVERNANCE, GovernanceShell, record, refused
 from governance_loop.activities.messages import ROLLBACK_DEPLOYMENT
 from triloop.db import session_scope
-from triloop.models import Checkpoint, DeploymentHistory
-from triloop.policy import Actor, Authorizer, Resource, acting_for
+from triloop.models import Checkpoint, DecisionKind, DeploymentHistory
+from triloop.policy import Authorizer, Resource
 from triloop.workflow_api import RollbackInput, RollbackResult
 
 
@@ -40,17 +40,17 @@ class RollbackActivities(GovernanceShell):
     @activity.defn(name=ROLLBACK_DEPLOYMENT)
     def rollback_deployment(self, request: RollbackInput) -> RollbackResult:
         """Authorize, then swap the alias with its rollback target and reroute production."""
-        if request.promotion_id is not None:
-            context = {"automatic": True, "promotion_id": request.promotion_id,
-                       "reason": request.reason}
-        else:
-            if not request.requested_by.strip():
-                raise refused("a rollback needs the person who requests it")
-            person = Actor(service="web", user=request.requested_by, roles=tuple(request.roles))
-            context = acting_for(person, reason=request.reason)
-        self.authorize("rollback", Resource("deployment", id=request.alias,
-                                            attrs={"requested_by": request.requested_by}),
-                       context=context)
+        resource = Resource("deployment", id=request.alias)
+        if request.promotion_id is not None:  # the watch's automatic rollback
+            self.authorize("rollback", resource, context={
+                "automatic": True, "promotion_id": request.promotion_id,
+                "reason": request.reason})
+            actor, reason = "governance", request.reason
+        else:  # an operator's: who and why come from the decision the web service recorded
+            proven = self.prove(request.decision_id, DecisionKind.ROLLBACK, request.alias,
+                                role="operator", resource=resource)
+            self.authorize_for(proven, "rollback", resource)
+            actor, reason = proven.user, proven.comment
         key = _request_key()
         with session_scope(self._engine) as session:
             done = self._already_done(session, request.alias, key)
@@ -63,11 +63,10 @@ class RollbackActivities(GovernanceShell):
             if target is None:
                 raise refused(f"alias {request.alias!r} has no rollback target")
             promotion_id = current.promotion_id
-            actor = "governance" if request.promotion_id else request.requested_by
             store.move_alias(
                 session=session, alias=request.alias, checkpoint_id=target,
                 rollback_target_id=previous, promotion_id=None, actor=actor,
-                reason=f"rollback {key}: {request.reason}".strip(),
+                reason=f"rollback {key}: {reason}".strip(),
             )
             if request.alias == "production":
                 store.set_routing(session=session, slot="production", checkpoint_id=target,
@@ -79,11 +78,12 @@ class RollbackActivities(GovernanceShell):
                 promotion = store.get_promotion(session=session, promotion_id=promotion_id)
                 if promotion.status == "promoted":
                     store.update_promotion(session=session, promotion_id=promotion_id,
-                                           status="rolled_back", reason=request.reason)
+                                           status="rolled_back", reason=reason)
             record(session, action="rollback",
                    resource={"kind": "deployment", "id": request.alias},
                    payload={"from": previous, "to": target, "requested_by": actor,
-                            "reason": request.reason, "promotion_id": promotion_id})
+                            "reason": reason, "promotion_id": promotion_id,
+                            "human_decision_id": request.decision_id or None})
         return RollbackResult(alias=request.alias, checkpoint_id=target,
                               previous_checkpoint_id=previous)
 

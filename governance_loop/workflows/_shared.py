@@ -1,4 +1,4 @@
-"""What the governance workflows share: activity calls, retry policies, decision mapping.
+"""What the governance workflows share: activity calls, retry policies, refusals.
 
 Deterministic code only, like every module of this package.
 """
@@ -14,8 +14,6 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     import governance_loop.activities.messages as m
-    from governance_loop.gates import HumanDecision as GateHumanDecision
-    from triloop.workflow_api import HumanDecision
 
 QUICK = timedelta(seconds=60)
 RETRY = RetryPolicy(
@@ -34,15 +32,6 @@ async def act(name: str, arg: Any, result_type: type[Any] | None = None,
     return await workflow.execute_activity(
         name, arg, result_type=result_type, start_to_close_timeout=QUICK, retry_policy=retry
     )
-
-
-def gate_decision(decision: HumanDecision, *, audit: bool) -> GateHumanDecision:
-    """The wire decision as the pure validator sees it; an auditor's 'approve' signs."""
-    choice = decision.decision
-    if audit and choice == "approve":
-        choice = "sign"
-    return GateHumanDecision(user=decision.user, service=decision.service,
-                             roles=list(decision.roles), decision=choice, comment=decision.comment)
 
 
 def refusal(error: ActivityError) -> ApplicationError:

@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
         AdmissionProbeEvidence,
         AdmissionProbeInput,
         AdmissionResult,
-        HumanDecision,
+        DecisionRef,
         sibling_queue,
     )
 
@@ -79,44 +79,37 @@ class AdmissionWorkflow:
         except TimeoutError:
             await workflow.wait_condition(lambda: not self._deciding)
         if self._decision is None:
-            self._result.status = await act(m.DECIDE_TASK_ADMISSION, m.AdmissionDecisionInput(
-                task_id=request.task_id, user="governance", roles=[], decision="reject",
-                comment=f"no operator decision within {task.decision_deadline_s:g}s",
-            ), str)
+            decided: m.AdmissionDecided = await act(
+                m.DECIDE_TASK_ADMISSION, m.AdmissionDecisionInput(
+                    task_id=request.task_id,
+                    automatic_reason=f"no operator decision within {task.decision_deadline_s:g}s",
+                ), m.AdmissionDecided)
+            self._result.status = decided.status
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._result
 
     @workflow.update(name=ADMISSION_DECIDE_UPDATE)
-    async def decide_admission(self, decision: HumanDecision) -> AdmissionResult:
-        """An operator admits (only an admissible task) or rejects."""
+    async def decide_admission(self, decision: DecisionRef) -> AdmissionResult:
+        """An operator admits (only an admissible task) or rejects: their recorded decision."""
         self._deciding = True
         try:
-            status: str = await act(m.DECIDE_TASK_ADMISSION, m.AdmissionDecisionInput(
-                task_id=self._result.task_id, user=decision.user, roles=list(decision.roles),
-                decision=decision.decision, comment=decision.comment,
-            ), str, retry=HUMAN_RETRY)
+            decided: m.AdmissionDecided = await act(
+                m.DECIDE_TASK_ADMISSION, m.AdmissionDecisionInput(
+                    task_id=self._result.task_id, decision_id=decision.decision_id),
+                m.AdmissionDecided, retry=HUMAN_RETRY)
         except ActivityError as error:
             raise refusal(error) from error
         finally:
             self._deciding = False
-        self._decision = decision.decision
-        self._result.status = status
-        self._result.decided_by = decision.user
+        self._decision = decided.decision
+        self._result.status = decided.status
+        self._result.decided_by = decided.decided_by
         return self._result
 
     @decide_admission.validator
-    def _validate_decision(self, decision: HumanDecision) -> None:
+    def _validate_decision(self, decision: DecisionRef) -> None:
         if self._result.status != "awaiting_decision" or self._deciding:
             raise HumanDecisionError(f"the admission is {self._result.status}; no decision now")
-        if not decision.user.strip():
-            raise HumanDecisionError("an admission decision needs the signed-in user")
-        if "operator" not in decision.roles:
-            raise HumanDecisionError(f"{decision.user!r} lacks the 'operator' role to admit tasks")
-        if decision.decision not in ("approve", "reject"):
-            raise HumanDecisionError(f"unknown decision {decision.decision!r}: approve or reject")
-        if not decision.comment.strip():
-            raise HumanDecisionError("an admission decision needs a comment saying why")
-        if decision.decision == "approve" and not self._result.admissible:
+        if not decision.decision_id:
             raise HumanDecisionError(
-                "the task failed the admission questions and can only be rejected: "
-                + "; ".join(self._result.reasons))
+                "an admission decision is the id of the decision the web service recorded")

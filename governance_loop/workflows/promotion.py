@@ -2,8 +2,10 @@
 
 Gate verdicts are computed and stored by activities, so a history replays the
 verdict it recorded even after the gate rules change. Human decisions arrive as
-updates whose validators re-check separation of duties with the pure rules in
-``governance_loop.gates.human``; their handlers ask OPA again (in an activity)
+updates that carry only the id of the decision the web service recorded; the
+validator refuses a decision the promotion is not waiting for, and the handler's
+activity reads the person and their roles from the database, re-checks separation
+of duties with the pure rules in ``governance_loop.gates.human`` and asks OPA again
 before anything is written. Soaks are durable timers and every polling loop
 sleeps between looks, so a soak of days adds a few hundred events to the history.
 """
@@ -28,10 +30,8 @@ with workflow.unsafe.imports_passed_through():
         SHADOW,
         WATCH,
         HumanDecisionError,
-        validate_approval_decision,
-        validate_audit_decision,
     )
-    from governance_loop.workflows._shared import HUMAN_RETRY, act, gate_decision, refusal
+    from governance_loop.workflows._shared import HUMAN_RETRY, act, refusal
     from triloop.workflow_api import (
         EXECUTION_QUEUE,
         PROMOTION_APPROVE_UPDATE,
@@ -40,8 +40,8 @@ with workflow.unsafe.imports_passed_through():
         PROMOTION_STATUS_QUERY,
         PROMOTION_WORKFLOW,
         ROLLOUT_WORKFLOW,
+        DecisionRef,
         GateSummary,
-        HumanDecision,
         PromotionInput,
         PromotionStatus,
         RollbackInput,
@@ -277,37 +277,40 @@ class PromotionWorkflow:
         return self._plan.submitted_by, self._gate or ""
 
     @workflow.update(name=PROMOTION_SIGN_AUDIT_UPDATE)
-    async def sign_audit(self, decision: HumanDecision) -> GateSummary:
-        """An auditor signs or rejects; OPA is asked again before the approval row is written."""
+    async def sign_audit(self, decision: DecisionRef) -> GateSummary:
+        """An auditor signs or rejects; the activity proves the person and asks OPA again."""
         return await self._decide(AUDIT, decision)
 
     @sign_audit.validator
-    def _validate_audit(self, decision: HumanDecision) -> None:
-        submitter, awaiting = self._check_open(AUDIT)
-        validate_audit_decision(gate_decision(decision, audit=True), submitter=submitter,
-                                awaiting=awaiting)
+    def _validate_audit(self, decision: DecisionRef) -> None:
+        self._check_awaiting(AUDIT, decision)
 
     @workflow.update(name=PROMOTION_APPROVE_UPDATE)
-    async def operator_decision(self, decision: HumanDecision) -> GateSummary:
+    async def operator_decision(self, decision: DecisionRef) -> GateSummary:
         """An operator approves or rejects; not the submitter, not the auditor who signed."""
         return await self._decide(APPROVAL, decision)
 
     @operator_decision.validator
-    def _validate_approval(self, decision: HumanDecision) -> None:
-        submitter, awaiting = self._check_open(APPROVAL)
-        validate_approval_decision(gate_decision(decision, audit=False), submitter=submitter,
-                                   auditor=self._auditor, awaiting=awaiting)
+    def _validate_approval(self, decision: DecisionRef) -> None:
+        self._check_awaiting(APPROVAL, decision)
 
-    async def _decide(self, gate: str, decision: HumanDecision) -> GateSummary:
+    def _check_awaiting(self, gate: str, decision: DecisionRef) -> None:
+        _, awaiting = self._check_open(gate)
+        if awaiting != gate:
+            raise HumanDecisionError(
+                f"this promotion is at gate {awaiting!r}, not {gate!r}: the {gate} decision "
+                "cannot be taken now")
+        if not decision.decision_id:
+            raise HumanDecisionError(
+                f"a {gate} decision is the id of the decision the web service recorded")
+
+    async def _decide(self, gate: str, decision: DecisionRef) -> GateSummary:
         assert self._plan is not None
         self._deciding = True
         try:
             outcome: m.GateOutcome = await act(m.RECORD_HUMAN_DECISION, m.HumanDecisionRecord(
-                promotion_id=self._plan.promotion_id,
-                kind="audit" if gate == AUDIT else "operator",
-                user=decision.user, roles=list(decision.roles),
-                decision=gate_decision(decision, audit=gate == AUDIT).decision,
-                comment=decision.comment, submitted_by=self._plan.submitted_by,
+                promotion_id=self._plan.promotion_id, gate=gate,
+                decision_id=decision.decision_id, submitted_by=self._plan.submitted_by,
                 audited_by=self._auditor,
             ), m.GateOutcome, retry=HUMAN_RETRY)
         except ActivityError as error:
@@ -317,10 +320,10 @@ class PromotionWorkflow:
         self._note(outcome)
         if gate == AUDIT:
             self._audit = outcome
-            self._auditor = decision.user if outcome.passed else None
+            self._auditor = outcome.decided_by if outcome.passed else None
         else:
             self._approval = outcome
-            self._approver = decision.user if outcome.passed else None
+            self._approver = outcome.decided_by if outcome.passed else None
         return self._results[-1]
 
     # --- promote and watch --------------------------------------------------------------------
@@ -346,8 +349,7 @@ class PromotionWorkflow:
 
     async def _rollback(self, plan: m.PromotionPlan, reason: str) -> None:
         await act(m.ROLLBACK_DEPLOYMENT, RollbackInput(
-            requested_by="governance", reason=reason, promotion_id=plan.promotion_id,
-        ), RollbackResult)
+            reason=reason, promotion_id=plan.promotion_id), RollbackResult)
 
     async def _watch(self, plan: m.PromotionPlan, promoted_at: str) -> None:
         assert plan.threshold_id and plan.baseline_checkpoint_id

@@ -65,20 +65,23 @@ class RunStatusInput:
 
 @dataclass
 class ControlInput:
-    """A person's pause/resume/cancel, checked again against the policy before it acts."""
+    """A person's pause/resume/cancel: the id of the decision the web service recorded.
+
+    The activity reads who asked, and why, from that row and asks the policy again.
+    """
 
     run_id: str
-    action: str  # pause | resume | cancel
-    user: str
-    reason: str = ""
+    action: str  # pause | resume | cancel (the signal it came by)
+    decision_id: str = ""
 
 
 @dataclass
 class ControlDecision:
-    """Whether the policy let the person's request through, and why not."""
+    """Whether the request went through, and why not; who asked, read from the database."""
 
     accepted: bool
     reason: str = ""
+    user: str = ""
 
 
 @dataclass

@@ -45,7 +45,8 @@ from learning_loop.lineage import (
     reward_history,
     set_run_status,
 )
-from triloop.models import EnvironmentVersion, Proposal, User
+from triloop.decisions import DecisionRefused, audit_refusal, load_decision
+from triloop.models import DecisionKind, EnvironmentVersion, Proposal
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
 from triloop.workflow_api import (
     PROMOTION_PROPOSED_SIGNAL,
@@ -121,30 +122,40 @@ class RunActivities:
 
     @activity.defn(name=CONTROL_RUN)
     def control_run(self, request: ControlInput) -> ControlDecision:
-        """Carry out a person's pause/resume/cancel if the policy allows it for them."""
+        """Carry out a person's recorded pause/resume/cancel if the policy allows it."""
         if request.action not in CONTROL_STATUS:
             return ControlDecision(False, f"unknown run control {request.action!r}")
         run = get_run(engine=self._engine, run_id=request.run_id)
         if run is None:
             return ControlDecision(False, f"training run {request.run_id} has no row")
-        with Session(self._engine) as session:
-            user = session.get(User, request.user)
-        roles = tuple(user.roles) if user is not None and not user.disabled else ()
-        person = Actor(service="web", user=request.user, roles=roles)
+        resource = Resource("training_run", id=request.run_id, owner=run.submitted_by)
+        try:
+            with Session(self._engine) as session:
+                proven = load_decision(session, decision_id=request.decision_id,
+                                       kind=DecisionKind.RUN_CONTROL, subject=request.run_id)
+            if proven.decision != request.action:
+                raise DecisionRefused(
+                    f"decision {proven.id} asks to {proven.decision}, not to {request.action}")
+        except DecisionRefused as exc:
+            audit_refusal(self._engine, service=LEARNING.service, action=request.action,
+                          resource=resource.to_input(), decision_id=request.decision_id,
+                          reason=str(exc))
+            activity.logger.warning("run control refused: %s", exc)
+            return ControlDecision(False, str(exc))
         try:
             self._authorizer.authorize(
-                LEARNING, request.action,
-                Resource("training_run", id=request.run_id, owner=run.submitted_by),
-                context=acting_for(person, reason=request.reason),
+                LEARNING, request.action, resource,
+                context=acting_for(proven.person, reason=proven.comment,
+                                   human_decision_id=proven.id),
             )
         except PolicyDenied as denied:
             activity.logger.warning("run control refused: %s", denied)
-            return ControlDecision(False, str(denied))
-        reason = f"{request.action} by {request.user}" + (
-            f": {request.reason}" if request.reason else "")
+            return ControlDecision(False, str(denied), proven.user)
+        reason = f"{request.action} by {proven.user}" + (
+            f": {proven.comment}" if proven.comment else "")
         set_run_status(engine=self._engine, run_id=request.run_id,
                        status=CONTROL_STATUS[request.action], reason=reason)
-        return ControlDecision(True)
+        return ControlDecision(True, proven.comment, proven.user)
 
     @activity.defn(name=PROPOSE_CHECKPOINT)
     async def propose_checkpoint(self, request: ProposeInput) -> ProposeResult:

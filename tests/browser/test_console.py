@@ -45,7 +45,7 @@ from triloop.workflow_api import (
     PROMOTION_STATUS_QUERY,
     PROMOTION_WORKFLOW,
     ROLLBACK_WORKFLOW,
-    HumanDecision,
+    DecisionRef,
     PromotionInput,
     RollbackInput,
     RollbackResult,
@@ -73,15 +73,14 @@ class StandInPromotion:
         await workflow.wait_condition(lambda: len(self.decisions) >= 1)
 
     @workflow.update(name=PROMOTION_SIGN_AUDIT_UPDATE)
-    def sign_audit(self, decision: HumanDecision) -> str:
-        self.decisions.append({"kind": "audit", "user": decision.user})
+    def sign_audit(self, decision: DecisionRef) -> str:
+        self.decisions.append({"kind": "audit", "decision_id": decision.decision_id})
         return "audit recorded"
 
     @workflow.update(name=PROMOTION_APPROVE_UPDATE)
-    def operator_decision(self, decision: HumanDecision) -> str:
-        self.decisions.append({"kind": "operator", "user": decision.user,
-                               "decision": decision.decision, "comment": decision.comment})
-        return f"{decision.decision} recorded for {decision.user}"
+    def operator_decision(self, decision: DecisionRef) -> str:
+        self.decisions.append({"kind": "operator", "decision_id": decision.decision_id})
+        return f"decision {decision.decision_id} recorded"
 
     @workflow.query(name=PROMOTION_STATUS_QUERY)
     def status(self) -> list[dict[str, Any]]:
@@ -95,7 +94,15 @@ class StandInRollback:
     @workflow.run
     async def run(self, request: RollbackInput) -> RollbackResult:
         return RollbackResult(alias=request.alias, checkpoint_id="stand-in-target",
-                              previous_checkpoint_id=f"stand-in-current ({request.reason})")
+                              previous_checkpoint_id="stand-in-current")
+
+
+def recorded(engine: Engine, decision_id: str) -> tuple[Any, ...]:
+    """(kind, user, decision, comment, recorded_by) of the decision row an update named."""
+    with engine.connect() as conn:
+        return tuple(conn.execute(text(
+            "SELECT kind, user_name, decision, comment, recorded_by FROM human_decision"
+            " WHERE id = :i"), {"i": decision_id}).one())
 
 
 class Loop:
@@ -242,12 +249,13 @@ def test_operator_signs_in_and_approves_a_promotion(
     page.get_by_role("button", name="Approve").click()
     notice = page.get_by_role("status")
     expect(notice).to_contain_text(f"Approved as {operator.name}")
-    expect(notice).to_contain_text(f"approve recorded for {operator.name}")
     shot(page, "promotion-approved")
     loop, _ = governance
-    assert loop.run(handle.query(PROMOTION_STATUS_QUERY)) == [{
-        "kind": "operator", "user": operator.name, "decision": "approve",
-        "comment": "Offline, shadow and canary gates are green."}]
+    [sent] = loop.run(handle.query(PROMOTION_STATUS_QUERY))
+    assert sent["kind"] == "operator"
+    assert recorded(owner_engine, sent["decision_id"]) == (
+        "approval", operator.name, "approve", "Offline, shadow and canary gates are green.",
+        "triloop_web")
 
 
 def test_auditor_sees_no_approve_button_and_a_forged_post_is_refused(
@@ -293,8 +301,10 @@ def test_auditor_signs_the_audit_from_the_promotion_page(
     page.get_by_role("button", name="Sign audit").click()
     expect(page.get_by_role("status")).to_contain_text("Audit signed as")
     loop, _ = governance
-    assert loop.run(handle.query(PROMOTION_STATUS_QUERY)) == [
-        {"kind": "audit", "user": people["auditor"].name}]
+    [sent] = loop.run(handle.query(PROMOTION_STATUS_QUERY))
+    assert sent["kind"] == "audit"
+    assert recorded(owner_engine, sent["decision_id"])[:3] == (
+        "audit", people["auditor"].name, "sign")
 
 
 def test_lineage_page_shows_the_parent_chain_and_verifies_the_audit_chain(
@@ -423,8 +433,12 @@ def test_owner_controls_a_run_and_operator_rolls_back_with_confirmation(
     page.get_by_label("I confirm rolling back").check()
     page.get_by_role("button", name="Roll back now").click()
     expect(page.get_by_role("status")).to_contain_text(
-        f"Rolled back {alias}: now stand-in-target (was stand-in-current "
-        "(canary regression seen by on-call))")
+        f"Rolled back {alias}: now stand-in-target (was stand-in-current)")
+    with owner_engine.connect() as conn:
+        reasons = conn.execute(text(
+            "SELECT comment FROM human_decision WHERE kind = 'rollback' AND subject = :a"),
+            {"a": alias}).scalars().all()
+    assert reasons == ["canary regression seen by on-call"]
     shot(page, "deployments-after-rollback")
 
 

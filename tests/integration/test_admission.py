@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +24,7 @@ from temporalio.worker import Worker
 from governance_loop import store
 from governance_loop.environments import retire_environment_version
 from governance_loop.worker import build_worker, promotion_timing
-from tests.factories import make_task
+from tests.factories import make_person, make_task, record_decision
 from tests.factories_governance import wait_for
 from triloop.config import Settings
 from triloop.policy import Authorizer
@@ -41,7 +41,7 @@ from triloop.workflow_api import (
     AdmissionProbeEvidence,
     AdmissionProbeInput,
     AdmissionResult,
-    HumanDecision,
+    DecisionRef,
     admission_workflow_id,
 )
 
@@ -113,8 +113,21 @@ async def _assessed(handle: WorkflowHandle[Any, Any]) -> AdmissionResult:
     return result
 
 
-def _decision(user: str, roles: list[str], decision: str, comment: str = "checked") -> Any:
-    return HumanDecision(user=user, roles=roles, decision=decision, comment=comment)
+Decide = Callable[..., DecisionRef]
+
+
+@pytest.fixture
+def decide(owner_engine: Engine, role_engine: Any) -> Decide:
+    """``decide(task, user, roles, decision)``: a real person decides, as the web records it."""
+    web = role_engine("web")
+
+    def make(task_id: str, user: str, roles: list[str], decision: str,
+             comment: str = "checked") -> DecisionRef:
+        make_person(owner_engine, user, roles)
+        return DecisionRef(record_decision(web, kind="admission", subject=task_id,
+                                           decision=decision, user=user, comment=comment))
+
+    return make
 
 
 def _task_row(owner: Engine, task_id: str) -> Any:
@@ -131,7 +144,7 @@ async def client(gov_settings: Settings) -> Client:
 
 async def test_admissible_task_is_admitted_by_an_operator_only(
     client: Client, gov_settings: Settings, owner_engine: Engine, role_engine: Any,
-    authorizer: Authorizer,
+    authorizer: Authorizer, decide: Decide,
 ) -> None:
     task_id = make_task(owner_engine, status="pending")
     gov = role_engine("governance")
@@ -142,16 +155,16 @@ async def test_admissible_task_is_admitted_by_an_operator_only(
         assert [r.split(":")[0] for r in status.reasons] == [
             "reproducible", "verifiable", "cheap_recovery", "repeatable"]
         for decision, why in [
-            (_decision("bob", ["auditor"], "approve"), "lacks the 'operator' role"),
-            (_decision("carol", ["operator"], "approve", comment=" "), "needs a comment"),
-            (_decision("carol", ["operator"], "maybe"), "unknown decision"),
+            (decide(task_id, "bob", ["auditor"], "approve"), "does not hold the 'operator' role"),
+            (decide(task_id, "carol", ["operator"], "approve", comment=" "), "needs a comment"),
+            (decide(task_id, "carol", ["operator"], "maybe"), "unknown decision"),
         ]:
             with pytest.raises(WorkflowUpdateFailedError) as refused:
                 await handle.execute_update(ADMISSION_DECIDE_UPDATE, decision)
             assert why in str(refused.value.cause)
         assert _task_row(owner_engine, task_id)[0] == "pending"
         await handle.execute_update(ADMISSION_DECIDE_UPDATE,
-                                    _decision("carol", ["operator"], "approve"))
+                                    decide(task_id, "carol", ["operator"], "approve"))
         final = await handle.result()
     assert final.status == "admitted" and final.decided_by == "carol"
     status_, decided_by, evidence = _task_row(owner_engine, task_id)
@@ -172,7 +185,7 @@ async def test_admissible_task_is_admitted_by_an_operator_only(
 
 async def test_inadmissible_task_can_only_be_rejected(
     client: Client, gov_settings: Settings, owner_engine: Engine, role_engine: Any,
-    authorizer: Authorizer,
+    authorizer: Authorizer, decide: Decide,
 ) -> None:
     flaky = make_task(owner_engine, status="pending")
     broken = make_task(owner_engine, status="pending")
@@ -185,10 +198,10 @@ async def test_inadmissible_task_can_only_be_rejected(
             assert any(r.startswith(why) for r in status.reasons), status.reasons
             with pytest.raises(WorkflowUpdateFailedError) as refused:
                 await handle.execute_update(ADMISSION_DECIDE_UPDATE,
-                                            _decision("carol", ["operator"], "approve"))
+                                            decide(task_id, "carol", ["operator"], "approve"))
             assert "can only be rejected" in str(refused.value.cause)
             await handle.execute_update(ADMISSION_DECIDE_UPDATE,
-                                        _decision("carol", ["operator"], "reject"))
+                                        decide(task_id, "carol", ["operator"], "reject"))
             assert (await handle.result()).status == "rejected"
             assert _task_row(owner_engine, task_id)[0] == "rejected"
 

@@ -1,4 +1,4 @@
-"""The web CLI groups: ``users create`` prints a working token; the rest call the API."""
+"""The web CLI groups: ``users create`` makes the first admin only; the rest call the API."""
 
 from __future__ import annotations
 
@@ -43,22 +43,56 @@ def app_cli(
     return root
 
 
-def test_users_create_prints_a_token_that_signs_in(
-    app_cli: typer.Typer, web_app: FastAPI
+def test_users_add_through_the_api_prints_a_token_that_signs_in(
+    app_cli: typer.Typer, web_app: FastAPI, people: dict[str, Person]
 ) -> None:
+    admin = people["admin"].token
     name = uid("erin").lower()
-    result = CliRunner().invoke(app_cli, ["users", "create", name, "--role", "auditor",
-                                          "--role", "operator"])
+    result = CliRunner().invoke(app_cli, ["users", "add", name, "--role", "auditor",
+                                          "--role", "operator", "--token", admin])
     assert result.exit_code == 0, result.output
     token = result.output.strip().splitlines()[-1]
     me = TestClient(web_app).get("/api/me", headers={"Authorization": f"Bearer {token}"})
     assert me.json()["roles"] == ["auditor", "operator"]
     listed = CliRunner().invoke(app_cli, ["users", "list"])
     assert name in listed.output and token not in listed.output
-    again = CliRunner().invoke(app_cli, ["users", "create", name, "--role", "auditor"])
+    again = CliRunner().invoke(app_cli, ["users", "add", name, "--role", "auditor",
+                                         "--token", admin])
     assert again.exit_code == 1 and "already exists" in again.output
-    bad = CliRunner().invoke(app_cli, ["users", "create", uid("f").lower(), "--role", "king"])
-    assert bad.exit_code == 1 and "unknown role" in bad.output
+    not_admin = CliRunner().invoke(app_cli, ["users", "add", uid("f").lower(), "--role",
+                                             "auditor", "--token", people["operator"].token])
+    assert not_admin.exit_code == 1 and "403" in not_admin.output
+
+
+def test_users_create_makes_only_the_first_admin(
+    app_cli: typer.Typer, database_url: str, web_settings: Settings
+) -> None:
+    # The session database has people: the server-side command refuses.
+    refused = CliRunner().invoke(app_cli, ["users", "create", uid("root").lower(),
+                                           "--role", "admin"])
+    assert refused.exit_code == 1 and "people already exist" in refused.output
+    wrong_role = CliRunner().invoke(app_cli, ["users", "create", "root", "--role", "operator"])
+    assert wrong_role.exit_code == 1 and "first user is an admin" in wrong_role.output
+    # On an empty database, as the web role: one first admin, then no second.
+    from sqlalchemy.engine import make_url
+
+    from triloop.db import engine_for_url, session_scope
+    from triloop.devstack.postgres import ensure_database
+    from triloop.migrate import upgrade
+    from web.users import UserError, create_first_admin
+
+    name = uid("fresh_")
+    owner = make_url(database_url)
+    ensure_database(owner.set(drivername="postgresql", database="postgres")
+                    .render_as_string(hide_password=False), name)
+    upgrade(owner.set(database=name).render_as_string(hide_password=False))
+    web = engine_for_url(make_url(web_settings.role_url("web")).set(database=name)
+                         .render_as_string(hide_password=False))
+    with session_scope(web) as session:
+        user, token = create_first_admin(session=session, name="root", created_by="test")
+    assert user.roles == ["admin"] and token
+    with pytest.raises(UserError, match="people already exist"), session_scope(web) as session:
+        create_first_admin(session=session, name="root2", created_by="test")
 
 
 def test_train_and_promotions_commands_call_the_api(

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import pytest_asyncio
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -38,14 +38,12 @@ pytest_plugins = ["tests.factories_web_fixtures"]
 
 @workflow.defn(name=ROLLBACK_WORKFLOW)
 class StandInRollback:
-    """Answers as governance would, from what the request says (writes nothing)."""
+    """Answers with the decision id it was sent (writes nothing)."""
 
     @workflow.run
     async def run(self, request: RollbackInput) -> RollbackResult:
-        target, current = request.reason.split("|")[-2:]
-        return RollbackResult(alias=request.alias, checkpoint_id=target,
-                              previous_checkpoint_id=f"{current} by {request.requested_by} "
-                                                     f"{','.join(request.roles)}")
+        return RollbackResult(alias=request.alias, checkpoint_id="stand-in",
+                              previous_checkpoint_id=request.decision_id)
 
 
 @workflow.defn(name=ROLLOUT_WORKFLOW)
@@ -94,14 +92,20 @@ async def test_operator_rolls_back_through_governance(
     alias, current, target = _alias(owner_engine)
     operator = people["operator"]
     response = await api.post("/api/rollback", headers=operator.headers,
-                              json={"alias": alias, "reason": f"regression|{target}|{current}"})
+                              json={"alias": alias, "reason": "p99 regression"})
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["alias"] == alias and body["checkpoint_id"] == target
-    assert body["previous_checkpoint_id"] == f"{current} by {operator.name} operator"
+    assert body["alias"] == alias and body["checkpoint_id"] == "stand-in"
+    # The workflow was sent the id of the decision the web role recorded, nothing else.
+    with owner_engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT kind, subject, decision, user_name, comment, recorded_by FROM human_decision"
+            " WHERE id = :i"), {"i": body["previous_checkpoint_id"]}).one()
+    assert tuple(row) == ("rollback", alias, "rollback", operator.name, "p99 regression",
+                          "triloop_web")
     assert body["workflow_id"].startswith(f"rollback-{alias}-")
     again = await api.post("/api/rollback", headers=operator.headers,
-                           json={"alias": alias, "reason": f"again|{target}|{current}"})
+                           json={"alias": alias, "reason": "again"})
     assert again.status_code == 200 and again.json()["workflow_id"] != body["workflow_id"]
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -36,7 +36,7 @@ from triloop.workflow_api import (
     PROMOTION_SIGN_AUDIT_UPDATE,
     PROMOTION_STATUS_QUERY,
     PROMOTION_WORKFLOW,
-    HumanDecision,
+    DecisionRef,
     PromotionInput,
 )
 
@@ -46,44 +46,55 @@ pytest_plugins = ["tests.factories_web_fixtures"]
 
 @workflow.defn(name=PROMOTION_WORKFLOW)
 class StandInPromotion:
-    """Records decisions; its validators refuse a comment saying 'refuse-me'."""
+    """Records the decision ids it is sent; refuses every decision when started to refuse."""
 
     def __init__(self) -> None:
         self.decisions: list[dict[str, Any]] = []
         self.done = False
+        self.refuse = False
 
     @workflow.run
     async def run(self, candidate: PromotionInput) -> None:
+        self.refuse = candidate.submitted_by == "refuse-me"
         await workflow.wait_condition(lambda: self.done)
 
-    def _record(self, kind: str, decision: HumanDecision) -> dict[str, Any]:
-        entry = {"kind": kind, "user": decision.user, "roles": decision.roles,
-                 "decision": decision.decision, "comment": decision.comment}
-        self.decisions.append(entry)
-        return {"recorded": kind, "decision": decision.decision}
+    def _record(self, kind: str, decision: DecisionRef) -> dict[str, Any]:
+        self.decisions.append({"kind": kind, "decision_id": decision.decision_id})
+        return {"recorded": kind}
+
+    def _check(self) -> None:
+        if self.refuse:
+            raise ValueError("separation of duties re-checked by governance: refused")
 
     @workflow.update(name=PROMOTION_SIGN_AUDIT_UPDATE)
-    def sign_audit(self, decision: HumanDecision) -> dict[str, Any]:
+    def sign_audit(self, decision: DecisionRef) -> dict[str, Any]:
         return self._record("audit", decision)
 
     @sign_audit.validator
-    def _check_audit(self, decision: HumanDecision) -> None:
-        if "refuse-me" in decision.comment:
-            raise ValueError("the stand-in refuses this audit")
+    def _check_audit(self, decision: DecisionRef) -> None:
+        self._check()
 
     @workflow.update(name=PROMOTION_APPROVE_UPDATE)
-    def operator_decision(self, decision: HumanDecision) -> dict[str, Any]:
+    def operator_decision(self, decision: DecisionRef) -> dict[str, Any]:
         self.done = True
         return self._record("operator", decision)
 
     @operator_decision.validator
-    def _check_operator(self, decision: HumanDecision) -> None:
-        if "refuse-me" in decision.comment:
-            raise ValueError("separation of duties re-checked by governance: refused")
+    def _check_operator(self, decision: DecisionRef) -> None:
+        self._check()
 
     @workflow.query(name=PROMOTION_STATUS_QUERY)
     def status(self) -> list[dict[str, Any]]:
         return self.decisions
+
+
+def recorded(engine: Engine, decision_id: str) -> dict[str, Any]:
+    """The human_decision row an update named: what governance would read."""
+    with engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT kind, subject, decision, user_name, comment, recorded_by "
+            "FROM human_decision WHERE id = :i"), {"i": decision_id}).mappings().one()
+    return dict(row)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -95,11 +106,12 @@ async def governance(web_settings: Settings) -> AsyncIterator[Client]:
         yield client
 
 
-async def _start(client: Client, settings: Settings, seeded: SeededPromotion) -> WorkflowHandle:
+async def _start(client: Client, settings: Settings, seeded: SeededPromotion,
+                 submitted_by: str = "x") -> WorkflowHandle:
     return await client.start_workflow(
         PROMOTION_WORKFLOW,
         PromotionInput(proposal_id="p", checkpoint_id=seeded.checkpoint_id,
-                       run_id=seeded.run_id, submitted_by="x"),
+                       run_id=seeded.run_id, submitted_by=submitted_by),
         id=seeded.workflow_id, task_queue=settings.task_queue(GOVERNANCE_QUEUE),
     )
 
@@ -116,7 +128,7 @@ async def test_auditor_signs_then_operator_approves(
                             json={"comment": "lineage and evidence checked"},
                             headers=auditor.headers)
     assert signed.status_code == 200, signed.text
-    assert signed.json()["result"] == {"recorded": "audit", "decision": "approve"}
+    assert signed.json()["result"] == {"recorded": "audit"}
     # Governance records the sign-off; seeded here as it would have written it.
     add_approval(owner_engine, seeded.promotion_id, "audit", auditor.name)
     approved = await api.post(f"/api/promotions/{seeded.promotion_id}/approve",
@@ -124,11 +136,18 @@ async def test_auditor_signs_then_operator_approves(
     assert approved.status_code == 200, approved.text
     assert approved.json()["user"] == operator.name
     await handle.result()
-    assert await handle.query(PROMOTION_STATUS_QUERY) == [
-        {"kind": "audit", "user": auditor.name, "roles": ["auditor"], "decision": "approve",
-         "comment": "lineage and evidence checked"},
-        {"kind": "operator", "user": operator.name, "roles": ["operator"],
-         "decision": "approve", "comment": "gates green, ship it"},
+    # The updates carried decision ids only; the rows they name say who decided, written by
+    # the web role (the database filled in recorded_by).
+    sent = await handle.query(PROMOTION_STATUS_QUERY)
+    assert [d["kind"] for d in sent] == ["audit", "operator"]
+    assert all(set(d) == {"kind", "decision_id"} for d in sent)
+    assert [recorded(owner_engine, d["decision_id"]) for d in sent] == [
+        {"kind": "audit", "subject": seeded.promotion_id, "decision": "sign",
+         "user_name": auditor.name, "comment": "lineage and evidence checked",
+         "recorded_by": "triloop_web"},
+        {"kind": "approval", "subject": seeded.promotion_id, "decision": "approve",
+         "user_name": operator.name, "comment": "gates green, ship it",
+         "recorded_by": "triloop_web"},
     ]
 
 
@@ -144,8 +163,9 @@ async def test_operator_rejects_with_comment(
                               headers=people["operator"].headers)
     assert rejected.status_code == 200, rejected.text
     await handle.result()
-    [decision] = await handle.query(PROMOTION_STATUS_QUERY)
-    assert decision["decision"] == "reject" and decision["comment"] == "canary too small"
+    [sent] = await handle.query(PROMOTION_STATUS_QUERY)
+    row = recorded(owner_engine, sent["decision_id"])
+    assert (row["decision"], row["comment"]) == ("reject", "canary too small")
 
 
 async def test_workflow_validator_refusal_is_409(
@@ -153,10 +173,10 @@ async def test_workflow_validator_refusal_is_409(
     governance: Client, web_settings: Settings,
 ) -> None:
     seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name)
-    handle = await _start(governance, web_settings, seeded)
+    handle = await _start(governance, web_settings, seeded, submitted_by="refuse-me")
     add_approval(owner_engine, seeded.promotion_id, "audit", people["auditor"].name)
     response = await api.post(f"/api/promotions/{seeded.promotion_id}/approve",
-                              json={"comment": "refuse-me"}, headers=people["operator"].headers)
+                              json={"comment": "looks fine"}, headers=people["operator"].headers)
     assert_problem(response, 409, "re-checked by governance")
     assert await handle.query(PROMOTION_STATUS_QUERY) == []
     await handle.terminate()

@@ -53,15 +53,15 @@ class StandInTrainingRun:
 
     @workflow.signal(name=RUN_PAUSE_SIGNAL)
     def pause(self, control: RunControl) -> None:
-        self.seen.append(f"pause by {control.user}: {control.reason}")
+        self.seen.append(f"pause {control.decision_id}")
 
     @workflow.signal(name=RUN_RESUME_SIGNAL)
     def resume(self, control: RunControl) -> None:
-        self.seen.append(f"resume by {control.user}")
+        self.seen.append(f"resume {control.decision_id}")
 
     @workflow.signal(name=RUN_CANCEL_SIGNAL)
     def cancel(self, control: RunControl) -> None:
-        self.seen.append(f"cancel by {control.user}")
+        self.seen.append(f"cancel {control.decision_id}")
         self.cancelled = True
 
     @workflow.query(name=RUN_STATUS_QUERY)
@@ -114,9 +114,18 @@ async def test_submit_inserts_the_run_and_starts_the_learning_workflow(
                                  headers=engineer.headers)
         assert control.status_code == 202, control.text
     await handle.result()
-    assert (await handle.query(RUN_STATUS_QUERY))[1:] == [
-        f"pause by {engineer.name}: look at the alarm", f"resume by {engineer.name}",
-        f"cancel by {engineer.name}",
+    # Each signal carried only the id of the decision the web role recorded.
+    sent = [entry.split() for entry in (await handle.query(RUN_STATUS_QUERY))[1:]]
+    assert [action for action, _ in sent] == ["pause", "resume", "cancel"]
+    with owner_engine.connect() as conn:
+        recorded = [conn.execute(text(
+            "SELECT kind, subject, decision, user_name, comment, recorded_by "
+            "FROM human_decision WHERE id = :i"), {"i": decision_id}).one()
+            for _, decision_id in sent]
+    assert [tuple(r) for r in recorded] == [
+        ("run_control", run["id"], "pause", engineer.name, "look at the alarm", "triloop_web"),
+        ("run_control", run["id"], "resume", engineer.name, "", "triloop_web"),
+        ("run_control", run["id"], "cancel", engineer.name, "", "triloop_web"),
     ]
 
 
@@ -130,7 +139,7 @@ async def test_submit_accepts_yaml_text(
                               headers=people["engineer"].headers)
     assert response.status_code == 201, response.text
     handle = learning_stand_in.get_workflow_handle(response.json()["workflow_id"])
-    await handle.signal(RUN_CANCEL_SIGNAL, RunControl(user="test"))
+    await handle.signal(RUN_CANCEL_SIGNAL, RunControl("test"))
     await handle.result()
 
 

@@ -29,6 +29,7 @@ from temporalio.worker import Replayer
 from governance_loop.activities.messages import PromotionTiming
 from governance_loop.worker import build_worker
 from governance_loop.workflows import PromotionWorkflow
+from tests.factories import make_person, record_decision
 from tests.factories_governance import (
     PromotionWorld,
     Quality,
@@ -49,7 +50,7 @@ from triloop.workflow_api import (
     PROMOTION_STATUS_QUERY,
     PROMOTION_WORKFLOW,
     ROLLBACK_WORKFLOW,
-    HumanDecision,
+    DecisionRef,
     PromotionInput,
     PromotionStatus,
     RollbackInput,
@@ -89,8 +90,24 @@ class Deps:
     owner: Engine
     gov_engine: Engine
     exec_engine: Engine
+    web_engine: Engine
     authorizer: Authorizer
     world: PromotionWorld
+    suffix: str = ""
+
+    def person(self, key: str, roles: list[str]) -> str:
+        """A real person (``key`` plus this test's suffix) who holds exactly ``roles`` now."""
+        return make_person(self.owner, key if key == self.world.submitter
+                           else f"{key}-{self.suffix}", roles)
+
+    def decide(self, kind: str, user: str, decision: str, *, engine: Engine | None = None
+               ) -> str:
+        """The decision as the web service records it (or as ``engine``'s role forges it)."""
+        promotion_id = _rows(self.owner, "SELECT id FROM promotion WHERE proposal_id = :p",
+                             p=self.world.proposal_id)[0][0]
+        return record_decision(engine or self.web_engine, kind=kind, subject=promotion_id,
+                               decision=decision, user=user,
+                               comment=f"{user} checked the evidence")
 
 
 @pytest.fixture
@@ -99,10 +116,11 @@ async def deps(gov_settings: Settings, owner_engine: Engine, role_engine: Any,
     """A fresh world (baseline in production, a proposed candidate) and a client."""
     client = await connect(gov_settings, identity="governance-test")
     gov_engine = role_engine("governance")
+    suffix = uuid.uuid4().hex[:6]
     world = make_world(owner_engine, gov_engine, authorizer,
-                       threshold_name=f"thr-{uuid.uuid4().hex[:8]}")
+                       threshold_name=f"thr-{uuid.uuid4().hex[:8]}", submitter=f"alice-{suffix}")
     return Deps(client, gov_settings, owner_engine, gov_engine, role_engine("execution"),
-                authorizer, world)
+                role_engine("web"), authorizer, world, suffix)
 
 
 @dataclass
@@ -128,12 +146,18 @@ class Running:
         status: PromotionStatus = await wait_for(reached, timeout=timeout, what=f"gate {gate}")
         return status
 
-    async def decide(self, update: str, user: str, roles: list[str], decision: str = "approve",
-                     service: str = "web") -> Any:
-        """Send a human decision update."""
-        return await self.handle.execute_update(
-            update, HumanDecision(user=user, roles=roles, decision=decision,
-                                  comment=f"{user} checked the evidence", service=service))
+    async def decide(self, update: str, user: str, roles: list[str], decision: str = "approve"
+                     ) -> Any:
+        """A real person with ``roles`` decides: the web role records it, the update names it."""
+        name = self.deps.person(user, roles)
+        audit = update == PROMOTION_SIGN_AUDIT_UPDATE
+        verb = "sign" if audit and decision == "approve" else decision
+        decision_id = self.deps.decide("audit" if audit else "approval", name, verb)
+        return await self.send(update, decision_id)
+
+    async def send(self, update: str, decision_id: str) -> Any:
+        """The update as any Temporal client can send it: a decision id and nothing else."""
+        return await self.handle.execute_update(update, DecisionRef(decision_id))
 
     async def result(self) -> PromotionStatus:
         """Wait for the workflow's end."""
@@ -222,29 +246,49 @@ async def test_whole_path_to_promotion_with_refused_decisions(deps: Deps) -> Non
         assert status.status == "open" and status.waiting_for == "auditor"
         assert [g.gate for g in status.results] == ["offline_eval", "shadow", "canary"]
         refusals = [
-            (world.submitter, ["auditor"], "web", "submitted the training run"),
-            ("mallory", ["operator"], "web", "lacks the 'auditor' role"),
-            ("bob", ["auditor"], "learning", "service 'learning' may not"),
+            (world.submitter, ["auditor"], "submitted the training run"),
+            ("mallory", ["operator"], "does not hold the 'auditor' role"),
         ]
-        for user, roles, service, why in refusals:
+        for user, roles, why in refusals:
             with pytest.raises(WorkflowUpdateFailedError) as refused:
-                await run.decide(PROMOTION_SIGN_AUDIT_UPDATE, user, roles, service=service)
+                await run.decide(PROMOTION_SIGN_AUDIT_UPDATE, user, roles)
             assert why in str(refused.value.cause)
+        # Forgeries by anyone who can reach Temporal: an id that names no recorded decision,
+        # one the owner wrote instead of the web role, a disabled person's decision.
+        ghost = deps.person("ghost", ["auditor"])
+        forged = {
+            "no-such-decision": "is recorded",
+            deps.decide("audit", ghost, "sign", engine=deps.owner): "not by the web service",
+        }
+        disabled = deps.decide("audit", ghost, "sign")
+        make_person(deps.owner, ghost, ["auditor"], disabled=True)
+        forged[disabled] = "is disabled"
+        for decision_id, why in forged.items():
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await run.send(PROMOTION_SIGN_AUDIT_UPDATE, decision_id)
+            assert why in str(refused.value.cause), refused.value.cause
+        denials = _rows(deps.owner, "SELECT payload->>'human_decision_id' FROM audit_event "
+                        "WHERE decision = 'deny' AND resource->>'kind' = 'promotion'")
+        assert set(forged) <= {row[0] for row in denials}, denials
         with pytest.raises(WorkflowUpdateFailedError):  # approval before the audit
             await run.decide(PROMOTION_APPROVE_UPDATE, "carol", ["operator"])
         await run.decide(PROMOTION_SIGN_AUDIT_UPDATE, "bob", ["auditor", "operator"])
         await run.at_gate("approval")
-        for user, roles, service, why in [
-            (world.submitter, ["operator"], "web", "submitted the training run"),
-            ("bob", ["auditor", "operator"], "web", "signed the audit"),
-            ("carol", ["operator"], "learning", "service 'learning' may not"),
-            ("dave", ["auditor"], "web", "lacks the 'operator' role"),
-            # Passes the validator; the handler's own OPA check refuses it.
-            ("erin", ["operator", "admin"], "web", "admins manage users and may never approve"),
+        for user, roles, why in [
+            (world.submitter, ["operator"], "submitted the training run"),
+            ("bob", ["auditor", "operator"], "signed the audit"),
+            ("dave", ["auditor"], "does not hold the 'operator' role"),
+            # Holds the role in the database; the handler's own OPA check refuses it.
+            ("erin", ["operator", "admin"], "admins manage users and may never approve"),
         ]:
             with pytest.raises(WorkflowUpdateFailedError) as refused:
-                await run.decide(PROMOTION_APPROVE_UPDATE, user, roles, service=service)
+                await run.decide(PROMOTION_APPROVE_UPDATE, user, roles)
             assert why in str(refused.value.cause)
+        # A decision recorded for the audit cannot be replayed as the approval.
+        bob_signed = deps.decide("audit", deps.person("bob", ["auditor", "operator"]), "sign")
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await run.send(PROMOTION_APPROVE_UPDATE, bob_signed)
+        assert "this needs kind 'approval'" in str(refused.value.cause)
         await run.decide(PROMOTION_APPROVE_UPDATE, "carol", ["operator"])
         final = await run.result()
         history = await run.handle.fetch_history()
@@ -256,7 +300,7 @@ async def test_whole_path_to_promotion_with_refused_decisions(deps: Deps) -> Non
         RECORDED.write_text(json.dumps({"workflow_id": history.workflow_id,
                                         "history": json.loads(history.to_json())}))
     assert final.status == "promoted", final.reason
-    assert (final.audited_by, final.approved_by) == ("bob", "carol")
+    assert (final.audited_by, final.approved_by) == (f"bob-{deps.suffix}", f"carol-{deps.suffix}")
     gates = _gates(deps)
     assert list(gates) == ["offline_eval", "shadow", "canary", "audit", "approval", "promote",
                            "watch"]
@@ -270,8 +314,8 @@ async def test_whole_path_to_promotion_with_refused_decisions(deps: Deps) -> Non
     approvals = _rows(deps.owner, "SELECT a.kind, a.user_name, a.decision FROM approval a "
                       "JOIN promotion p ON p.id = a.promotion_id WHERE p.proposal_id = :p "
                       "ORDER BY a.created_at", p=world.proposal_id)
-    assert [tuple(a) for a in approvals] == [("audit", "bob", "approve"),
-                                             ("operator", "carol", "approve")]
+    assert [tuple(a) for a in approvals] == [("audit", f"bob-{deps.suffix}", "approve"),
+                                             ("operator", f"carol-{deps.suffix}", "approve")]
     moves = _rows(deps.owner, "SELECT checkpoint_id, previous_checkpoint_id FROM "
                   "deployment_history WHERE alias = 'production' ORDER BY id DESC LIMIT 1")
     assert tuple(moves[0]) == (world.candidate, world.baseline)
@@ -395,8 +439,18 @@ async def test_operator_rollback_is_fast_and_refused_for_others(deps: Deps) -> N
                           authorizer=deps.authorizer, timing=TIMING)
     queue = deps.settings.task_queue(GOVERNANCE_QUEUE)
     async with worker:
-        for request in (RollbackInput(requested_by="mallory", reason="x", roles=["auditor"]),
-                        RollbackInput(requested_by="carol", reason="x", roles=["operator"],
+        mallory = deps.person("mallory", ["auditor"])
+        carol = deps.person("carol", ["operator"])
+
+        def rollback_decision(user: str, engine: Engine | None = None) -> str:
+            return record_decision(engine or deps.web_engine, kind="rollback",
+                                   subject="production", decision="rollback", user=user,
+                                   comment="pager")
+
+        for request in (RollbackInput(decision_id=rollback_decision(mallory)),
+                        RollbackInput(decision_id=rollback_decision(carol, deps.owner)),
+                        RollbackInput(decision_id="made-up"),
+                        RollbackInput(decision_id=rollback_decision(carol),
                                       promotion_id="forged")):
             with pytest.raises(WorkflowFailureError):
                 await deps.client.execute_workflow(
@@ -404,8 +458,7 @@ async def test_operator_rollback_is_fast_and_refused_for_others(deps: Deps) -> N
                     task_queue=queue, result_type=RollbackResult)
         assert _production(deps)[0] == world.candidate
         result = await deps.client.execute_workflow(
-            ROLLBACK_WORKFLOW, RollbackInput(requested_by="carol", reason="pager",
-                                             roles=["operator"]),
+            ROLLBACK_WORKFLOW, RollbackInput(decision_id=rollback_decision(carol)),
             id=f"rollback-{uuid.uuid4().hex}", task_queue=queue, result_type=RollbackResult)
     assert (result.checkpoint_id, result.previous_checkpoint_id) == (world.baseline,
                                                                      world.candidate)

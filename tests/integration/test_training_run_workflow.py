@@ -20,6 +20,7 @@ from temporalio.worker import Replayer
 
 from learning_loop.lineage import lineage
 from learning_loop.workflows import TrainingRunWorkflow
+from tests.factories import record_decision
 from tests.factories_learning import (
     frozen_lake_tasks,
     loops_running,
@@ -74,6 +75,18 @@ async def status_of(handle: Any) -> RunStatus:
     """The run's status query."""
     result: RunStatus = await handle.query(RUN_STATUS_QUERY, result_type=RunStatus)
     return result
+
+
+async def until_idle(client: Client, handle: Any, timeout: float = 300) -> None:
+    """Until the run has no activity or child workflow in flight (counted, not timed)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        described = (await handle.describe()).raw_description
+        if not described.pending_activities and not described.pending_children:
+            return
+        assert loop.time() < deadline, "the run never went idle"
+        await asyncio.sleep(0.2)
 
 
 async def until(handle: Any, check: Callable[[RunStatus], bool], timeout: float = 120) -> RunStatus:
@@ -169,9 +182,11 @@ async def test_run_writes_steps_lineage_and_proposals(
 
 
 async def test_person_pauses_resumes_and_cancels_own_run(
-    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path
+    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path,
+    role_engine: Callable[[ServiceName], Engine],
 ) -> None:
     alice, mallory = make_user(owner_engine), make_user(owner_engine)
+    web = role_engine("web")
     tasks = frozen_lake_tasks(owner_engine, [3])
     config = run_config(tiny_dir, tasks, rollout={"groups_per_iteration": 1},
                         schedule={"iterations": 40, "propose_every": 40})
@@ -180,24 +195,36 @@ async def test_person_pauses_resumes_and_cancels_own_run(
         handle = await start_run(client, own_settings, run_id, config, alice)
         await until(handle, lambda s: s.iterations_done >= 1)
 
-        await handle.signal(RUN_PAUSE_SIGNAL, RunControl(user=mallory, reason="not mine"))
+        def control(user: str, action: str, reason: str = "", *,
+                    engine: Engine = web) -> RunControl:
+            return RunControl(record_decision(engine, kind="run_control", subject=run_id,
+                                              decision=action, user=user, comment=reason))
+
+        await handle.signal(RUN_PAUSE_SIGNAL, control(mallory, "pause", "not mine"))
         refused = await until(handle, lambda s: bool(s.refused_controls))
         assert refused.status == "running" and "only their own runs" in refused.refused_controls[0]
+        # Anyone who can reach Temporal can send a signal; only the web role's rows count.
+        for forged, why in [(control(alice, "pause", engine=owner_engine), "not by the web"),
+                            (RunControl("no-such-decision"), "is recorded"),
+                            (control(alice, "cancel"), "asks to cancel, not to pause")]:
+            await handle.signal(RUN_PAUSE_SIGNAL, forged)
+            seen = await until(handle, lambda s, w=why: any(w in r for r in s.refused_controls))
+            assert seen.status == "running"
 
-        await handle.signal(RUN_PAUSE_SIGNAL, RunControl(user=alice, reason="look at metrics"))
+        await handle.signal(RUN_PAUSE_SIGNAL, control(alice, "pause", "look at metrics"))
         paused = await until(handle, lambda s: s.status == "paused")
         assert paused.paused_reason == f"paused by {alice}: look at metrics"
-        await asyncio.sleep(4)  # the update in flight (if any) finishes; nothing new starts
+        await until_idle(client, handle)  # the update in flight (if any) has finished
         held = (await status_of(handle)).iterations_done
-        await asyncio.sleep(3)
+        await asyncio.sleep(2)
         assert (await status_of(handle)).iterations_done == held
         row = rows(owner_engine, "SELECT status, status_reason FROM training_run WHERE id = :r",
                    r=run_id)[0]
         assert row["status"] == "paused" and alice in row["status_reason"]
 
-        await handle.signal(RUN_RESUME_SIGNAL, RunControl(user=alice))
+        await handle.signal(RUN_RESUME_SIGNAL, control(alice, "resume"))
         await until(handle, lambda s: s.status == "running" and s.iterations_done > held)
-        await handle.signal(RUN_CANCEL_SIGNAL, RunControl(user=alice, reason="enough"))
+        await handle.signal(RUN_CANCEL_SIGNAL, control(alice, "cancel", "enough"))
         result: RunStatus = await asyncio.wait_for(handle.result(), 120)
 
     assert result.status == "cancelled" and result.iterations_done < 40
@@ -210,12 +237,14 @@ async def test_person_pauses_resumes_and_cancels_own_run(
                      "AND resource->>'id' = :r AND action IN ('pause', 'resume', 'cancel') "
                      "ORDER BY seq", r=run_id)
     assert [(d["action"], d["decision"], d["who"]) for d in decisions] == [
-        ("pause", "deny", mallory), ("pause", "allow", alice), ("resume", "allow", alice),
+        ("pause", "deny", mallory), ("pause", "deny", None), ("pause", "deny", None),
+        ("pause", "deny", None), ("pause", "allow", alice), ("resume", "allow", alice),
         ("cancel", "allow", alice)]
 
 
 async def test_stability_alarm_pauses_until_resumed_or_cancelled(
-    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path
+    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path,
+    role_engine: Callable[[ServiceName], Engine],
 ) -> None:
     alice = make_user(owner_engine)
     tasks = frozen_lake_tasks(owner_engine, [4])
@@ -228,10 +257,14 @@ async def test_stability_alarm_pauses_until_resumed_or_cancelled(
         handle = await start_run(client, own_settings, run_id, config, alice)
         first = await until(handle, lambda s: s.status == "paused")
         assert first.iterations_done == 1 and "template collapse" in (first.paused_reason or "")
-        await handle.signal(RUN_RESUME_SIGNAL, RunControl(user=alice, reason="checked"))
+        web = role_engine("web")
+        await handle.signal(RUN_RESUME_SIGNAL, RunControl(record_decision(
+            web, kind="run_control", subject=run_id, decision="resume", user=alice,
+            comment="checked")))
         second = await until(handle, lambda s: s.status == "paused" and s.iterations_done == 2)
         assert len(second.alarms) == 2
-        await handle.signal(RUN_CANCEL_SIGNAL, RunControl(user=alice))
+        await handle.signal(RUN_CANCEL_SIGNAL, RunControl(record_decision(
+            web, kind="run_control", subject=run_id, decision="cancel", user=alice)))
         result: RunStatus = await asyncio.wait_for(handle.result(), 60)
 
     assert (result.status, result.iterations_done) == ("cancelled", 2)

@@ -91,7 +91,7 @@ def init_cluster(pgdata: Path, owner_password: str) -> None:
         entry = pwd.getpwnam(user)
         os.chown(pwfile, entry.pw_uid, entry.pw_gid)
     try:
-        subprocess.run(
+        done = subprocess.run(
             [
                 str(_bin_dir() / "initdb"),
                 "-D",
@@ -103,12 +103,15 @@ def init_cluster(pgdata: Path, owner_password: str) -> None:
                 "-U",
                 "postgres",
             ],
-            check=True,
             capture_output=True,
+            text=True,
             user=user,
         )
     finally:
         pwfile.unlink(missing_ok=True)
+    if done.returncode != 0:
+        raise ServiceStartError(
+            f"initdb of {pgdata} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
 
 
 def start_postgres(

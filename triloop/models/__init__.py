@@ -1,6 +1,7 @@
 """All tables; importing this module registers them on ``SQLModel.metadata``."""
 
 from triloop.models.audit import AuditEvent
+from triloop.models.decisions import DecisionKind, HumanDecision
 from triloop.models.environments import Environment, EnvironmentVersion, Task
 from triloop.models.evaluation import EvalItem, EvalSet, Threshold
 from triloop.models.governance import (
@@ -19,6 +20,7 @@ __all__ = [
     "Approval",
     "AuditEvent",
     "Checkpoint",
+    "DecisionKind",
     "Deployment",
     "DeploymentHistory",
     "Environment",
@@ -26,6 +28,7 @@ __all__ = [
     "EvalItem",
     "EvalSet",
     "GateResult",
+    "HumanDecision",
     "Promotion",
     "Proposal",
     "Routing",

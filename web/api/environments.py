@@ -6,6 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from web import actions
+from web.actions import AdmissionOutcome, AdmissionRequest
 from web.api.common import ERRORS, Short
 from web.data import environments as envs
 from web.data.environments import (
@@ -15,7 +17,7 @@ from web.data.environments import (
     TaskPublic,
     VersionDetail,
 )
-from web.deps import AuthorizeDep, SessionDep
+from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
 
@@ -86,3 +88,13 @@ async def get_task(task_id: str, guard: AuthorizeDep, db: SessionDep) -> TaskPub
     if found is None:
         raise not_found("task", task_id)
     return found
+
+
+@router.post("/api/tasks/{task_id}/admission", response_model=AdmissionOutcome)
+async def decide_admission(
+    task_id: str, body: AdmissionRequest, guard: AuthorizeDep, db: SessionDep,
+    services: ServicesDep,
+) -> AdmissionOutcome:
+    """An operator admits an assessed, admissible task, or rejects it, saying why."""
+    return await actions.decide_admission(guard=guard, db=db, services=services,
+                                          task_id=task_id, body=body)

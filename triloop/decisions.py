@@ -1,0 +1,90 @@
+"""Load a person's decision the way a loop may trust it: from the row only the web role wrote.
+
+A Temporal update or signal names a ``human_decision`` row by id and nothing else. The
+loop that carries the decision out calls ``load_decision``, which refuses:
+- an id with no row (a forged or mistyped reference);
+- a row some other role inserted (``recorded_by`` is stated by the database);
+- a row about another subject or of another kind (a decision replayed elsewhere);
+- a person who no longer exists or is disabled;
+- a person who does not hold, now, the role the decision needs.
+The person and their roles come from ``app_user`` at that moment, never from a payload.
+Each refusal is written to the audit log by ``audit_refusal`` in a transaction of its own,
+so it stays on record although the action does not happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from triloop.audit import append_event
+from triloop.db import session_scope
+from triloop.models.decisions import WEB_ROLE, DecisionKind, HumanDecision
+from triloop.models.users import User
+from triloop.policy import Actor
+
+
+class DecisionRefused(Exception):
+    """A decision reference a loop must not act on; the message says why."""
+
+
+@dataclass(frozen=True)
+class ProvenDecision:
+    """A decision whose person and roles were read from the database just now."""
+
+    id: str
+    kind: DecisionKind
+    subject: str
+    decision: str
+    comment: str
+    details: Mapping[str, Any]
+    user: str
+    roles: tuple[str, ...]
+
+    @property
+    def person(self) -> Actor:
+        """The person as the policy sees them: signed in through the web service."""
+        return Actor(service="web", user=self.user, roles=self.roles)
+
+
+def load_decision(
+    session: Session, *, decision_id: str, kind: DecisionKind, subject: str,
+    role: str | None = None,
+) -> ProvenDecision:
+    """The recorded decision, or ``DecisionRefused`` naming what does not hold."""
+    row = session.get(HumanDecision, decision_id) if decision_id else None
+    if row is None:
+        raise DecisionRefused(f"no human decision {decision_id!r} is recorded")
+    if row.recorded_by != WEB_ROLE:
+        raise DecisionRefused(
+            f"decision {decision_id} was recorded by database role {row.recorded_by!r}, not by"
+            f" the web service ({WEB_ROLE}), which alone authenticates people")
+    if row.kind != kind or row.subject != subject:
+        raise DecisionRefused(
+            f"decision {decision_id} is of kind {row.kind!r} about {row.subject!r}; this needs"
+            f" kind {kind.value!r} about {subject!r}")
+    user = session.get(User, row.user_name)
+    if user is None or user.disabled:
+        state = "does not exist" if user is None else "is disabled"
+        raise DecisionRefused(f"decision {decision_id}: user {row.user_name!r} {state}")
+    if role is not None and role not in user.roles:
+        raise DecisionRefused(
+            f"decision {decision_id}: user {user.name!r} does not hold the {role!r} role"
+            f" (holds {sorted(user.roles)})")
+    return ProvenDecision(
+        id=row.id, kind=DecisionKind(row.kind), subject=row.subject, decision=row.decision,
+        comment=row.comment, details=dict(row.details), user=user.name,
+        roles=tuple(user.roles))
+
+
+def audit_refusal(engine: Engine, *, service: str, action: str, resource: Mapping[str, Any],
+                  decision_id: str, reason: str) -> None:
+    """Record that a loop refused a decision reference (committed on its own)."""
+    with session_scope(engine) as session:
+        append_event(session, actor=Actor(service=service).to_input(), action=action,
+                     resource=resource, decision="deny",
+                     payload={"human_decision_id": decision_id, "reasons": [reason]})
