@@ -1,10 +1,12 @@
 """Append to and verify the hash-chained audit log.
 
 Each row stores ``hash = sha256(prev_hash || canonical row)`` where the canonical
-row is compact, key-sorted JSON of every column but the hashes. Writers take a
-transaction-scoped advisory lock, read the head and append ``seq = head + 1``;
-a trigger refuses any insert that does not extend the head, so concurrent
-writers serialise into one chain instead of forking it.
+row is compact, key-sorted JSON of every column but the hashes. No service role may
+INSERT into ``audit_event``: a writer calls ``triloop_audit_head()`` (SECURITY DEFINER),
+which locks the chain head for the transaction, with a bounded wait, and says which
+database role logged in; the writer hashes ``seq = head + 1`` with that role in the row and
+calls ``triloop_audit_append``, which refuses another role or a row that does not extend
+the head. Concurrent writers serialise into one chain instead of forking it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,14 @@ from sqlmodel import Session, col, select
 from triloop.models.audit import AuditEvent
 
 GENESIS_HASH = "0" * 64
-_LOCK_SQL = text("SELECT pg_advisory_xact_lock(hashtext('triloop.audit_event'))")
-_HEAD_SQL = text("SELECT seq, hash FROM audit_event ORDER BY seq DESC LIMIT 1")
+_HEAD_SQL = text("SELECT seq, hash, db_role FROM triloop_audit_head()")
+_APPEND_SQL = text(
+    "SELECT triloop_audit_append(:seq, :at, CAST(:actor AS jsonb), :action,"
+    " CAST(:resource AS jsonb), :decision, :decision_id, :policy_revision,"
+    " CAST(:payload AS jsonb), :prev_hash, :hash, :db_role)")
+# The database role each service's actor is written by (audit verify checks the pairing).
+SERVICE_ROLES = {"execution": "triloop_execution", "learning": "triloop_learning",
+                 "governance": "triloop_governance", "web": "triloop_web"}
 
 
 def canonical_row(
@@ -37,9 +45,10 @@ def canonical_row(
     decision_id: str | None,
     policy_revision: str | None,
     payload: Mapping[str, Any],
+    db_role: str | None = None,
 ) -> bytes:
-    """The bytes that are hashed for one row."""
-    document = {
+    """The bytes that are hashed for one row (rows from before ``db_role`` hash without it)."""
+    document: dict[str, Any] = {
         "seq": seq,
         "at": at.astimezone(UTC).isoformat(timespec="microseconds"),
         "actor": actor,
@@ -50,6 +59,8 @@ def canonical_row(
         "policy_revision": policy_revision,
         "payload": payload,
     }
+    if db_role is not None:
+        document["db_role"] = db_role
     return json.dumps(
         document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode()
@@ -67,6 +78,7 @@ def canonical_row_of(event: AuditEvent) -> bytes:
         decision_id=event.decision_id,
         policy_revision=event.policy_revision,
         payload=event.payload,
+        db_role=event.db_role,
     )
 
 
@@ -87,10 +99,8 @@ def append_event(
     payload: Mapping[str, Any] | None = None,
 ) -> AuditEvent:
     """Append one event in the session's transaction (the caller commits)."""
-    session.execute(_LOCK_SQL)
-    head = session.execute(_HEAD_SQL).first()
-    seq = 1 if head is None else int(head[0]) + 1
-    prev_hash = GENESIS_HASH if head is None else str(head[1])
+    head = session.execute(_HEAD_SQL).one()
+    seq, prev_hash, db_role = int(head[0]) + 1, str(head[1]), str(head[2])
     # Round-trip through JSON so what we hash is exactly what JSONB will give back.
     actor_doc = json.loads(json.dumps(dict(actor), allow_nan=False))
     resource_doc = json.loads(json.dumps(dict(resource), allow_nan=False, default=str))
@@ -107,10 +117,15 @@ def append_event(
         payload=payload_doc,
         prev_hash=prev_hash,
         hash="",
+        db_role=db_role,
     )
     event.hash = chain_hash(prev_hash, canonical_row_of(event))
-    session.add(event)
-    session.flush()
+    session.execute(_APPEND_SQL, {
+        "seq": seq, "at": event.at, "actor": json.dumps(actor_doc), "action": action,
+        "resource": json.dumps(resource_doc), "decision": decision, "decision_id": decision_id,
+        "policy_revision": policy_revision, "payload": json.dumps(payload_doc),
+        "prev_hash": prev_hash, "hash": event.hash, "db_role": db_role,
+    })
     return event
 
 
@@ -157,10 +172,30 @@ def verify_chain(engine: Engine) -> ChainReport:
         row = canonical_row_of(event)
         if chain_hash(prev_hash, row) != event.hash:
             return ChainReport(False, checked, event.seq, "contents do not match the stored hash")
+        mismatch = actor_role_mismatch(event)
+        if mismatch is not None:
+            return ChainReport(False, checked, event.seq, mismatch)
         prev_hash = event.hash
         expected_seq += 1
         checked += 1
     return ChainReport(True, checked)
+
+
+def actor_role_mismatch(event: AuditEvent) -> str | None:
+    """Why a row's actor could not have been written by its database role, if it could not.
+
+    A service's events come from that service's role; the migration owner may write any
+    (set-up, tests). Rows from before roles were recorded (``db_role`` NULL) are not judged.
+    """
+    if event.db_role is None or event.db_role not in SERVICE_ROLES.values():
+        return None
+    service = str((event.actor or {}).get("service", "")).strip().lower()
+    expected = SERVICE_ROLES.get(service)
+    if expected != event.db_role:
+        return (f"actor {service or '(none)'!r} was written by database role {event.db_role!r},"
+                f" which only {next(s for s, r in SERVICE_ROLES.items() if r == event.db_role)!r}"
+                " logs in as")
+    return None
 
 
 class DatabaseAuditSink:

@@ -19,6 +19,7 @@ import pytest_asyncio
 from fastapi import FastAPI
 from sqlalchemy import Engine, text
 
+from tests.factories import make_task
 from tests.factories_web import admitted_task, make_promotion, make_user
 from triloop.config import Settings
 from triloop.policy import Actor, Authorizer, Decision, OpaClient, Resource
@@ -26,6 +27,7 @@ from triloop.policy import Actor, Authorizer, Decision, OpaClient, Resource
 pytestmark = pytest.mark.integration
 
 WRITE_TABLES = ("app_user", "training_run", "approval", "deployment", "routing", "trajectory",
+                "human_decision",
                 "promotion", "gate_result", "checkpoint", "proposal")
 NOT_ACTIONS = {"/login", "/logout"}  # authentication itself, before any identity exists
 
@@ -75,6 +77,7 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
             "VALUES ('production', :c, :t, 'governance') ON CONFLICT (alias) DO NOTHING"),
             {"c": seeded.checkpoint_id, "t": seeded.parent_id})
     comment = {"comment": "looked at the evidence"}
+    pending = make_task(owner_engine, status="pending")
     config = {"name": "walk", "model": {"base": seeded.root_id},
               "rollout": {"task_ids": [admitted_task(owner_engine)]}}
     return {
@@ -95,6 +98,8 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
         ("POST", "/api/episodes"):
             ("/api/episodes", {"items": [{"task_id": admitted_task(owner_engine), "seed": 1}]}),
         ("POST", "/api/audit/verify"): ("/api/audit/verify", {}),
+        ("POST", "/api/tasks/{task_id}/admission"):
+            (f"/api/tasks/{pending}/admission", {"decision": "approve", **comment}),
     }
 
 

@@ -6,8 +6,10 @@ refused twice: by the policy and, even when a bug skips the policy, by its role.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -184,6 +186,7 @@ def test_learning_role_is_refused_by_the_database(
 def cli_env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterator[None]:
     """The CLI's settings point at the test services."""
     monkeypatch.setenv("TRILOOP_DATABASE_URL", settings.owner_url())
+    monkeypatch.setenv("TRILOOP_SECRETS_DIR", str(settings.secrets))
     monkeypatch.setenv("TRILOOP_OPA_URL", settings.opa_url)
     monkeypatch.setenv("TRILOOP_TEMPORAL_ADDRESS", settings.temporal_address)
     get_settings.cache_clear()
@@ -198,13 +201,13 @@ def test_cli_creates_eval_set_threshold_and_bootstraps_production(
     tasks = [make_task(owner_engine), make_task(owner_engine)]
     name = uid("cli-es-")
     created = runner.invoke(governance_app, ["eval-set", "create", name, "--task", tasks[0],
-                                             "--task", tasks[1], "--as", "gina"])
+                                             "--task", tasks[1]])
     assert created.exit_code == 0, created.output
     assert f"{name} v1" in created.output
     bar = uid("cli-bar-")
     spec = json.dumps(TEST_SPEC)
     done = runner.invoke(governance_app, ["threshold", "set", bar, "--spec", spec,
-                                          "--eval-set", name, "--as", "gina"])
+                                          "--eval-set", name])
     assert done.exit_code == 0, done.output
     bad = runner.invoke(governance_app, ["threshold", "set", bar, "--spec", "{}",
                                          "--eval-set", name])
@@ -218,9 +221,11 @@ def test_cli_creates_eval_set_threshold_and_bootstraps_production(
         production = conn.execute(text(
             "SELECT d.checkpoint_id, r.checkpoint_id FROM deployment d, routing r "
             "WHERE d.alias = 'production' AND r.slot = 'production'")).one()
+        # No person is claimed on the command line: the OS account is recorded as a label.
         audited = conn.execute(text(
             "SELECT count(*) FROM audit_event WHERE action = 'create' AND "
-            "payload->'context'->'requested_by'->>'user' = 'gina'")).scalar_one()
+            "payload->'context'->'requested_by'->>'user' = :who"),
+            {"who": f"{getpass.getuser()}@{socket.gethostname()}"}).scalar_one()
     assert tuple(production) == (checkpoint, checkpoint)
     assert audited >= 3  # eval set, its items (and freeze), the threshold
 

@@ -28,3 +28,5 @@ class AuditEvent(SQLModel, table=True):
     payload: dict[str, Any] = json_field()
     prev_hash: str = Field(sa_column=Column(Text, nullable=False))
     hash: str = Field(sa_column=Column(Text, nullable=False, unique=True))
+    db_role: str | None = Field(default=None, description="the database role that wrote it"
+                                " (stated by the database; NULL before it was recorded)")
