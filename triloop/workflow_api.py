@@ -140,7 +140,7 @@ class HumanDecision:
 
 @dataclass
 class RollbackInput:
-    """Move an alias back to its rollback target."""
+    """Move an alias back to the last revision that was not rolled back (or a named one)."""
 
     requested_by: str
     reason: str
@@ -148,6 +148,10 @@ class RollbackInput:
     roles: list[str] = field(default_factory=list)
     # Set only by a promotion's watch (automatic rollback); RollbackWorkflow refuses it.
     promotion_id: str | None = None
+    # An operator may name the revision to return to (its number in the alias's history),
+    # or a checkpoint (its latest revision); refused if it was rolled back. None: walk back.
+    to_revision: int | None = None
+    to_checkpoint_id: str | None = None
 
 
 @dataclass
@@ -157,6 +161,8 @@ class RollbackResult:
     alias: str
     checkpoint_id: str
     previous_checkpoint_id: str
+    # The revision of the alias's history the rollback returned to (0: not known).
+    target_revision: int = 0
 
 
 @dataclass

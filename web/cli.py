@@ -13,6 +13,7 @@ import getpass
 import json
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote, urlencode
 
 import httpx
 import typer
@@ -200,11 +201,57 @@ def promotions_show(
 
 
 def rollback_command(
-    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the audit log).")],
+    reason: Annotated[str | None, typer.Option(
+        "--reason", help="Why (recorded in the audit log); not needed with --dry-run.")] = None,
     alias: Annotated[str, typer.Option("--alias", help="Deployment alias.")] = "production",
+    to_revision: Annotated[int | None, typer.Option(
+        "--to-revision", min=1, help="Return to this revision of the alias's history.")] = None,
+    to_checkpoint: Annotated[str | None, typer.Option(
+        "--to-checkpoint", help="Return to this checkpoint's latest revision.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Show where the rollback would go; change nothing.")] = False,
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
-    """Roll a deployment alias back to its rollback target (operators)."""
-    result = api_call("POST", "/api/rollback", token=token, api_url=api_url,
-                      body={"alias": alias, "reason": reason})
+    """Roll an alias back to the last revision that was not rolled back (operators).
+
+    A rolled-back checkpoint is never served again without a new promotion.
+    """
+    if to_revision is not None and to_checkpoint:
+        err.print("[red]error:[/red] pass --to-revision or --to-checkpoint, not both")
+        raise typer.Exit(2)
+    if dry_run:
+        query = urlencode({k: v for k, v in (("to_revision", to_revision),
+                                             ("to_checkpoint_id", to_checkpoint)) if v})
+        preview = api_call("GET", f"/api/deployments/{quote(alias)}/rollback-preview"
+                           + (f"?{query}" if query else ""), token=token, api_url=api_url)
+        _print_preview(preview)
+        return
+    if not reason or not reason.strip():
+        err.print("[red]error:[/red] a rollback needs --reason (or use --dry-run)")
+        raise typer.Exit(2)
+    body: dict[str, Any] = {"alias": alias, "reason": reason}
+    if to_revision is not None:
+        body["to_revision"] = to_revision
+    if to_checkpoint:
+        body["to_checkpoint_id"] = to_checkpoint
+    result = api_call("POST", "/api/rollback", token=token, api_url=api_url, body=body)
     console.print(json.dumps(result, indent=2), markup=False, highlight=False)
+
+
+def _print_preview(preview: dict[str, Any]) -> None:
+    target = preview["target"]
+    console.print(f"dry run: nothing changed. {preview['alias']} serves "
+                  f"{preview['current_checkpoint_id']}", markup=False, highlight=False)
+    console.print(f"a rollback would return to revision {target['revision']}: checkpoint "
+                  f"{target['checkpoint_id']}, moved there by {target['actor']} "
+                  f"({target['kind']}: {target['reason']}) at {target['created_at']}",
+                  markup=False, highlight=False, soft_wrap=True)
+    table = Table("revision", "checkpoint", "kind", "by", "reason", "state")
+    for r in preview["history"]:
+        state = ("serving" if r["serving"] else
+                 f"rolled back at {r['rolled_back_at']}" if r["rolled_back_at"] else
+                 "target" if r["revision"] == target["revision"] else "")
+        table.add_row(str(r["revision"]), r["checkpoint_id"][:16], r["kind"], r["actor"],
+                      r["reason"][:40], state)
+    console.print(table)
+

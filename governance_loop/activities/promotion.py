@@ -306,6 +306,7 @@ class PromotionActivities(GovernanceShell):
                     rollback_target_id=request.baseline_checkpoint_id,
                     promotion_id=request.promotion_id, actor="governance",
                     reason=f"promotion {request.promotion_id} approved by {request.approved_by}",
+                    kind="promote",
                 )
                 store.set_routing(session=session, slot=PRODUCTION,
                                   checkpoint_id=request.candidate_checkpoint_id, share=1.0,

@@ -1,11 +1,14 @@
-"""Rollback: production returns to its rollback target in one transaction.
+"""Rollback: production returns to the last revision that was not rolled back, in one transaction.
 
 The same activity serves an operator's rollback (through ``RollbackWorkflow``,
 authorized for the person) and a promotion's automatic rollback (the watch
-found a regression; authorized as the governance service). Alias, history and
-routing change together, so the next episode the execution loop routes already
-uses the target. The old checkpoint becomes the new rollback target: rolling
-back twice returns to where it started.
+found a regression; authorized as the governance service). The target comes from
+the alias's history (``triloop.deployment_history``): never the checkpoint serving
+now, never one rolled back since it was last promoted, so rolling back twice does not
+re-serve the candidate the first rollback removed; that candidate needs a new
+promotion. An operator may name an earlier revision; naming a rolled-back one is
+refused (and audited). Alias, history and routing change together, so the next
+episode the execution loop routes already uses the target.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from governance_loop import store
 from governance_loop.activities.common import GOVERNANCE, GovernanceShell, record, refused
 from governance_loop.activities.messages import ROLLBACK_DEPLOYMENT
 from triloop.db import session_scope
+from triloop.deployment_history import RollbackRefused, plan_rollback
 from triloop.models import Checkpoint, DeploymentHistory
 from triloop.policy import Actor, Authorizer, Resource, acting_for
 from triloop.workflow_api import RollbackInput, RollbackResult
@@ -39,7 +43,7 @@ class RollbackActivities(GovernanceShell):
 
     @activity.defn(name=ROLLBACK_DEPLOYMENT)
     def rollback_deployment(self, request: RollbackInput) -> RollbackResult:
-        """Authorize, then swap the alias with its rollback target and reroute production."""
+        """Authorize, then move the alias back through its history and reroute production."""
         if request.promotion_id is not None:
             context = {"automatic": True, "promotion_id": request.promotion_id,
                        "reason": request.reason}
@@ -48,10 +52,12 @@ class RollbackActivities(GovernanceShell):
                 raise refused("a rollback needs the person who requests it")
             person = Actor(service="web", user=request.requested_by, roles=tuple(request.roles))
             context = acting_for(person, reason=request.reason)
-        self.authorize("rollback", Resource("deployment", id=request.alias,
-                                            attrs={"requested_by": request.requested_by}),
-                       context=context)
+        self.authorize("rollback", Resource("deployment", id=request.alias, attrs={
+            "requested_by": request.requested_by, "to_revision": request.to_revision,
+            "to_checkpoint_id": request.to_checkpoint_id,
+        }), context=context)
         key = _request_key()
+        actor = "governance" if request.promotion_id else request.requested_by
         with session_scope(self._engine) as session:
             done = self._already_done(session, request.alias, key)
             if done is not None:
@@ -59,33 +65,59 @@ class RollbackActivities(GovernanceShell):
             current = store.get_deployment(session=session, alias=request.alias, for_update=True)
             if current is None:
                 raise refused(f"alias {request.alias!r} is not deployed; nothing to roll back")
-            target, previous = current.rollback_target_id, current.checkpoint_id
-            if target is None:
-                raise refused(f"alias {request.alias!r} has no rollback target")
-            promotion_id = current.promotion_id
-            actor = "governance" if request.promotion_id else request.requested_by
-            store.move_alias(
-                session=session, alias=request.alias, checkpoint_id=target,
-                rollback_target_id=previous, promotion_id=None, actor=actor,
-                reason=f"rollback {key}: {request.reason}".strip(),
-            )
-            if request.alias == "production":
-                store.set_routing(session=session, slot="production", checkpoint_id=target,
-                                  share=1.0, promotion_id=None, updated_by=actor)
-                for slot in ("canary", "shadow"):
-                    store.set_routing(session=session, slot=slot, checkpoint_id=None, share=0.0,
-                                      promotion_id=None, updated_by=actor)
-            if promotion_id is not None:
-                promotion = store.get_promotion(session=session, promotion_id=promotion_id)
-                if promotion.status == "promoted":
-                    store.update_promotion(session=session, promotion_id=promotion_id,
-                                           status="rolled_back", reason=request.reason)
-            record(session, action="rollback",
-                   resource={"kind": "deployment", "id": request.alias},
-                   payload={"from": previous, "to": target, "requested_by": actor,
-                            "reason": request.reason, "promotion_id": promotion_id})
+            previous, promotion_id = current.checkpoint_id, current.promotion_id
+            problem: str | None = None
+            try:
+                plan = plan_rollback(
+                    store.deployment_revisions(session=session, alias=request.alias),
+                    alias=request.alias, current_checkpoint_id=previous,
+                    to_revision=request.to_revision, to_checkpoint_id=request.to_checkpoint_id,
+                )
+            except RollbackRefused as refusal:
+                problem = str(refusal)
+            if problem is None:
+                target = plan.target.checkpoint_id
+                store.move_alias(
+                    session=session, alias=request.alias, checkpoint_id=target,
+                    rollback_target_id=None, promotion_id=None, actor=actor, kind="rollback",
+                    reason=f"rollback {key}: {request.reason}".strip(),
+                )
+                store.refresh_rollback_target(session=session, alias=request.alias)
+                self._reroute(session, request.alias, target, actor)
+                if promotion_id is not None:
+                    promotion = store.get_promotion(session=session, promotion_id=promotion_id)
+                    if promotion.status == "promoted":
+                        store.update_promotion(session=session, promotion_id=promotion_id,
+                                               status="rolled_back", reason=request.reason)
+                record(session, action="rollback",
+                       resource={"kind": "deployment", "id": request.alias},
+                       payload={"from": previous, "to": target, "requested_by": actor,
+                                "reason": request.reason, "promotion_id": promotion_id,
+                                "target_revision": plan.target.number,
+                                "requested_revision": request.to_revision,
+                                "requested_checkpoint_id": request.to_checkpoint_id})
+        if problem is not None:
+            with session_scope(self._engine) as session:  # the refusal is on record too
+                record(session, action="refuse_rollback",
+                       resource={"kind": "deployment", "id": request.alias},
+                       payload={"requested_by": actor, "reason": request.reason,
+                                "to_revision": request.to_revision,
+                                "to_checkpoint_id": request.to_checkpoint_id,
+                                "serving": previous, "refusal": problem})
+            raise refused(problem)
         return RollbackResult(alias=request.alias, checkpoint_id=target,
-                              previous_checkpoint_id=previous)
+                              previous_checkpoint_id=previous,
+                              target_revision=plan.target.number)
+
+    @staticmethod
+    def _reroute(session: Session, alias: str, target: str, actor: str) -> None:
+        if alias != "production":
+            return
+        store.set_routing(session=session, slot="production", checkpoint_id=target,
+                          share=1.0, promotion_id=None, updated_by=actor)
+        for slot in ("canary", "shadow"):
+            store.set_routing(session=session, slot=slot, checkpoint_id=None, share=0.0,
+                              promotion_id=None, updated_by=actor)
 
     @staticmethod
     def _already_done(session: Session, alias: str, key: str) -> RollbackResult | None:
@@ -109,8 +141,8 @@ def bootstrap_production(
 ) -> RollbackResult:
     """Deploy a base checkpoint as production when nothing is deployed yet (or ``replace``).
 
-    Later moves go through promotions; ``replace`` is for development stacks and
-    keeps the replaced checkpoint as the rollback target.
+    Later moves go through promotions; ``replace`` is for development stacks. The
+    rollback target is then the last earlier revision that was not rolled back.
     """
     with session_scope(engine) as session:
         if session.get(Checkpoint, checkpoint_id) is None:
@@ -130,10 +162,10 @@ def bootstrap_production(
     with session_scope(engine) as session:
         current = store.get_deployment(session=session, alias="production", for_update=True)
         previous = current.checkpoint_id if current is not None else None
-        target = previous if previous != checkpoint_id else None
         store.move_alias(session=session, alias="production", checkpoint_id=checkpoint_id,
-                         rollback_target_id=target, promotion_id=None, actor=requested_by,
-                         reason="bootstrap production")
+                         rollback_target_id=None, promotion_id=None, actor=requested_by,
+                         reason="bootstrap production", kind="bootstrap")
+        store.refresh_rollback_target(session=session, alias="production")
         store.set_routing(session=session, slot="production", checkpoint_id=checkpoint_id,
                           share=1.0, promotion_id=None, updated_by=requested_by)
         for slot in ("canary", "shadow"):

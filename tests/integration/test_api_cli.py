@@ -10,11 +10,11 @@ import pytest
 import typer
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
-from tests.factories import make_run, uid
-from tests.factories_web import Person, add_approval, make_promotion
+from tests.factories import make_checkpoint, make_run, uid
+from tests.factories_web import Person, add_approval, make_deployment, make_promotion
 from triloop.config import Settings
 from web import cli
 
@@ -95,3 +95,26 @@ def test_rollback_needs_a_token_and_the_operator_role(
     denied = CliRunner().invoke(app_cli, ["rollback", "--reason", "x", "--token",
                                           people["auditor"].token])
     assert denied.exit_code == 1 and ("403" in denied.output or "404" in denied.output)
+
+
+def test_rollback_dry_run_shows_the_target_and_changes_nothing(
+    app_cli: typer.Typer, people: dict[str, Person], owner_engine: Engine
+) -> None:
+    alias = uid("cli-").lower()
+    current, target = make_checkpoint(owner_engine), make_checkpoint(owner_engine)
+    make_deployment(owner_engine, alias, current, target)
+    token = people["operator"].token
+    shown = CliRunner().invoke(app_cli, ["rollback", "--dry-run", "--alias", alias,
+                                         "--token", token])
+    assert shown.exit_code == 0, shown.output
+    assert "dry run: nothing changed" in shown.output
+    assert f"revision 1: checkpoint {target}" in shown.output and "gov-admin" in shown.output
+    named = CliRunner().invoke(app_cli, ["rollback", "--dry-run", "--alias", alias,
+                                         "--to-revision", "2", "--token", token])
+    assert named.exit_code == 1 and "which serves" in named.output
+    no_reason = CliRunner().invoke(app_cli, ["rollback", "--alias", alias, "--token", token])
+    assert no_reason.exit_code == 2 and "needs --reason" in no_reason.output
+    with owner_engine.connect() as conn:
+        still = conn.execute(text("SELECT checkpoint_id FROM deployment WHERE alias = :a"),
+                             {"a": alias}).scalar_one()
+    assert still == current

@@ -30,9 +30,10 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.worker import Replayer
 
 from governance_loop.activities.messages import PromotionTiming
+from governance_loop.activities.rollback import bootstrap_production
 from governance_loop.worker import build_worker
 from governance_loop.workflows import PromotionWorkflow
-from tests.factories import make_weights_dir
+from tests.factories import make_checkpoint, make_weights_dir
 from tests.factories_governance import (
     PromotionWorld,
     Quality,
@@ -352,20 +353,52 @@ async def test_audit_deadline_expires(deps: Deps) -> None:
 async def test_post_promotion_regression_rolls_back(deps: Deps) -> None:
     world = deps.world
     quality = _good(deps)
+    older = make_checkpoint(deps.owner)  # production before the baseline, never rolled back
+    for checkpoint in (older, world.baseline):
+        bootstrap_production(engine=deps.gov_engine, authorizer=deps.authorizer,
+                             checkpoint_id=checkpoint, requested_by="gov-admin", replace=True)
     async with running(deps, quality) as run:
         await _to_approval(run)
         # After the move the candidate does badly on real traffic.
         quality.set(world.candidate, 0.1, purpose="production")
         await run.decide(PROMOTION_APPROVE_UPDATE, "carol", ["operator"])
         final = await run.result()
-    assert final.status == "rolled_back", final.reason
-    gates = _gates(deps)
-    assert gates["promote"][1] and not gates["watch"][1]
-    assert _production(deps) == (world.baseline, world.candidate)
-    assert _routing(deps)["production"] == world.baseline
-    status = _rows(deps.owner, "SELECT status FROM promotion WHERE proposal_id = :p",
-                   p=world.proposal_id)[0][0]
-    assert status == "rolled_back"
+        assert final.status == "rolled_back", final.reason
+        gates = _gates(deps)
+        assert gates["promote"][1] and not gates["watch"][1]
+        # The rolled-back candidate is nobody's rollback target: the next one is older.
+        assert _production(deps) == (world.baseline, older)
+        assert _routing(deps)["production"] == world.baseline
+        status = _rows(deps.owner, "SELECT status FROM promotion WHERE proposal_id = :p",
+                       p=world.proposal_id)[0][0]
+        assert status == "rolled_back"
+
+        # The operator's next rollback never re-serves the candidate, even when named.
+        promoted = _rows(deps.owner, "SELECT n FROM (SELECT checkpoint_id, kind, row_number() "
+                         "OVER (ORDER BY id) AS n FROM deployment_history WHERE alias = "
+                         "'production') h WHERE checkpoint_id = :c AND kind = 'promote'",
+                         c=world.candidate)[0][0]
+        queue = deps.settings.task_queue(GOVERNANCE_QUEUE)
+        for named in ({"to_revision": promoted}, {"to_checkpoint_id": world.candidate}):
+            with pytest.raises(WorkflowFailureError) as refused:
+                await deps.client.execute_workflow(
+                    ROLLBACK_WORKFLOW, RollbackInput(requested_by="carol", reason="again",
+                                                     roles=["operator"], **named),
+                    id=f"rollback-{uuid.uuid4().hex}", task_queue=queue,
+                    result_type=RollbackResult)
+            assert "rolled back at revision" in str(refused.value.cause.cause)
+            assert _production(deps) == (world.baseline, older)
+        result = await deps.client.execute_workflow(
+            ROLLBACK_WORKFLOW, RollbackInput(requested_by="carol", reason="pager",
+                                             roles=["operator"]),
+            id=f"rollback-{uuid.uuid4().hex}", task_queue=queue, result_type=RollbackResult)
+    assert (result.checkpoint_id, result.previous_checkpoint_id) == (older, world.baseline)
+    assert _production(deps)[0] == older and _routing(deps)["production"] == older
+    assert _production(deps)[1] != world.candidate
+    refusals = _rows(deps.owner, "SELECT count(*) FROM audit_event WHERE action = "
+                     "'refuse_rollback' AND payload->>'requested_by' = 'carol' "
+                     "AND payload->>'serving' = :b", b=world.baseline)
+    assert refusals[0][0] == 2
 
 
 def test_opa_refuses_submitter_auditor_and_learning_approvals(authorizer: Authorizer) -> None:
@@ -413,7 +446,9 @@ async def test_operator_rollback_is_fast_and_refused_for_others(deps: Deps) -> N
             id=f"rollback-{uuid.uuid4().hex}", task_queue=queue, result_type=RollbackResult)
     assert (result.checkpoint_id, result.previous_checkpoint_id) == (world.baseline,
                                                                      world.candidate)
-    assert _production(deps) == (world.baseline, world.candidate)
+    # The checkpoint rolled back from is no rollback target any more (issue 12, item 3).
+    assert _production(deps)[0] == world.baseline
+    assert _production(deps)[1] != world.candidate
     assert _routing(deps)["production"] == world.baseline
 
 
