@@ -1,4 +1,4 @@
-"""Command groups the ``triloop`` CLI mounts: users, train, promotions, rollback.
+"""Command groups the ``triloop`` CLI mounts: users, train, promotions, rollback, faults.
 
 ``users`` runs on this machine with the web service's database role (it is how
 the first people and tokens come to exist; the policy is still asked, for the
@@ -31,6 +31,11 @@ train_app = typer.Typer(help="Submit and follow training runs (ML engineers).",
                         no_args_is_help=True)
 promotions_app = typer.Typer(help="Candidates on their way through the gates.",
                              no_args_is_help=True)
+faults_app = typer.Typer(
+    help="Game days (operators): serve a checkpoint degraded on purpose, to check that the "
+    "watch gate rolls it back. Through the API, authorized and audited.",
+    no_args_is_help=True,
+)
 
 TokenOption = Annotated[
     str | None, typer.Option("--token", envvar="TRILOOP_TOKEN", help="API token.")
@@ -255,3 +260,37 @@ def _print_preview(preview: dict[str, Any]) -> None:
                       r["reason"][:40], state)
     console.print(table)
 
+
+@faults_app.command("inject")
+def faults_inject(
+    checkpoint_id: Annotated[str, typer.Argument(help="Checkpoint to serve degraded.")],
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature its production episodes get.")
+    ] = 4.0,
+    note: Annotated[str, typer.Option(help="Why: recorded on every episode it touches.")] = (
+        "game day"
+    ),
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """Degrade one checkpoint's production and canary episodes (operators; audited)."""
+    fault = api_call("POST", "/api/faults", token=token, api_url=api_url,
+                     body={"checkpoint_id": checkpoint_id, "temperature": temperature,
+                           "note": note})
+    console.print(f"serving {fault['checkpoint_id']} at temperature {fault['temperature']} "
+                  "until `triloop faults clear`; its episodes never count toward a pass",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
+@faults_app.command("clear")
+def faults_clear(token: TokenOption = None, api_url: ApiOption = DEFAULT_API) -> None:
+    """Remove every injected serving fault (operators; audited)."""
+    result = api_call("DELETE", "/api/faults", token=token, api_url=api_url)
+    console.print(f"cleared {result['cleared']} serving fault(s)")
+
+
+@faults_app.command("list")
+def faults_list(token: TokenOption = None, api_url: ApiOption = DEFAULT_API) -> None:
+    """The serving faults in force."""
+    for fault in api_call("GET", "/api/faults", token=token, api_url=api_url):
+        console.print(f"{fault['checkpoint_id']}\ttemperature {fault['temperature']}\t"
+                      f"{fault['note']}", markup=False, highlight=False, soft_wrap=True)
