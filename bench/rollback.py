@@ -8,7 +8,9 @@ Each rollback is a ``RollbackWorkflow`` on an in-process governance worker: OPA
 is asked for the operator, then alias, history and routing change in one
 transaction. "Effective" is when a fresh read of the routing table (what the
 execution loop does before each episode) names the target. Rollbacks alternate
-between two checkpoints (each rollback makes the previous one the target). The
+between two checkpoints: a rolled-back checkpoint is never a target again until it
+is deployed anew, so before each timed rollback (outside the timing) both are
+bootstrapped again, the target first. The
 baseline is the same routing change as one plain ``UPDATE`` by the governance
 role: the ratio is what authorization, audit, history and Temporal cost on top.
 Target: p99 request-to-effective under 2 s.
@@ -74,15 +76,17 @@ async def measure(settings: Settings, rollbacks: int) -> RollbackBench:
     gov, reader = role_engine(settings, "governance"), role_engine(settings, "execution")
     authorizer = build_authorizer(settings, "governance")
     first, second = _checkpoints(owner_engine(settings))
-    for checkpoint in (second, first):  # production = first, rollback target = second
-        bootstrap_production(engine=gov, authorizer=authorizer, checkpoint_id=checkpoint,
-                             requested_by="bench", replace=True)
     client = await connect(settings, identity="rollback-bench")
     queue = settings.task_queue(GOVERNANCE_QUEUE)
     timings: list[float] = []
     async with build_worker(client, settings, engine=gov, authorizer=authorizer):
         for index in range(rollbacks + rollbacks % 2):  # even: end where it began
             expected = second if index % 2 == 0 else first
+            current = first if expected == second else second
+            for checkpoint in (expected, current):  # serving: current; target: expected
+                await asyncio.to_thread(
+                    bootstrap_production, engine=gov, authorizer=authorizer,
+                    checkpoint_id=checkpoint, requested_by="bench", replace=True)
             started = time.perf_counter()
             result: RollbackResult = await client.execute_workflow(
                 ROLLBACK_WORKFLOW,

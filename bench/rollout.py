@@ -122,12 +122,34 @@ def services(args: argparse.Namespace) -> Iterator[Settings]:
         yield settings
 
 
+def scripted_weights() -> tuple[Path, str]:
+    """A fixed one-tensor weights directory for the scripted policy: (directory, its id).
+
+    The execution loop verifies weights against the checkpoint id before serving, even
+    for a policy that never reads them.
+    """
+    import tempfile
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from triloop.weights import safetensors_digest
+
+    directory = Path(tempfile.gettempdir()) / "triloop-bench-scripted-weights"
+    if not (directory / "model.safetensors").is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file({"scripted": np.zeros(4, dtype=np.float32)},
+                  str(directory / "model.safetensors"))
+    return directory, safetensors_digest(directory)
+
+
 def register(owner: Engine) -> tuple[str, str]:
     """The bench environment version, its task and a checkpoint row: (task id, checkpoint)."""
     from triloop.contracts import contract_id, parse_contract_text
 
     version = contract_id(parse_contract_text(CONTRACT, base_dir=Path(".")), {})
-    task, checkpoint = f"bench-task-{version[:8]}", "bench-scripted"
+    weights, checkpoint = scripted_weights()
+    task = f"bench-task-{version[:8]}"
     with owner.begin() as conn:
         for sql, params in (
             ("INSERT INTO environment (name, description, created_by) VALUES "
@@ -138,7 +160,7 @@ def register(owner: Engine) -> tuple[str, str]:
             ("INSERT INTO task (id, environment_version_id, seed, status, evidence) VALUES "
              "(:i, :v, 0, 'admitted', '{}')", {"i": task, "v": version}),
             ("INSERT INTO checkpoint (id, base_model, artifact_uri, created_by, data) VALUES "
-             "(:c, 'scripted', '/nowhere', 'bench', '{}')", {"c": checkpoint}),
+             "(:c, 'scripted', :u, 'bench', '{}')", {"c": checkpoint, "u": weights.as_uri()}),
         ):
             conn.execute(text(sql + " ON CONFLICT DO NOTHING"), params)
     return task, checkpoint

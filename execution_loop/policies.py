@@ -4,7 +4,10 @@
 from its ``checkpoint.artifact_uri`` row; the backend (in-process torch, or an
 OpenAI-compatible vLLM server) from settings. Loading a model is slow and holds
 memory, so each worker keeps the few it serves (production, canary, shadow, or a
-run's current policy) and evicts the least recently used beyond ``capacity``.
+run's current policy) and evicts the least recently used beyond ``capacity``. Every
+load first checks that the directory's weights hash to the checkpoint id (and again
+once loaded, so a file swapped while it was read is caught too); a mismatch refuses
+to serve with ``WeightsIntegrityError`` and is recorded as an integrity event.
 
 ``TaskEnvironments``: task id -> its registered contract and environment factory.
 Episodes run only on admitted tasks; the admission probe may open pending ones.
@@ -18,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from sqlalchemy import Engine
 from sqlmodel import Session
@@ -28,6 +30,19 @@ from execution_loop.inference.base import PolicyClient
 from triloop.config import Settings
 from triloop.contracts import EnvironmentContract, parse_contract_text
 from triloop.models import Checkpoint, EnvironmentVersion, Task
+from triloop.weights import (
+    UnsupportedArtifactUri,
+    WeightsIntegrityError,
+    checkpoint_dir,
+    record_integrity_event,
+    verify_weights,
+)
+
+__all__ = [
+    "EnvironmentLookup", "OpenedTask", "PolicyCache", "PolicyFactory", "TaskEnvironments",
+    "TaskNotAdmitted", "UnknownCheckpoint", "UnsupportedArtifactUri", "WeightsIntegrityError",
+    "backend_factory", "checkpoint_dir",
+]
 
 PolicyFactory = Callable[[str, Path], PolicyClient]
 """Builds a client for (checkpoint id, checkpoint directory)."""
@@ -35,24 +50,6 @@ PolicyFactory = Callable[[str, Path], PolicyClient]
 
 class UnknownCheckpoint(LookupError):
     """No checkpoint row with that id: the caller or the routing names a missing checkpoint."""
-
-
-class UnsupportedArtifactUri(ValueError):
-    """A checkpoint's artifact_uri this worker cannot open as a local directory."""
-
-
-def checkpoint_dir(artifact_uri: str, *, home: Path) -> Path:
-    """The local directory of a checkpoint: ``file://`` URIs and paths (relative to home)."""
-    parsed = urlparse(artifact_uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme == "":
-        path = Path(artifact_uri)
-        return path if path.is_absolute() else home / path
-    raise UnsupportedArtifactUri(
-        f"checkpoint artifact_uri {artifact_uri!r} has scheme {parsed.scheme!r}; this worker "
-        "opens file:// URIs and local paths only (sync remote checkpoints to a local folder)"
-    )
 
 
 def backend_factory(settings: Settings) -> PolicyFactory:
@@ -105,14 +102,28 @@ class PolicyCache:
                 self._clients.move_to_end(checkpoint_id)
                 return client
             # Loading under the lock: two episodes of a new checkpoint load it once.
-            client = self._factory(checkpoint_id, self.model_dir(checkpoint_id))
+            model_dir = self.model_dir(checkpoint_id)
+            self._verify(model_dir, checkpoint_id)
+            client = self._factory(checkpoint_id, model_dir)
+            try:
+                self._verify(model_dir, checkpoint_id)
+            except WeightsIntegrityError:
+                _close(client)
+                raise
             self._clients[checkpoint_id] = client
             while len(self._clients) > self._capacity:
                 _, evicted = self._clients.popitem(last=False)
-                close = getattr(evicted, "close", None)
-                if callable(close):
-                    close()
+                _close(evicted)
             return client
+
+    def _verify(self, model_dir: Path, checkpoint_id: str) -> None:
+        """Refuse weights that are not the checkpoint's, and record the refusal."""
+        try:
+            verify_weights(model_dir, checkpoint_id)
+        except WeightsIntegrityError as error:
+            record_integrity_event(self._engine, service="execution", error=error,
+                                   during="loading to serve or evaluate")
+            raise
 
     def model_dir(self, checkpoint_id: str) -> Path:
         """Where the checkpoint's weights are, from its row."""
@@ -129,6 +140,12 @@ class PolicyCache:
         """Checkpoint ids currently loaded, least recently used first."""
         with self._lock:
             return list(self._clients)
+
+
+def _close(client: PolicyClient) -> None:
+    close = getattr(client, "close", None)
+    if callable(close):
+        close()
 
 
 EnvironmentLookup = Callable[[str], EnvironmentFactory]

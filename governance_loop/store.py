@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import func, text
 from sqlmodel import Session, col, select
 
+from triloop.deployment_history import Revision, next_rollback_target, revisions
 from triloop.models import (
     Approval,
     Deployment,
@@ -147,9 +148,9 @@ def get_deployment(*, session: Session, alias: str, for_update: bool = False) ->
 
 def move_alias(
     *, session: Session, alias: str, checkpoint_id: str, rollback_target_id: str | None,
-    promotion_id: str | None, actor: str, reason: str,
+    promotion_id: str | None, actor: str, reason: str, kind: str,
 ) -> DeploymentHistory:
-    """Point an alias at a checkpoint and record the move in its history."""
+    """Point an alias at a checkpoint and record the move (bootstrap, promote, rollback)."""
     current = get_deployment(session=session, alias=alias, for_update=True)
     previous = current.checkpoint_id if current is not None else None
     if current is None:
@@ -162,11 +163,30 @@ def move_alias(
     session.add(current)
     history = DeploymentHistory(
         alias=alias, checkpoint_id=checkpoint_id, previous_checkpoint_id=previous,
-        reason=reason, actor=actor,
+        kind=kind, reason=reason, actor=actor,
     )
     session.add(history)
     session.flush()
     return history
+
+
+def deployment_revisions(*, session: Session, alias: str) -> list[Revision]:
+    """An alias's history as numbered revisions, oldest first (with rolled-back marks)."""
+    rows = session.exec(select(DeploymentHistory).where(DeploymentHistory.alias == alias))
+    return revisions(list(rows))
+
+
+def refresh_rollback_target(*, session: Session, alias: str) -> str | None:
+    """Set the alias's rollback target to where a plain rollback would go now; return it."""
+    deployment = get_deployment(session=session, alias=alias, for_update=True)
+    if deployment is None:
+        return None
+    target = next_rollback_target(deployment_revisions(session=session, alias=alias),
+                                  alias=alias, current=deployment.checkpoint_id)
+    deployment.rollback_target_id = target
+    session.add(deployment)
+    session.flush()
+    return target
 
 
 def get_routing(*, session: Session, slot: str, for_update: bool = False) -> Routing | None:

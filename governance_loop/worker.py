@@ -86,7 +86,7 @@ def build_worker(
     authorizer = authorizer or build_authorizer(settings, "governance")
     timing = timing or promotion_timing(settings.gate_profile)
     promotion = PromotionActivities(engine, authorizer, timing=timing,
-                                    threshold_name=threshold_name)
+                                    threshold_name=threshold_name, home=settings.home)
     evidence = EvidenceActivities(engine, authorizer)
     rollback = RollbackActivities(engine, authorizer)
     admission = AdmissionActivities(engine, authorizer, budgets=budgets,

@@ -152,7 +152,7 @@ def main() -> int:
         final = _walk_gates(operator, auditor, promotion["id"], api_base)
     finally:
         traffic.stop()
-        _triloop("faults", "clear")
+        _triloop("faults", "clear", token=operator.person.token, api_url=api_base)
 
     _summary(auditor, run["id"], final, rewards, api_base, traffic)
     console.print("\nThe stack is still running; stop it with [bold]triloop dev down[/bold].")
@@ -219,16 +219,19 @@ def _walk_gates(operator: Api, auditor: Api, promotion_id: str, api_base: str
             step("Promoted; the watch gate is on. Injecting a regression: a game-day serving "
                  "fault degrades the new checkpoint")
             _triloop("faults", "inject", detail["checkpoint_id"], "--temperature", "8",
-                     "--note", "demo: injected regression")
+                     "--note", "demo: injected regression", token=operator.person.token,
+                     api_url=api_base)
             injected = True
         time.sleep(2)
 
 
-def _triloop(*args: str) -> None:
+def _triloop(*args: str, token: str, api_url: str) -> None:
+    """Run a triloop command as the person whose API token it is (as they would)."""
     import subprocess
 
+    env = {**os.environ, "TRILOOP_TOKEN": token, "TRILOOP_API_URL": api_url}
     result = subprocess.run([sys.executable, "-m", "triloop.cli", *args], capture_output=True,
-                            text=True, check=False)
+                            text=True, check=False, env=env)
     answer = result.stdout.strip() or result.stderr.strip()
     console.print(f"  $ triloop {' '.join(args)}\n  {answer}")
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, text
+
+_WEIGHTS_ROOT = Path(tempfile.gettempdir()) / f"triloop-test-weights-{os.getpid()}"
 
 
 def uid(prefix: str = "") -> str:
@@ -25,8 +30,27 @@ def insert(engine: Engine, table: str, **values: Any) -> dict[str, Any]:
     return values
 
 
+def make_weights_dir(root: Path | None = None) -> tuple[Path, str]:
+    """A directory holding one small, unique safetensors file: (directory, its checkpoint id)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from triloop.weights import safetensors_digest
+
+    directory = (root or _WEIGHTS_ROOT) / uid("w-")
+    directory.mkdir(parents=True)
+    save_file({"w": np.frombuffer(uuid.uuid4().bytes, dtype=np.uint8).copy()},
+              str(directory / "model.safetensors"))
+    return directory, safetensors_digest(directory)
+
+
 def make_checkpoint(engine: Engine, **overrides: Any) -> str:
-    """A checkpoint row; returns its id."""
+    """A checkpoint row; returns its id.
+
+    Unless the caller names the id or the artifact, the row points at real (tiny)
+    weights whose sha256 is its id, as the learning loop registers them: governance
+    verifies them before production moves.
+    """
     values: dict[str, Any] = {
         "id": uid("ckpt-"),
         "base_model": "tiny",
@@ -34,6 +58,9 @@ def make_checkpoint(engine: Engine, **overrides: Any) -> str:
         "created_by": "learning",
         "data": {},
     }
+    if "id" not in overrides and "artifact_uri" not in overrides:
+        directory, values["id"] = make_weights_dir()
+        values["artifact_uri"] = directory.as_uri()
     values.update(overrides)
     insert(engine, "checkpoint", **values)
     return str(values["id"])

@@ -7,6 +7,7 @@ returns the same version, as governance's registration does.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +91,41 @@ def make_builtin_task(engine: Engine, name: str, seed: int) -> str:
 def register_checkpoint_dir(
     engine: Engine, model_dir: Path, checkpoint_id: str | None = None
 ) -> str:
-    """A checkpoint row whose artifact_uri is a local model directory; returns its id."""
-    ckpt = checkpoint_id or uid("ckpt-")
+    """A checkpoint row whose artifact_uri is a local model directory; returns its id.
+
+    The id is the sha256 of the directory's weights, as the learning loop computes it
+    (the execution loop refuses to serve weights that do not match their id).
+    """
+    from triloop.weights import safetensors_digest
+
+    ckpt = checkpoint_id or safetensors_digest(model_dir)
     _insert_once(
         engine, "checkpoint", "id", id=ckpt, base_model="tiny",
         artifact_uri=model_dir.resolve().as_uri(), created_by="learning", data={},
     )
     return ckpt
+
+
+def weights_variant(model_dir: Path, into: Path) -> Path:
+    """A copy of a model directory plus one unused tensor: the same model, a checkpoint id of
+    its own (tests that need several checkpoints serving alike)."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    copy = into / uid("variant-")
+    shutil.copytree(model_dir, copy)
+    weights = copy / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["triloop_test_variant"] = np.frombuffer(uuid.uuid4().bytes, dtype=np.uint8).copy()
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return copy
+
+
+def register_variant(engine: Engine, model_dir: Path, into: Path) -> str:
+    """A checkpoint of its own that serves exactly like ``model_dir``; returns its id."""
+    return register_checkpoint_dir(engine, weights_variant(model_dir, into))
 
 
 def set_routing(engine: Engine, slot: str, checkpoint_id: str | None, share: float = 0.0) -> None:

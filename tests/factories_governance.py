@@ -78,6 +78,12 @@ def _write(engine: Engine, rows: list[dict[str, Any]]) -> None:
             ), {"id": row["id"], "reward": 1.0 if row["success"] else 0.0})
 
 
+def write_episodes(engine: Engine, rows: list[dict[str, Any]]) -> None:
+    """Store episodes as the execution loop does: id, batch_id, task_id, checkpoint_id,
+    purpose, group_id, success, optionally outcome (e.g. ``injected_fault``, ``shadow_of``)."""
+    _write(engine, rows)
+
+
 class StandInExecution:
     """Eval batches (child workflows) and production traffic, as the execution role."""
 

@@ -113,9 +113,16 @@ def add_approval(
 
 
 def make_deployment(engine: Engine, alias: str, checkpoint_id: str, target: str | None) -> None:
-    """An alias naming a checkpoint, with a rollback target."""
+    """An alias naming a checkpoint, with a rollback target, and the history behind them
+    (the target bootstrapped, then the checkpoint promoted) as governance writes it."""
     insert(engine, "deployment", alias=alias, checkpoint_id=checkpoint_id,
            rollback_target_id=target, updated_by="governance")
+    if target is not None:
+        insert(engine, "deployment_history", alias=alias, checkpoint_id=target,
+               kind="bootstrap", reason="bootstrap production", actor="gov-admin")
+    insert(engine, "deployment_history", alias=alias, checkpoint_id=checkpoint_id,
+           previous_checkpoint_id=target, kind="promote",
+           reason="promotion p approved by olga", actor="governance")
 
 
 def add_steps(engine: Engine, run_id: str, n: int, alarm_at: int | None = None) -> None:

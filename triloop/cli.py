@@ -25,14 +25,8 @@ app = typer.Typer(
 )
 dev_app = typer.Typer(help="Run the whole stack on this machine.", no_args_is_help=True)
 audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
-faults_app = typer.Typer(
-    help="Game days: serve a checkpoint degraded on purpose, to check that the watch gate "
-    "rolls it back.",
-    no_args_is_help=True,
-)
 app.add_typer(dev_app, name="dev")
 app.add_typer(audit_app, name="audit")
-app.add_typer(faults_app, name="faults")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -45,6 +39,8 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("users", "web.cli:users_app"),
     ("train", "web.cli:train_app"),
     ("promotions", "web.cli:promotions_app"),
+    # Game days are an operator's act: through the API with their token, never locally.
+    ("faults", "web.cli:faults_app"),
 )
 PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (("rollback", "web.cli:rollback_command"),)
 
@@ -171,57 +167,6 @@ def audit_verify() -> None:
         f"({report.checked} events verified before it)"
     )
     raise typer.Exit(1)
-
-
-@faults_app.command("inject")
-def faults_inject(
-    checkpoint_id: Annotated[str, typer.Argument(help="Checkpoint to serve degraded.")],
-    temperature: Annotated[
-        float, typer.Option(help="Sampling temperature its production episodes get.")
-    ] = 4.0,
-    note: Annotated[str, typer.Option(help="Why: recorded on every episode it touches.")] = (
-        "game day"
-    ),
-) -> None:
-    """Degrade one checkpoint's production and canary episodes (recorded and audited)."""
-    from triloop.faults import ServingFault, inject_serving_fault
-
-    settings = get_settings()
-    fault = ServingFault(checkpoint_id, temperature, note)
-    try:
-        inject_serving_fault(settings.home, fault)
-    except ValueError as error:
-        err_console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from error
-    _audit_fault("inject_serving_fault", {"checkpoint_id": checkpoint_id,
-                                          "temperature": temperature, "note": note})
-    console.print(f"serving {checkpoint_id} at temperature {temperature} until "
-                  "`triloop faults clear`")
-
-
-@faults_app.command("clear")
-def faults_clear() -> None:
-    """Remove every injected serving fault."""
-    from triloop.faults import clear_serving_faults
-
-    count = clear_serving_faults(get_settings().home)
-    _audit_fault("clear_serving_faults", {"cleared": count})
-    console.print(f"cleared {count} serving fault(s)")
-
-
-def _audit_fault(action: str, payload: dict[str, object]) -> None:
-    import getpass
-
-    from triloop.audit import record_event
-    from triloop.db import role_engine
-
-    record_event(
-        role_engine(get_settings(), "governance"),
-        actor={"service": "cli", "user": getpass.getuser()},
-        action=action,
-        resource={"kind": "checkpoint", "id": payload.get("checkpoint_id")},
-        payload=payload,
-    )
 
 
 def main() -> None:

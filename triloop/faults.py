@@ -5,6 +5,11 @@ notices and rolls back. The fault lives in ``<home>/faults/serving.json`` so the
 running execution workers pick it up at their next episode; it is recorded on
 every trajectory it touches (``outcome.injected_fault``), so nobody mistakes an
 injected regression for a real one. Nothing is injected unless the file exists.
+
+Only the web service writes the file, for an operator that OPA allowed
+(``web.faults``; ``triloop faults`` calls that API with the operator's token), and
+both the decision and the change are audited. Whoever else can write the file can
+only make gates fail: governance never counts a fault-marked episode toward a pass.
 """
 
 from __future__ import annotations

@@ -141,7 +141,11 @@ class DecisionRef:
 
 @dataclass
 class RollbackInput:
-    """Move an alias back: an operator's recorded decision (``decision_id``) says who and why."""
+    """Move an alias back to the last revision that was not rolled back (or a named one).
+
+    An operator's rollback is their recorded decision (``decision_id``): who, why, and any
+    revision or checkpoint they named (its ``details``) are read from that row.
+    """
 
     decision_id: str = ""
     alias: str = "production"
@@ -157,6 +161,8 @@ class RollbackResult:
     alias: str
     checkpoint_id: str
     previous_checkpoint_id: str
+    # The revision of the alias's history the rollback returned to (0: not known).
+    target_revision: int = 0
 
 
 @dataclass

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import asdict, is_dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from triloop.models import DecisionKind
 from triloop.models._columns import new_id
@@ -34,6 +34,7 @@ from triloop.workflow_api import (
 from web.data import audit as audit_data
 from web.data import decisions, deployments, promotions, runs
 from web.data.audit import ChainVerification
+from web.data.deployments import RollbackPreview
 from web.data.runs import RunSummary
 from web.deps import Guard, Sessions, WebServices
 from web.problems import ProblemError, conflict, invalid, not_found
@@ -87,10 +88,22 @@ class DecisionOutcome(BaseModel):
 
 
 class RollbackRequest(BaseModel):
-    """Move an alias back to its rollback target."""
+    """Move an alias back to the last revision that was not rolled back, or a named one."""
 
     alias: str = Field(default="production", pattern=ALIAS_PATTERN)
     reason: Comment
+    to_revision: int | None = Field(
+        default=None, ge=1, le=2**31 - 1,
+        description="return to this revision of the alias's history (refused if rolled back)")
+    to_checkpoint_id: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="return to this checkpoint's latest revision (refused if rolled back)")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> RollbackRequest:
+        if self.to_revision is not None and self.to_checkpoint_id is not None:
+            raise ValueError("name to_revision or to_checkpoint_id, not both")
+        return self
 
 
 class RollbackOutcome(BaseModel):
@@ -100,6 +113,7 @@ class RollbackOutcome(BaseModel):
     checkpoint_id: str
     previous_checkpoint_id: str
     workflow_id: str
+    target_revision: int = Field(description="the revision returned to (0: not reported)")
 
 
 class EpisodeItem(BaseModel):
@@ -223,22 +237,43 @@ async def decide_promotion(
 async def rollback(
     *, guard: Guard, db: Sessions, services: WebServices, body: RollbackRequest
 ) -> RollbackOutcome:
-    """Run governance's rollback workflow for an alias and wait for its result."""
+    """Run governance's rollback workflow for an alias and wait for its result.
+
+    The preview refuses early what governance would refuse (no revision to return to,
+    a named revision that was rolled back); governance decides again under its lock.
+    """
     deployment = await db.read(deployments.get_deployment, alias=body.alias)
     if deployment is None:
         raise not_found("deployment alias", body.alias)
-    await guard("rollback", "deployment", id=body.alias)
-    if deployment.rollback_target_id is None:
-        raise conflict(f"alias {body.alias} has no rollback target")
+    await guard("rollback", "deployment", id=body.alias, attrs={
+        "to_revision": body.to_revision, "to_checkpoint_id": body.to_checkpoint_id})
+    preview = await preview_rollback(db=db, alias=body.alias, to_revision=body.to_revision,
+                                     to_checkpoint_id=body.to_checkpoint_id)
+    if preview.refusal is not None:
+        raise conflict(preview.refusal)
+    # The operator's decision, target included, is what governance reads and carries out.
     decision_id = await db.write(
         decisions.record_decision, kind=DecisionKind.ROLLBACK, subject=body.alias,
-        decision="rollback", user=guard.principal.name, comment=body.reason.strip())
+        decision="rollback", user=guard.principal.name, comment=body.reason.strip(),
+        details={"to_revision": body.to_revision, "to_checkpoint_id": body.to_checkpoint_id})
     workflow_id = f"rollback-{body.alias}-{uuid.uuid4().hex[:12]}"
     request = RollbackInput(decision_id=decision_id, alias=body.alias)
     result = await services.orchestrator.rollback(request, workflow_id)
     return RollbackOutcome(alias=result.alias, checkpoint_id=result.checkpoint_id,
                            previous_checkpoint_id=result.previous_checkpoint_id,
-                           workflow_id=workflow_id)
+                           workflow_id=workflow_id, target_revision=result.target_revision)
+
+
+async def preview_rollback(
+    *, db: Sessions, alias: str, to_revision: int | None = None,
+    to_checkpoint_id: str | None = None,
+) -> RollbackPreview:
+    """What a rollback of the alias would do, changing nothing (the caller authorized it)."""
+    preview = await db.read(deployments.rollback_preview, alias=alias, to_revision=to_revision,
+                            to_checkpoint_id=to_checkpoint_id)
+    if preview is None:
+        raise not_found("deployment alias", alias)
+    return preview
 
 
 class AdmissionRequest(BaseModel):

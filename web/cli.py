@@ -1,4 +1,4 @@
-"""Command groups the ``triloop`` CLI mounts: users, train, promotions, rollback.
+"""Command groups the ``triloop`` CLI mounts: users, train, promotions, rollback, faults.
 
 ``users create`` runs on this machine with the web service's database role: it is how the
 first admin comes to exist on an empty database, and it refuses once anyone exists.
@@ -12,6 +12,7 @@ import getpass
 import json
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote, urlencode
 
 import httpx
 import typer
@@ -29,6 +30,11 @@ train_app = typer.Typer(help="Submit and follow training runs (ML engineers).",
                         no_args_is_help=True)
 promotions_app = typer.Typer(help="Candidates on their way through the gates.",
                              no_args_is_help=True)
+faults_app = typer.Typer(
+    help="Game days (operators): serve a checkpoint degraded on purpose, to check that the "
+    "watch gate rolls it back. Through the API, authorized and audited.",
+    no_args_is_help=True,
+)
 
 TokenOption = Annotated[
     str | None, typer.Option("--token", envvar="TRILOOP_TOKEN", help="API token.")
@@ -256,11 +262,91 @@ def promotions_show(
 
 
 def rollback_command(
-    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the audit log).")],
+    reason: Annotated[str | None, typer.Option(
+        "--reason", help="Why (recorded in the audit log); not needed with --dry-run.")] = None,
     alias: Annotated[str, typer.Option("--alias", help="Deployment alias.")] = "production",
+    to_revision: Annotated[int | None, typer.Option(
+        "--to-revision", min=1, help="Return to this revision of the alias's history.")] = None,
+    to_checkpoint: Annotated[str | None, typer.Option(
+        "--to-checkpoint", help="Return to this checkpoint's latest revision.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Show where the rollback would go; change nothing.")] = False,
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
-    """Roll a deployment alias back to its rollback target (operators)."""
-    result = api_call("POST", "/api/rollback", token=token, api_url=api_url,
-                      body={"alias": alias, "reason": reason})
+    """Roll an alias back to the last revision that was not rolled back (operators).
+
+    A rolled-back checkpoint is never served again without a new promotion.
+    """
+    if to_revision is not None and to_checkpoint:
+        err.print("[red]error:[/red] pass --to-revision or --to-checkpoint, not both")
+        raise typer.Exit(2)
+    if dry_run:
+        query = urlencode({k: v for k, v in (("to_revision", to_revision),
+                                             ("to_checkpoint_id", to_checkpoint)) if v})
+        preview = api_call("GET", f"/api/deployments/{quote(alias)}/rollback-preview"
+                           + (f"?{query}" if query else ""), token=token, api_url=api_url)
+        _print_preview(preview)
+        return
+    if not reason or not reason.strip():
+        err.print("[red]error:[/red] a rollback needs --reason (or use --dry-run)")
+        raise typer.Exit(2)
+    body: dict[str, Any] = {"alias": alias, "reason": reason}
+    if to_revision is not None:
+        body["to_revision"] = to_revision
+    if to_checkpoint:
+        body["to_checkpoint_id"] = to_checkpoint
+    result = api_call("POST", "/api/rollback", token=token, api_url=api_url, body=body)
     console.print(json.dumps(result, indent=2), markup=False, highlight=False)
+
+
+def _print_preview(preview: dict[str, Any]) -> None:
+    target = preview["target"]
+    console.print(f"dry run: nothing changed. {preview['alias']} serves "
+                  f"{preview['current_checkpoint_id']}", markup=False, highlight=False)
+    console.print(f"a rollback would return to revision {target['revision']}: checkpoint "
+                  f"{target['checkpoint_id']}, moved there by {target['actor']} "
+                  f"({target['kind']}: {target['reason']}) at {target['created_at']}",
+                  markup=False, highlight=False, soft_wrap=True)
+    table = Table("revision", "checkpoint", "kind", "by", "reason", "state")
+    for r in preview["history"]:
+        state = ("serving" if r["serving"] else
+                 f"rolled back at {r['rolled_back_at']}" if r["rolled_back_at"] else
+                 "target" if r["revision"] == target["revision"] else "")
+        table.add_row(str(r["revision"]), r["checkpoint_id"][:16], r["kind"], r["actor"],
+                      r["reason"][:40], state)
+    console.print(table)
+
+
+@faults_app.command("inject")
+def faults_inject(
+    checkpoint_id: Annotated[str, typer.Argument(help="Checkpoint to serve degraded.")],
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature its production episodes get.")
+    ] = 4.0,
+    note: Annotated[str, typer.Option(help="Why: recorded on every episode it touches.")] = (
+        "game day"
+    ),
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """Degrade one checkpoint's production and canary episodes (operators; audited)."""
+    fault = api_call("POST", "/api/faults", token=token, api_url=api_url,
+                     body={"checkpoint_id": checkpoint_id, "temperature": temperature,
+                           "note": note})
+    console.print(f"serving {fault['checkpoint_id']} at temperature {fault['temperature']} "
+                  "until `triloop faults clear`; its episodes never count toward a pass",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
+@faults_app.command("clear")
+def faults_clear(token: TokenOption = None, api_url: ApiOption = DEFAULT_API) -> None:
+    """Remove every injected serving fault (operators; audited)."""
+    result = api_call("DELETE", "/api/faults", token=token, api_url=api_url)
+    console.print(f"cleared {result['cleared']} serving fault(s)")
+
+
+@faults_app.command("list")
+def faults_list(token: TokenOption = None, api_url: ApiOption = DEFAULT_API) -> None:
+    """The serving faults in force."""
+    for fault in api_call("GET", "/api/faults", token=token, api_url=api_url):
+        console.print(f"{fault['checkpoint_id']}\ttemperature {fault['temperature']}\t"
+                      f"{fault['note']}", markup=False, highlight=False, soft_wrap=True)

@@ -1,13 +1,30 @@
-"""Episode reads for the gates: rows the execution loop wrote, never written here."""
+"""Episode reads for the gates: rows the execution loop wrote, never written here.
+
+Episodes served while an operator's fault was injected carry ``outcome.injected_fault``.
+Every count can leave them out (``clean=True``) and ``fault_summary`` names the faults in
+a window, so a gate can let them fail a candidate but never count them toward a pass.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import text
 from sqlmodel import Session
+
+# SQL: the episode was served without an injected fault (or every episode, when not clean).
+_CLEAN = "(NOT CAST(:clean AS boolean) OR (outcome->'injected_fault') IS NULL)"
+
+
+@dataclass(frozen=True)
+class FaultSummary:
+    """Episodes of a window that an injected fault touched, and the faults themselves."""
+
+    episodes: int
+    faults: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -32,40 +49,64 @@ def batch_outcomes(*, session: Session, batch_id: str) -> Outcomes:
 
 def episode_counts(
     *, session: Session, checkpoint_id: str, purposes: Sequence[str], since: datetime,
-    until: datetime | None = None,
+    until: datetime | None = None, clean: bool = False,
 ) -> tuple[int, int]:
     """(episodes, successes) a checkpoint served for these purposes in a time window."""
     row = session.execute(
         text(
             "SELECT count(*), count(*) FILTER (WHERE success) FROM trajectory "
             "WHERE checkpoint_id = :c AND purpose = ANY(:p) AND created_at >= :s "
-            "AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u)"
+            f"AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) AND {_CLEAN}"
         ),
-        {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until},
+        {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
     ).one()
     return int(row[0]), int(row[1])
 
 
 def reward_summary(
     *, session: Session, checkpoint_id: str, purposes: Sequence[str], since: datetime,
-    until: datetime | None = None,
+    until: datetime | None = None, clean: bool = False,
 ) -> tuple[int, float, float]:
     """(episodes, mean reward, sample variance of reward) in a time window."""
     row = session.execute(
         text(
             "SELECT count(*), coalesce(avg(total_reward), 0), coalesce(var_samp(total_reward), 0) "
             "FROM trajectory WHERE checkpoint_id = :c AND purpose = ANY(:p) "
-            "AND created_at >= :s AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u)"
+            "AND created_at >= :s AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) "
+            f"AND {_CLEAN}"
         ),
-        {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until},
+        {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
     ).one()
     return int(row[0]), float(row[1]), float(row[2])
 
 
+def fault_summary(
+    *, session: Session, windows: Sequence[tuple[str, Sequence[str], datetime, datetime | None]],
+) -> FaultSummary:
+    """Faulted episodes in these (checkpoint, purposes, since, until) windows, and their faults."""
+    episodes, faults = 0, []
+    for checkpoint_id, purposes, since, until in windows:
+        rows = session.execute(
+            text(
+                "SELECT outcome->'injected_fault', count(*) FROM trajectory "
+                "WHERE checkpoint_id = :c AND purpose = ANY(:p) AND created_at >= :s "
+                "AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) "
+                "AND (outcome->'injected_fault') IS NOT NULL GROUP BY 1"
+            ),
+            {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until},
+        ).all()
+        for fault, count in rows:
+            episodes += int(count)
+            if fault not in faults:
+                faults.append(fault)
+    return FaultSummary(episodes, faults)
+
+
 def shadow_pairs(
     *, session: Session, candidate_id: str, production_id: str, since: datetime
-) -> list[tuple[str, int, int, float, float]]:
-    """(episode, steps compared, steps agreed, production reward, candidate reward) per pair.
+) -> list[tuple[str, int, int, float, float, dict[str, Any] | None]]:
+    """(episode, steps compared, steps agreed, production reward, candidate reward, fault)
+    per pair; the fault is the one injected on either side of the pair, if any.
 
     A shadow episode names the production episode it mirrors in ``outcome.shadow_of``
     (or by its id, ``<production id>:shadow``); agreement compares the action text
@@ -80,7 +121,8 @@ def shadow_pairs(
                    (SELECT count(*) FROM step a JOIN step b ON a.index = b.index
                      WHERE a.trajectory_id = s.id AND b.trajectory_id = p.id
                        AND a.action_text = b.action_text),
-                   p.total_reward, s.total_reward
+                   p.total_reward, s.total_reward,
+                   COALESCE(p.outcome->'injected_fault', s.outcome->'injected_fault')
             FROM trajectory s
             JOIN trajectory p
               ON p.id = COALESCE(s.outcome->>'shadow_of', regexp_replace(s.id, '[:]shadow$', ''))
@@ -91,4 +133,4 @@ def shadow_pairs(
         ),
         {"c": candidate_id, "p": production_id, "s": since},
     ).all()
-    return [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4])) for r in rows]
+    return [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4]), r[5]) for r in rows]

@@ -2,10 +2,16 @@
 
 Each reads episodes the execution loop wrote, hands plain numbers to the pure
 gate in ``governance_loop.gates`` and stores final verdicts (``continue`` looks
-store nothing, so a long soak does not fill ``gate_result``).
+store nothing, so a long soak does not fill ``gate_result``). Shadow, canary and
+watch read production traffic, which an operator's game-day fault may have
+degraded: each decides on all episodes and on those no fault touched, and
+``without_fault_passes`` lets the faulted ones fail a candidate, never pass it.
+(Eval batches are never faulted.)
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlmodel import Session
 from temporalio import activity
@@ -45,6 +51,7 @@ from governance_loop.gates import (
     decide_offline_eval,
     decide_shadow,
     decide_watch_against_baselines,
+    without_fault_passes,
 )
 from triloop.db import session_scope
 from triloop.models import EvalSet, Threshold
@@ -123,9 +130,19 @@ class EvidenceActivities(GovernanceShell):
             samples = [
                 ShadowSample(episode_id=e, steps_compared=c, steps_agreed=a,
                              production_reward=p, candidate_reward=r)
-                for e, c, a, p, r in pairs
+                for e, c, a, p, r, _ in pairs
             ]
-            decision = decide_shadow(samples, spec)
+            clean = [s for s, pair in zip(samples, pairs, strict=True) if pair[5] is None]
+            faults: list[dict[str, Any]] = []
+            for pair in pairs:
+                if pair[5] is not None and pair[5] not in faults:
+                    faults.append(pair[5])
+            everything = decide_shadow(samples, spec)
+            decision = without_fault_passes(
+                all_episodes=everything,
+                clean_episodes=decide_shadow(clean, spec) if faults else everything,
+                faults=faults, faulted_episodes=len(samples) - len(clean),
+            )
             return self._store(session, request.promotion_id, decision,
                                threshold_id=request.threshold_id)
 
@@ -135,18 +152,31 @@ class EvidenceActivities(GovernanceShell):
         since = parse_time(request.since)
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
-            canary = episodes.episode_counts(
-                session=session, checkpoint_id=request.candidate_checkpoint_id,
-                purposes=CANARY_PURPOSES, since=since,
+
+            def decide(clean: bool) -> GateDecision:
+                canary = episodes.episode_counts(
+                    session=session, checkpoint_id=request.candidate_checkpoint_id,
+                    purposes=CANARY_PURPOSES, since=since, clean=clean,
+                )
+                production = episodes.episode_counts(
+                    session=session, checkpoint_id=request.production_checkpoint_id,
+                    purposes=(PRODUCTION,), since=since, clean=clean,
+                )
+                return decide_canary(CanaryObservation(
+                    canary=BinomialCounts(*canary), production=BinomialCounts(*production),
+                    soak_complete=request.soak_complete,
+                ), spec)
+
+            faulted = episodes.fault_summary(session=session, windows=[
+                (request.candidate_checkpoint_id, CANARY_PURPOSES, since, None),
+                (request.production_checkpoint_id, (PRODUCTION,), since, None),
+            ])
+            everything = decide(clean=False)
+            decision = without_fault_passes(
+                all_episodes=everything,
+                clean_episodes=decide(clean=True) if faulted.faults else everything,
+                faults=faulted.faults, faulted_episodes=faulted.episodes,
             )
-            production = episodes.episode_counts(
-                session=session, checkpoint_id=request.production_checkpoint_id,
-                purposes=(PRODUCTION,), since=since,
-            )
-            decision = decide_canary(CanaryObservation(
-                canary=BinomialCounts(*canary), production=BinomialCounts(*production),
-                soak_complete=request.soak_complete,
-            ), spec)
             if not decision.final:
                 return outcome_of(decision)
             return self._store(session, request.promotion_id, decision,
@@ -173,32 +203,46 @@ class EvidenceActivities(GovernanceShell):
                 "previous production": (request.baseline_checkpoint_id, (PRODUCTION,)),
                 "candidate during canary": (request.candidate_checkpoint_id, (CANARY,)),
             }
-            counts = {
-                name: BinomialCounts(*episodes.episode_counts(
-                    session=session, checkpoint_id=checkpoint, purposes=purposes,
-                    since=before, until=promoted_at))
-                for name, (checkpoint, purposes) in windows.items()
-            }
-            rewards = {
-                name: RewardSummary(*episodes.reward_summary(
-                    session=session, checkpoint_id=checkpoint, purposes=purposes,
-                    since=before, until=promoted_at))
-                for name, (checkpoint, purposes) in windows.items()
-            }
             candidate = request.candidate_checkpoint_id
-            promoted_counts = episodes.episode_counts(
-                session=session, checkpoint_id=candidate, purposes=(PRODUCTION,),
-                since=promoted_at)
-            promoted_reward = episodes.reward_summary(
-                session=session, checkpoint_id=candidate, purposes=(PRODUCTION,),
-                since=promoted_at)
-            decision = decide_watch_against_baselines(
-                counts,
-                BinomialCounts(*promoted_counts),
-                period_complete=request.period_complete,
-                thresholds=spec,
-                rewards=rewards,
-                promoted_reward=RewardSummary(*promoted_reward),
+
+            def decide(clean: bool) -> GateDecision:
+                counts = {
+                    name: BinomialCounts(*episodes.episode_counts(
+                        session=session, checkpoint_id=checkpoint, purposes=purposes,
+                        since=before, until=promoted_at, clean=clean))
+                    for name, (checkpoint, purposes) in windows.items()
+                }
+                rewards = {
+                    name: RewardSummary(*episodes.reward_summary(
+                        session=session, checkpoint_id=checkpoint, purposes=purposes,
+                        since=before, until=promoted_at, clean=clean))
+                    for name, (checkpoint, purposes) in windows.items()
+                }
+                promoted_counts = episodes.episode_counts(
+                    session=session, checkpoint_id=candidate, purposes=(PRODUCTION,),
+                    since=promoted_at, clean=clean)
+                promoted_reward = episodes.reward_summary(
+                    session=session, checkpoint_id=candidate, purposes=(PRODUCTION,),
+                    since=promoted_at, clean=clean)
+                return decide_watch_against_baselines(
+                    counts,
+                    BinomialCounts(*promoted_counts),
+                    period_complete=request.period_complete,
+                    thresholds=spec,
+                    rewards=rewards,
+                    promoted_reward=RewardSummary(*promoted_reward),
+                )
+
+            faulted = episodes.fault_summary(session=session, windows=[
+                *((checkpoint, purposes, before, promoted_at)
+                  for checkpoint, purposes in windows.values()),
+                (candidate, (PRODUCTION,), promoted_at, None),
+            ])
+            everything = decide(clean=False)
+            decision = without_fault_passes(
+                all_episodes=everything,
+                clean_episodes=decide(clean=True) if faulted.faults else everything,
+                faults=faulted.faults, faulted_episodes=faulted.episodes,
             )
             if not decision.final:
                 return outcome_of(decision)

@@ -32,6 +32,7 @@ DECIDE_TASK_ADMISSION = "governance_decide_task_admission"
 POLICY_DENIED = "PolicyDenied"  # OPA refused: never retried
 POLICY_UNAVAILABLE = "PolicyUnavailable"  # OPA unreachable (failed closed): retried
 GOVERNANCE_REFUSED = "GovernanceRefused"  # a rule of the loop itself: never retried
+PROMOTION_ENDED = "PromotionEnded"  # a promotion that ended is never run again
 
 
 @dataclass

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 from sqlalchemy import Engine
-from sqlmodel import Session
+from sqlmodel import Session, select
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from governance_loop import store
 from governance_loop.activities.common import (
@@ -21,6 +23,7 @@ from governance_loop.activities.messages import (
     MARK_PROMOTION,
     OPEN_PROMOTION,
     PROMOTE_CANDIDATE,
+    PROMOTION_ENDED,
     RECORD_GATE,
     RECORD_HUMAN_DECISION,
     SET_ROUTING,
@@ -51,8 +54,15 @@ from governance_loop.gates import HumanDecision as GateHumanDecision
 from governance_loop.gates.human import AUDITOR_ROLE, OPERATOR_ROLE
 from triloop.db import session_scope
 from triloop.decisions import audit_refusal
-from triloop.models import Approval, DecisionKind, Proposal, TrainingRun
+from triloop.models import Approval, Checkpoint, DecisionKind, Promotion, Proposal, TrainingRun
 from triloop.policy import Authorizer, Resource
+from triloop.weights import (
+    UnsupportedArtifactUri,
+    WeightsIntegrityError,
+    checkpoint_dir,
+    record_integrity_event,
+    verify_weights,
+)
 from triloop.workflow_api import RolloutItem
 
 DEFAULT_THRESHOLD_NAME = "promotion"
@@ -77,10 +87,12 @@ class PromotionActivities(GovernanceShell):
         *,
         timing: PromotionTiming,
         threshold_name: str = DEFAULT_THRESHOLD_NAME,
+        home: Path = Path("."),
     ) -> None:
         super().__init__(engine, authorizer)
         self._timing = timing
         self._threshold_name = threshold_name
+        self._home = home  # relative artifact paths of checkpoints are under it
 
     @activity.defn(name=OPEN_PROMOTION)
     def open_promotion(self, request: OpenPromotionInput) -> PromotionPlan:
@@ -94,6 +106,7 @@ class PromotionActivities(GovernanceShell):
                     f"proposal {proposal.id} names checkpoint {proposal.checkpoint_id} of run "
                     f"{proposal.run_id}, not {request.checkpoint_id} of {request.run_id}"
                 )
+            self._refuse_restart(session, proposal.id, request.workflow_id)
             run = session.get(TrainingRun, proposal.run_id)
             # Separation of duties rests on who submitted the run: the web service wrote
             # that row, the proposer only claims it.
@@ -124,6 +137,37 @@ class PromotionActivities(GovernanceShell):
                          "threshold_id": plan.threshold_id, "problem": plan.problem},
             )
         return plan
+
+    def _refuse_restart(self, session: Session, proposal_id: str, workflow_id: str) -> None:
+        """A proposal's promotion runs once: its row must be open and belong to this workflow.
+
+        The learning loop starts promotions with ``REJECT_DUPLICATE``, but a start is
+        only as strict as its caller asks; this check holds whoever starts the workflow.
+        """
+        query = select(Promotion).where(Promotion.proposal_id == proposal_id)
+        existing = session.exec(query).first()
+        if existing is None:
+            return
+        problem = None
+        if existing.status != "open":  # promoted, rejected, aborted, rolled_back, expired
+            problem = (
+                f"promotion {existing.id} of proposal {proposal_id} already ended "
+                f"{existing.status}; an ended promotion is never run again (a rolled-back or "
+                "rejected candidate needs a new proposal and a new promotion)"
+            )
+        elif existing.workflow_id not in (None, workflow_id):
+            problem = (
+                f"promotion {existing.id} of proposal {proposal_id} belongs to workflow "
+                f"{existing.workflow_id}, not {workflow_id}"
+            )
+        if problem is None:
+            return
+        with session_scope(self._engine) as audit:  # recorded even though this call fails
+            record(audit, action="refuse_promotion_restart",
+                   resource={"kind": "promotion", "id": existing.id},
+                   payload={"proposal_id": proposal_id, "workflow_id": workflow_id,
+                            "status": existing.status, "reason": problem})
+        raise ApplicationError(problem, type=PROMOTION_ENDED, non_retryable=True)
 
     def _plan_evaluation(self, session: Session, plan: PromotionPlan) -> None:
         """Fill in the threshold, the frozen eval set and its items, or the problem."""
@@ -263,12 +307,18 @@ class PromotionActivities(GovernanceShell):
                     f"{moved} during the promotion; its evidence is stale, propose again"
                 ], passed=False))
             if not already:
+                # The weights that move are the ones the gates judged: re-verify them now.
+                problem = self._weights_problem(session, request)
+                if problem is not None:
+                    return PromoteResult(self._promote_gate(session, request, [problem],
+                                                            passed=False))
                 store.move_alias(
                     session=session, alias=PRODUCTION,
                     checkpoint_id=request.candidate_checkpoint_id,
                     rollback_target_id=request.baseline_checkpoint_id,
                     promotion_id=request.promotion_id, actor="governance",
                     reason=f"promotion {request.promotion_id} approved by {request.approved_by}",
+                    kind="promote",
                 )
                 store.set_routing(session=session, slot=PRODUCTION,
                                   checkpoint_id=request.candidate_checkpoint_id, share=1.0,
@@ -288,6 +338,23 @@ class PromotionActivities(GovernanceShell):
                 passed=not problems,
             )
         return PromoteResult(outcome, promoted_at)
+
+    def _weights_problem(self, session: Session, request: PromoteInput) -> str | None:
+        """Why the candidate's weights may not move to production (an integrity event), if so."""
+        checkpoint_id = request.candidate_checkpoint_id
+        row = session.get(Checkpoint, checkpoint_id)
+        if row is None:
+            return f"integrity: checkpoint {checkpoint_id} has no row; nothing to verify"
+        try:
+            verify_weights(checkpoint_dir(row.artifact_uri, home=self._home), checkpoint_id)
+        except UnsupportedArtifactUri as error:
+            return f"integrity: {error}"
+        except WeightsIntegrityError as error:
+            record_integrity_event(self._engine, service="governance", error=error,
+                                   during="promotion, before production moves",
+                                   extra={"promotion_id": request.promotion_id})
+            return f"integrity: {error}"
+        return None
 
     def _end_state_problems(self, session: Session, request: PromoteInput) -> list[str]:
         deployment = store.get_deployment(session=session, alias=PRODUCTION)

@@ -1,11 +1,14 @@
-"""Rollback: production returns to its rollback target in one transaction.
+"""Rollback: production returns to the last revision that was not rolled back, in one transaction.
 
 The same activity serves an operator's rollback (through ``RollbackWorkflow``,
 authorized for the person) and a promotion's automatic rollback (the watch
-found a regression; authorized as the governance service). Alias, history and
-routing change together, so the next episode the execution loop routes already
-uses the target. The old checkpoint becomes the new rollback target: rolling
-back twice returns to where it started.
+found a regression; authorized as the governance service). The target comes from
+the alias's history (``triloop.deployment_history``): never the checkpoint serving
+now, never one rolled back since it was last promoted, so rolling back twice does not
+re-serve the candidate the first rollback removed; that candidate needs a new
+promotion. An operator may name an earlier revision; naming a rolled-back one is
+refused (and audited). Alias, history and routing change together, so the next
+episode the execution loop routes already uses the target.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from governance_loop import store
 from governance_loop.activities.common import GOVERNANCE, GovernanceShell, record, refused
 from governance_loop.activities.messages import ROLLBACK_DEPLOYMENT
 from triloop.db import session_scope
+from triloop.deployment_history import RollbackRefused, plan_rollback
 from triloop.models import Checkpoint, DecisionKind, DeploymentHistory
 from triloop.policy import Authorizer, Resource
 from triloop.workflow_api import RollbackInput, RollbackResult
@@ -39,17 +43,23 @@ class RollbackActivities(GovernanceShell):
 
     @activity.defn(name=ROLLBACK_DEPLOYMENT)
     def rollback_deployment(self, request: RollbackInput) -> RollbackResult:
-        """Authorize, then swap the alias with its rollback target and reroute production."""
-        resource = Resource("deployment", id=request.alias)
+        """Authorize, then move the alias back through its history and reroute production."""
+        to_revision: int | None = None
+        to_checkpoint_id: str | None = None
         if request.promotion_id is not None:  # the watch's automatic rollback
-            self.authorize("rollback", resource, context={
+            self.authorize("rollback", Resource("deployment", id=request.alias), context={
                 "automatic": True, "promotion_id": request.promotion_id,
                 "reason": request.reason})
             actor, reason = "governance", request.reason
-        else:  # an operator's: who and why come from the decision the web service recorded
+        else:  # an operator's: who, why and where to come from the decision the web recorded
+            resource = Resource("deployment", id=request.alias)
             proven = self.prove(request.decision_id, DecisionKind.ROLLBACK, request.alias,
                                 role="operator", resource=resource)
-            self.authorize_for(proven, "rollback", resource)
+            to_revision = _optional_int(proven.details.get("to_revision"))
+            to_checkpoint_id = proven.details.get("to_checkpoint_id") or None
+            self.authorize_for(proven, "rollback", Resource("deployment", id=request.alias, attrs={
+                "requested_by": proven.user, "to_revision": to_revision,
+                "to_checkpoint_id": to_checkpoint_id}))
             actor, reason = proven.user, proven.comment
         key = _request_key()
         with session_scope(self._engine) as session:
@@ -59,33 +69,60 @@ class RollbackActivities(GovernanceShell):
             current = store.get_deployment(session=session, alias=request.alias, for_update=True)
             if current is None:
                 raise refused(f"alias {request.alias!r} is not deployed; nothing to roll back")
-            target, previous = current.rollback_target_id, current.checkpoint_id
-            if target is None:
-                raise refused(f"alias {request.alias!r} has no rollback target")
-            promotion_id = current.promotion_id
-            store.move_alias(
-                session=session, alias=request.alias, checkpoint_id=target,
-                rollback_target_id=previous, promotion_id=None, actor=actor,
-                reason=f"rollback {key}: {reason}".strip(),
-            )
-            if request.alias == "production":
-                store.set_routing(session=session, slot="production", checkpoint_id=target,
-                                  share=1.0, promotion_id=None, updated_by=actor)
-                for slot in ("canary", "shadow"):
-                    store.set_routing(session=session, slot=slot, checkpoint_id=None, share=0.0,
-                                      promotion_id=None, updated_by=actor)
-            if promotion_id is not None:
-                promotion = store.get_promotion(session=session, promotion_id=promotion_id)
-                if promotion.status == "promoted":
-                    store.update_promotion(session=session, promotion_id=promotion_id,
-                                           status="rolled_back", reason=reason)
-            record(session, action="rollback",
-                   resource={"kind": "deployment", "id": request.alias},
-                   payload={"from": previous, "to": target, "requested_by": actor,
-                            "reason": reason, "promotion_id": promotion_id,
-                            "human_decision_id": request.decision_id or None})
+            previous, promotion_id = current.checkpoint_id, current.promotion_id
+            problem: str | None = None
+            try:
+                plan = plan_rollback(
+                    store.deployment_revisions(session=session, alias=request.alias),
+                    alias=request.alias, current_checkpoint_id=previous,
+                    to_revision=to_revision, to_checkpoint_id=to_checkpoint_id,
+                )
+            except RollbackRefused as refusal:
+                problem = str(refusal)
+            if problem is None:
+                target = plan.target.checkpoint_id
+                store.move_alias(
+                    session=session, alias=request.alias, checkpoint_id=target,
+                    rollback_target_id=None, promotion_id=None, actor=actor, kind="rollback",
+                    reason=f"rollback {key}: {reason}".strip(),
+                )
+                store.refresh_rollback_target(session=session, alias=request.alias)
+                self._reroute(session, request.alias, target, actor)
+                if promotion_id is not None:
+                    promotion = store.get_promotion(session=session, promotion_id=promotion_id)
+                    if promotion.status == "promoted":
+                        store.update_promotion(session=session, promotion_id=promotion_id,
+                                               status="rolled_back", reason=reason)
+                record(session, action="rollback",
+                       resource={"kind": "deployment", "id": request.alias},
+                       payload={"from": previous, "to": target, "requested_by": actor,
+                                "reason": reason, "promotion_id": promotion_id,
+                                "target_revision": plan.target.number,
+                                "requested_revision": to_revision,
+                                "requested_checkpoint_id": to_checkpoint_id,
+                                "human_decision_id": request.decision_id or None})
+        if problem is not None:
+            with session_scope(self._engine) as session:  # the refusal is on record too
+                record(session, action="refuse_rollback",
+                       resource={"kind": "deployment", "id": request.alias},
+                       payload={"requested_by": actor, "reason": reason,
+                                "to_revision": to_revision, "to_checkpoint_id": to_checkpoint_id,
+                                "human_decision_id": request.decision_id or None,
+                                "serving": previous, "refusal": problem})
+            raise refused(problem)
         return RollbackResult(alias=request.alias, checkpoint_id=target,
-                              previous_checkpoint_id=previous)
+                              previous_checkpoint_id=previous,
+                              target_revision=plan.target.number)
+
+    @staticmethod
+    def _reroute(session: Session, alias: str, target: str, actor: str) -> None:
+        if alias != "production":
+            return
+        store.set_routing(session=session, slot="production", checkpoint_id=target,
+                          share=1.0, promotion_id=None, updated_by=actor)
+        for slot in ("canary", "shadow"):
+            store.set_routing(session=session, slot=slot, checkpoint_id=None, share=0.0,
+                              promotion_id=None, updated_by=actor)
 
     @staticmethod
     def _already_done(session: Session, alias: str, key: str) -> RollbackResult | None:
@@ -103,14 +140,26 @@ class RollbackActivities(GovernanceShell):
                               previous_checkpoint_id=row.previous_checkpoint_id or "")
 
 
+def _optional_int(value: object) -> int | None:
+    """A revision number a person named, as stored in their decision's details."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise refused(f"the rollback decision names revision {value!r}, not a number")
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise refused(f"the rollback decision names revision {value!r}, not a number") from exc
+
+
 def bootstrap_production(
     *, engine: Engine, authorizer: Authorizer, checkpoint_id: str, requested_by: str,
     roles: Sequence[str] = (), replace: bool = False,
 ) -> RollbackResult:
     """Deploy a base checkpoint as production when nothing is deployed yet (or ``replace``).
 
-    Later moves go through promotions; ``replace`` is for development stacks and
-    keeps the replaced checkpoint as the rollback target.
+    Later moves go through promotions; ``replace`` is for development stacks. The
+    rollback target is then the last earlier revision that was not rolled back.
     """
     with session_scope(engine) as session:
         if session.get(Checkpoint, checkpoint_id) is None:
@@ -130,10 +179,10 @@ def bootstrap_production(
     with session_scope(engine) as session:
         current = store.get_deployment(session=session, alias="production", for_update=True)
         previous = current.checkpoint_id if current is not None else None
-        target = previous if previous != checkpoint_id else None
         store.move_alias(session=session, alias="production", checkpoint_id=checkpoint_id,
-                         rollback_target_id=target, promotion_id=None, actor=requested_by,
-                         reason="bootstrap production")
+                         rollback_target_id=None, promotion_id=None, actor=requested_by,
+                         reason="bootstrap production", kind="bootstrap")
+        store.refresh_rollback_target(session=session, alias="production")
         store.set_routing(session=session, slot="production", checkpoint_id=checkpoint_id,
                           share=1.0, promotion_id=None, updated_by=requested_by)
         for slot in ("canary", "shadow"):

@@ -21,6 +21,7 @@ from governance_loop.gates.decision import (
     next_gate,
     results_from_decisions,
 )
+from governance_loop.gates.faults import describe_fault, without_fault_passes
 from governance_loop.gates.human import (
     AUDITOR_ROLE,
     HUMAN_DECISION_SERVICE,
@@ -92,9 +93,11 @@ __all__ = [
     "decide_shadow",
     "decide_watch",
     "decide_watch_against_baselines",
+    "describe_fault",
     "failed_gate",
     "next_gate",
     "results_from_decisions",
     "validate_approval_decision",
     "validate_audit_decision",
+    "without_fault_passes",
 ]

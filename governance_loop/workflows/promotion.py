@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     import governance_loop.activities.messages as m
@@ -92,11 +92,20 @@ class PromotionWorkflow:
     async def run(self, request: PromotionInput) -> PromotionStatus:
         """Walk the gates; stop at the first that does not pass."""
         self._proposal_id = request.proposal_id
-        plan: m.PromotionPlan = await act(m.OPEN_PROMOTION, m.OpenPromotionInput(
-            proposal_id=request.proposal_id, checkpoint_id=request.checkpoint_id,
-            run_id=request.run_id, submitted_by=request.submitted_by,
-            workflow_id=workflow.info().workflow_id,
-        ), m.PromotionPlan)
+        try:
+            plan: m.PromotionPlan = await act(m.OPEN_PROMOTION, m.OpenPromotionInput(
+                proposal_id=request.proposal_id, checkpoint_id=request.checkpoint_id,
+                run_id=request.run_id, submitted_by=request.submitted_by,
+                workflow_id=workflow.info().workflow_id,
+            ), m.PromotionPlan)
+        except ActivityError as error:
+            cause = error.cause
+            if isinstance(cause, ApplicationError) and cause.type == m.PROMOTION_ENDED:
+                # Started again after it ended: its row says so, and nothing runs twice.
+                self._status, self._reason = "refused", cause.message
+                raise ApplicationError(f"refused: {cause.message}", type=m.PROMOTION_ENDED,
+                                       non_retryable=True) from error
+            raise
         self._plan = plan
         await self._walk(plan)
         await workflow.wait_condition(workflow.all_handlers_finished)

@@ -10,11 +10,11 @@ import pytest
 import typer
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
-from tests.factories import make_run, uid
-from tests.factories_web import Person, add_approval, make_promotion
+from tests.factories import make_checkpoint, make_run, uid
+from tests.factories_web import Person, add_approval, make_deployment, make_promotion
 from triloop.config import Settings
 from web import cli
 
@@ -141,3 +141,26 @@ def test_train_pause_resume_cancel_ask_the_api_for_the_signed_in_person(
                                                "--token", people["auditor"].token])
         assert refused.exit_code == 1, refused.output
         assert "403" in refused.output, refused.output
+
+
+def test_rollback_dry_run_shows_the_target_and_changes_nothing(
+    app_cli: typer.Typer, people: dict[str, Person], owner_engine: Engine
+) -> None:
+    alias = uid("cli-").lower()
+    current, target = make_checkpoint(owner_engine), make_checkpoint(owner_engine)
+    make_deployment(owner_engine, alias, current, target)
+    token = people["operator"].token
+    shown = CliRunner().invoke(app_cli, ["rollback", "--dry-run", "--alias", alias,
+                                         "--token", token])
+    assert shown.exit_code == 0, shown.output
+    assert "dry run: nothing changed" in shown.output
+    assert f"revision 1: checkpoint {target}" in shown.output and "gov-admin" in shown.output
+    named = CliRunner().invoke(app_cli, ["rollback", "--dry-run", "--alias", alias,
+                                         "--to-revision", "2", "--token", token])
+    assert named.exit_code == 1 and "which serves" in named.output
+    no_reason = CliRunner().invoke(app_cli, ["rollback", "--alias", alias, "--token", token])
+    assert no_reason.exit_code == 2 and "needs --reason" in no_reason.output
+    with owner_engine.connect() as conn:
+        still = conn.execute(text("SELECT checkpoint_id FROM deployment WHERE alias = :a"),
+                             {"a": alias}).scalar_one()
+    assert still == current

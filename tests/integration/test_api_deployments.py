@@ -17,7 +17,7 @@ from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from tests.factories import make_checkpoint, make_task, uid
+from tests.factories import insert, make_checkpoint, make_task, uid
 from tests.factories_web import Person, assert_problem, make_deployment
 from triloop.config import Settings
 from triloop.temporal import connect
@@ -156,3 +156,80 @@ async def test_operator_starts_production_episodes(
     unknown = await api.post("/api/episodes", headers=people["operator"].headers,
                              json={"items": [{"task_id": "no-such-task"}]})
     assert_problem(unknown, 422, "no such task")
+
+
+def _rolled_back_alias(engine: Engine) -> tuple[str, dict[str, str]]:
+    """Z bootstrapped, A bootstrapped, B promoted, the watch rolled B back to A."""
+    alias = uid("alias-").lower()
+    ids = {name: make_checkpoint(engine) for name in "ZAB"}
+    insert(engine, "deployment", alias=alias, checkpoint_id=ids["A"],
+           rollback_target_id=ids["Z"], updated_by="governance")
+    moves = [("bootstrap", "Z", None, "gov-admin", "bootstrap production"),
+             ("bootstrap", "A", "Z", "gov-admin", "bootstrap production"),
+             ("promote", "B", "A", "governance", "promotion p1 approved by olga"),
+             ("rollback", "A", "B", "governance", "rollback [w]: watch: regressed")]
+    for kind, checkpoint, previous, actor, reason in moves:
+        insert(engine, "deployment_history", alias=alias, checkpoint_id=ids[checkpoint],
+               previous_checkpoint_id=ids[previous] if previous else None, kind=kind,
+               actor=actor, reason=reason)
+    return alias, ids
+
+
+def _alias_state(engine: Engine, alias: str) -> tuple[object, ...]:
+    with engine.connect() as conn:
+        return (conn.execute(text("SELECT checkpoint_id, rollback_target_id, updated_at FROM "
+                                  "deployment WHERE alias = :a"), {"a": alias}).one(),
+                conn.execute(text("SELECT count(*) FROM deployment_history WHERE alias = :a"),
+                             {"a": alias}).scalar_one())
+
+
+async def test_rollback_preview_skips_the_rolled_back_candidate_and_changes_nothing(
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person]
+) -> None:
+    alias, ids = _rolled_back_alias(owner_engine)
+    before = _alias_state(owner_engine, alias)
+    operator = people["operator"].headers
+    preview = await api.get(f"/api/deployments/{alias}/rollback-preview", headers=operator)
+    assert preview.status_code == 200, preview.text
+    body = preview.json()
+    assert body["current_checkpoint_id"] == ids["A"] and body["refusal"] is None
+    assert body["target"]["revision"] == 1 and body["target"]["checkpoint_id"] == ids["Z"]
+    assert (body["target"]["actor"], body["target"]["reason"]) == ("gov-admin",
+                                                                   "bootstrap production")
+    states = {r["revision"]: (r["checkpoint_id"], r["rolled_back_at"], r["serving"])
+              for r in body["history"]}
+    assert states == {4: (ids["A"], None, True), 3: (ids["B"], 4, False),
+                      2: (ids["A"], None, True), 1: (ids["Z"], None, False)}
+    for query in ("to_revision=3", f"to_checkpoint_id={ids['B']}"):
+        refused = await api.get(f"/api/deployments/{alias}/rollback-preview?{query}",
+                                headers=operator)
+        assert_problem(refused, 409, "rolled back at revision 4", "new promotion")
+    assert_problem(await api.get(f"/api/deployments/{alias}/rollback-preview?to_revision=2"
+                                 f"&to_checkpoint_id={ids['Z']}", headers=operator), 422)
+    # Anyone who may read deployments may preview; nobody changed anything.
+    reader = await api.get(f"/api/deployments/{alias}/rollback-preview",
+                           headers=people["auditor"].headers)
+    assert reader.status_code == 200
+    assert _alias_state(owner_engine, alias) == before
+
+
+async def test_rollback_to_a_rolled_back_revision_is_refused(
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person]
+) -> None:
+    alias, ids = _rolled_back_alias(owner_engine)
+    before = _alias_state(owner_engine, alias)
+    operator = people["operator"].headers
+    for named in ({"to_revision": 3}, {"to_checkpoint_id": ids["B"]}):
+        refused = await api.post("/api/rollback", headers=operator,
+                                 json={"alias": alias, "reason": "bring B back", **named})
+        assert_problem(refused, 409, f"checkpoint {ids['B']}", "rolled back at revision 4")
+    both = await api.post("/api/rollback", headers=operator, json={
+        "alias": alias, "reason": "x", "to_revision": 1, "to_checkpoint_id": ids["Z"]})
+    assert_problem(both, 422, "not both")
+    assert _alias_state(owner_engine, alias) == before
+    with owner_engine.connect() as conn:
+        asked = conn.execute(text(
+            "SELECT count(*) FROM audit_event WHERE action = 'rollback' AND decision = 'allow' "
+            "AND resource->>'id' = :a AND actor->>'user' = :u"),
+            {"a": alias, "u": people["operator"].name}).scalar_one()
+    assert asked == 2  # both refusals were authorized (and audited) first

@@ -22,6 +22,7 @@ from sqlalchemy import Engine, text
 from tests.factories import make_task
 from tests.factories_web import admitted_task, make_promotion, make_user
 from triloop.config import Settings
+from triloop.faults import read_serving_faults
 from triloop.policy import Actor, Authorizer, Decision, OpaClient, Resource
 
 pytestmark = pytest.mark.integration
@@ -100,6 +101,9 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
         ("POST", "/api/audit/verify"): ("/api/audit/verify", {}),
         ("POST", "/api/tasks/{task_id}/admission"):
             (f"/api/tasks/{pending}/admission", {"decision": "approve", **comment}),
+        ("POST", "/api/faults"):
+            ("/api/faults", {"checkpoint_id": seeded.checkpoint_id, "temperature": 4}),
+        ("DELETE", "/api/faults"): ("/api/faults", {}),
     }
 
 
@@ -110,7 +114,8 @@ def _counts(engine: Engine) -> dict[str, int]:
 
 
 async def test_every_write_route_asks_the_policy_first(
-    closed_app: FastAPI, client: httpx.AsyncClient, sink: RecordingSink, owner_engine: Engine
+    closed_app: FastAPI, client: httpx.AsyncClient, sink: RecordingSink, owner_engine: Engine,
+    settings: Settings,
 ) -> None:
     registered = {(method.upper(), path) for path, methods in closed_app.openapi()["paths"].items()
                   for method in methods if method != "get"}
@@ -118,6 +123,7 @@ async def test_every_write_route_asks_the_policy_first(
     assert registered - set(requests) == set(), "write routes missing from this walk"
     everyone = make_user(owner_engine, "ml_engineer", "operator", "auditor", "admin")
     before = _counts(owner_engine)
+    faults_before = read_serving_faults(settings.home)
     for (method, route), (path, body) in sorted(requests.items()):
         asked = len(sink.decisions)
         response = await client.request(method, path, json=body, headers={
@@ -127,6 +133,7 @@ async def test_every_write_route_asks_the_policy_first(
         assert len(sink.decisions) > asked, f"{method} {route} answered without asking OPA"
         assert not any(allow for _, _, allow in sink.decisions[asked:])
     assert _counts(owner_engine) == before
+    assert read_serving_faults(settings.home) == faults_before  # no fault injected or cleared
 
 
 def test_console_forms_use_the_same_authorized_actions() -> None:

@@ -173,7 +173,7 @@ def test_learning_role_is_refused_by_the_database(
                                     share=1.0, promotion_id=None, updated_by="learning"),
         lambda s: store.move_alias(session=s, alias="production", checkpoint_id=checkpoint,
                                    rollback_target_id=None, promotion_id=None,
-                                   actor="learning", reason="sneaky"),
+                                   actor="learning", reason="sneaky", kind="promote"),
     ]
     for attempt in attempts:
         with pytest.raises((ProgrammingError, DBAPIError), match="permission denied"), \

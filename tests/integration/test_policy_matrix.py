@@ -163,6 +163,15 @@ PEOPLE = [
     _allow(ADA, "read", "checkpoint", "role auditor may read"),
     _allow(ROOT, "create", "user", "role admin may create user"),
     Case(ROOT, "update", Resource("user", "root"), False, "may not update their own user record"),
+    # Game-day faults: an operator's act through the web service, never a loop's.
+    _allow(OLGA, "inject_fault", "serving_fault", "role operator may inject_fault"),
+    _allow(OLGA, "clear_fault", "serving_fault", "role operator may clear_fault"),
+    _deny(UMA, "inject_fault", "serving_fault", "no rule lets user uma"),
+    _deny(ADA, "clear_fault", "serving_fault", "no rule lets user ada"),
+    *(_deny(loop, "inject_fault", "serving_fault", "only by an operator through the web service")
+      for loop in (LEARNING, EXECUTION, GOVERNANCE)),
+    Case(GOVERNANCE, "inject_fault", Resource("serving_fault", "c"), False,
+         "only by an operator through the web service", _for(OLGA)),
 ]
 
 DUTY_CASES = [

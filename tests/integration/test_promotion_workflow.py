@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -24,12 +25,15 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.worker import Replayer
 
 from governance_loop.activities.messages import PromotionTiming
+from governance_loop.activities.rollback import bootstrap_production
 from governance_loop.worker import build_worker
 from governance_loop.workflows import PromotionWorkflow
-from tests.factories import make_person, record_decision
+from tests.factories import make_checkpoint, make_person, make_weights_dir, record_decision
 from tests.factories_governance import (
     PromotionWorld,
     Quality,
@@ -392,20 +396,57 @@ async def test_audit_deadline_expires(deps: Deps) -> None:
 async def test_post_promotion_regression_rolls_back(deps: Deps) -> None:
     world = deps.world
     quality = _good(deps)
+    older = make_checkpoint(deps.owner)  # production before the baseline, never rolled back
+    for checkpoint in (older, world.baseline):
+        bootstrap_production(engine=deps.gov_engine, authorizer=deps.authorizer,
+                             checkpoint_id=checkpoint, requested_by="gov-admin", replace=True)
     async with running(deps, quality) as run:
         await _to_approval(run)
         # After the move the candidate does badly on real traffic.
         quality.set(world.candidate, 0.1, purpose="production")
         await run.decide(PROMOTION_APPROVE_UPDATE, "carol", ["operator"])
         final = await run.result()
-    assert final.status == "rolled_back", final.reason
-    gates = _gates(deps)
-    assert gates["promote"][1] and not gates["watch"][1]
-    assert _production(deps) == (world.baseline, world.candidate)
-    assert _routing(deps)["production"] == world.baseline
-    status = _rows(deps.owner, "SELECT status FROM promotion WHERE proposal_id = :p",
-                   p=world.proposal_id)[0][0]
-    assert status == "rolled_back"
+        assert final.status == "rolled_back", final.reason
+        gates = _gates(deps)
+        assert gates["promote"][1] and not gates["watch"][1]
+        # The rolled-back candidate is nobody's rollback target: the next one is older.
+        assert _production(deps) == (world.baseline, older)
+        assert _routing(deps)["production"] == world.baseline
+        status = _rows(deps.owner, "SELECT status FROM promotion WHERE proposal_id = :p",
+                       p=world.proposal_id)[0][0]
+        assert status == "rolled_back"
+
+        # The operator's next rollback never re-serves the candidate, even when named.
+        promoted = _rows(deps.owner, "SELECT n FROM (SELECT checkpoint_id, kind, row_number() "
+                         "OVER (ORDER BY id) AS n FROM deployment_history WHERE alias = "
+                         "'production') h WHERE checkpoint_id = :c AND kind = 'promote'",
+                         c=world.candidate)[0][0]
+        queue = deps.settings.task_queue(GOVERNANCE_QUEUE)
+        carol = deps.person("carol", ["operator"])
+
+        def rollback(reason: str, **named: Any) -> RollbackInput:
+            return RollbackInput(decision_id=record_decision(
+                deps.web_engine, kind="rollback", subject="production", decision="rollback",
+                user=carol, comment=reason, details=named))
+
+        for named in ({"to_revision": promoted}, {"to_checkpoint_id": world.candidate}):
+            with pytest.raises(WorkflowFailureError) as refused:
+                await deps.client.execute_workflow(
+                    ROLLBACK_WORKFLOW, rollback("again", **named),
+                    id=f"rollback-{uuid.uuid4().hex}", task_queue=queue,
+                    result_type=RollbackResult)
+            assert "rolled back at revision" in str(refused.value.cause.cause)
+            assert _production(deps) == (world.baseline, older)
+        result = await deps.client.execute_workflow(
+            ROLLBACK_WORKFLOW, rollback("pager"),
+            id=f"rollback-{uuid.uuid4().hex}", task_queue=queue, result_type=RollbackResult)
+    assert (result.checkpoint_id, result.previous_checkpoint_id) == (older, world.baseline)
+    assert _production(deps)[0] == older and _routing(deps)["production"] == older
+    assert _production(deps)[1] != world.candidate
+    refusals = _rows(deps.owner, "SELECT count(*) FROM audit_event WHERE action = "
+                     "'refuse_rollback' AND payload->>'requested_by' = :c "
+                     "AND payload->>'serving' = :b", b=world.baseline, c=f"carol-{deps.suffix}")
+    assert refusals[0][0] == 2
 
 
 def test_opa_refuses_submitter_auditor_and_learning_approvals(authorizer: Authorizer) -> None:
@@ -462,5 +503,71 @@ async def test_operator_rollback_is_fast_and_refused_for_others(deps: Deps) -> N
             id=f"rollback-{uuid.uuid4().hex}", task_queue=queue, result_type=RollbackResult)
     assert (result.checkpoint_id, result.previous_checkpoint_id) == (world.baseline,
                                                                      world.candidate)
-    assert _production(deps) == (world.baseline, world.candidate)
+    # The checkpoint rolled back from is no rollback target any more (issue 12, item 3).
+    assert _production(deps)[0] == world.baseline
+    assert _production(deps)[1] != world.candidate
     assert _routing(deps)["production"] == world.baseline
+
+
+async def test_weights_swapped_after_eval_are_refused_before_production_moves(
+    deps: Deps,
+) -> None:
+    world = deps.world
+    async with running(deps, _good(deps)) as run:
+        await run.at_gate("shadow")
+        assert _gates(deps)["offline_eval"][1]  # the gates judged the original weights
+        uri = _rows(deps.owner, "SELECT artifact_uri FROM checkpoint WHERE id = :c",
+                    c=world.candidate)[0][0]
+        other, _ = make_weights_dir()
+        shutil.copyfile(other / "model.safetensors",
+                        Path(uri.removeprefix("file://")) / "model.safetensors")
+        await _to_approval(run)
+        await run.decide(PROMOTION_APPROVE_UPDATE, "carol", ["operator"])
+        final = await run.result()
+    assert final.status == "aborted" and final.current_gate == "promote", final.reason
+    assert f"checkpoint {world.candidate} refused" in (final.reason or "")
+    assert not _gates(deps)["promote"][1]
+    assert _production(deps)[0] == world.baseline
+    assert _routing(deps)["production"] == world.baseline
+    events = _rows(deps.owner, "SELECT actor->>'service', payload->>'promotion_id' "
+                   "FROM audit_event WHERE action = 'integrity_violation' "
+                   "AND resource->>'id' = :c", c=world.candidate)
+    promotion = _rows(deps.owner, "SELECT id FROM promotion WHERE proposal_id = :p",
+                      p=world.proposal_id)[0][0]
+    assert [tuple(e) for e in events] == [("governance", promotion)]
+
+
+async def test_an_ended_promotion_is_never_restarted(deps: Deps) -> None:
+    world = deps.world
+    quality = _good(deps)
+    quality.set(world.candidate, 0.25)
+    proposal = PromotionInput(world.proposal_id, world.candidate, world.run_id, world.submitter)
+    workflow_id = promotion_workflow_id(world.proposal_id)
+    queue = deps.settings.task_queue(GOVERNANCE_QUEUE)
+    async with running(deps, quality) as run:
+        final = await run.result()
+        assert final.status == "rejected"
+        gates_before = _gates(deps)
+        # As the learning loop proposes: the server's id reuse policy refuses a closed id.
+        with pytest.raises(WorkflowAlreadyStartedError):
+            await deps.client.start_workflow(
+                PROMOTION_WORKFLOW, proposal, id=workflow_id, task_queue=queue,
+                start_signal=PROMOTION_PROPOSED_SIGNAL, start_signal_args=[proposal],
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+        # A caller that allows reuse gets a new run, which reads the row and refuses.
+        for attempt_id in (workflow_id, f"{workflow_id}-again"):
+            with pytest.raises(WorkflowFailureError) as refused:
+                await deps.client.execute_workflow(
+                    PROMOTION_WORKFLOW, proposal, id=attempt_id, task_queue=queue,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                    result_type=PromotionStatus)
+            cause = refused.value.cause
+            assert isinstance(cause, ApplicationError) and cause.type == "PromotionEnded"
+            assert cause.non_retryable and "already ended rejected" in cause.message
+    assert _gates(deps) == gates_before  # nothing ran again
+    promotion = _rows(deps.owner, "SELECT id, status FROM promotion WHERE proposal_id = :p",
+                      p=world.proposal_id)
+    assert [tuple(p)[1] for p in promotion] == ["rejected"]
+    refusals = _rows(deps.owner, "SELECT count(*) FROM audit_event WHERE action = "
+                     "'refuse_promotion_restart' AND resource->>'id' = :i", i=promotion[0][0])
+    assert refusals[0][0] == 2

@@ -13,7 +13,7 @@ from temporalio.client import Client
 
 from execution_loop.inference.base import PolicyClient
 from execution_loop.worker import build_worker
-from tests.factories_execution import make_builtin_task, register_checkpoint_dir, set_routing
+from tests.factories_execution import make_builtin_task, register_variant, set_routing
 from tests.integration.test_rollout_workflow import StuckPolicy
 from triloop.config import Settings
 from triloop.temporal import connect
@@ -40,11 +40,11 @@ async def client(settings: Settings) -> AsyncIterator[Client]:
 
 
 async def test_next_episode_follows_a_rollback(
-    client: Client, settings: Settings, owner_engine: Engine, tiny_dir: Path
+    client: Client, settings: Settings, owner_engine: Engine, tiny_dir: Path, tmp_path: Path
 ) -> None:
     own = settings.model_copy(
         update={"task_queue_prefix": f"{settings.task_queue_prefix}{uuid.uuid4().hex[:6]}-"})
-    promoted, target = (register_checkpoint_dir(owner_engine, tiny_dir) for _ in "pt")
+    promoted, target = (register_variant(owner_engine, tiny_dir, tmp_path) for _ in "pt")
     set_routing(owner_engine, "canary", None)
     set_routing(owner_engine, "shadow", None)
     set_routing(owner_engine, "production", promoted)

@@ -26,6 +26,7 @@ from tests.factories_execution import (
     make_task_on,
     register_builtin,
     register_checkpoint_dir,
+    register_variant,
     set_routing,
 )
 from triloop.config import Settings
@@ -204,9 +205,11 @@ def routing(owner_engine: Engine) -> Iterator[None]:
 
 @pytest.mark.usefixtures("routing")
 async def test_production_routing_canary_share_and_shadow(
-    client: Client, queue_settings: Settings, owner_engine: Engine, tiny_dir: Path
+    client: Client, queue_settings: Settings, owner_engine: Engine, tiny_dir: Path,
+    tmp_path: Path,
 ) -> None:
-    production, canary, shadow = (register_checkpoint_dir(owner_engine, tiny_dir) for _ in "pcs")
+    production, canary, shadow = (register_variant(owner_engine, tiny_dir, tmp_path)
+                                  for _ in "pcs")
     set_routing(owner_engine, "production", production)
     set_routing(owner_engine, "canary", canary, share=0.5)
     set_routing(owner_engine, "shadow", shadow)

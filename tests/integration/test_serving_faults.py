@@ -41,7 +41,8 @@ async def test_fault_degrades_production_of_its_checkpoint_and_is_recorded(
     client: Client, settings: Settings, owner_engine: Engine, tiny_dir: Path, tmp_path: Path
 ) -> None:
     prefix = f"{settings.task_queue_prefix}{uuid.uuid4().hex[:6]}-"
-    own = settings.model_copy(update={"home": tmp_path, "task_queue_prefix": prefix})
+    own = settings.model_copy(update={"home": tmp_path, "task_queue_prefix": prefix,
+                                      "secrets_dir": settings.secrets})
     production = register_checkpoint_dir(owner_engine, tiny_dir)
     set_routing(owner_engine, "production", production)
     set_routing(owner_engine, "canary", None)

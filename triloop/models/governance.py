@@ -87,6 +87,10 @@ class DeploymentHistory(SQLModel, table=True):
     alias: str = Field(index=True)
     checkpoint_id: str
     previous_checkpoint_id: str | None = None
+    kind: str = Field(
+        default="move",
+        description="bootstrap | promote | rollback | move (what kind of move this revision was)",
+    )
     reason: str
     actor: str
     created_at: datetime = created_at_field()

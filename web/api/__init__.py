@@ -12,6 +12,7 @@ from web.api import (
     environments,
     episodes,
     evaluation,
+    faults,
     promotions,
     runs,
     users,
@@ -36,4 +37,5 @@ async def healthz() -> Health:
 ROUTERS: tuple[APIRouter, ...] = (
     health_router, users.router, runs.router, checkpoints.router, environments.router,
     evaluation.router, promotions.router, deployments.router, episodes.router, audit.router,
+    faults.router,
 )

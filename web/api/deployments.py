@@ -1,17 +1,24 @@
-"""``/api/deployments``, ``/api/routing`` and ``POST /api/rollback``."""
+"""``/api/deployments``, ``/api/routing``, ``POST /api/rollback`` and its preview."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 
 from web import actions
 from web.actions import RollbackOutcome, RollbackRequest
 from web.api.common import ERRORS
 from web.data import deployments
-from web.data.deployments import DeploymentDetail, DeploymentPublic, RoutingPublic
+from web.data.deployments import (
+    DeploymentDetail,
+    DeploymentPublic,
+    RollbackPreview,
+    RoutingPublic,
+)
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
-from web.problems import not_found
+from web.problems import conflict, invalid, not_found
 
 router = APIRouter(tags=["deployments"], responses=ERRORS)
 
@@ -33,6 +40,24 @@ async def get_deployment(alias: str, guard: AuthorizeDep, db: SessionDep) -> Dep
     if found is None:
         raise not_found("deployment alias", alias)
     return found
+
+
+@router.get("/api/deployments/{alias}/rollback-preview", response_model=RollbackPreview)
+async def rollback_preview(
+    alias: str, guard: AuthorizeDep, db: SessionDep,
+    to_revision: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
+    to_checkpoint_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+) -> RollbackPreview:
+    """Dry run: the revision a rollback would return to, its checkpoint, who moved it there
+    and why, with the alias's latest revisions. Changes nothing; 409 when it would be refused."""
+    await guard("read", "deployment", id=alias)
+    if to_revision is not None and to_checkpoint_id is not None:
+        raise invalid("name to_revision or to_checkpoint_id, not both")
+    preview = await actions.preview_rollback(db=db, alias=alias, to_revision=to_revision,
+                                             to_checkpoint_id=to_checkpoint_id)
+    if preview.refusal is not None:
+        raise conflict(preview.refusal)
+    return preview
 
 
 @router.get("/api/routing", response_model=Page[RoutingPublic])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from pydantic import ValidationError
 
@@ -91,16 +91,19 @@ def describe_result(result: object) -> str:
 
 @router.get("/rollback", response_class=HTMLResponse)
 async def rollback_confirm(
-    request: Request, guard: ConsoleGuard, db: SessionDep, alias: str = "production"
+    request: Request, guard: ConsoleGuard, db: SessionDep, alias: str = "production",
+    to_revision: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
 ) -> Response:
-    """The confirmation step: what the alias names now and what it would go back to."""
+    """The confirmation step: what serves now, the revision it would go back to, the history."""
     deployment = await db.read(deployments.get_deployment, alias=alias)
     if deployment is None:
         raise not_found("deployment alias", alias)
     if not await guard.would_allow("rollback", "deployment", id=alias):
         raise ProblemError(403, "Forbidden", "only operators may roll back a deployment")
+    await guard("read", "deployment", id=alias)
+    preview = await actions.preview_rollback(db=db, alias=alias, to_revision=to_revision)
     return page(request, "rollback.html", guard.principal, title=f"Roll back {alias}",
-                deployment=deployment)
+                preview=preview)
 
 
 @router.post("/rollback")
@@ -109,11 +112,12 @@ async def rollback(
     alias: Annotated[str, Form(max_length=64)] = "production",
     reason: Annotated[str, Form(max_length=4000)] = "",
     confirm: Annotated[str, Form(max_length=10)] = "",
+    to_revision: Annotated[int | None, Form(ge=1, le=2**31 - 1)] = None,
 ) -> Response:
-    """Run the rollback after the person confirmed it."""
+    """Run the rollback to the revision the person confirmed."""
     guard = Guard(services, principal)
     try:
-        body = RollbackRequest(alias=alias, reason=reason)
+        body = RollbackRequest(alias=alias, reason=reason, to_revision=to_revision)
     except ValidationError as exc:
         raise invalid("a rollback needs an alias and a reason") from exc
     if confirm != "yes":

@@ -7,8 +7,11 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 from sqlmodel import Session, col, select
 
+from triloop.deployment_history import Revision, RollbackRefused, plan_rollback, revisions
 from triloop.models import Deployment, DeploymentHistory, Routing
 from web.pagination import Page, keyset, page_of
+
+PREVIEW_HISTORY = 50  # revisions a rollback preview lists, newest first
 
 
 class DeploymentPublic(BaseModel):
@@ -31,6 +34,7 @@ class HistoryEntry(BaseModel):
     alias: str
     checkpoint_id: str
     previous_checkpoint_id: str | None = None
+    kind: str
     reason: str
     actor: str
     created_at: datetime
@@ -52,6 +56,65 @@ class RoutingPublic(BaseModel):
     promotion_id: str | None = None
     updated_by: str
     updated_at: datetime
+
+
+class RevisionPublic(BaseModel):
+    """One revision of an alias's history, as a rollback sees it."""
+
+    revision: int
+    checkpoint_id: str
+    previous_checkpoint_id: str | None = None
+    kind: str
+    actor: str
+    reason: str
+    created_at: datetime
+    rolled_back_at: int | None = None
+    serving: bool = False
+
+    @classmethod
+    def of(cls, revision: Revision, *, current: str) -> RevisionPublic:
+        """The public view of a revision, marking the one that serves now."""
+        return cls(revision=revision.number, checkpoint_id=revision.checkpoint_id,
+                   previous_checkpoint_id=revision.previous_checkpoint_id, kind=revision.kind,
+                   actor=revision.actor, reason=revision.reason, created_at=revision.created_at,
+                   rolled_back_at=revision.rolled_back_at,
+                   serving=revision.checkpoint_id == current)
+
+
+class RollbackPreview(BaseModel):
+    """What a rollback would do, changing nothing: the target (who moved it there, and why)
+    or why there is none, and the alias's latest revisions."""
+
+    alias: str
+    current_checkpoint_id: str
+    target: RevisionPublic | None = None
+    refusal: str | None = None
+    history: list[RevisionPublic]
+
+
+def rollback_preview(
+    *, session: Session, alias: str, to_revision: int | None = None,
+    to_checkpoint_id: str | None = None,
+) -> RollbackPreview | None:
+    """Where a rollback of ``alias`` would go (governance applies the same rules when it moves)."""
+    deployment = session.get(Deployment, alias)
+    if deployment is None:
+        return None
+    rows = session.exec(select(DeploymentHistory).where(DeploymentHistory.alias == alias))
+    history = revisions(list(rows))
+    current = deployment.checkpoint_id
+    target: RevisionPublic | None = None
+    refusal: str | None = None
+    try:
+        plan = plan_rollback(history, alias=alias, current_checkpoint_id=current,
+                             to_revision=to_revision, to_checkpoint_id=to_checkpoint_id)
+        target = RevisionPublic.of(plan.target, current=current)
+    except RollbackRefused as refused:
+        refusal = str(refused)
+    latest = [RevisionPublic.of(r, current=current)
+              for r in reversed(history[-PREVIEW_HISTORY:])]
+    return RollbackPreview(alias=alias, current_checkpoint_id=current, target=target,
+                           refusal=refusal, history=latest)
 
 
 def list_deployments(

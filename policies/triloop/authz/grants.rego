@@ -86,6 +86,8 @@ role_grants := {
 		"task": {"admit", "reject_task"},
 		# Production traffic: an operator may send episodes to the routed checkpoint.
 		"trajectory": {"create"},
+		# Game days: serve a checkpoint degraded on purpose (see faults.rego).
+		"serving_fault": {"inject_fault", "clear_fault"},
 	},
 	"auditor": {
 		"promotion": {"sign_audit", "reject_audit"},

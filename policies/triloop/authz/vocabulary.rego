@@ -18,7 +18,7 @@ kinds := {
 	"eval_set", "eval_item", "threshold",
 	"training_run", "training_step", "trajectory", "step", "checkpoint",
 	"proposal", "promotion", "gate_result", "approval", "deployment", "routing",
-	"audit_event", "user",
+	"audit_event", "user", "serving_fault",
 }
 
 actions := {
@@ -27,6 +27,7 @@ actions := {
 	"propose", "submit", "cancel", "pause", "resume",
 	"approve", "reject", "sign_audit", "reject_audit",
 	"promote", "rollback", "route", "verify",
+	"inject_fault", "clear_fault",
 }
 
 # Everything but looking: used by the "never" rules.
@@ -51,6 +52,8 @@ applies_to := {
 	"rollback": {"deployment"},
 	"route": {"routing"},
 	"verify": {"audit_event"},
+	"inject_fault": {"serving_fault"},
+	"clear_fault": {"serving_fault"},
 }
 
 # Named rules rather than `not is_string(input.x)` inline: a negated builtin

@@ -1,0 +1,104 @@
+"""Game-day serving faults, injected and cleared by an operator through the web service.
+
+A fault changes how production and canary episodes of one checkpoint are served
+(``triloop.faults``), so it is a person's act: the web service proves who asks,
+``authorize()`` decides (only operators; no loop, see ``policies/.../faults.rego``)
+and both the decision and the change are audited. The execution workers read the
+faults file under the stack's home at each episode and mark every episode a fault
+touched; governance never counts such episodes toward passing a candidate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
+
+from triloop.audit import record_event
+from triloop.faults import (
+    ServingFault,
+    clear_serving_faults,
+    inject_serving_fault,
+    read_serving_faults,
+)
+from web.data import runs
+from web.deps import Guard, Sessions, WebServices
+from web.problems import not_found
+
+KIND = "serving_fault"
+
+
+class FaultRequest(BaseModel):
+    """Serve one checkpoint's production and canary episodes at another temperature."""
+
+    checkpoint_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")
+    temperature: float = Field(
+        default=4.0, gt=0, le=1000, description="sampling temperature its episodes get")
+    note: str = Field(default="game day", min_length=1, max_length=500, pattern=r"\S",
+                      description="why: recorded on every episode it touches")
+
+    @field_validator("temperature")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("temperature must be a finite number")
+        return value
+
+
+class FaultPublic(BaseModel):
+    """An active serving fault."""
+
+    checkpoint_id: str
+    temperature: float
+    note: str
+
+
+class FaultsCleared(BaseModel):
+    """How many faults an operator cleared."""
+
+    cleared: int
+
+
+def _public(fault: ServingFault) -> FaultPublic:
+    return FaultPublic(checkpoint_id=fault.checkpoint_id, temperature=fault.temperature,
+                       note=fault.note)
+
+
+def _home(services: WebServices) -> Path:
+    return services.settings.home
+
+
+async def list_faults(*, guard: Guard, services: WebServices) -> list[FaultPublic]:
+    """The faults the execution workers apply now."""
+    await guard("read", KIND)
+    faults = await asyncio.to_thread(read_serving_faults, _home(services))
+    return [_public(f) for f in faults.values()]
+
+
+async def inject_fault(
+    *, guard: Guard, db: Sessions, services: WebServices, body: FaultRequest
+) -> FaultPublic:
+    """Authorize the operator, then degrade the checkpoint's serving (audited)."""
+    await guard("inject_fault", KIND, id=body.checkpoint_id,
+                attrs={"temperature": body.temperature, "note": body.note})
+    if not await db.read(runs.checkpoint_exists, checkpoint_id=body.checkpoint_id):
+        raise not_found("checkpoint", body.checkpoint_id)
+    fault = ServingFault(body.checkpoint_id, body.temperature, body.note.strip())
+    await asyncio.to_thread(inject_serving_fault, _home(services), fault)
+    await asyncio.to_thread(
+        record_event, services.engine, actor=guard.principal.actor.to_input(),
+        action="inject_fault", resource={"kind": KIND, "id": body.checkpoint_id},
+        payload={"temperature": fault.temperature, "note": fault.note})
+    return _public(fault)
+
+
+async def clear_faults(*, guard: Guard, services: WebServices) -> FaultsCleared:
+    """Authorize the operator, then remove every fault (audited)."""
+    await guard("clear_fault", KIND)
+    cleared = await asyncio.to_thread(clear_serving_faults, _home(services))
+    await asyncio.to_thread(
+        record_event, services.engine, actor=guard.principal.actor.to_input(),
+        action="clear_fault", resource={"kind": KIND}, payload={"cleared": cleared})
+    return FaultsCleared(cleared=cleared)
