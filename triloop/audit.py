@@ -181,6 +181,21 @@ def verify_chain(engine: Engine) -> ChainReport:
     return ChainReport(True, checked)
 
 
+def chain_head(engine: Engine) -> tuple[int, str] | None:
+    """(seq, hash) of the newest row, or None for an empty chain."""
+    with Session(engine) as session:
+        row = session.exec(select(AuditEvent).order_by(col(AuditEvent.seq).desc()).limit(1)
+                           ).first()
+    return None if row is None else (int(row.seq), row.hash)
+
+
+def stored_hashes(engine: Engine, seqs: list[int]) -> dict[int, str]:
+    """The stored hash of each of these rows that exists."""
+    with Session(engine) as session:
+        rows = session.exec(select(AuditEvent).where(col(AuditEvent.seq).in_(seqs)))
+        return {int(r.seq): r.hash for r in rows}
+
+
 def actor_role_mismatch(event: AuditEvent) -> str | None:
     """Why a row's actor could not have been written by its database role, if it could not.
 
