@@ -40,10 +40,16 @@ def test_up_then_down_leaves_no_process(tmp_path: Path) -> None:
         for name in ("postgres", "temporal", "opa"):
             assert running[name].startswith("running"), running
         pids: list[int] = []
+        assert "UNAUTHENTICATED" in running["temporal"]  # the dev server says what it is
         for name in ("postgres", "temporal", "opa"):
-            pid = int(running[name].split("pid ")[1].rstrip(")"))
+            pid = int(running[name].split("pid ")[1].split(")")[0])
             pids.append(pid)
             pids += [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        # Every credential is generated once, readable by its owner only.
+        secrets = settings.home / "secrets"
+        assert oct(secrets.stat().st_mode & 0o777) == "0o700"
+        files = [p for p in secrets.iterdir() if p.is_file()]
+        assert files and all(oct(p.stat().st_mode & 0o777) == "0o600" for p in files)
         # A second `up` starts nothing new.
         up(settings, with_workers=False)
         assert {n: s for n, s, _ in status(settings)} == running
@@ -67,3 +73,25 @@ def test_port_taken_by_another_program_is_named(tmp_path: Path) -> None:
     assert "postgres" in message and str(settings.pg_port) in message
     assert "postgres.log" in message
     down(settings)
+
+
+def test_each_service_is_handed_its_own_credentials_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from triloop.devstack.stack import _service_env, ensure_credentials
+
+    settings = _settings(tmp_path / "home")
+    monkeypatch.setenv("TRILOOP_DATABASE_URL", "postgresql+psycopg://postgres:owner@h/db")
+    ensure_credentials(settings)
+    for service in ("execution", "learning", "governance", "web"):
+        env = _service_env(settings, service)  # type: ignore[arg-type]
+        assert "TRILOOP_DATABASE_URL" not in env  # services never hold the owner's URL
+        from sqlalchemy.engine import make_url
+
+        role_url = make_url(env[f"TRILOOP_DATABASE_URL_{service.upper()}"])
+        assert (role_url.username, role_url.password) == (f"triloop_{service}", None)
+        folder = Path(env["TRILOOP_SECRETS_DIR"])
+        own = {f"pg-{service}", f"opa-{service}"} | ({"session-secret"} if service == "web"
+                                                     else set())
+        assert {p.name for p in folder.iterdir()} == own
+        assert oct(folder.stat().st_mode & 0o777) == "0o700"

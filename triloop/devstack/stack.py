@@ -200,6 +200,8 @@ def status(settings: Settings) -> list[tuple[str, str, str]]:
         state = f"running (pid {proc.pid})" if proc else "stopped"
         if name == "postgres" and settings.database_url:
             state = "external (TRILOOP_DATABASE_URL)"
+        if name == "temporal" and proc:
+            state += "; dev server, UNAUTHENTICATED (any local process may drive workflows)"
         rows.append((name, state, str(paths.logs / f"{name}.log")))
     return rows
 
