@@ -222,6 +222,7 @@ class DatabaseAuditSink:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._revision: str | None = None  # the last policy revision this process saw
 
     def __call__(
         self,
@@ -234,7 +235,14 @@ class DatabaseAuditSink:
         """Append the decision (allow or deny) with OPA's decision id and revision."""
         from triloop.db import session_scope
 
+        revision = decision.policy_revision
         with session_scope(self._engine) as session:
+            if revision is not None and revision != self._revision:
+                # A new policy decides from here on: say so once, old and new revision.
+                append_event(session, actor=actor.to_input(), action="policy_revision_changed",
+                             resource={"kind": "policy", "id": revision}, decision="record",
+                             policy_revision=revision,
+                             payload={"old": self._revision, "new": revision})
             append_event(
                 session,
                 actor=actor.to_input(),
@@ -245,6 +253,8 @@ class DatabaseAuditSink:
                 policy_revision=decision.policy_revision,
                 payload={"reasons": list(decision.reasons), "context": dict(context or {})},
             )
+        if revision is not None:
+            self._revision = revision
 
 
 def record_event(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from triloop.config import Settings
 from triloop.devstack.processes import (
@@ -402,27 +402,43 @@ def test_opa_stopped_denies_everything_and_the_sink_records_it(tmp_path: Path) -
     assert all(not record[3].allow for record in sink.records)
 
 
-def test_policy_edit_applies_to_the_next_call(tmp_path: Path) -> None:
+def test_a_policy_edit_applies_when_opa_restarts_and_its_revision_is_audited(
+    tmp_path: Path, role_engine: Any,
+) -> None:
+    from triloop.audit import DatabaseAuditSink
+
     policies = tmp_path / "policies"
     shutil.copytree(repo_root() / "policies", policies)
     proc, url = _start_private_opa(tmp_path, policies=policies)
-    client = OpaClient(url, tokens=_tokens(tmp_path))
     case = ALLOWED_LOOPS[0]  # learning creates a checkpoint
+    learning = role_engine("learning")
+    authorizer = Authorizer(OpaClient(url, tokens=_tokens(tmp_path)), DatabaseAuditSink(learning))
+    before = authorizer.authorize(case.actor, case.action, case.resource)
+    grants = policies / "triloop" / "authz" / "grants.rego"
+    grants.write_text(grants.read_text().replace(
+        '"checkpoint": {"read", "create", "propose"}', '"checkpoint": {"read", "propose"}'))
+    # Without --watch nothing changes until OPA restarts, so no decision is ever reported
+    # under a revision other than the one that made it.
+    assert authorizer.authorize(case.actor, case.action, case.resource).policy_revision == \
+        before.policy_revision
+    stop_recorded(proc.pid_path)
+    port = int(url.rsplit(":", 1)[1])
+    proc = start_opa(policies=policies, port=port, run_dir=tmp_path, log_dir=tmp_path,
+                     secrets_dir=tmp_path / "secrets", name="opa-again")
     try:
-        assert client.decide(case.actor, case.action, case.resource).allow is True
-        grants = policies / "triloop" / "authz" / "grants.rego"
-        grants.write_text(
-            grants.read_text().replace(
-                '"checkpoint": {"read", "create", "propose"}', '"checkpoint": {"read", "propose"}'
-            )
-        )
-        deadline = time.monotonic() + 10
-        while client.decide(case.actor, case.action, case.resource).allow:
-            assert time.monotonic() < deadline, "OPA never picked up the edited policy"
-            time.sleep(0.1)
+        with pytest.raises(PolicyDenied) as refused:
+            authorizer.authorize(case.actor, case.action, case.resource)
     finally:
-        client.close()
         stop_recorded(proc.pid_path)
+    after = refused.value.decision.policy_revision
+    assert after is not None and after != before.policy_revision
+    with learning.connect() as conn:
+        changes = conn.execute(text(
+            "SELECT payload FROM audit_event WHERE action = 'policy_revision_changed'"
+            " AND resource->>'id' IN (:a, :b) ORDER BY seq"),
+            {"a": before.policy_revision, "b": after}).scalars().all()
+    assert [(c["old"], c["new"]) for c in changes] == [
+        (None, before.policy_revision), (before.policy_revision, after)]
 
 
 def test_bundle_revision_reaches_the_decision(tmp_path: Path) -> None:

@@ -87,7 +87,12 @@ def start_opa(
     secrets_dir: Path,
     name: str = "opa",
 ) -> ServiceProcess:
-    """``opa run --server --watch`` on the policy folder, decision logs to its log file.
+    """``opa run --server`` on the policy folder as a bundle, decision logs to its log file.
+
+    No ``--watch``: a policy takes effect when OPA (re)starts (``triloop dev down`` then
+    ``up``, or a restart of the OPA service), with the manifest regenerated, so every
+    decision reports the revision that decided it; each process's audit sink records a
+    ``policy_revision_changed`` event the first time it sees a new revision.
 
     Console decision logging is what makes OPA issue a ``decision_id`` per query. OPA's
     own token authentication is on: ``policies/system/authz`` lets each service's bearer
@@ -109,7 +114,6 @@ def start_opa(
         "--authentication=token",
         "--authorization=basic",
         "--bundle",
-        "--watch",
         str(policies),
         str(tokens),
     ]
@@ -137,8 +141,8 @@ def write_bundle_manifest(policies: Path) -> None:
 
     OPA only reports a revision (``provenance``) for bundles; every decision's
     audit row then names the exact policy text it came from. The manifest is
-    generated at start, so a policy edited under ``--watch`` keeps the old
-    revision until OPA is restarted (``triloop dev down && triloop dev up``).
+    generated at every start, and OPA runs without ``--watch``: an edited policy takes
+    effect, with its new revision, when OPA restarts.
     """
     roots = ["triloop", "system/authz", "system/authz_test"]
     manifest = {"revision": policy_revision(policies), "roots": roots}
