@@ -1,8 +1,9 @@
 """The web service's wiring point: builds its adapters and the FastAPI app (API + console).
 
 ``uvicorn web.app:app`` serves it with settings from ``TRILOOP_*``; tests call
-``create_app(settings)``. Nothing connects at import: the engine and OPA client
-are lazy, and Temporal is reached on first use as ``web@<host>``.
+``create_app(settings)``. Nothing connects at import, and ``app`` itself is built on
+first access, so importing this module never needs a secret. The engine and OPA
+client are lazy, and Temporal is reached on first use as ``web@<host>``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from triloop.config import Settings, get_settings
+from triloop.config import DEV_SESSION_SECRET, Settings, get_settings
 from triloop.db import role_engine
 from triloop.policy import OpaClient
 from triloop.wiring import build_authorizer
@@ -32,6 +33,33 @@ DESCRIPTION = (
 )
 
 
+MIN_SESSION_SECRET_CHARS = 32
+
+
+class InsecureConfiguration(RuntimeError):
+    """The web service refuses to start with these settings; the message names the fix."""
+
+
+def check_session_secret(settings: Settings) -> None:
+    """Refuse the built-in (public) or a short session secret outside the test profile."""
+    if settings.gate_profile == "test":
+        return
+    how = ("set TRILOOP_SESSION_SECRET to a random value of at least "
+           f"{MIN_SESSION_SECRET_CHARS} characters (python -c 'import secrets; "
+           "print(secrets.token_urlsafe(48))'); `triloop dev up` generates one into "
+           ".triloop/secrets/session_secret")
+    if settings.session_secret == DEV_SESSION_SECRET:
+        raise InsecureConfiguration(
+            "the web service will not start with the built-in session secret: anyone who "
+            f"has read the source can forge a console session. To fix it, {how}."
+        )
+    if len(settings.session_secret) < MIN_SESSION_SECRET_CHARS:
+        raise InsecureConfiguration(
+            f"TRILOOP_SESSION_SECRET is only {len(settings.session_secret)} characters; "
+            f"to fix it, {how}."
+        )
+
+
 def build_services(settings: Settings, *, temporal_timeout_s: float = 60.0) -> WebServices:
     """The real adapters: the web role's engine, OPA, Temporal and the cookie signer."""
     return WebServices(
@@ -40,12 +68,13 @@ def build_services(settings: Settings, *, temporal_timeout_s: float = 60.0) -> W
         authorizer=build_authorizer(settings, "web"),
         hints=OpaClient(settings.opa_url, timeout_s=settings.opa_timeout_s),
         orchestrator=Orchestrator(settings, timeout_s=temporal_timeout_s),
-        signer=CookieSigner(settings.session_secret),
+        signer=CookieSigner(settings.session_secret, session_max_age_s=settings.session_max_age_s),
     )
 
 
 def create_app(settings: Settings, *, temporal_timeout_s: float = 60.0) -> FastAPI:
-    """The FastAPI app for these settings."""
+    """The FastAPI app for these settings; refuses an unsafe session secret."""
+    check_session_secret(settings)
     app = FastAPI(title="triloop", version="0.1.0", description=DESCRIPTION)
     app.state.services = build_services(settings, temporal_timeout_s=temporal_timeout_s)
     for router in ROUTERS:
@@ -75,4 +104,13 @@ def _problem_only_errors(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-app = create_app(get_settings())
+_served: dict[str, FastAPI] = {}
+
+
+def __getattr__(name: str) -> FastAPI:
+    # ``uvicorn web.app:app``: built from the environment on first access only.
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if "app" not in _served:
+        _served["app"] = create_app(get_settings())
+    return _served["app"]

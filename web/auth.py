@@ -20,7 +20,6 @@ LOGIN_CSRF_COOKIE = "triloop_login_csrf"
 FLASH_COOKIE = "triloop_flash"
 CSRF_HEADER = "x-csrf-token"
 CSRF_FIELD = "csrf_token"
-SESSION_MAX_AGE_S = 12 * 3600
 TOKEN_PREFIX = "tl_"
 
 
@@ -67,7 +66,8 @@ class ConsoleSession:
 class CookieSigner:
     """Signs and checks the console's cookies with the session secret."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, *, session_max_age_s: int) -> None:
+        self.session_max_age_s = session_max_age_s
         self._session = URLSafeTimedSerializer(secret, salt="triloop.session")
         self._login = URLSafeTimedSerializer(secret, salt="triloop.login-csrf")
         self._flash = URLSafeTimedSerializer(secret, salt="triloop.flash")
@@ -77,8 +77,12 @@ class CookieSigner:
         return self._session.dumps({"user": session.user, "csrf": session.csrf})
 
     def load_session(self, value: str | None) -> ConsoleSession | None:
-        """The session in a cookie, or None when missing, forged or older than 12 h."""
-        data = _load(self._session, value, SESSION_MAX_AGE_S)
+        """The session in a cookie, or None when missing, forged or older than the max age.
+
+        The age comes from the timestamp signed into the cookie, so a browser that
+        keeps the cookie past its ``Max-Age`` gains nothing.
+        """
+        data = _load(self._session, value, self.session_max_age_s)
         if not isinstance(data, dict):
             return None
         user, csrf = data.get("user"), data.get("csrf")

@@ -46,9 +46,11 @@ def fuzz_headers(owner_engine: Engine) -> dict[str, str]:
 
 
 def _operations() -> list[str]:
-    # Labels only (the app builds no connection at import); cases come from the test's app.
-    from web.app import app
+    # Labels only (the app builds no connection); cases come from the test's app.
+    from triloop.config import Settings
+    from web.app import create_app
 
+    app = create_app(Settings(gate_profile="test"))
     return [f"{method.upper()} {path}" for path, methods in app.openapi()["paths"].items()
             for method in methods]
 

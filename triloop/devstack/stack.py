@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from triloop.config import Settings
+from triloop.config import DEV_SESSION_SECRET, Settings
 from triloop.devstack.postgres import start_postgres
 from triloop.devstack.processes import (
     ServiceProcess,
@@ -19,6 +19,7 @@ from triloop.devstack.processes import (
     stop_recorded,
     wait_until,
 )
+from triloop.devstack.secrets import ensure_session_secret
 from triloop.devstack.servers import _http_ok, repo_root, start_opa, start_temporal
 
 # Start order; down goes in reverse.
@@ -64,11 +65,18 @@ def _check_port(name: str, port: int, paths: StackPaths) -> None:
         )
 
 
-def _service_env(settings: Settings, service: str) -> dict[str, str]:
+def service_env(settings: Settings, service: str) -> dict[str, str]:
+    """The environment of one service process; only ``web`` gets the session secret."""
     env = dict(os.environ.items())
     env["TRILOOP_HOME"] = str(settings.home.resolve())
     env["TRILOOP_SERVICE"] = service
     env["PYTHONUNBUFFERED"] = "1"
+    env.pop("TRILOOP_SESSION_SECRET", None)
+    if service == "web":
+        secret = settings.session_secret
+        if secret == DEV_SESSION_SECRET:  # the operator set none: this install's own
+            secret = ensure_session_secret(settings.home.resolve())
+        env["TRILOOP_SESSION_SECRET"] = secret
     return env
 
 
@@ -139,7 +147,7 @@ def _start_python(
         [sys.executable, *args],
         run_dir=paths.run,
         log_dir=paths.logs,
-        env=_service_env(settings, service),
+        env=service_env(settings, service),
         cwd=repo_root(),
     )
 

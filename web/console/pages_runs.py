@@ -11,7 +11,6 @@ from web import actions
 from web.auth import (
     LOGIN_CSRF_COOKIE,
     SESSION_COOKIE,
-    SESSION_MAX_AGE_S,
     ConsoleSession,
     new_csrf_token,
     same_secret,
@@ -75,7 +74,7 @@ async def login(
     session = ConsoleSession(user=principal.name, csrf=new_csrf_token())
     signed_in = RedirectResponse(_safe_next(next), status_code=303)
     signed_in.set_cookie(SESSION_COOKIE, services.signer.dump_session(session),
-                        max_age=SESSION_MAX_AGE_S, httponly=True, samesite="lax",
+                        max_age=services.signer.session_max_age_s, httponly=True, samesite="lax",
                         secure=request.url.scheme == "https")
     signed_in.delete_cookie(LOGIN_CSRF_COOKIE)
     return signed_in
