@@ -57,10 +57,11 @@ def bearer_token(authorization: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class ConsoleSession:
-    """What the signed session cookie holds."""
+    """What the signed session cookie holds: who, the csrf token, and the API token used."""
 
     user: str
     csrf: str
+    token_id: str | None = None
 
 
 class CookieSigner:
@@ -74,7 +75,9 @@ class CookieSigner:
 
     def dump_session(self, session: ConsoleSession) -> str:
         """Cookie value for a signed-in user."""
-        return self._session.dumps({"user": session.user, "csrf": session.csrf})
+        return self._session.dumps(
+            {"user": session.user, "csrf": session.csrf, "token_id": session.token_id}
+        )
 
     def load_session(self, value: str | None) -> ConsoleSession | None:
         """The session in a cookie, or None when missing, forged or older than the max age.
@@ -85,10 +88,12 @@ class CookieSigner:
         data = _load(self._session, value, self.session_max_age_s)
         if not isinstance(data, dict):
             return None
-        user, csrf = data.get("user"), data.get("csrf")
+        user, csrf, token_id = data.get("user"), data.get("csrf"), data.get("token_id")
         if not isinstance(user, str) or not isinstance(csrf, str):
             return None
-        return ConsoleSession(user=user, csrf=csrf)
+        if token_id is not None and not isinstance(token_id, str):
+            return None
+        return ConsoleSession(user=user, csrf=csrf, token_id=token_id)
 
     def dump_login_csrf(self, token: str) -> str:
         """Cookie value binding the login form's csrf token to this browser."""

@@ -18,10 +18,11 @@ from sqlmodel import Session
 from triloop.config import Settings
 from triloop.db import session_scope
 from triloop.policy import Actor, Authorizer, OpaClient, PolicyDenied, Resource
-from web import users
+from web import tokens, users
 from web.auth import (
     CSRF_HEADER,
     SESSION_COOKIE,
+    ConsoleSession,
     CookieSigner,
     bearer_token,
     same_secret,
@@ -82,11 +83,16 @@ SessionDep = Annotated[Sessions, Depends(get_sessions)]
 
 @dataclass(frozen=True)
 class Principal:
-    """The signed-in person; ``csrf`` is set when they came with the console cookie."""
+    """The signed-in person; ``csrf`` is set when they came with the console cookie.
+
+    ``token_id`` names the API token that proved them (directly, or when the console
+    session was opened): revoking or expiring it ends the console session too.
+    """
 
     name: str
     roles: tuple[str, ...]
     csrf: str | None = None
+    token_id: str | None = None
 
     @property
     def actor(self) -> Actor:
@@ -94,15 +100,22 @@ class Principal:
         return Actor(service="web", user=self.name, roles=self.roles)
 
 
-def load_principal(*, session: Session, token: str | None, name: str | None) -> Principal | None:
-    """The enabled user with this token (or name) as a principal, if any."""
-    if token is not None:
-        user = users.find_by_token(session=session, token=token)
-    elif name is not None:
-        user = users.get_user(session=session, name=name)
-    else:
+def principal_for_token(*, session: Session, token: str) -> Principal:
+    """The person a bearer token proves, or ``TokenRefused`` (unknown, expired, revoked)."""
+    user, row = tokens.authenticate(session=session, token=token)
+    return Principal(user.name, tuple(user.roles), token_id=row.id)
+
+
+def principal_for_session(*, session: Session, cookie: ConsoleSession) -> Principal | None:
+    """The person of a console session, while they are enabled and its token is live."""
+    user = users.get_user(session=session, name=cookie.user)
+    if user is None:
         return None
-    return None if user is None else Principal(user.name, tuple(user.roles))
+    if cookie.token_id is not None and not tokens.active_token(
+        session=session, token_id=cookie.token_id, user_name=user.name
+    ):
+        return None
+    return Principal(user.name, tuple(user.roles), csrf=cookie.csrf, token_id=cookie.token_id)
 
 
 async def optional_user(
@@ -111,17 +124,14 @@ async def optional_user(
     """The person behind a bearer token or the console cookie, if any."""
     token = bearer_token(request.headers.get("authorization"))
     if token is not None:
-        found = await db.read(load_principal, token=token, name=None)
-        if found is None:
-            raise unauthenticated("the bearer token is unknown or its user is disabled")
-        return found
+        try:
+            return await db.read(principal_for_token, token=token)
+        except tokens.TokenRefused as refused:
+            raise unauthenticated(str(refused), invalid_token=True) from refused
     cookie = services.signer.load_session(request.cookies.get(SESSION_COOKIE))
     if cookie is None:
         return None
-    found = await db.read(load_principal, token=None, name=cookie.user)
-    if found is None:
-        return None
-    return Principal(found.name, found.roles, csrf=cookie.csrf)
+    return await db.read(principal_for_session, cookie=cookie)
 
 
 async def current_user(

@@ -210,3 +210,36 @@ def test_environment_version_contract_is_immutable(
     _run(role_engine("governance"),
          "UPDATE environment_version SET retired_at = now(), retired_by = 'gov' WHERE id = :v",
          {"v": version_id})
+
+
+@pytest.mark.parametrize("service", ["learning", "execution", "governance"])
+def test_no_loop_role_can_read_api_token_hashes(
+    role_engine: Callable[[str], Engine], owner_engine: Engine, service: str
+) -> None:
+    from tests.factories_web import make_user
+
+    person = make_user(owner_engine, "operator")
+    engine = role_engine(service)
+    for sql in ("SELECT token_hash FROM api_token", "SELECT id, expires_at FROM api_token"):
+        assert "permission denied" in _refused(engine, sql)
+    # People and their roles stay readable (workers check who acts); no hash lives there.
+    with engine.begin() as conn:
+        row = conn.execute(text("SELECT * FROM app_user WHERE name = :n"),
+                           {"n": person.name}).mappings().one()
+    assert "token_hash" not in row and row["roles"] == ["operator"]
+
+
+def test_web_role_may_revoke_a_token_but_never_extend_or_rekey_it(
+    role_engine: Callable[[str], Engine], owner_engine: Engine
+) -> None:
+    from tests.factories_web import add_token, make_user
+
+    person = make_user(owner_engine, "auditor")
+    token_id = add_token(owner_engine, person.name, uid("tl_"))
+    web = role_engine("web")
+    for sql in ("UPDATE api_token SET expires_at = now() + interval '10 years' WHERE id = :t",
+                "UPDATE api_token SET token_hash = 'forged' WHERE id = :t",
+                "DELETE FROM api_token WHERE id = :t"):
+        _refused(web, sql, {"t": token_id})
+    _run(web, "UPDATE api_token SET revoked_at = now(), revoked_by = 'admin' WHERE id = :t",
+         {"t": token_id})

@@ -14,6 +14,7 @@ from web.api import (
     evaluation,
     promotions,
     runs,
+    tokens,
     users,
 )
 
@@ -34,6 +35,7 @@ async def healthz() -> Health:
 
 
 ROUTERS: tuple[APIRouter, ...] = (
-    health_router, users.router, runs.router, checkpoints.router, environments.router,
-    evaluation.router, promotions.router, deployments.router, episodes.router, audit.router,
+    health_router, users.router, tokens.router, runs.router, checkpoints.router,
+    environments.router, evaluation.router, promotions.router, deployments.router,
+    episodes.router, audit.router,
 )

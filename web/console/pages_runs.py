@@ -24,9 +24,10 @@ from web.console.rendering import (
     redirect,
 )
 from web.data import runs
-from web.deps import Guard, ServicesDep, SessionDep, load_principal
+from web.deps import Guard, ServicesDep, SessionDep, principal_for_token
 from web.pagination import CursorParam
 from web.problems import ProblemError, not_found
+from web.tokens import TokenRefused
 from web.users import touch
 
 router = APIRouter(include_in_schema=False)
@@ -61,17 +62,20 @@ async def login(
     expected = services.signer.load_login_csrf(request.cookies.get(LOGIN_CSRF_COOKIE))
     if not same_secret(csrf_token, expected):
         raise ProblemError(403, "Forbidden", "the sign-in form expired; reload it and try again")
-    principal = await db.read(load_principal, token=token.strip() or None, name=None)
-    if principal is None:
+    try:
+        principal = await db.read(principal_for_token, token=token.strip())
+    except TokenRefused as refused:
         fresh = new_csrf_token()
         response = page(request, "login.html", None, status_code=401, title="Sign in",
                         login_csrf=fresh, next=_safe_next(next),
-                        error="That token is not valid. Ask an admin for a new one.")
+                        error=f"That token is not valid: {refused}.")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="triloop"'
         response.set_cookie(LOGIN_CSRF_COOKIE, services.signer.dump_login_csrf(fresh),
                             max_age=3600, httponly=True, samesite="strict")
         return response
     await db.write(touch, name=principal.name)
-    session = ConsoleSession(user=principal.name, csrf=new_csrf_token())
+    session = ConsoleSession(user=principal.name, csrf=new_csrf_token(),
+                             token_id=principal.token_id)
     signed_in = RedirectResponse(_safe_next(next), status_code=303)
     signed_in.set_cookie(SESSION_COOKIE, services.signer.dump_session(session),
                         max_age=services.signer.session_max_age_s, httponly=True, samesite="lax",

@@ -18,7 +18,7 @@ kinds := {
 	"eval_set", "eval_item", "threshold",
 	"training_run", "training_step", "trajectory", "step", "checkpoint",
 	"proposal", "promotion", "gate_result", "approval", "deployment", "routing",
-	"audit_event", "user",
+	"audit_event", "user", "api_token",
 }
 
 actions := {
@@ -27,6 +27,7 @@ actions := {
 	"propose", "submit", "cancel", "pause", "resume",
 	"approve", "reject", "sign_audit", "reject_audit",
 	"promote", "rollback", "route", "verify",
+	"revoke",
 }
 
 # Everything but looking: used by the "never" rules.
@@ -51,6 +52,7 @@ applies_to := {
 	"rollback": {"deployment"},
 	"route": {"routing"},
 	"verify": {"audit_event"},
+	"revoke": {"api_token"},
 }
 
 # Named rules rather than `not is_string(input.x)` inline: a negated builtin
