@@ -1,7 +1,7 @@
 """Contract checks that the schema alone cannot make.
 
-YAML syntax (with line numbers), duplicate keys (which PyYAML silently resolves to the
-last one), locating any problem's line, and checking a contract against what its
+YAML syntax (with line numbers; aliases refused), duplicate keys (which PyYAML silently
+resolves to the last one), locating any problem's line, and checking a contract against what its
 environment implementation supports. Used by ``triloop.contracts``.
 """
 
@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import yaml
 from pydantic import BaseModel, ValidationError
+
+from triloop import safe_yaml
 
 Locate = Callable[[tuple[Any, ...]], int | None]
 
@@ -69,14 +71,17 @@ def _no_line(_loc: tuple[Any, ...]) -> int | None:
 def yaml_problems(text: str) -> tuple[list[ContractProblem], dict[str, Any] | None, Locate]:
     """Parse YAML: problems so far, the top-level mapping (None if unusable), a locator."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text) if root is not None else None
+        root, data = safe_yaml.compose_and_load(text)  # aliases refused: no "billion laughs"
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         detail = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         column = f", column {mark.column + 1}" if mark else ""
         line = mark.line + 1 if mark else None
-        return [ContractProblem("", f"YAML syntax error{column}: {detail}", line)], None, _no_line
+        refused = isinstance(exc, safe_yaml.YamlAliasRefused)
+        kind = "YAML refused" if refused else "YAML syntax error"
+        return [ContractProblem("", f"{kind}{column}: {detail}", line)], None, _no_line
+    except safe_yaml.YamlTooDeep as exc:
+        return [ContractProblem("", f"YAML refused: {exc}")], None, _no_line
     except yaml.YAMLError as exc:
         return [ContractProblem("", f"YAML syntax error: {exc}")], None, _no_line
     if root is None:

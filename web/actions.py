@@ -13,7 +13,7 @@ import uuid
 from dataclasses import asdict, is_dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from triloop.models._columns import new_id
 from triloop.workflow_api import (
@@ -57,10 +57,14 @@ Comment = Annotated[
 
 
 class RunSubmit(BaseModel):
-    """A RUN.yaml as a JSON object (``config``) or as YAML text (``config_yaml``)."""
+    """A RUN.yaml as a JSON object (``config``) or as YAML text (``config_yaml``): exactly one."""
 
-    config: dict[str, Any] | None = None
-    config_yaml: str | None = Field(default=None, max_length=200_000)
+    model_config = ConfigDict(json_schema_extra={
+        "oneOf": [{"required": ["config"]}, {"required": ["config_yaml"]}],
+    })
+    config: dict[str, Any] | None = Field(default=None, description="RUN.yaml as JSON")
+    config_yaml: str | None = Field(default=None, max_length=200_000,
+                                    description="RUN.yaml as text (YAML aliases refused)")
 
 
 class RunControlRequest(BaseModel):
@@ -142,7 +146,10 @@ async def submit_run(
     person = guard.principal
     await guard("submit", "training_run", owner=person.name)
     try:
-        valid = validate_run_config(config=body.config, config_yaml=body.config_yaml)
+        valid = await services.validation.run(
+            "the run configuration", validate_run_config, config=body.config,
+            config_yaml=body.config_yaml,
+        )
     except RunConfigInvalid as exc:
         raise invalid("the run configuration is invalid", exc.problems) from exc
     await _admitted(db, valid.task_ids)

@@ -23,6 +23,7 @@ from web.console import install_console
 from web.deps import WebServices
 from web.orchestration import Orchestrator
 from web.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
+from web.request_limits import BodySizeLimit, ValidationPool
 
 DESCRIPTION = (
     "Operators approve promotions and roll back, ML engineers submit and follow runs, "
@@ -69,6 +70,7 @@ def build_services(settings: Settings, *, temporal_timeout_s: float = 60.0) -> W
         hints=OpaClient(settings.opa_url, timeout_s=settings.opa_timeout_s),
         orchestrator=Orchestrator(settings, timeout_s=temporal_timeout_s),
         signer=CookieSigner(settings.session_secret, session_max_age_s=settings.session_max_age_s),
+        validation=ValidationPool(workers=2, timeout_s=settings.validation_timeout_s),
     )
 
 
@@ -81,6 +83,8 @@ def create_app(settings: Settings, *, temporal_timeout_s: float = 60.0) -> FastA
         app.include_router(router)
     render_html = install_console(app)
     install_problem_handlers(app, render_html=render_html)
+    # Outermost: an oversized body is refused before any of it reaches the app.
+    app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     _problem_only_errors(app)
     return app
 

@@ -29,6 +29,7 @@ from web.auth import (
 )
 from web.orchestration import Orchestrator
 from web.problems import ProblemError, unauthenticated
+from web.request_limits import ValidationPool
 
 T = TypeVar("T")
 
@@ -43,6 +44,7 @@ class WebServices:
     hints: OpaClient  # unaudited "would this be allowed?" for hiding buttons only
     orchestrator: Orchestrator
     signer: CookieSigner
+    validation: ValidationPool  # CPU-heavy checks, off the event loop, time-limited
 
 
 def get_services(request: Request) -> WebServices:
