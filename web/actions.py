@@ -179,6 +179,7 @@ async def control_run(
     reason: str,
 ) -> RunSummary:
     """Pause, resume or cancel one's own run (a signal to its workflow)."""
+    await guard.screen(action, "training_run", id=run_id)
     row = await db.read(runs.get_run, run_id=run_id)
     if row is None:
         raise not_found("training run", run_id)
@@ -198,6 +199,7 @@ async def decide_promotion(
     action: PromotionAction, comment: str,
 ) -> DecisionOutcome:
     """An auditor's sign-off or an operator's decision, sent as a Temporal update."""
+    await guard.screen(action, "promotion", id=promotion_id)
     facts = await db.read(promotions.decision_facts, promotion_id=promotion_id)
     if facts is None:
         raise not_found("promotion", promotion_id)
@@ -225,6 +227,7 @@ async def rollback(
     *, guard: Guard, db: Sessions, services: WebServices, body: RollbackRequest
 ) -> RollbackOutcome:
     """Run governance's rollback workflow for an alias and wait for its result."""
+    await guard.screen("rollback", "deployment", id=body.alias)
     deployment = await db.read(deployments.get_deployment, alias=body.alias)
     if deployment is None:
         raise not_found("deployment alias", body.alias)

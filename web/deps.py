@@ -28,7 +28,8 @@ from web.auth import (
     same_secret,
 )
 from web.orchestration import Orchestrator
-from web.problems import ProblemError, unauthenticated
+from web.problems import ProblemError, invalid, unauthenticated
+from web.request_fields import escape_nul, field_with_nul
 from web.request_limits import ValidationPool
 
 T = TypeVar("T")
@@ -158,11 +159,19 @@ CurrentUser = Annotated[Principal, Depends(current_user)]
 
 
 class Guard:
-    """Asks the policy for the current person; every route goes through it."""
+    """Asks the policy for the current person; every route goes through it.
 
-    def __init__(self, services: WebServices, principal: Principal) -> None:
+    ``refused_input`` names a field of this request that holds a NUL character. Such a
+    request is still asked about (and so audited, with each NUL shown as ``\\u0000``),
+    then refused with 422 whatever the policy says.
+    """
+
+    def __init__(
+        self, services: WebServices, principal: Principal, refused_input: str | None = None
+    ) -> None:
         self._services = services
         self.principal = principal
+        self.refused_input = refused_input
 
     async def __call__(
         self,
@@ -175,7 +184,25 @@ class Guard:
     ) -> None:
         """Authorize (audited); raises ``PolicyDenied`` (a 403) when refused."""
         resource = Resource(kind=kind, id=id, owner=owner, attrs=dict(attrs or {}))
+        if self.refused_input is not None:
+            await self._refuse(action, resource)
         await self._services.authorizer.authorize_async(self.principal.actor, action, resource)
+
+    async def screen(self, action: str, kind: str, *, id: str | None = None) -> None:
+        """Before reading the facts a decision needs: refuse (audited) a request with a NUL."""
+        if self.refused_input is not None:
+            await self._refuse(action, Resource(kind=kind, id=id))
+
+    async def _refuse(self, action: str, resource: Resource) -> None:
+        problem = f"{self.refused_input} contains a NUL character, which no field accepts"
+        shown = Resource(kind=resource.kind, id=escape_nul(resource.id),
+                         owner=escape_nul(resource.owner), attrs=escape_nul(dict(resource.attrs)))
+        try:
+            await self._services.authorizer.authorize_async(
+                self.principal.actor, action, shown, context={"refused_input": problem})
+        except PolicyDenied:
+            pass  # the denial is on record; the answer is the input's problem either way
+        raise invalid(problem + "; remove it and send the request again")
 
     async def allows(self, action: str, kind: str, **resource: Any) -> bool:
         """Authorize (audited) but answer False instead of raising."""
@@ -190,14 +217,15 @@ class Guard:
         attrs: Mapping[str, Any] | None = None,
     ) -> bool:
         """Unaudited policy question, only to decide whether to show a button."""
-        resource = Resource(kind=kind, id=id, owner=owner, attrs=dict(attrs or {}))
+        resource = Resource(kind=kind, id=escape_nul(id), owner=escape_nul(owner),
+                            attrs=escape_nul(dict(attrs or {})))
         decision = await self._services.hints.adecide(self.principal.actor, action, resource)
         return decision.allow
 
 
-def get_guard(services: ServicesDep, principal: CurrentUser) -> Guard:
-    """The guard for this request's person."""
-    return Guard(services, principal)
+async def get_guard(request: Request, services: ServicesDep, principal: CurrentUser) -> Guard:
+    """The guard for this request's person (noting a field that holds a NUL character)."""
+    return Guard(services, principal, refused_input=await field_with_nul(request))
 
 
 AuthorizeDep = Annotated[Guard, Depends(get_guard)]

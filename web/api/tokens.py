@@ -52,6 +52,7 @@ async def issue_token(
 @router.post("/{token_id}/revoke", response_model=TokenPublic)
 async def revoke_token(token_id: str, guard: AuthorizeDep, db: SessionDep) -> TokenPublic:
     """Revoke a token at once (its owner or an admin); it can never authenticate again."""
+    await guard.screen("revoke", "api_token", id=token_id)
     row = await db.read(tokens.get_token, token_id=token_id)
     if row is None:
         raise not_found("API token", token_id)

@@ -17,6 +17,7 @@ from web.data.promotions import GATE_ORDER
 from web.deps import Guard, ServicesDep, SessionDep
 from web.pagination import CursorParam
 from web.problems import ProblemError, invalid, not_found
+from web.request_fields import field_with_nul
 
 router = APIRouter(include_in_schema=False)
 FORM_ACTIONS = {"sign-audit": "sign_audit", "reject-audit": "reject_audit",
@@ -70,7 +71,7 @@ async def decide(
 ) -> Response:
     """Send a decision to governance; the policy is asked again here, whatever the page showed."""
     action = FORM_ACTIONS[form_action]
-    guard = Guard(services, principal)
+    guard = Guard(services, principal, refused_input=await field_with_nul(request))
     outcome = await actions.decide_promotion(
         guard=guard, db=db, services=services, promotion_id=promotion_id,
         action=action,  # type: ignore[arg-type]
@@ -94,6 +95,7 @@ async def rollback_confirm(
     request: Request, guard: ConsoleGuard, db: SessionDep, alias: str = "production"
 ) -> Response:
     """The confirmation step: what the alias names now and what it would go back to."""
+    await guard.screen("rollback", "deployment", id=alias)
     deployment = await db.read(deployments.get_deployment, alias=alias)
     if deployment is None:
         raise not_found("deployment alias", alias)
@@ -111,7 +113,7 @@ async def rollback(
     confirm: Annotated[str, Form(max_length=10)] = "",
 ) -> Response:
     """Run the rollback after the person confirmed it."""
-    guard = Guard(services, principal)
+    guard = Guard(services, principal, refused_input=await field_with_nul(request))
     try:
         body = RollbackRequest(alias=alias, reason=reason)
     except ValidationError as exc:
@@ -169,7 +171,8 @@ async def verify_chain(
     next: Annotated[str, Form(max_length=500)] = "/audit",
 ) -> Response:
     """Recompute the chain and show the result on the page the button was on."""
-    report = await actions.verify_audit(guard=Guard(services, principal), services=services)
+    report = await actions.verify_audit(guard=Guard(
+        services, principal, refused_input=await field_with_nul(request)), services=services)
     target = next if next.startswith("/") and not next.startswith("//") else "/audit"
     if report.ok:
         notice = ("success", f"Audit chain verified: {report.checked} events, no gap, no edit.")

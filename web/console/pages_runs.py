@@ -27,6 +27,7 @@ from web.data import runs
 from web.deps import Guard, ServicesDep, SessionDep, principal_for_token
 from web.pagination import CursorParam
 from web.problems import ProblemError, not_found
+from web.request_fields import field_with_nul
 from web.tokens import TokenRefused
 from web.users import touch
 
@@ -154,7 +155,7 @@ async def control_run(
     reason: Annotated[str, Form(max_length=2000)] = "",
 ) -> Response:
     """Pause, resume or cancel from the run page."""
-    guard = Guard(services, principal)
+    guard = Guard(services, principal, refused_input=await field_with_nul(request))
     await actions.control_run(guard=guard, db=db, services=services, run_id=run_id,
                               action=action, reason=reason)
     return redirect(request, f"/runs/{run_id}",

@@ -22,6 +22,7 @@ from web.deps import (
     principal_for_session,
 )
 from web.problems import ProblemError, unauthenticated
+from web.request_fields import field_with_nul
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -94,9 +95,11 @@ async def console_user(request: Request, services: ServicesDep, db: SessionDep) 
 ConsoleUser = Annotated[Principal, Depends(console_user)]
 
 
-def console_guard(services: ServicesDep, principal: ConsoleUser) -> Guard:
-    """The policy guard for the console's person."""
-    return Guard(services, principal)
+async def console_guard(
+    request: Request, services: ServicesDep, principal: ConsoleUser
+) -> Guard:
+    """The policy guard for the console's person (noting a field that holds a NUL)."""
+    return Guard(services, principal, refused_input=await field_with_nul(request))
 
 
 ConsoleGuard = Annotated[Guard, Depends(console_guard)]
