@@ -2,8 +2,9 @@ package triloop.authz_test
 
 import data.triloop.authz
 
-# Facts that satisfy every duty check, so that these tests see the table alone.
-clean_attrs := {"submitted_by": "sam", "audited_by": "ada", "approved_by": "olga"}
+# Facts that satisfy every duty check (and say that nothing is frozen), so that these
+# tests see the table alone.
+clean_attrs := {"submitted_by": "sam", "audited_by": "ada", "approved_by": "olga", "frozen": false}
 
 svc_clean(service, action, kind) := {
 	"actor": {"service": service},
