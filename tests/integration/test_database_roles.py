@@ -243,3 +243,42 @@ def test_web_role_may_revoke_a_token_but_never_extend_or_rekey_it(
         _refused(web, sql, {"t": token_id})
     _run(web, "UPDATE api_token SET revoked_at = now(), revoked_by = 'admin' WHERE id = :t",
          {"t": token_id})
+
+
+def _refused_and_rolled_back(engine: Engine, sql: str, params: dict[str, Any]) -> str:
+    # Every statement runs in a transaction that is rolled back: if a trigger ever let
+    # it through, the shared test database would still keep its eval items.
+    with engine.connect() as conn:
+        transaction = conn.begin()
+        try:
+            with pytest.raises((ProgrammingError, DBAPIError)) as caught:
+                conn.execute(text(sql), params)
+        finally:
+            transaction.rollback()
+    return str(caught.value.orig)
+
+
+def test_frozen_eval_set_cannot_be_emptied_or_left_even_by_the_owner(owner_engine: Engine) -> None:
+    frozen, open_set = make_eval_set(owner_engine), make_eval_set(owner_engine)
+    task_id = make_task(owner_engine)
+    _run(owner_engine, "INSERT INTO eval_item (eval_set_id, ordinal, task_id) VALUES (:s, 0, :t)",
+         {"s": frozen, "t": task_id})
+    _run(owner_engine, "UPDATE eval_set SET frozen_at = now() WHERE id = :s", {"s": frozen})
+    attempts = {
+        "UPDATE eval_item SET eval_set_id = :o WHERE eval_set_id = :s": "is frozen",
+        "UPDATE eval_item SET ordinal = 7 WHERE eval_set_id = :s": "is frozen",
+        "DELETE FROM eval_item WHERE eval_set_id = :s": "is frozen",
+        "TRUNCATE eval_item": "TRUNCATE eval_item refused",
+        "TRUNCATE eval_set CASCADE": "refused: frozen eval sets never change",
+    }
+    for sql, needle in attempts.items():
+        assert needle in _refused_and_rolled_back(owner_engine, sql, {"s": frozen, "o": open_set})
+    with owner_engine.begin() as conn:
+        kept = conn.execute(text("SELECT eval_set_id FROM eval_item WHERE task_id = :t"),
+                            {"t": task_id}).scalars().all()
+    assert kept == [frozen]
+    # An open set's items still move freely.
+    other = make_task(owner_engine)
+    _run(owner_engine, "INSERT INTO eval_item (eval_set_id, ordinal, task_id) VALUES (:s, 0, :t)",
+         {"s": open_set, "t": other})
+    _run(owner_engine, "UPDATE eval_item SET ordinal = 1 WHERE eval_set_id = :s", {"s": open_set})
