@@ -9,6 +9,7 @@ update, and the loop re-checks the policy for the person.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from dataclasses import asdict, is_dataclass
 from typing import Annotated, Any, Literal
@@ -51,8 +52,14 @@ PROMOTION_UPDATES: dict[str, tuple[str, str]] = {
     "reject": (PROMOTION_APPROVE_UPDATE, "reject"),
 }
 ALIAS_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+# Whitespace as every engine involved agrees on it: the schema's regex (ECMA), pydantic's
+# (Rust) and Python's ``str.strip`` each call a slightly different set "space", so a comment
+# of U+001F alone was valid for the schema and refused by the server. One explicit set.
+BLANK_CHARACTERS = (r"\t\n\u000b\f\r \u001c-\u001f\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029"
+                    r"\u202f\u205f\u3000\ufeff")
+NOT_BLANK = f"[^{BLANK_CHARACTERS}]"
 Comment = Annotated[
-    str, Field(min_length=1, max_length=4000, pattern=r"\S", description="required, non-blank")
+    str, Field(min_length=1, max_length=4000, pattern=NOT_BLANK, description="required, non-blank")
 ]
 
 
@@ -208,7 +215,7 @@ async def decide_promotion(
     if facts.audited_by:
         attrs["audited_by"] = facts.audited_by
     await guard(action, "promotion", id=promotion_id, attrs=attrs)
-    if not comment.strip():
+    if not re.search(NOT_BLANK, comment):
         raise invalid("a comment saying why is required")
     if promotion.status != "open":
         raise conflict(f"promotion {promotion_id} is {promotion.status}; decisions need it open")

@@ -89,8 +89,13 @@ def create_app(settings: Settings, *, temporal_timeout_s: float = 60.0) -> FastA
     return app
 
 
+# Path and query strings never hold NUL (web.request_fields refuses it): say so in the schema.
+NO_NUL_PATTERN = "^[^\\u0000]*$"
+
+
 def _problem_only_errors(app: FastAPI) -> None:
-    """Error responses are documented as problem+json only (FastAPI adds JSON too)."""
+    """Error responses are documented as problem+json only (FastAPI adds JSON too), and
+    string parameters as NUL-free, as the service enforces."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -102,10 +107,18 @@ def _problem_only_errors(app: FastAPI) -> None:
                         content = response.get("content", {})
                         if status[0] in "45" and PROBLEM_MEDIA_TYPE in content:
                             content.pop("application/json", None)
+                    for parameter in operation.get("parameters", []):
+                        _no_nul(parameter.get("schema", {}))
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _no_nul(schema: dict[str, Any]) -> None:
+    for option in schema.get("anyOf", [schema]):
+        if option.get("type") == "string" and "pattern" not in option:
+            option["pattern"] = NO_NUL_PATTERN
 
 
 _served: dict[str, FastAPI] = {}

@@ -221,14 +221,16 @@ class CatchAllMiddleware:
             await response(scope, receive, send)
 
 
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
 def allowed_methods(request: Request) -> str:
     """Every method some route of the app accepts on this path (the 405's ``Allow``)."""
-    methods: set[str] = set()
-    scope = {**request.scope, "method": "GET"}
-    for route in request.app.routes:
-        match, _ = route.matches(scope)
-        if match is not Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
+    methods = {
+        method for method in HTTP_METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL
+               for route in request.app.routes)
+    }
     if "GET" in methods:
         methods.add("HEAD")
     return ", ".join(sorted(methods))
