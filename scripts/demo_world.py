@@ -60,7 +60,8 @@ def create_people(settings: Settings, suffix: str) -> dict[str, Person]:
                                                        attrs={"via": "demo"}))
         with session_scope(role_engine(settings, "web")) as session:
             _, token = create_user(session=session, name=name, roles=roles,
-                                   created_by=admin.user or "demo")
+                                   created_by=admin.user or "demo",
+                                   token_lifetime_s=settings.api_token_lifetime_s)
         people[role] = Person(name, roles, token)
     return people
 
