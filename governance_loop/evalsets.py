@@ -56,13 +56,37 @@ class ThresholdVersion:
 
 def eval_set_content_hash(name: str, version: int, items: Sequence[Task]) -> str:
     """sha256 over the set's identity and its items in order."""
+    return _content_hash(name, version, [(t.id, t.seed, t.environment_version_id) for t in items])
+
+
+def _content_hash(name: str, version: int, items: Sequence[tuple[str, int, str]]) -> str:
     document = {
         "name": name, "version": version,
-        "items": [{"task_id": t.id, "environment_version_id": t.environment_version_id,
-                   "seed": t.seed} for t in items],
+        "items": [{"task_id": task_id, "environment_version_id": version_id, "seed": seed}
+                  for task_id, seed, version_id in items],
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def content_hash_problem(*, session: Session, eval_set: EvalSet) -> str | None:
+    """Why a gate may not use this eval set (not frozen, or items changed since), or None.
+
+    The hash is recomputed from the items and tasks as they are now, so an edit that
+    got past the triggers (an owner who disabled them, a task's seed changed) is caught
+    before any decision rests on the set.
+    """
+    label = f"eval set {eval_set.name}@v{eval_set.version} ({eval_set.id})"
+    if eval_set.content_hash is None or eval_set.frozen_at is None:
+        return f"{label} is not frozen; gates use frozen eval sets only"
+    items = store.eval_set_tasks(session=session, eval_set_id=eval_set.id)
+    recomputed = _content_hash(eval_set.name, eval_set.version, items)
+    if recomputed != eval_set.content_hash:
+        return (f"{label} no longer matches its frozen content hash: stored "
+                f"{eval_set.content_hash[:12]}, recomputed {recomputed[:12]} from its "
+                f"{len(items)} items; its items or their tasks changed after it was frozen, so "
+                "no gate may use it (freeze a new version)")
+    return None
 
 
 def _admitted_tasks(session: Session, task_ids: Sequence[str]) -> list[Task]:

@@ -122,16 +122,13 @@ def make_eval_set(engine: Engine, *, frozen: bool = False) -> str:
 
 def make_person(engine: Engine, name: str, roles: list[str], *, disabled: bool = False) -> str:
     """A person in ``app_user`` with exactly these roles now (inserted or updated as owner)."""
-    import hashlib
-
     with engine.begin() as conn:
         conn.execute(text(
-            "INSERT INTO app_user (name, roles, token_hash, created_by, disabled) "
-            "VALUES (:n, :r, :t, 'test', :d) "
+            "INSERT INTO app_user (name, roles, created_by, disabled) "
+            "VALUES (:n, :r, 'test', :d) "
             "ON CONFLICT (name) DO UPDATE"
             " SET roles = EXCLUDED.roles, disabled = EXCLUDED.disabled"),
-            {"n": name, "r": roles, "t": hashlib.sha256(f"token-{name}".encode()).hexdigest(),
-             "d": disabled})
+            {"n": name, "r": roles, "d": disabled})
     return name
 
 

@@ -7,7 +7,6 @@ real learning workers, the real execution worker, and a stand-in for governance.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -38,9 +37,9 @@ def make_user(engine: Engine, roles: Sequence[str] = ("ml_engineer",)) -> str:
     name = uid("user-")
     with engine.begin() as conn:
         conn.execute(text(
-            "INSERT INTO app_user (name, roles, token_hash, created_by, disabled) "
-            "VALUES (:n, :r, :t, 'test', false)"),
-            {"n": name, "r": list(roles), "t": hashlib.sha256(name.encode()).hexdigest()})
+            "INSERT INTO app_user (name, roles, created_by, disabled) "
+            "VALUES (:n, :r, 'test', false)"),
+            {"n": name, "r": list(roles)})
     return name
 
 

@@ -32,15 +32,33 @@ class Person:
 
 
 def make_user(engine: Engine, *roles: str, name: str | None = None) -> Person:
-    """A user with these roles and a fresh token."""
+    """A user with these roles and a fresh token (valid for a day)."""
     person = Person(name or uid("u").lower(), new_token())
     with engine.begin() as conn:
         conn.execute(
-            text("INSERT INTO app_user (name, roles, token_hash, created_by, disabled) "
-                 "VALUES (:n, :r, :h, 'test', false)"),
-            {"n": person.name, "r": list(roles), "h": hash_token(person.token)},
+            text("INSERT INTO app_user (name, roles, created_by, disabled) "
+                 "VALUES (:n, :r, 'test', false)"),
+            {"n": person.name, "r": list(roles)},
         )
+    add_token(engine, person.name, person.token)
     return person
+
+
+def add_token(
+    engine: Engine, user: str, token: str, *, expires_in: str = "1 day",
+    revoked_by: str | None = None,
+) -> str:
+    """Store a token for a user, expiring after a PostgreSQL interval (negative: expired)."""
+    token_id = uid("tok-")
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO api_token (id, user_name, token_hash, created_by, expires_at, "
+                 "revoked_at, revoked_by) VALUES (:i, :u, :h, 'test', "
+                 "now() + CAST(:e AS interval), CASE WHEN :revoked THEN now() END, :r)"),
+            {"i": token_id, "u": user, "h": hash_token(token), "e": expires_in,
+             "revoked": revoked_by is not None, "r": revoked_by},
+        )
+    return token_id
 
 
 @dataclass(frozen=True)

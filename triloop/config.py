@@ -16,6 +16,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from triloop.secrets import OWNER_PASSWORD, opa_token_name, read_secret, role_password_name
 
 ServiceName = Literal["execution", "learning", "governance", "web"]
+# The built-in session secret: anyone can read it here, so only the test profile accepts it.
+DEV_SESSION_SECRET = "triloop-dev-session-secret-change-me"
 SERVICES: tuple[ServiceName, ...] = ("execution", "learning", "governance", "web")
 
 
@@ -57,7 +59,21 @@ class Settings(BaseSettings):
     web_host: str = Field("127.0.0.1", description="Web app bind address.")
     web_port: int = Field(8000, description="Web app port.")
     session_secret: str = Field(
-        "triloop-dev-session-secret-change-me", description="Signs console session cookies."
+        DEV_SESSION_SECRET,
+        description="Signs console session cookies; the built-in value is refused unless "
+        "gate_profile is test (`triloop dev up` generates one per install).",
+    )
+    session_max_age_s: int = Field(
+        12 * 3600, gt=0, description="Lifetime of a console sign-in, seconds (signed timestamp)."
+    )
+    api_token_lifetime_s: int = Field(
+        90 * 86400, gt=0, description="Lifetime of a newly issued API token, seconds."
+    )
+    max_body_bytes: int = Field(
+        1_048_576, gt=0, description="Largest request body the web service reads, bytes (413)."
+    )
+    validation_timeout_s: float = Field(
+        5.0, gt=0, description="Time limit of one run-config validation off the event loop, s."
     )
 
     inference_backend: Literal["torch", "openai"] = Field(

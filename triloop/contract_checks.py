@@ -1,19 +1,22 @@
 """Contract checks that the schema alone cannot make.
 
-YAML syntax (with line numbers), duplicate keys (which PyYAML silently resolves to the
-last one), locating any problem's line, and checking a contract against what its
+YAML syntax (with line numbers; aliases refused), duplicate keys (which PyYAML silently
+resolves to the last one), locating any problem's line, and checking a contract against what its
 environment implementation supports. Used by ``triloop.contracts``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 import yaml
 from pydantic import BaseModel, ValidationError
+
+from triloop import safe_yaml
 
 Locate = Callable[[tuple[Any, ...]], int | None]
 
@@ -69,14 +72,17 @@ def _no_line(_loc: tuple[Any, ...]) -> int | None:
 def yaml_problems(text: str) -> tuple[list[ContractProblem], dict[str, Any] | None, Locate]:
     """Parse YAML: problems so far, the top-level mapping (None if unusable), a locator."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text) if root is not None else None
+        root, data = safe_yaml.compose_and_load(text)  # aliases refused: no "billion laughs"
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         detail = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         column = f", column {mark.column + 1}" if mark else ""
         line = mark.line + 1 if mark else None
-        return [ContractProblem("", f"YAML syntax error{column}: {detail}", line)], None, _no_line
+        refused = isinstance(exc, safe_yaml.YamlAliasRefused)
+        kind = "YAML refused" if refused else "YAML syntax error"
+        return [ContractProblem("", f"{kind}{column}: {detail}", line)], None, _no_line
+    except safe_yaml.YamlTooDeep as exc:
+        return [ContractProblem("", f"YAML refused: {exc}")], None, _no_line
     except yaml.YAMLError as exc:
         return [ContractProblem("", f"YAML syntax error: {exc}")], None, _no_line
     if root is None:
@@ -247,26 +253,75 @@ def _describe(value: object) -> str:
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
-def missing_fixtures(
+def fixture_problems(
     data: Mapping[str, Any],
     base_dir: Path,
     normalise: Callable[[str], str],
     locate: Locate,
 ) -> list[ContractProblem]:
-    """A problem for every listed fixture that does not exist under ``base_dir``."""
+    """Fixtures must exist as real files and folders inside the contract's folder.
+
+    A listed fixture that is missing, is or passes through a symbolic link, holds one,
+    or resolves outside ``base_dir`` is a problem; so is an ``initial_state`` value
+    naming a fixture (``*_fixture``) that leaves the folder or is not listed. Without
+    these checks such a contract was only refused at run time, or not at all.
+    """
+    problems: list[ContractProblem] = []
+    root = base_dir.resolve()
+    listed: list[str] = []
     fixtures = data.get("fixtures")
-    if not isinstance(fixtures, list):
-        return []
-    problems = []
-    for index, rel in enumerate(fixtures):
+    for index, rel in enumerate(fixtures if isinstance(fixtures, list) else []):
         if not isinstance(rel, str):
             continue
         try:
             normal = normalise(rel)
         except ValueError:
             continue  # already reported by the schema
-        if not (base_dir / normal).exists():
+        listed.append(normal)
+        message = _fixture_on_disk(base_dir, root, rel, normal)
+        if message is not None:
             loc = ("fixtures", index)
-            message = f"fixture not found: {rel} (looked in {base_dir.resolve()})"
             problems.append(ContractProblem(dotted(loc), message, locate(loc)))
+    state = data.get("initial_state")
+    for key, value in (state.items() if isinstance(state, Mapping) else ()):
+        if not (isinstance(key, str) and key.endswith("_fixture") and isinstance(value, str)):
+            continue
+        where: tuple[str, str] = ("initial_state", key)
+        try:
+            normal = normalise(value)
+        except ValueError:
+            message = (f"{value!r} leaves the contract's folder; name one of the fixtures "
+                       "listed under fixtures")
+            problems.append(ContractProblem(dotted(where), message, locate(where)))
+            continue
+        if not any(normal == f or normal.startswith(f + "/") for f in listed):
+            message = f"{value!r} is not one of the fixtures listed under fixtures"
+            problems.append(ContractProblem(dotted(where), message, locate(where)))
     return problems
+
+
+def _fixture_on_disk(base_dir: Path, root: Path, rel: str, normal: str) -> str | None:
+    path = base_dir
+    for part in PurePosixPath(normal).parts:
+        path = path / part
+        if path.is_symlink():
+            return (f"fixture {rel} is or passes through a symbolic link ({path} -> "
+                    f"{os.readlink(path)}); fixtures must be real files and folders inside the "
+                    "contract's folder")
+    if not path.exists():
+        return f"fixture not found: {rel} (looked in {root})"
+    if not path.resolve().is_relative_to(root):
+        return f"fixture {rel} resolves to {path.resolve()}, outside the contract's folder {root}"
+    if path.is_dir():
+        for folder, dirs, files in os.walk(path, followlinks=False):
+            for name in sorted(dirs + files):
+                inner = Path(folder, name)
+                if inner.is_symlink():
+                    return (f"fixture {rel} holds a symbolic link, {inner.relative_to(base_dir)}"
+                            f" -> {os.readlink(inner)}; replace it with the real file")
+                if name in files and not inner.is_file():
+                    return (f"fixture {rel} holds {inner.relative_to(base_dir)}, which is not a "
+                            "regular file")
+    elif not path.is_file():
+        return f"fixture {rel} is not a regular file or folder"
+    return None

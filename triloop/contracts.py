@@ -34,7 +34,7 @@ from triloop.contract_checks import (
     Capabilities,
     ContractProblem,
     capability_problems,
-    missing_fixtures,
+    fixture_problems,
     schema_problems,
     yaml_problems,
 )
@@ -304,7 +304,7 @@ def _parse(
         contract = EnvironmentContract.model_validate(data)
     except ValidationError as exc:
         problems.extend(schema_problems(exc, EnvironmentContract, locate))
-    problems.extend(missing_fixtures(data, base_dir, _fixture_path, locate))
+    problems.extend(fixture_problems(data, base_dir, _fixture_path, locate))
     if capabilities is not None:
         criteria = frozenset(SuccessCriteria.model_fields)
         problems.extend(capability_problems(data, capabilities, criteria, locate))

@@ -7,12 +7,15 @@ an error with its dotted path rather than a silently ignored setting.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from triloop import safe_yaml
 
 
 class RunConfigError(Exception):
@@ -32,6 +35,10 @@ class ConfigProblem:
     message: str
 
 
+MAX_TASK_IDS = 10_000
+TaskId = Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class _Section(BaseModel):
     # Finite numbers only: a run config is stored as JSON, which has no NaN or infinity.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -48,7 +55,8 @@ class RolloutSection(_Section):
     """How the execution loop samples trajectories for each iteration."""
 
     # Admitted task ids to sample from; each iteration draws groups from these tasks.
-    task_ids: list[str] = Field(min_length=1)
+    # Bounded so that one request cannot ask the database about millions of ids.
+    task_ids: list[TaskId] = Field(min_length=1, max_length=MAX_TASK_IDS)
     # Samples per group (same task and seed), G in GRPO; a group needs 2+ for a baseline.
     group_size: int = Field(default=8, ge=2, le=1024)
     # Groups sampled per iteration (count); samples per iteration = groups * group_size.
@@ -227,14 +235,25 @@ def cross_field_problems(config: RunConfig) -> list[ConfigProblem]:
 
 
 def load_run_config(text: str) -> RunConfig:
-    """Parse and validate RUN.yaml text; raises RunConfigError listing every problem."""
+    """Parse and validate RUN.yaml text; raises RunConfigError listing every problem.
+
+    YAML aliases are refused (``triloop.safe_yaml``): a run config never needs one, and
+    one can expand a few hundred bytes into billions of values.
+    """
     try:
-        data = yaml.safe_load(text)
+        data = safe_yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         what = getattr(exc, "problem", None) or str(exc)
+        if isinstance(exc, safe_yaml.YamlAliasRefused | safe_yaml.YamlTooDeep):
+            raise RunConfigError([ConfigProblem("(yaml)", f"refused{where}: {what}")]) from exc
         raise RunConfigError([ConfigProblem("(yaml)", f"not valid YAML{where}: {what}")]) from exc
+    return run_config_from_data(data)
+
+
+def run_config_from_data(data: Any) -> RunConfig:
+    """Validate an already parsed run config (a JSON object); raises RunConfigError."""
     if not isinstance(data, dict):
         got = "an empty document" if data is None else type(data).__name__
         problem = ConfigProblem("(root)", f"expected a mapping of sections, got {got}")
@@ -264,6 +283,10 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
     return path or "(root)"
 
 
+_ECHO = reprlib.Repr()
+_ECHO.maxstring, _ECHO.maxother, _ECHO.maxlist, _ECHO.maxdict, _ECHO.maxlevel = 60, 60, 4, 4, 2
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    # reprlib never builds the whole repr: a 10 MB value costs no more than a short one.
+    return _ECHO.repr(value)

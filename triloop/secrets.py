@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 OWNER_PASSWORD = "pg-owner"
-SESSION_SECRET = "session-secret"
 
 
 def role_password_name(service: str) -> str:

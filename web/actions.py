@@ -9,11 +9,12 @@ update, and the loop re-checks the policy for the person.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from dataclasses import asdict, is_dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from triloop.models import DecisionKind
 from triloop.models._columns import new_id
@@ -53,16 +54,26 @@ PROMOTION_UPDATES: dict[str, tuple[str, DecisionKind, str]] = {
     "reject": (PROMOTION_APPROVE_UPDATE, DecisionKind.APPROVAL, "reject"),
 }
 ALIAS_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+# Whitespace as every engine involved agrees on it: the schema's regex (ECMA), pydantic's
+# (Rust) and Python's ``str.strip`` each call a slightly different set "space", so a comment
+# of U+001F alone was valid for the schema and refused by the server. One explicit set.
+BLANK_CHARACTERS = (r"\t\n\u000b\f\r \u001c-\u001f\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029"
+                    r"\u202f\u205f\u3000\ufeff")
+NOT_BLANK = f"[^{BLANK_CHARACTERS}]"
 Comment = Annotated[
-    str, Field(min_length=1, max_length=4000, pattern=r"\S", description="required, non-blank")
+    str, Field(min_length=1, max_length=4000, pattern=NOT_BLANK, description="required, non-blank")
 ]
 
 
 class RunSubmit(BaseModel):
-    """A RUN.yaml as a JSON object (``config``) or as YAML text (``config_yaml``)."""
+    """A RUN.yaml as a JSON object (``config``) or as YAML text (``config_yaml``): exactly one."""
 
-    config: dict[str, Any] | None = None
-    config_yaml: str | None = Field(default=None, max_length=200_000)
+    model_config = ConfigDict(json_schema_extra={
+        "oneOf": [{"required": ["config"]}, {"required": ["config_yaml"]}],
+    })
+    config: dict[str, Any] | None = Field(default=None, description="RUN.yaml as JSON")
+    config_yaml: str | None = Field(default=None, max_length=200_000,
+                                    description="RUN.yaml as text (YAML aliases refused)")
 
 
 class RunControlRequest(BaseModel):
@@ -157,7 +168,10 @@ async def submit_run(
     person = guard.principal
     await guard("submit", "training_run", owner=person.name)
     try:
-        valid = validate_run_config(config=body.config, config_yaml=body.config_yaml)
+        valid = await services.validation.run(
+            "the run configuration", validate_run_config, config=body.config,
+            config_yaml=body.config_yaml,
+        )
     except RunConfigInvalid as exc:
         raise invalid("the run configuration is invalid", exc.problems) from exc
     await _admitted(db, valid.task_ids)
@@ -187,6 +201,7 @@ async def control_run(
     reason: str,
 ) -> RunSummary:
     """Pause, resume or cancel one's own run (a signal to its workflow)."""
+    await guard.screen(action, "training_run", id=run_id)
     row = await db.read(runs.get_run, run_id=run_id)
     if row is None:
         raise not_found("training run", run_id)
@@ -209,6 +224,7 @@ async def decide_promotion(
     action: PromotionAction, comment: str,
 ) -> DecisionOutcome:
     """An auditor's sign-off or an operator's decision, sent as a Temporal update."""
+    await guard.screen(action, "promotion", id=promotion_id)
     facts = await db.read(promotions.decision_facts, promotion_id=promotion_id)
     if facts is None:
         raise not_found("promotion", promotion_id)
@@ -217,7 +233,7 @@ async def decide_promotion(
     if facts.audited_by:
         attrs["audited_by"] = facts.audited_by
     await guard(action, "promotion", id=promotion_id, attrs=attrs)
-    if not comment.strip():
+    if not re.search(NOT_BLANK, comment):
         raise invalid("a comment saying why is required")
     if promotion.status != "open":
         raise conflict(f"promotion {promotion_id} is {promotion.status}; decisions need it open")
@@ -242,6 +258,7 @@ async def rollback(
     The preview refuses early what governance would refuse (no revision to return to,
     a named revision that was rolled back); governance decides again under its lock.
     """
+    await guard.screen("rollback", "deployment", id=body.alias)
     deployment = await db.read(deployments.get_deployment, alias=body.alias)
     if deployment is None:
         raise not_found("deployment alias", body.alias)

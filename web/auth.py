@@ -20,7 +20,6 @@ LOGIN_CSRF_COOKIE = "triloop_login_csrf"
 FLASH_COOKIE = "triloop_flash"
 CSRF_HEADER = "x-csrf-token"
 CSRF_FIELD = "csrf_token"
-SESSION_MAX_AGE_S = 12 * 3600
 TOKEN_PREFIX = "tl_"
 
 
@@ -58,33 +57,43 @@ def bearer_token(authorization: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class ConsoleSession:
-    """What the signed session cookie holds."""
+    """What the signed session cookie holds: who, the csrf token, and the API token used."""
 
     user: str
     csrf: str
+    token_id: str | None = None
 
 
 class CookieSigner:
     """Signs and checks the console's cookies with the session secret."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, *, session_max_age_s: int) -> None:
+        self.session_max_age_s = session_max_age_s
         self._session = URLSafeTimedSerializer(secret, salt="triloop.session")
         self._login = URLSafeTimedSerializer(secret, salt="triloop.login-csrf")
         self._flash = URLSafeTimedSerializer(secret, salt="triloop.flash")
 
     def dump_session(self, session: ConsoleSession) -> str:
         """Cookie value for a signed-in user."""
-        return self._session.dumps({"user": session.user, "csrf": session.csrf})
+        return self._session.dumps(
+            {"user": session.user, "csrf": session.csrf, "token_id": session.token_id}
+        )
 
     def load_session(self, value: str | None) -> ConsoleSession | None:
-        """The session in a cookie, or None when missing, forged or older than 12 h."""
-        data = _load(self._session, value, SESSION_MAX_AGE_S)
+        """The session in a cookie, or None when missing, forged or older than the max age.
+
+        The age comes from the timestamp signed into the cookie, so a browser that
+        keeps the cookie past its ``Max-Age`` gains nothing.
+        """
+        data = _load(self._session, value, self.session_max_age_s)
         if not isinstance(data, dict):
             return None
-        user, csrf = data.get("user"), data.get("csrf")
+        user, csrf, token_id = data.get("user"), data.get("csrf"), data.get("token_id")
         if not isinstance(user, str) or not isinstance(csrf, str):
             return None
-        return ConsoleSession(user=user, csrf=csrf)
+        if token_id is not None and not isinstance(token_id, str):
+            return None
+        return ConsoleSession(user=user, csrf=csrf, token_id=token_id)
 
     def dump_login_csrf(self, token: str) -> str:
         """Cookie value binding the login form's csrf token to this browser."""

@@ -79,7 +79,8 @@ def users_create(
         )
         with session_scope(role_engine(settings, "web")) as session:
             _, token = create_first_admin(session=session, name=name,
-                                          created_by=_local_actor())
+                                          created_by=_local_actor(),
+                                          token_lifetime_s=settings.api_token_lifetime_s)
     except (UserError, PolicyDenied) as error:
         err.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from error
@@ -100,6 +101,90 @@ def users_add(
     console.print(f"created {created['name']} ({', '.join(created['roles'])}). API token"
                   " (shown once, keep it safe):")
     console.print(created["token"], markup=False, highlight=False, soft_wrap=True)
+
+
+def _authorize_locally(action: str, resource: Any) -> None:
+    """Ask the policy as the local operator acting as an admin (audited); exit 1 if refused."""
+    from triloop.policy import Actor, PolicyDenied
+    from triloop.wiring import build_authorizer
+
+    actor = Actor(service="web", user=_local_actor(), roles=("admin",))
+    try:
+        build_authorizer(get_settings(), "web").authorize(actor, action, resource)
+    except PolicyDenied as error:
+        err.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+
+
+@users_app.command("token")
+def users_token(
+    name: Annotated[str, typer.Argument(help="The person who gets the token.")],
+    label: Annotated[str, typer.Option("--label", help="What the token is for.")] = "",
+) -> None:
+    """Issue a new API token for a person (e.g. after theirs expired); printed once."""
+    from triloop.db import role_engine, session_scope
+    from triloop.policy import Resource
+    from web.tokens import issue_token
+    from web.users import get_user
+
+    settings = get_settings()
+    _authorize_locally("create", Resource(kind="api_token", owner=name, attrs={"via": "cli"}))
+    with session_scope(role_engine(settings, "web")) as session:
+        if get_user(session=session, name=name) is None:
+            err.print(f"[red]error:[/red] no enabled user {name!r}")
+            raise typer.Exit(1)
+        row, token = issue_token(session=session, user_name=name, created_by=_local_actor(),
+                                 lifetime_s=settings.api_token_lifetime_s, label=label)
+    expires = row.expires_at.isoformat(timespec="seconds")
+    console.print(f"token {row.id} for {name}, expires {expires} (shown once, keep it safe):",
+                  markup=False, highlight=False)
+    console.print(token, markup=False, highlight=False, soft_wrap=True)
+
+
+@users_app.command("tokens")
+def users_tokens(
+    name: Annotated[str, typer.Argument(help="Whose tokens to list.")],
+) -> None:
+    """List a person's API tokens: id, state, expiry (never the token or its hash)."""
+    from triloop.db import role_engine, session_scope
+    from triloop.policy import Resource
+    from web.pagination import MAX_LIMIT
+    from web.tokens import list_tokens
+
+    _authorize_locally("read", Resource(kind="api_token", owner=name, attrs={"via": "cli"}))
+    with session_scope(role_engine(get_settings(), "web")) as session:
+        page = list_tokens(session=session, limit=MAX_LIMIT, cursor=None, user_name=name)
+    for t in page.items:
+        revoked = f" by {t.revoked_by}" if t.revoked_by else ""
+        expires = t.expires_at.isoformat(timespec="seconds")
+        console.print(f"{t.id}\t{t.state}{revoked}\texpires {expires}\t{t.label}",
+                      markup=False, highlight=False, soft_wrap=True)
+
+
+@users_app.command("revoke-token")
+def users_revoke_token(
+    token_id: Annotated[str, typer.Argument(help="Token id (from `triloop users tokens`).")],
+) -> None:
+    """Revoke an API token at once; it never authenticates again."""
+    from triloop.db import role_engine, session_scope
+    from triloop.policy import Resource
+    from web.tokens import TokenError, get_token, revoke_token
+
+    engine = role_engine(get_settings(), "web")
+    with session_scope(engine) as session:
+        row = get_token(session=session, token_id=token_id)
+    if row is None:
+        err.print(f"[red]error:[/red] no API token with id {token_id!r}")
+        raise typer.Exit(1)
+    _authorize_locally("revoke", Resource(kind="api_token", id=token_id, owner=row.user_name,
+                                          attrs={"via": "cli"}))
+    try:
+        with session_scope(engine) as session:
+            revoked = revoke_token(session=session, token_id=token_id, revoked_by=_local_actor())
+    except TokenError as error:
+        err.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+    console.print(f"revoked token {revoked.id} of {revoked.user}", markup=False, highlight=False)
 
 
 @users_app.command("list")

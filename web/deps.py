@@ -18,16 +18,19 @@ from sqlmodel import Session
 from triloop.config import Settings
 from triloop.db import session_scope
 from triloop.policy import Actor, Authorizer, OpaClient, PolicyDenied, Resource
-from web import users
+from web import tokens, users
 from web.auth import (
     CSRF_HEADER,
     SESSION_COOKIE,
+    ConsoleSession,
     CookieSigner,
     bearer_token,
     same_secret,
 )
 from web.orchestration import Orchestrator
-from web.problems import ProblemError, unauthenticated
+from web.problems import ProblemError, invalid, unauthenticated
+from web.request_fields import escape_nul, field_with_nul
+from web.request_limits import ValidationPool
 
 T = TypeVar("T")
 
@@ -42,6 +45,7 @@ class WebServices:
     hints: OpaClient  # unaudited "would this be allowed?" for hiding buttons only
     orchestrator: Orchestrator
     signer: CookieSigner
+    validation: ValidationPool  # CPU-heavy checks, off the event loop, time-limited
 
 
 def get_services(request: Request) -> WebServices:
@@ -82,11 +86,16 @@ SessionDep = Annotated[Sessions, Depends(get_sessions)]
 
 @dataclass(frozen=True)
 class Principal:
-    """The signed-in person; ``csrf`` is set when they came with the console cookie."""
+    """The signed-in person; ``csrf`` is set when they came with the console cookie.
+
+    ``token_id`` names the API token that proved them (directly, or when the console
+    session was opened): revoking or expiring it ends the console session too.
+    """
 
     name: str
     roles: tuple[str, ...]
     csrf: str | None = None
+    token_id: str | None = None
 
     @property
     def actor(self) -> Actor:
@@ -94,15 +103,22 @@ class Principal:
         return Actor(service="web", user=self.name, roles=self.roles)
 
 
-def load_principal(*, session: Session, token: str | None, name: str | None) -> Principal | None:
-    """The enabled user with this token (or name) as a principal, if any."""
-    if token is not None:
-        user = users.find_by_token(session=session, token=token)
-    elif name is not None:
-        user = users.get_user(session=session, name=name)
-    else:
+def principal_for_token(*, session: Session, token: str) -> Principal:
+    """The person a bearer token proves, or ``TokenRefused`` (unknown, expired, revoked)."""
+    user, row = tokens.authenticate(session=session, token=token)
+    return Principal(user.name, tuple(user.roles), token_id=row.id)
+
+
+def principal_for_session(*, session: Session, cookie: ConsoleSession) -> Principal | None:
+    """The person of a console session, while they are enabled and its token is live."""
+    user = users.get_user(session=session, name=cookie.user)
+    if user is None:
         return None
-    return None if user is None else Principal(user.name, tuple(user.roles))
+    if cookie.token_id is not None and not tokens.active_token(
+        session=session, token_id=cookie.token_id, user_name=user.name
+    ):
+        return None
+    return Principal(user.name, tuple(user.roles), csrf=cookie.csrf, token_id=cookie.token_id)
 
 
 async def optional_user(
@@ -111,17 +127,14 @@ async def optional_user(
     """The person behind a bearer token or the console cookie, if any."""
     token = bearer_token(request.headers.get("authorization"))
     if token is not None:
-        found = await db.read(load_principal, token=token, name=None)
-        if found is None:
-            raise unauthenticated("the bearer token is unknown or its user is disabled")
-        return found
+        try:
+            return await db.read(principal_for_token, token=token)
+        except tokens.TokenRefused as refused:
+            raise unauthenticated(str(refused), invalid_token=True) from refused
     cookie = services.signer.load_session(request.cookies.get(SESSION_COOKIE))
     if cookie is None:
         return None
-    found = await db.read(load_principal, token=None, name=cookie.user)
-    if found is None:
-        return None
-    return Principal(found.name, found.roles, csrf=cookie.csrf)
+    return await db.read(principal_for_session, cookie=cookie)
 
 
 async def current_user(
@@ -146,11 +159,19 @@ CurrentUser = Annotated[Principal, Depends(current_user)]
 
 
 class Guard:
-    """Asks the policy for the current person; every route goes through it."""
+    """Asks the policy for the current person; every route goes through it.
 
-    def __init__(self, services: WebServices, principal: Principal) -> None:
+    ``refused_input`` names a field of this request that holds a NUL character. Such a
+    request is still asked about (and so audited, with each NUL shown as ``\\u0000``),
+    then refused with 422 whatever the policy says.
+    """
+
+    def __init__(
+        self, services: WebServices, principal: Principal, refused_input: str | None = None
+    ) -> None:
         self._services = services
         self.principal = principal
+        self.refused_input = refused_input
 
     async def __call__(
         self,
@@ -163,7 +184,25 @@ class Guard:
     ) -> None:
         """Authorize (audited); raises ``PolicyDenied`` (a 403) when refused."""
         resource = Resource(kind=kind, id=id, owner=owner, attrs=dict(attrs or {}))
+        if self.refused_input is not None:
+            await self._refuse(action, resource)
         await self._services.authorizer.authorize_async(self.principal.actor, action, resource)
+
+    async def screen(self, action: str, kind: str, *, id: str | None = None) -> None:
+        """Before reading the facts a decision needs: refuse (audited) a request with a NUL."""
+        if self.refused_input is not None:
+            await self._refuse(action, Resource(kind=kind, id=id))
+
+    async def _refuse(self, action: str, resource: Resource) -> None:
+        problem = f"{self.refused_input} contains a NUL character, which no field accepts"
+        shown = Resource(kind=resource.kind, id=escape_nul(resource.id),
+                         owner=escape_nul(resource.owner), attrs=escape_nul(dict(resource.attrs)))
+        try:
+            await self._services.authorizer.authorize_async(
+                self.principal.actor, action, shown, context={"refused_input": problem})
+        except PolicyDenied:
+            pass  # the denial is on record; the answer is the input's problem either way
+        raise invalid(problem + "; remove it and send the request again")
 
     async def allows(self, action: str, kind: str, **resource: Any) -> bool:
         """Authorize (audited) but answer False instead of raising."""
@@ -178,14 +217,15 @@ class Guard:
         attrs: Mapping[str, Any] | None = None,
     ) -> bool:
         """Unaudited policy question, only to decide whether to show a button."""
-        resource = Resource(kind=kind, id=id, owner=owner, attrs=dict(attrs or {}))
+        resource = Resource(kind=kind, id=escape_nul(id), owner=escape_nul(owner),
+                            attrs=escape_nul(dict(attrs or {})))
         decision = await self._services.hints.adecide(self.principal.actor, action, resource)
         return decision.allow
 
 
-def get_guard(services: ServicesDep, principal: CurrentUser) -> Guard:
-    """The guard for this request's person."""
-    return Guard(services, principal)
+async def get_guard(request: Request, services: ServicesDep, principal: CurrentUser) -> Guard:
+    """The guard for this request's person (noting a field that holds a NUL character)."""
+    return Guard(services, principal, refused_input=await field_with_nul(request))
 
 
 AuthorizeDep = Annotated[Guard, Depends(get_guard)]

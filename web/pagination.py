@@ -21,16 +21,22 @@ from sqlalchemy import ColumnElement, tuple_
 from sqlmodel.sql.expression import SelectOfScalar
 
 from web.problems import invalid
+from web.query import DIGITS_ONLY
 
 T = TypeVar("T")
 Row = TypeVar("Row")
 
 MAX_LIMIT = 200
 
-LimitParam = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Items per page (1-200).")]
+LimitParam = Annotated[
+    int, Query(ge=1, le=MAX_LIMIT, description="Items per page (1-200)."), DIGITS_ONLY
+]
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]+$"
 CursorParam = Annotated[
     str | None,
-    Query(max_length=512, description="next_cursor of the previous page; omit for the first."),
+    Query(max_length=512, pattern=CURSOR_PATTERN,
+          description="next_cursor of the previous page, as issued (opaque base64url); omit "
+                      "for the first. A cursor this API did not issue is refused with 422."),
 ]
 
 

@@ -9,6 +9,7 @@ input ever yields a bare stack trace.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from triloop.policy import PolicyDenied
@@ -39,24 +41,44 @@ class Problem(BaseModel):
     )
 
 
+# Echoed input is cut short: an error about a 10 MB field must not be 10 MB long.
+MAX_DETAIL_CHARS = 2000
+MAX_REASON_CHARS = 500
+MAX_REASONS = 50
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters not shown)"
+
+
 class ProblemError(Exception):
     """Raised by routes and actions; rendered as a problem document."""
 
     def __init__(
-        self, status: int, title: str, detail: str, *, reasons: list[str] | None = None
+        self, status: int, title: str, detail: str, *, reasons: list[str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(detail)
         self.status = status
         self.title = title
         self.detail = detail
         self.reasons = reasons
+        self.headers = headers
 
     def problem(self) -> Problem:
-        """The problem document."""
+        """The problem document, with echoed values and long reason lists cut short."""
         slug = self.title.lower().replace(" ", "-")
+        reasons = None
+        if self.reasons is not None:
+            reasons = [shorten(r, MAX_REASON_CHARS) for r in self.reasons[:MAX_REASONS]]
+            if len(self.reasons) > MAX_REASONS:
+                reasons.append(f"… and {len(self.reasons) - MAX_REASONS} more problems")
         return Problem(
-            type=_TYPE_BASE + slug, title=self.title, status=self.status, detail=self.detail,
-            reasons=self.reasons,
+            type=_TYPE_BASE + slug, title=self.title, status=self.status,
+            detail=shorten(self.detail, MAX_DETAIL_CHARS), reasons=reasons,
         )
 
 
@@ -75,9 +97,13 @@ def invalid(detail: str, reasons: list[str] | None = None) -> ProblemError:
     return ProblemError(422, "Invalid input", detail, reasons=reasons)
 
 
-def unauthenticated(detail: str) -> ProblemError:
-    """401: no valid credentials."""
-    return ProblemError(401, "Unauthenticated", detail)
+def unauthenticated(detail: str, *, invalid_token: bool = False) -> ProblemError:
+    """401: no valid credentials, with the ``WWW-Authenticate: Bearer`` challenge (RFC 6750)."""
+    challenge = 'Bearer realm="triloop"'
+    if invalid_token:
+        description = shorten(detail, 200).replace("\\", "").replace('"', "'")
+        challenge += f', error="invalid_token", error_description="{description}"'
+    return ProblemError(401, "Unauthenticated", detail, headers={"WWW-Authenticate": challenge})
 
 
 def denied(error: PolicyDenied) -> ProblemError:
@@ -90,11 +116,11 @@ def denied(error: PolicyDenied) -> ProblemError:
     return ProblemError(403, "Forbidden", detail, reasons=reasons)
 
 
-def problem_response(problem: Problem, headers: dict[str, str] | None = None) -> Response:
+def problem_response(problem: Problem, headers: Mapping[str, str] | None = None) -> Response:
     """A JSON response with the problem media type."""
     return JSONResponse(
         problem.model_dump(exclude_none=True), status_code=problem.status,
-        media_type=PROBLEM_MEDIA_TYPE, headers=headers,
+        media_type=PROBLEM_MEDIA_TYPE, headers=dict(headers) if headers else None,
     )
 
 
@@ -109,9 +135,11 @@ def as_problem(exc: Exception) -> ProblemError:
         return invalid("the request does not match the API schema", reasons)
     if isinstance(exc, StarletteHTTPException):
         titles = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
-                  405: "Method not allowed", 409: "Conflict", 422: "Invalid input"}
+                  405: "Method not allowed", 409: "Conflict", 413: "Content too large",
+                  422: "Invalid input"}
         title = titles.get(exc.status_code, "HTTP error")
-        return ProblemError(exc.status_code, title, str(exc.detail))
+        return ProblemError(exc.status_code, title, str(exc.detail),
+                            headers=dict(exc.headers or {}) or None)
     if isinstance(exc, OperationalError):
         return ProblemError(503, "Database unavailable",
                             "PostgreSQL cannot be reached right now; try again shortly")
@@ -148,10 +176,12 @@ def install_problem_handlers(app: FastAPI, render_html: ProblemRenderer | None =
         if error.status >= 500:
             log.exception("unhandled error on %s %s", request.method, request.url.path,
                           exc_info=exc)
+        if error.status == 405:
+            error.headers = {**(error.headers or {}), "Allow": allowed_methods(request)}
         if render_html is not None and wants_html(request):
             response: Response = await render_html(request, error)
             return response
-        return problem_response(error.problem())
+        return problem_response(error.problem(), error.headers)
 
     for exc_type in (ProblemError, PolicyDenied, RequestValidationError,
                      StarletteHTTPException):
@@ -189,6 +219,21 @@ class CatchAllMiddleware:
                 return
             response = await self.render(Request(scope, receive), exc)
             await response(scope, receive, send)
+
+
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route of the app accepts on this path (the 405's ``Allow``)."""
+    methods = {
+        method for method in HTTP_METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL
+               for route in request.app.routes)
+    }
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods))
 
 
 def wants_html(request: Request) -> bool:

@@ -1,4 +1,4 @@
-"""People and their API tokens (data access; the web role may insert and update users)."""
+"""People (data access; the web role may insert and update users). Tokens: ``web.tokens``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sqlmodel import Session, col, select
 
 from triloop.models import User
 from triloop.models._columns import utcnow
-from web.auth import hash_token, new_token
+from web import tokens
 from web.pagination import Page, keyset, page_of
 
 ROLES = ("ml_engineer", "operator", "auditor", "admin")
@@ -70,23 +70,25 @@ def check_new_user(name: str, roles: list[str]) -> list[str]:
 
 
 def create_user(
-    *, session: Session, name: str, roles: list[str], created_by: str
+    *, session: Session, name: str, roles: list[str], created_by: str, token_lifetime_s: int
 ) -> tuple[User, str]:
-    """Insert a user with a fresh token; returns the user and the token (store nowhere)."""
+    """Insert a user with a fresh expiring token; returns the user and the token (store nowhere)."""
     roles = check_new_user(name, roles)
     if session.get(User, name) is not None:
         raise UserError(f"user {name!r} already exists")
-    token = new_token()
-    user = User(name=name, roles=roles, token_hash=hash_token(token), created_by=created_by)
+    user = User(name=name, roles=roles, created_by=created_by)
     session.add(user)
     session.flush()
+    _, token = tokens.issue_token(session=session, user_name=name, created_by=created_by,
+                                  lifetime_s=token_lifetime_s, label="issued with the user")
     return user, token
 
 
 FIRST_ADMIN_LOCK = text("SELECT pg_advisory_xact_lock(hashtext('triloop.first_admin'))")
 
 
-def create_first_admin(*, session: Session, name: str, created_by: str) -> tuple[User, str]:
+def create_first_admin(*, session: Session, name: str, created_by: str,
+                       token_lifetime_s: int) -> tuple[User, str]:
     """The first person, an admin, on an empty database; refused once anyone exists."""
     session.execute(FIRST_ADMIN_LOCK)  # two first admins at once: the second sees the first
     existing = session.exec(select(User.name).limit(1)).first()
@@ -94,15 +96,8 @@ def create_first_admin(*, session: Session, name: str, created_by: str) -> tuple
         raise UserError(
             "people already exist, so this is not the first admin: an admin creates users"
             " through the API (`triloop users add NAME --role ROLE --token ADMIN_TOKEN`)")
-    return create_user(session=session, name=name, roles=["admin"], created_by=created_by)
-
-
-def find_by_token(*, session: Session, token: str) -> User | None:
-    """The enabled user holding this token, if any."""
-    user = session.exec(select(User).where(User.token_hash == hash_token(token))).first()
-    if user is None or user.disabled:
-        return None
-    return user
+    return create_user(session=session, name=name, roles=["admin"], created_by=created_by,
+                       token_lifetime_s=token_lifetime_s)
 
 
 def get_user(*, session: Session, name: str) -> User | None:

@@ -35,6 +35,7 @@ from governance_loop.activities.messages import (
     ShadowInput,
     WatchLook,
 )
+from governance_loop.evalsets import content_hash_problem
 from governance_loop.gates import (
     OFFLINE_EVAL,
     WATCH,
@@ -93,7 +94,14 @@ class EvidenceActivities(GovernanceShell):
             eval_set = session.get(EvalSet, request.eval_set_id)
             if eval_set is None or eval_set.content_hash is None:
                 raise store.StoreError(f"eval set {request.eval_set_id} is missing or not frozen")
-            if request.batch_errors:
+            tampered = content_hash_problem(session=session, eval_set=eval_set)
+            if tampered is not None:
+                decision = GateDecision(
+                    gate=OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL, reasons=[tampered],
+                    evidence={"threshold_version": spec.version,
+                              "eval_set_content_hash": eval_set.content_hash},
+                )
+            elif request.batch_errors:
                 decision = GateDecision(
                     gate=OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
                     reasons=[f"offline eval did not run: {e}" for e in request.batch_errors],

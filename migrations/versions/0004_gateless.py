@@ -6,7 +6,7 @@ a rollback from a promotion without parsing free-text reasons. Existing rows are
 classified from the reasons the code wrote until now.
 
 Revision ID: 0004
-Revises: 0002 (renumbered at merge: 0003 lives on another branch)
+Revises: 0003
 Create Date: 2026-12-14
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0004"
-down_revision: str | None = "0002"
+down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -164,3 +164,26 @@ def test_rollback_dry_run_shows_the_target_and_changes_nothing(
         still = conn.execute(text("SELECT checkpoint_id FROM deployment WHERE alias = :a"),
                              {"a": alias}).scalar_one()
     assert still == current
+
+
+def test_users_token_commands_issue_list_and_revoke(
+    app_cli: typer.Typer, web_app: FastAPI, people: dict[str, Person]
+) -> None:
+    person = people["auditor"]
+    issued = CliRunner().invoke(app_cli, ["users", "token", person.name, "--label", "renewed"])
+    assert issued.exit_code == 0, issued.output
+    token_id = issued.output.split()[1]
+    token = issued.output.strip().splitlines()[-1]
+    client = TestClient(web_app)
+    assert client.get("/api/me", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    listed = CliRunner().invoke(app_cli, ["users", "tokens", person.name])
+    line = next(row for row in listed.output.splitlines() if row.startswith(token_id))
+    assert line.split()[1] == "active" and "renewed" in line and token not in listed.output
+    revoked = CliRunner().invoke(app_cli, ["users", "revoke-token", token_id])
+    assert revoked.exit_code == 0 and "revoked" in revoked.output
+    refused = client.get("/api/me", headers={"Authorization": f"Bearer {token}"})
+    assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+    twice = CliRunner().invoke(app_cli, ["users", "revoke-token", token_id])
+    assert twice.exit_code == 1 and "already revoked" in twice.output
+    nobody = CliRunner().invoke(app_cli, ["users", "token", "nobody-" + person.name])
+    assert nobody.exit_code == 1 and "no enabled user" in nobody.output

@@ -18,7 +18,7 @@ pytest_plugins = ["tests.factories_web_fixtures"]
 
 
 async def test_admin_creates_a_user_whose_token_works_and_is_stored_hashed(
-    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine, web_app: FastAPI
 ) -> None:
     name = uid("carol").lower()
     response = await api.post("/api/users", json={"name": name, "roles": ["operator"]},
@@ -26,10 +26,13 @@ async def test_admin_creates_a_user_whose_token_works_and_is_stored_hashed(
     assert response.status_code == 201, response.text
     token = response.json()["token"]
     with owner_engine.begin() as conn:
-        stored = conn.execute(text("SELECT token_hash, created_by FROM app_user WHERE name=:n"),
-                              {"n": name}).one()
+        stored = conn.execute(text(
+            "SELECT t.token_hash, u.created_by, t.expires_at - t.created_at FROM app_user u "
+            "JOIN api_token t ON t.user_name = u.name WHERE u.name=:n"), {"n": name}).one()
     assert stored[0] == hashlib.sha256(token.encode()).hexdigest() and token not in stored[0]
     assert stored[1] == people["admin"].name
+    lifetime = web_app.state.services.settings.api_token_lifetime_s
+    assert stored[2].total_seconds() == lifetime  # it expires
     me = await api.get("/api/me", headers={"Authorization": f"Bearer {token}"})
     assert me.json()["name"] == name and me.json()["roles"] == ["operator"]
     listing = await api.get("/api/users?limit=200", headers=people["admin"].headers)

@@ -238,3 +238,75 @@ def test_no_trust_is_left_in_pg_hba(db_settings: Any, owner_engine: Engine) -> N
         rules = conn.execute(text(
             "SELECT type, auth_method FROM pg_hba_file_rules WHERE error IS NULL")).all()
     assert rules and {method for _, method in rules} == {"scram-sha-256"}, rules
+
+
+@pytest.mark.parametrize("service", ["learning", "execution", "governance"])
+def test_no_loop_role_can_read_api_token_hashes(
+    role_engine: Callable[[str], Engine], owner_engine: Engine, service: str
+) -> None:
+    from tests.factories_web import make_user
+
+    person = make_user(owner_engine, "operator")
+    engine = role_engine(service)
+    for sql in ("SELECT token_hash FROM api_token", "SELECT id, expires_at FROM api_token"):
+        assert "permission denied" in _refused(engine, sql)
+    # People and their roles stay readable (workers check who acts); no hash lives there.
+    with engine.begin() as conn:
+        row = conn.execute(text("SELECT * FROM app_user WHERE name = :n"),
+                           {"n": person.name}).mappings().one()
+    assert "token_hash" not in row and row["roles"] == ["operator"]
+
+
+def test_web_role_may_revoke_a_token_but_never_extend_or_rekey_it(
+    role_engine: Callable[[str], Engine], owner_engine: Engine
+) -> None:
+    from tests.factories_web import add_token, make_user
+
+    person = make_user(owner_engine, "auditor")
+    token_id = add_token(owner_engine, person.name, uid("tl_"))
+    web = role_engine("web")
+    for sql in ("UPDATE api_token SET expires_at = now() + interval '10 years' WHERE id = :t",
+                "UPDATE api_token SET token_hash = 'forged' WHERE id = :t",
+                "DELETE FROM api_token WHERE id = :t"):
+        _refused(web, sql, {"t": token_id})
+    _run(web, "UPDATE api_token SET revoked_at = now(), revoked_by = 'admin' WHERE id = :t",
+         {"t": token_id})
+
+
+def _refused_and_rolled_back(engine: Engine, sql: str, params: dict[str, Any]) -> str:
+    # Every statement runs in a transaction that is rolled back: if a trigger ever let
+    # it through, the shared test database would still keep its eval items.
+    with engine.connect() as conn:
+        transaction = conn.begin()
+        try:
+            with pytest.raises((ProgrammingError, DBAPIError)) as caught:
+                conn.execute(text(sql), params)
+        finally:
+            transaction.rollback()
+    return str(caught.value.orig)
+
+
+def test_frozen_eval_set_cannot_be_emptied_or_left_even_by_the_owner(owner_engine: Engine) -> None:
+    frozen, open_set = make_eval_set(owner_engine), make_eval_set(owner_engine)
+    task_id = make_task(owner_engine)
+    _run(owner_engine, "INSERT INTO eval_item (eval_set_id, ordinal, task_id) VALUES (:s, 0, :t)",
+         {"s": frozen, "t": task_id})
+    _run(owner_engine, "UPDATE eval_set SET frozen_at = now() WHERE id = :s", {"s": frozen})
+    attempts = {
+        "UPDATE eval_item SET eval_set_id = :o WHERE eval_set_id = :s": "is frozen",
+        "UPDATE eval_item SET ordinal = 7 WHERE eval_set_id = :s": "is frozen",
+        "DELETE FROM eval_item WHERE eval_set_id = :s": "is frozen",
+        "TRUNCATE eval_item": "TRUNCATE eval_item refused",
+        "TRUNCATE eval_set CASCADE": "refused: frozen eval sets never change",
+    }
+    for sql, needle in attempts.items():
+        assert needle in _refused_and_rolled_back(owner_engine, sql, {"s": frozen, "o": open_set})
+    with owner_engine.begin() as conn:
+        kept = conn.execute(text("SELECT eval_set_id FROM eval_item WHERE task_id = :t"),
+                            {"t": task_id}).scalars().all()
+    assert kept == [frozen]
+    # An open set's items still move freely.
+    other = make_task(owner_engine)
+    _run(owner_engine, "INSERT INTO eval_item (eval_set_id, ordinal, task_id) VALUES (:s, 0, :t)",
+         {"s": open_set, "t": other})
+    _run(owner_engine, "UPDATE eval_item SET ordinal = 1 WHERE eval_set_id = :s", {"s": open_set})

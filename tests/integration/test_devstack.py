@@ -78,20 +78,19 @@ def test_port_taken_by_another_program_is_named(tmp_path: Path) -> None:
 def test_each_service_is_handed_its_own_credentials_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from triloop.devstack.stack import _service_env, ensure_credentials
+    from triloop.devstack.stack import ensure_credentials, service_env
 
     settings = _settings(tmp_path / "home")
     monkeypatch.setenv("TRILOOP_DATABASE_URL", "postgresql+psycopg://postgres:owner@h/db")
     ensure_credentials(settings)
     for service in ("execution", "learning", "governance", "web"):
-        env = _service_env(settings, service)  # type: ignore[arg-type]
+        env = service_env(settings, service)  # type: ignore[arg-type]
         assert "TRILOOP_DATABASE_URL" not in env  # services never hold the owner's URL
         from sqlalchemy.engine import make_url
 
         role_url = make_url(env[f"TRILOOP_DATABASE_URL_{service.upper()}"])
         assert (role_url.username, role_url.password) == (f"triloop_{service}", None)
         folder = Path(env["TRILOOP_SECRETS_DIR"])
-        own = {f"pg-{service}", f"opa-{service}"} | ({"session-secret"} if service == "web"
-                                                     else set())
-        assert {p.name for p in folder.iterdir()} == own
+        assert {p.name for p in folder.iterdir()} == {f"pg-{service}", f"opa-{service}"}
+        assert ("TRILOOP_SESSION_SECRET" in env) == (service == "web")
         assert oct(folder.stat().st_mode & 0o777) == "0o700"

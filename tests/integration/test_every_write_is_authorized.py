@@ -20,16 +20,16 @@ from fastapi import FastAPI
 from sqlalchemy import Engine, text
 
 from tests.factories import make_task
-from tests.factories_web import admitted_task, make_promotion, make_user
+from tests.factories_web import add_token, admitted_task, make_promotion, make_user
 from triloop.config import Settings
 from triloop.faults import read_serving_faults
 from triloop.policy import Actor, Authorizer, Decision, OpaClient, Resource
 
 pytestmark = pytest.mark.integration
 
-WRITE_TABLES = ("app_user", "training_run", "approval", "deployment", "routing", "trajectory",
-                "human_decision",
-                "promotion", "gate_result", "checkpoint", "proposal")
+WRITE_TABLES = ("app_user", "api_token", "training_run", "approval", "deployment", "routing",
+                "trajectory", "human_decision", "promotion", "gate_result", "checkpoint",
+                "proposal")
 NOT_ACTIONS = {"/login", "/logout"}  # authentication itself, before any identity exists
 
 
@@ -79,10 +79,13 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
             {"c": seeded.checkpoint_id, "t": seeded.parent_id})
     comment = {"comment": "looked at the evidence"}
     pending = make_task(owner_engine, status="pending")
+    token_id = add_token(owner_engine, submitter.name, "tl_walk-" + submitter.name)
     config = {"name": "walk", "model": {"base": seeded.root_id},
               "rollout": {"task_ids": [admitted_task(owner_engine)]}}
     return {
         ("POST", "/api/users"): ("/api/users", {"name": "walker", "roles": ["operator"]}),
+        ("POST", "/api/tokens"): ("/api/tokens", {"label": "walk"}),
+        ("POST", "/api/tokens/{token_id}/revoke"): (f"/api/tokens/{token_id}/revoke", {}),
         ("POST", "/api/runs"): ("/api/runs", {"config": config}),
         ("POST", "/api/runs/{run_id}/pause"): (f"/api/runs/{run}/pause", {}),
         ("POST", "/api/runs/{run_id}/resume"): (f"/api/runs/{run}/resume", {}),

@@ -39,3 +39,27 @@ def test_upgrade_then_downgrade_to_base(database_url: str) -> None:
 
     upgrade(url)  # and back up again: the migrations are re-runnable
     assert "audit_event" in _tables(plain)
+
+
+def test_0003_moves_existing_tokens_and_back(database_url: str) -> None:
+    name = uid("mig_")
+    admin = database_url.replace("+psycopg", "").rsplit("/", 1)[0] + "/postgres"
+    ensure_database(admin, name)
+    url = database_url.rsplit("/", 1)[0] + f"/{name}"
+    plain = url.replace("+psycopg", "")
+    upgrade(url, "0002")
+    with psycopg.connect(plain) as conn:
+        conn.execute("INSERT INTO app_user (name, roles, token_hash, created_by, disabled) "
+                     "VALUES ('ann', '{operator}', 'hash-of-ann', 'test', false)")
+    upgrade(url, "0003")
+    with psycopg.connect(plain) as conn:
+        token = conn.execute("SELECT user_name, token_hash, expires_at > now(), revoked_at "
+                             "FROM api_token").fetchall()
+        columns = {r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'app_user'")}
+    assert token == [("ann", "hash-of-ann", True, None)]  # it keeps working, until it expires
+    assert "token_hash" not in columns
+    downgrade(url, "0002")
+    with psycopg.connect(plain) as conn:
+        assert conn.execute("SELECT token_hash FROM app_user WHERE name = 'ann'").fetchone() == (
+            "hash-of-ann",)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -158,6 +159,7 @@ def test_every_problem_is_reported_at_once(folder: Path) -> None:
         "success_criteria.coverage_drop_lt",
         "colour",
         "fixtures[0]",
+        "initial_state.repository_fixture",  # names repo, which is no longer listed
     }
     lines = [p.line or 0 for p in validate_contract_text(text, base_dir=folder)]
     assert lines == sorted(lines)  # document order
@@ -174,7 +176,8 @@ def test_load_contract_raises_with_every_problem(folder: Path) -> None:
     path.write_text(GOOD.replace("max_turns: 8", "max_turns: x").replace("[repo]", "[gone]"))
     with pytest.raises(ContractError) as caught:
         load_contract(path)
-    assert {p.path for p in caught.value.problems} == {"limits.max_turns", "fixtures[0]"}
+    assert {p.path for p in caught.value.problems} == {
+        "limits.max_turns", "fixtures[0]", "initial_state.repository_fixture"}
     assert "limits.max_turns: expected an integer" in str(caught.value)
 
 
@@ -252,3 +255,42 @@ def test_cli_lists_the_builtin_environments() -> None:
         "frozen_lake",
         "tool_arithmetic",
     ]
+
+
+def test_a_fixture_state_value_may_not_leave_the_folder(folder: Path) -> None:
+    text = GOOD.replace("repository_fixture: repo", "repository_fixture: ../../../../etc")
+    found = problems_of(text, folder)
+    assert set(found) == {"initial_state.repository_fixture"}
+    assert "leaves the contract's folder" in found["initial_state.repository_fixture"]
+    unlisted = problems_of(GOOD.replace("repository_fixture: repo", "repository_fixture: src"),
+                           folder)
+    assert "not one of the fixtures listed" in unlisted["initial_state.repository_fixture"]
+
+
+def test_symbolic_links_in_fixtures_are_refused(folder: Path, tmp_path_factory: Any) -> None:
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "secret.txt").write_text("not yours\n")
+    (folder / "repo" / "leak.txt").symlink_to(outside / "secret.txt")
+    inside = problems_of(GOOD, folder)
+    assert set(inside) == {"fixtures[0]"} and "holds a symbolic link" in inside["fixtures[0]"]
+    assert "repo/leak.txt" in inside["fixtures[0]"]
+    (folder / "repo" / "leak.txt").unlink()
+    (folder / "linked").symlink_to(outside, target_is_directory=True)
+    text = GOOD.replace("fixtures: [repo]", "fixtures: [repo, linked]")
+    linked = problems_of(text, folder)
+    assert set(linked) == {"fixtures[1]"} and "symbolic link" in linked["fixtures[1]"]
+    assert validate_contract_text(GOOD, base_dir=folder, capabilities=registry.capabilities()) == []
+
+
+def test_cli_validate_refuses_an_escaping_fixture_and_a_symlink(folder: Path) -> None:
+    path = folder / "contract.yaml"
+    path.write_text(GOOD.replace("repository_fixture: repo", "repository_fixture: ../../../../etc"))
+    result = CliRunner().invoke(env_app, ["validate", str(path)])
+    assert result.exit_code == 1
+    assert "initial_state.repository_fixture: '../../../../etc' leaves the contract's folder" in (
+        result.output)
+    path.write_text(GOOD)
+    (folder / "repo" / "passwd").symlink_to("/etc/passwd")
+    result = CliRunner().invoke(env_app, ["validate", str(path)])
+    assert result.exit_code == 1 and "holds a symbolic link, repo/passwd -> /etc/passwd" in (
+        result.output)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
+from itsdangerous import TimestampSigner, URLSafeTimedSerializer
 
 from web.auth import ConsoleSession, CookieSigner, bearer_token, hash_token, same_secret
 from web.console.charts import CHARTS, line_chart, run_charts
@@ -58,13 +60,39 @@ def test_cursor_round_trip_and_tamper() -> None:
 
 
 def test_session_cookie_is_signed_and_expires_on_a_new_secret() -> None:
-    signer = CookieSigner("secret-one")
+    signer = CookieSigner("secret-one", session_max_age_s=3600)
     value = signer.dump_session(ConsoleSession(user="alice", csrf="c1"))
     assert signer.load_session(value) == ConsoleSession(user="alice", csrf="c1")
-    assert CookieSigner("secret-two").load_session(value) is None
+    assert CookieSigner("secret-two", session_max_age_s=3600).load_session(value) is None
     assert signer.load_session(value[:-2] + "xx") is None
     assert signer.load_flash(signer.dump_flash("success", "done")) == ("success", "done")
     assert signer.load_login_csrf(signer.dump_session(ConsoleSession("a", "b"))) is None
+
+
+class _SignedAt(TimestampSigner):
+    """Signs as if it were ``at`` (seconds since the epoch): a cookie issued in the past."""
+
+    at = 0
+
+    def get_timestamp(self) -> int:
+        return self.at
+
+
+def _session_cookie_signed_at(secret: str, at: int) -> str:
+    _SignedAt.at = at
+    past = URLSafeTimedSerializer(secret, salt="triloop.session", signer=_SignedAt)
+    return past.dumps({"user": "alice", "csrf": "c1"})
+
+
+def test_session_cookie_expires_by_its_signed_timestamp() -> None:
+    signer = CookieSigner("secret-one", session_max_age_s=3600)
+    now = int(time.time())
+    recent = _session_cookie_signed_at("secret-one", now - 3000)
+    stale = _session_cookie_signed_at("secret-one", now - 3700)
+    assert signer.load_session(recent) == ConsoleSession(user="alice", csrf="c1")
+    assert signer.load_session(stale) is None  # expired, whatever the browser kept
+    longer = CookieSigner("secret-one", session_max_age_s=7200)
+    assert longer.load_session(stale) is not None  # the max age is the setting's
 
 
 def test_tokens_and_secrets() -> None:

@@ -57,7 +57,13 @@ def start_process(
     cwd: Path | None = None,
     user: str | None = None,
 ) -> ServiceProcess:
-    """Start ``argv`` detached in its own session, logging to ``log_dir/name.log``."""
+    """Start ``argv`` detached in its own session, logging to ``log_dir/name.log``.
+
+    Without ``env`` the child inherits this environment minus the web's session
+    secret, which only the web process is handed (``stack.service_env``).
+    """
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k != "TRILOOP_SESSION_SECRET"}
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
@@ -68,7 +74,7 @@ def start_process(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=dict(env) if env is not None else None,
+            env=dict(env),
             cwd=cwd,
             start_new_session=True,
             user=user,

@@ -11,7 +11,7 @@ from typing import cast
 
 from sqlalchemy.engine import make_url
 
-from triloop.config import SERVICES, ServiceName, Settings
+from triloop.config import DEV_SESSION_SECRET, SERVICES, ServiceName, Settings
 from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import (
     ServiceProcess,
@@ -22,10 +22,10 @@ from triloop.devstack.processes import (
     stop_recorded,
     wait_until,
 )
+from triloop.devstack.secrets import ensure_session_secret
 from triloop.devstack.servers import _http_ok, repo_root, start_opa, start_temporal
 from triloop.secrets import (
     OWNER_PASSWORD,
-    SESSION_SECRET,
     ensure_secret,
     hand_out,
     opa_token_name,
@@ -75,23 +75,27 @@ def _check_port(name: str, port: int, paths: StackPaths) -> None:
         )
 
 
-def _service_env(settings: Settings, service: ServiceName) -> dict[str, str]:
+def service_env(settings: Settings, service: ServiceName) -> dict[str, str]:
     """The environment of one service process: its own credentials and nobody else's.
 
     The owner URL is left out (services never migrate), the role URL carries no password,
-    and ``TRILOOP_SECRETS_DIR`` is a folder holding only this service's secrets.
+    ``TRILOOP_SECRETS_DIR`` is a folder holding only this service's secrets, and only
+    ``web`` gets the console's session secret.
     """
     env = {k: v for k, v in os.environ.items()
-           if k not in ("TRILOOP_DATABASE_URL", "TRILOOP_OPA_TOKEN")}
+           if k not in ("TRILOOP_DATABASE_URL", "TRILOOP_OPA_TOKEN", "TRILOOP_SESSION_SECRET")}
     env["TRILOOP_HOME"] = str(settings.home.resolve())
     env["TRILOOP_SERVICE"] = service
     env["PYTHONUNBUFFERED"] = "1"
     env[f"TRILOOP_DATABASE_URL_{service.upper()}"] = make_url(settings.role_url(service))._replace(
         password=None).render_as_string(hide_password=False)
     own = [role_password_name(service), opa_token_name(service)]
-    if service == "web":
-        own.append(SESSION_SECRET)
     env["TRILOOP_SECRETS_DIR"] = str(hand_out(settings.secrets.resolve(), service, own))
+    if service == "web":
+        secret = settings.session_secret
+        if secret == DEV_SESSION_SECRET:  # the operator set none: this install's own
+            secret = ensure_session_secret(settings.home.resolve())
+        env["TRILOOP_SESSION_SECRET"] = secret
     return env
 
 
@@ -100,7 +104,6 @@ def ensure_credentials(settings: Settings) -> None:
     folder = settings.secrets
     for service in SERVICES:
         ensure_secret(folder, opa_token_name(service))
-    ensure_secret(folder, SESSION_SECRET)
     role_passwords(folder)
 
 
@@ -175,7 +178,7 @@ def _start_python(
         [sys.executable, *args],
         run_dir=paths.run,
         log_dir=paths.logs,
-        env=_service_env(settings, service),
+        env=service_env(settings, service),
         cwd=repo_root(),
     )
 

@@ -14,9 +14,10 @@ from triloop.models.governance import (
 )
 from triloop.models.training import Checkpoint, Proposal, TrainingRun, TrainingStep
 from triloop.models.trajectories import Step, Trajectory
-from triloop.models.users import User
+from triloop.models.users import ApiToken, User
 
 __all__ = [
+    "ApiToken",
     "Approval",
     "AuditEvent",
     "Checkpoint",

@@ -1,4 +1,4 @@
-"""People who use the API and console, with hashed API tokens."""
+"""People who use the API and console, and their API tokens (stored hashed, expiring)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import datetime
 
 from sqlmodel import Field, SQLModel
 
-from triloop.models._columns import created_at_field, text_array_field, timestamp_field
+from triloop.models._columns import created_at_field, new_id, text_array_field, timestamp_field
 
 
 class User(SQLModel, table=True):
@@ -15,8 +15,26 @@ class User(SQLModel, table=True):
     __tablename__ = "app_user"
     name: str = Field(primary_key=True)
     roles: list[str] = text_array_field()
-    token_hash: str = Field(unique=True, description="sha256 of the API token; never the token")
     disabled: bool = False
     created_by: str
     created_at: datetime = created_at_field()
     last_seen_at: datetime | None = timestamp_field()
+
+
+class ApiToken(SQLModel, table=True):
+    """One API token of a person: only its sha256 is stored; it expires and can be revoked.
+
+    Only ``triloop_web`` may read this table (the hashes stay out of every loop's
+    reach), and it may change only the revocation columns: never a hash or an expiry.
+    """
+
+    __tablename__ = "api_token"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    user_name: str = Field(foreign_key="app_user.name", index=True)
+    token_hash: str = Field(unique=True, description="sha256 of the token; never the token")
+    label: str = Field(default="", description="what the owner uses it for")
+    created_by: str
+    created_at: datetime = created_at_field()
+    expires_at: datetime = timestamp_field(nullable=False)
+    revoked_at: datetime | None = timestamp_field()
+    revoked_by: str | None = None

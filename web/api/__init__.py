@@ -15,6 +15,7 @@ from web.api import (
     faults,
     promotions,
     runs,
+    tokens,
     users,
 )
 
@@ -35,7 +36,7 @@ async def healthz() -> Health:
 
 
 ROUTERS: tuple[APIRouter, ...] = (
-    health_router, users.router, runs.router, checkpoints.router, environments.router,
-    evaluation.router, promotions.router, deployments.router, episodes.router, audit.router,
-    faults.router,
+    health_router, users.router, tokens.router, runs.router, checkpoints.router,
+    environments.router, evaluation.router, promotions.router, deployments.router,
+    episodes.router, audit.router, faults.router,
 )

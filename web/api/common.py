@@ -14,6 +14,7 @@ _MEANINGS = {
     403: "The policy refused (its reasons are in the problem), or a CSRF check failed",
     404: "No resource with that id",
     409: "The resource's state does not allow this (or the workflow refused it)",
+    413: "The request body is larger than TRILOOP_MAX_BODY_BYTES",
     422: "The input does not match the schema or is not acceptable",
     503: "Temporal or PostgreSQL is unreachable",
     504: "The loop's worker did not answer in time",

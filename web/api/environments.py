@@ -20,9 +20,12 @@ from web.data.environments import (
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
+from web.query import DIGITS_ONLY
 
 router = APIRouter(tags=["environments"], responses=ERRORS)
-VersionNumber = Annotated[int, Query(ge=1, le=2**31 - 1, description="a version number")]
+VersionNumber = Annotated[
+    int, Query(ge=1, le=2**31 - 1, description="a version number"), DIGITS_ONLY
+]
 
 
 @router.get("/api/environments", response_model=Page[EnvironmentPublic])

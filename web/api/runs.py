@@ -14,6 +14,7 @@ from web.data.runs import RunDetail, RunMetrics, RunSummary
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
+from web.query import DIGITS_ONLY
 
 router = APIRouter(prefix="/api/runs", tags=["runs"], responses=ERRORS)
 
@@ -52,7 +53,8 @@ async def get_run(run_id: str, guard: AuthorizeDep, db: SessionDep) -> RunDetail
 async def get_run_metrics(
     run_id: str, guard: AuthorizeDep, db: SessionDep,
     after: Annotated[int | None, Query(ge=-1, le=2**31 - 1,
-                                       description="only iterations after this")] = None,
+                                       description="only iterations after this"),
+                     DIGITS_ONLY] = None,
 ) -> RunMetrics:
     """Metrics after an iteration: what live charts poll."""
     await guard("read", "training_step", id=run_id)

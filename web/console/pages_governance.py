@@ -17,6 +17,7 @@ from web.data.promotions import GATE_ORDER
 from web.deps import Guard, ServicesDep, SessionDep
 from web.pagination import CursorParam
 from web.problems import ProblemError, invalid, not_found
+from web.request_fields import field_with_nul
 
 router = APIRouter(include_in_schema=False)
 FORM_ACTIONS = {"sign-audit": "sign_audit", "reject-audit": "reject_audit",
@@ -70,7 +71,7 @@ async def decide(
 ) -> Response:
     """Send a decision to governance; the policy is asked again here, whatever the page showed."""
     action = FORM_ACTIONS[form_action]
-    guard = Guard(services, principal)
+    guard = Guard(services, principal, refused_input=await field_with_nul(request))
     outcome = await actions.decide_promotion(
         guard=guard, db=db, services=services, promotion_id=promotion_id,
         action=action,  # type: ignore[arg-type]
@@ -95,6 +96,7 @@ async def rollback_confirm(
     to_revision: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
 ) -> Response:
     """The confirmation step: what serves now, the revision it would go back to, the history."""
+    await guard.screen("rollback", "deployment", id=alias)
     deployment = await db.read(deployments.get_deployment, alias=alias)
     if deployment is None:
         raise not_found("deployment alias", alias)
@@ -115,7 +117,7 @@ async def rollback(
     to_revision: Annotated[int | None, Form(ge=1, le=2**31 - 1)] = None,
 ) -> Response:
     """Run the rollback to the revision the person confirmed."""
-    guard = Guard(services, principal)
+    guard = Guard(services, principal, refused_input=await field_with_nul(request))
     try:
         body = RollbackRequest(alias=alias, reason=reason, to_revision=to_revision)
     except ValidationError as exc:
@@ -173,7 +175,8 @@ async def verify_chain(
     next: Annotated[str, Form(max_length=500)] = "/audit",
 ) -> Response:
     """Recompute the chain and show the result on the page the button was on."""
-    report = await actions.verify_audit(guard=Guard(services, principal), services=services)
+    report = await actions.verify_audit(guard=Guard(
+        services, principal, refused_input=await field_with_nul(request)), services=services)
     target = next if next.startswith("/") and not next.startswith("//") else "/audit"
     if report.ok:
         notice = ("success", f"Audit chain verified: {report.checked} events, no gap, no edit.")

@@ -11,7 +11,6 @@ from web import actions
 from web.auth import (
     LOGIN_CSRF_COOKIE,
     SESSION_COOKIE,
-    SESSION_MAX_AGE_S,
     ConsoleSession,
     new_csrf_token,
     same_secret,
@@ -25,9 +24,11 @@ from web.console.rendering import (
     redirect,
 )
 from web.data import runs
-from web.deps import Guard, ServicesDep, SessionDep, load_principal
+from web.deps import Guard, ServicesDep, SessionDep, principal_for_token
 from web.pagination import CursorParam
 from web.problems import ProblemError, not_found
+from web.request_fields import field_with_nul
+from web.tokens import TokenRefused
 from web.users import touch
 
 router = APIRouter(include_in_schema=False)
@@ -62,20 +63,23 @@ async def login(
     expected = services.signer.load_login_csrf(request.cookies.get(LOGIN_CSRF_COOKIE))
     if not same_secret(csrf_token, expected):
         raise ProblemError(403, "Forbidden", "the sign-in form expired; reload it and try again")
-    principal = await db.read(load_principal, token=token.strip() or None, name=None)
-    if principal is None:
+    try:
+        principal = await db.read(principal_for_token, token=token.strip())
+    except TokenRefused as refused:
         fresh = new_csrf_token()
         response = page(request, "login.html", None, status_code=401, title="Sign in",
                         login_csrf=fresh, next=_safe_next(next),
-                        error="That token is not valid. Ask an admin for a new one.")
+                        error=f"That token is not valid: {refused}.")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="triloop"'
         response.set_cookie(LOGIN_CSRF_COOKIE, services.signer.dump_login_csrf(fresh),
                             max_age=3600, httponly=True, samesite="strict")
         return response
     await db.write(touch, name=principal.name)
-    session = ConsoleSession(user=principal.name, csrf=new_csrf_token())
+    session = ConsoleSession(user=principal.name, csrf=new_csrf_token(),
+                             token_id=principal.token_id)
     signed_in = RedirectResponse(_safe_next(next), status_code=303)
     signed_in.set_cookie(SESSION_COOKIE, services.signer.dump_session(session),
-                        max_age=SESSION_MAX_AGE_S, httponly=True, samesite="lax",
+                        max_age=services.signer.session_max_age_s, httponly=True, samesite="lax",
                         secure=request.url.scheme == "https")
     signed_in.delete_cookie(LOGIN_CSRF_COOKIE)
     return signed_in
@@ -151,7 +155,7 @@ async def control_run(
     reason: Annotated[str, Form(max_length=2000)] = "",
 ) -> Response:
     """Pause, resume or cancel from the run page."""
-    guard = Guard(services, principal)
+    guard = Guard(services, principal, refused_input=await field_with_nul(request))
     await actions.control_run(guard=guard, db=db, services=services, run_id=run_id,
                               action=action, reason=reason)
     return redirect(request, f"/runs/{run_id}",

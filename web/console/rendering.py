@@ -13,8 +13,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from web.auth import CSRF_FIELD, FLASH_COOKIE, SESSION_COOKIE, same_secret
-from web.deps import Guard, Principal, ServicesDep, SessionDep, WebServices, load_principal
+from web.deps import (
+    Guard,
+    Principal,
+    ServicesDep,
+    SessionDep,
+    WebServices,
+    principal_for_session,
+)
 from web.problems import ProblemError, unauthenticated
+from web.request_fields import field_with_nul
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -77,18 +85,21 @@ async def console_user(request: Request, services: ServicesDep, db: SessionDep) 
     cookie = services.signer.load_session(request.cookies.get(SESSION_COOKIE))
     if cookie is None:
         raise unauthenticated("sign in to use the console")
-    found = await db.read(load_principal, token=None, name=cookie.user)
+    found = await db.read(principal_for_session, cookie=cookie)
     if found is None:
-        raise unauthenticated("your user no longer exists or is disabled; sign in again")
-    return Principal(found.name, found.roles, csrf=cookie.csrf)
+        raise unauthenticated("your user is disabled or the token you signed in with expired or "
+                              "was revoked; sign in again")
+    return found
 
 
 ConsoleUser = Annotated[Principal, Depends(console_user)]
 
 
-def console_guard(services: ServicesDep, principal: ConsoleUser) -> Guard:
-    """The policy guard for the console's person."""
-    return Guard(services, principal)
+async def console_guard(
+    request: Request, services: ServicesDep, principal: ConsoleUser
+) -> Guard:
+    """The policy guard for the console's person (noting a field that holds a NUL)."""
+    return Guard(services, principal, refused_input=await field_with_nul(request))
 
 
 ConsoleGuard = Annotated[Guard, Depends(console_guard)]
@@ -136,5 +147,7 @@ async def render_problem(request: Request, error: ProblemError) -> Response:
     """Console errors: a sign-in redirect for 401, otherwise an error page."""
     if error.status == 401 and request.method == "GET":
         return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
-    return page(request, "error.html", None, status_code=error.status, error=error,
-                title=error.title)
+    response = page(request, "error.html", None, status_code=error.status, error=error.problem(),
+                    title=error.title)
+    response.headers.update(error.headers or {})
+    return response

@@ -69,11 +69,12 @@ service_grants := {
 
 # What each role may read. ML engineers see what they need to follow their runs;
 # eval items stay hidden from them for the same reason as from the learning loop.
+# Everyone lists their own API tokens (below); admins and auditors anyone's.
 role_reads := {
-	"ml_engineer": kinds - {"eval_item", "approval", "audit_event", "user"},
-	"operator": kinds - {"user"},
+	"ml_engineer": kinds - {"eval_item", "approval", "audit_event", "user", "api_token"},
+	"operator": kinds - {"user", "api_token"},
 	"auditor": kinds,
-	"admin": {"user", "audit_event"},
+	"admin": {"user", "audit_event", "api_token"},
 }
 
 # What each role may do beyond reading.
@@ -93,7 +94,12 @@ role_grants := {
 		"promotion": {"sign_audit", "reject_audit"},
 		"audit_event": {"verify"},
 	},
-	"admin": {"user": {"create", "update", "delete"}},
+	# An admin may shut off anyone's token. Issuing one for another person happens only
+	# on the server machine (`triloop users token`); the API issues tokens to their owner.
+	"admin": {
+		"user": {"create", "update", "delete"},
+		"api_token": {"create", "revoke"},
+	},
 }
 
 role_may(role, act, knd) if {
@@ -135,6 +141,14 @@ grant_reasons contains sprintf("%s may %s %s for %s, whose role %s may", [
 	action in delegable[service][kind]
 	some role in on_behalf_of_roles
 	role_may(role, action, kind)
+}
+
+# Anyone signed in manages their own API tokens; the owner is read from the database.
+grant_reasons contains sprintf("user %s may %s their own API tokens", [human.user, action]) if {
+	mode == "human"
+	kind == "api_token"
+	action in {"read", "create", "revoke"}
+	resource_owner == human.user
 }
 
 # Anyone signed in may read their own user record.

@@ -2,8 +2,9 @@ package triloop.authz_test
 
 import data.triloop.authz
 
-# Facts that satisfy every duty check, so that these tests see the table alone.
-clean_attrs := {"submitted_by": "sam", "audited_by": "ada", "approved_by": "olga"}
+# Facts that satisfy every duty check (and say that nothing is frozen), so that these
+# tests see the table alone.
+clean_attrs := {"submitted_by": "sam", "audited_by": "ada", "approved_by": "olga", "frozen": false}
 
 svc_clean(service, action, kind) := {
 	"actor": {"service": service},
@@ -31,9 +32,18 @@ service_table_holds(service, kind, action) if {
 
 role_table_holds(role, kind, action) if granted_to_role(role, kind, action)
 
+# person_clean makes uma the owner: her own API tokens are hers whatever her role.
+role_table_holds(_, kind, action) if own_token(kind, action)
+
 role_table_holds(role, kind, action) if {
 	not granted_to_role(role, kind, action)
+	not own_token(kind, action)
 	denied(person_clean("uma", [role], action, kind))
+}
+
+own_token(kind, action) if {
+	kind == "api_token"
+	action in {"read", "create", "revoke"}
 }
 
 test_every_service_grant_is_allowed if {
@@ -146,4 +156,32 @@ test_governance_admits_a_task_for_an_operator if {
 
 test_governance_cannot_admit_for_an_ml_engineer if {
 	denied(admission_for("maya", ["ml_engineer"], "admit"))
+}
+
+token_of(owner, user, roles, action) := {
+	"actor": {"service": "web", "user": user, "roles": roles},
+	"action": action,
+	"resource": {"kind": "api_token", "id": "tok-1", "owner": owner, "attrs": {}},
+}
+
+test_people_manage_their_own_tokens_only if {
+	every action in ["read", "create", "revoke"] {
+		allowed(token_of("uma", "uma", ["ml_engineer"], action))
+		denied(token_of("vic", "uma", ["ml_engineer"], action))
+		denied(token_of("vic", "uma", ["operator"], action))
+	}
+
+	# A missing owner is a missing fact: only a role that may act on anyone's tokens passes.
+	denied(json.remove(token_of("uma", "uma", ["ml_engineer"], "revoke"), ["resource/owner"]))
+}
+
+test_admins_list_and_revoke_anyones_tokens if {
+	allowed(token_of("vic", "root", ["admin"], "read"))
+	allowed(token_of("vic", "root", ["admin"], "revoke"))
+	allowed(token_of("vic", "ada", ["auditor"], "read"))
+	denied(token_of("vic", "ada", ["auditor"], "revoke"))
+}
+
+test_revoke_applies_to_tokens_only if {
+	denied(person_clean("root", ["admin"], "revoke", "user"))
 }

@@ -85,6 +85,22 @@ deny_reasons contains sprintf("%s %s is frozen and may not be %sd; create a new 
 	action in {"update", "delete"}
 }
 
+# What can be frozen; changing one needs the caller to state whether it is.
+freezable_kinds := {"environment_version", "eval_set", "eval_item", "threshold"}
+
+frozen_stated if is_boolean(input.resource.attrs.frozen)
+
+# A missing fact denies: without resource.attrs.frozen the policy cannot tell a
+# frozen eval set from an open one, so it assumes the worst.
+deny_reasons contains sprintf(
+	"%s %s: the frozen fact is missing (resource.attrs.frozen must be true or false) and a missing fact denies",
+	[kind, object.get(input.resource, "id", "")],
+) if {
+	kind in freezable_kinds
+	action in {"update", "delete"}
+	not frozen_stated
+}
+
 # An admin grants roles, so an admin approving could approve with a role they
 # gave themselves.
 deny_reasons contains sprintf("%s is an admin; admins manage users and may never approve", [human.user]) if {

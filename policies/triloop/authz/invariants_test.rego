@@ -89,6 +89,31 @@ test_frozen_things_stay_frozen if {
 	allowed(json.patch(frozen, [{"op": "replace", "path": "/resource/attrs/frozen", "value": false}]))
 }
 
+test_a_missing_frozen_fact_denies if {
+	open_set := {
+		"actor": {"service": "governance"},
+		"action": "update",
+		"resource": {"kind": "eval_set", "id": "es-2", "attrs": {"frozen": false}},
+	}
+	allowed(open_set)
+	denied_because(json.remove(open_set, ["resource/attrs/frozen"]), "eval_set es-2: the frozen fact is missing")
+	denied_because(json.remove(open_set, ["resource/attrs"]), "the frozen fact is missing")
+	denied_because(json.patch(open_set, [{"op": "replace", "path": "/resource/attrs/frozen", "value": "no"}]), "the frozen fact is missing")
+	every kind in authz.freezable_kinds {
+		every action in ["update", "delete"] {
+			denied_despite_grants(svc_clean_without_frozen("governance", action, kind), "the frozen fact is missing")
+		}
+	}
+
+	# Creating or reading needs no such fact.
+	allowed(json.patch(open_set, [
+		{"op": "replace", "path": "/action", "value": "create"},
+		{"op": "remove", "path": "/resource/attrs/frozen"},
+	]))
+}
+
+svc_clean_without_frozen(service, action, kind) := json.remove(svc_clean(service, action, kind), ["resource/attrs/frozen"])
+
 test_admin_never_approves if {
 	inp := person_clean("root", ["admin", "operator"], "approve", "promotion")
 	denied_because(inp, "root is an admin; admins manage users and may never approve")

@@ -18,7 +18,7 @@ kinds := {
 	"eval_set", "eval_item", "threshold",
 	"training_run", "training_step", "trajectory", "step", "checkpoint",
 	"proposal", "promotion", "gate_result", "approval", "deployment", "routing",
-	"audit_event", "user", "serving_fault",
+	"audit_event", "user", "serving_fault", "api_token",
 }
 
 actions := {
@@ -27,7 +27,7 @@ actions := {
 	"propose", "submit", "cancel", "pause", "resume",
 	"approve", "reject", "sign_audit", "reject_audit",
 	"promote", "rollback", "route", "verify",
-	"inject_fault", "clear_fault",
+	"inject_fault", "clear_fault", "revoke",
 }
 
 # Everything but looking: used by the "never" rules.
@@ -54,6 +54,7 @@ applies_to := {
 	"verify": {"audit_event"},
 	"inject_fault": {"serving_fault"},
 	"clear_fault": {"serving_fault"},
+	"revoke": {"api_token"},
 }
 
 # Named rules rather than `not is_string(input.x)` inline: a negated builtin

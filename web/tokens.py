@@ -1,0 +1,156 @@
+"""API tokens (data access): issued with an expiry, listed without their hash, revoked.
+
+A token authenticates only while it is unexpired, unrevoked and its person is
+enabled. The web role may insert tokens and set the revocation columns, nothing
+else (migration 0003), so no code path here can extend or re-key a token.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from sqlmodel import Session, col, select
+
+from triloop.models import ApiToken, User
+from triloop.models._columns import utcnow
+from web.auth import hash_token, new_token
+from web.pagination import Page, keyset, page_of
+
+TokenState = Literal["active", "expired", "revoked"]
+
+
+class TokenRefused(Exception):
+    """A bearer token that does not authenticate; the message says why and what to do."""
+
+
+class TokenError(ValueError):
+    """A token request that cannot be honoured (unknown id, already revoked)."""
+
+
+class TokenPublic(BaseModel):
+    """A token as the API shows it: never the token or its hash."""
+
+    id: str
+    user: str
+    label: str
+    state: TokenState
+    created_by: str
+    created_at: datetime
+    expires_at: datetime
+    revoked_at: datetime | None = None
+    revoked_by: str | None = None
+
+
+class TokenIssued(TokenPublic):
+    """A newly issued token with its secret, shown this once."""
+
+    token: str
+
+
+class TokenCreate(BaseModel):
+    """A new token for oneself; it expires after the lifetime (at most the service's)."""
+
+    label: str = Field(default="", max_length=200, description="what it is for")
+    lifetime_s: int | None = Field(
+        default=None, ge=60, le=10 * 365 * 86400,
+        description="seconds until it expires; at most TRILOOP_API_TOKEN_LIFETIME_S",
+    )
+
+
+def state_of(row: ApiToken, now: datetime) -> TokenState:
+    """Whether a token authenticates now."""
+    if row.revoked_at is not None:
+        return "revoked"
+    return "expired" if row.expires_at <= now else "active"
+
+
+def public(row: ApiToken, now: datetime | None = None) -> TokenPublic:
+    """The API view of a token."""
+    return TokenPublic(
+        id=row.id, user=row.user_name, label=row.label, state=state_of(row, now or utcnow()),
+        created_by=row.created_by, created_at=row.created_at, expires_at=row.expires_at,
+        revoked_at=row.revoked_at, revoked_by=row.revoked_by,
+    )
+
+
+def issue_token(
+    *, session: Session, user_name: str, created_by: str, lifetime_s: int, label: str = ""
+) -> tuple[ApiToken, str]:
+    """Insert a fresh token for a person; returns the row and the token (store nowhere)."""
+    token, now = new_token(), utcnow()
+    row = ApiToken(
+        user_name=user_name, token_hash=hash_token(token), label=label, created_by=created_by,
+        created_at=now, expires_at=now + timedelta(seconds=lifetime_s),
+    )
+    session.add(row)
+    session.flush()
+    return row, token
+
+
+def authenticate(*, session: Session, token: str) -> tuple[User, ApiToken]:
+    """The enabled person and the live token behind a bearer token, or ``TokenRefused``."""
+    row = session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first()
+    if row is None:
+        raise TokenRefused("the bearer token is unknown")
+    now = utcnow()
+    state = state_of(row, now)
+    if state == "revoked":
+        raise TokenRefused(
+            f"the bearer token {row.id} was revoked by {row.revoked_by} at "
+            f"{_when(row.revoked_at)}; use another token or ask for a new one"
+        )
+    if state == "expired":
+        raise TokenRefused(
+            f"the bearer token {row.id} expired at {_when(row.expires_at)}; issue a new one "
+            "(POST /api/tokens with a valid token, or `triloop users token NAME` on the server)"
+        )
+    user = session.get(User, row.user_name)
+    if user is None or user.disabled:
+        raise TokenRefused(f"the bearer token's user {row.user_name} is disabled")
+    return user, row
+
+
+def active_token(*, session: Session, token_id: str, user_name: str) -> bool:
+    """Whether this token of this person still authenticates (console sessions check it)."""
+    row = session.get(ApiToken, token_id)
+    return row is not None and row.user_name == user_name and state_of(row, utcnow()) == "active"
+
+
+def get_token(*, session: Session, token_id: str) -> ApiToken | None:
+    """A token row by id."""
+    return session.get(ApiToken, token_id)
+
+
+def list_tokens(
+    *, session: Session, limit: int, cursor: str | None, user_name: str | None
+) -> Page[TokenPublic]:
+    """Tokens, newest first; one person's when ``user_name`` is given."""
+    statement = select(ApiToken)
+    if user_name is not None:
+        statement = statement.where(ApiToken.user_name == user_name)
+    statement = keyset(statement, [col(ApiToken.created_at), col(ApiToken.id)], cursor,
+                       (datetime, str), limit)
+    now = utcnow()
+    return page_of(list(session.exec(statement)), limit, lambda t: (t.created_at, t.id),
+                   lambda t: public(t, now))
+
+
+def revoke_token(*, session: Session, token_id: str, revoked_by: str) -> TokenPublic:
+    """Revoke a token now; revoking twice is refused so the first revocation stays on record."""
+    row = session.get(ApiToken, token_id, with_for_update=True)
+    if row is None:
+        raise TokenError(f"no API token with id {token_id!r}")
+    if row.revoked_at is not None:
+        raise TokenError(f"token {token_id} was already revoked by {row.revoked_by} at "
+                         f"{_when(row.revoked_at)}")
+    row.revoked_at = utcnow()
+    row.revoked_by = revoked_by
+    session.add(row)
+    session.flush()
+    return public(row)
+
+
+def _when(value: datetime | None) -> str:
+    return "?" if value is None else value.isoformat(timespec="seconds")
