@@ -89,10 +89,12 @@ def test_users_create_makes_only_the_first_admin(
     web = engine_for_url(make_url(web_settings.role_url("web")).set(database=name)
                          .render_as_string(hide_password=False))
     with session_scope(web) as session:
-        user, token = create_first_admin(session=session, name="root", created_by="test")
+        user, token = create_first_admin(session=session, name="root", created_by="test",
+                                         token_lifetime_s=3600)
     assert user.roles == ["admin"] and token
     with pytest.raises(UserError, match="people already exist"), session_scope(web) as session:
-        create_first_admin(session=session, name="root2", created_by="test")
+        create_first_admin(session=session, name="root2", created_by="test",
+                           token_lifetime_s=3600)
 
 
 def test_train_and_promotions_commands_call_the_api(

@@ -412,6 +412,8 @@ def test_a_policy_edit_applies_when_opa_restarts_and_its_revision_is_audited(
     proc, url = _start_private_opa(tmp_path, policies=policies)
     case = ALLOWED_LOOPS[0]  # learning creates a checkpoint
     learning = role_engine("learning")
+    with learning.connect() as conn:
+        start = conn.execute(text("SELECT COALESCE(max(seq), 0) FROM audit_event")).scalar_one()
     authorizer = Authorizer(OpaClient(url, tokens=_tokens(tmp_path)), DatabaseAuditSink(learning))
     before = authorizer.authorize(case.actor, case.action, case.resource)
     grants = policies / "triloop" / "authz" / "grants.rego"
@@ -435,8 +437,9 @@ def test_a_policy_edit_applies_when_opa_restarts_and_its_revision_is_audited(
     with learning.connect() as conn:
         changes = conn.execute(text(
             "SELECT payload FROM audit_event WHERE action = 'policy_revision_changed'"
-            " AND resource->>'id' IN (:a, :b) ORDER BY seq"),
-            {"a": before.policy_revision, "b": after}).scalars().all()
+            " AND seq > :start AND db_role = 'triloop_learning' AND resource->>'id' IN (:a, :b)"
+            " ORDER BY seq"), {"a": before.policy_revision, "b": after, "start": start}
+        ).scalars().all()
     assert [(c["old"], c["new"]) for c in changes] == [
         (None, before.policy_revision), (before.policy_revision, after)]
 

@@ -449,7 +449,11 @@ async def test_post_promotion_regression_rolls_back(deps: Deps) -> None:
     assert refusals[0][0] == 2
 
 
-def test_opa_refuses_submitter_auditor_and_learning_approvals(authorizer: Authorizer) -> None:
+def test_opa_refuses_submitter_auditor_and_learning_approvals(
+    authorizer: Authorizer, settings: Settings
+) -> None:
+    # Each actor asks with its own service's authorizer: its OPA token and database role.
+    as_web, as_learning = build_authorizer(settings, "web"), build_authorizer(settings, "learning")
     facts = {"submitted_by": "alice", "audited_by": "bob"}
     promotion = Resource("promotion", id="p1", attrs=facts)
     governance = Actor(service="governance")
@@ -457,14 +461,14 @@ def test_opa_refuses_submitter_auditor_and_learning_approvals(authorizer: Author
         with pytest.raises(PolicyDenied):
             authorizer.authorize(governance, "approve", promotion, context=acting_for(person))
         with pytest.raises(PolicyDenied):
-            authorizer.authorize(person, "approve", promotion)
+            as_web.authorize(person, "approve", promotion)
     with pytest.raises(PolicyDenied):
         authorizer.authorize(governance, "sign_audit",
                              Resource("promotion", id="p1", attrs={"submitted_by": "alice",
                                                                    "audited_by": "alice"}),
                              context=acting_for(Actor("web", "alice", ("auditor",))))
     with pytest.raises(PolicyDenied):
-        authorizer.authorize(Actor(service="learning"), "approve", promotion)
+        as_learning.authorize(Actor(service="learning"), "approve", promotion)
     # The one who may: an operator who neither submitted nor audited.
     authorizer.authorize(governance, "approve", promotion,
                          context=acting_for(Actor("web", "carol", ("operator",))))

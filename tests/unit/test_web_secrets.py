@@ -13,7 +13,7 @@ import pytest
 from triloop.config import DEV_SESSION_SECRET, Settings
 from triloop.devstack.secrets import SecretFileError, ensure_session_secret
 from triloop.devstack.servers import repo_root
-from triloop.devstack.stack import service_env
+from triloop.devstack.stack import ensure_credentials, service_env
 from web.app import InsecureConfiguration, create_app
 
 
@@ -60,11 +60,12 @@ def test_only_the_web_process_gets_the_secret(
 ) -> None:
     monkeypatch.delenv("TRILOOP_SESSION_SECRET", raising=False)
     settings = Settings(home=tmp_path / ".triloop")
+    ensure_credentials(settings)  # what `dev up` does before it starts any service
     web = service_env(settings, "web")
     assert web["TRILOOP_SESSION_SECRET"] == ensure_session_secret(tmp_path / ".triloop")
     # An operator's own secret (here from the shell) wins, and still reaches web only.
     monkeypatch.setenv("TRILOOP_SESSION_SECRET", "x" * 40)
     chosen = Settings(home=tmp_path / ".triloop")
     assert service_env(chosen, "web")["TRILOOP_SESSION_SECRET"] == "x" * 40
-    for service in ("execution", "learning", "governance", "postgres"):
+    for service in ("execution", "learning", "governance"):
         assert "TRILOOP_SESSION_SECRET" not in service_env(chosen, service)
