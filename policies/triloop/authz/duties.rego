@@ -80,3 +80,22 @@ deny_reasons contains sprintf("%s may %s only their own runs; this run belongs t
 	action in owner_actions
 	resource_owner != human.user
 }
+
+# Two-person role grants: the admin who requested a privileged role for someone
+# may not also decide it. requested_by is read from the role_grant row.
+grant_decisions := {"confirm", "refuse"}
+
+deny_reasons contains sprintf("%s a role grant needs resource.attrs.requested_by", [action]) if {
+	kind == "role_grant"
+	action in grant_decisions
+	not attrs.requested_by
+}
+
+deny_reasons contains sprintf(
+	"two-person rule: %s requested this role grant and may not %s it; another admin must",
+	[human.user, action],
+) if {
+	kind == "role_grant"
+	action in grant_decisions
+	attrs.requested_by == human.user
+}

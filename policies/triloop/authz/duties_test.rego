@@ -91,3 +91,32 @@ test_learning_pauses_its_own_run_without_an_owner if {
 	denied(svc("learning", "cancel", "training_run"))
 	denied(svc("learning", "resume", "training_run"))
 }
+
+role_grant(user, action, attrs) := {
+	"actor": {"service": "web", "user": user, "roles": ["admin"]},
+	"action": action,
+	"resource": {"kind": "role_grant", "id": "g1", "attrs": attrs},
+}
+
+test_a_second_admin_decides_a_role_grant if {
+	allowed(role_grant("bea", "confirm", {"requested_by": "ann"}))
+	allowed(role_grant("bea", "refuse", {"requested_by": "ann"}))
+	allowed(role_grant("ann", "create", {}))
+}
+
+test_the_requester_may_not_decide_their_own_grant if {
+	denied_because(role_grant("ann", "confirm", {"requested_by": " ANN"}), "two-person rule: ann requested")
+	denied_because(role_grant("ann", "refuse", {"requested_by": "ann"}), "may not refuse it")
+}
+
+test_deciding_a_grant_without_its_requester_denies if {
+	denied_because(role_grant("bea", "confirm", {}), "confirm a role grant needs resource.attrs.requested_by")
+	denied_because(role_grant("bea", "refuse", {"requested_by": ""}), "needs resource.attrs.requested_by")
+}
+
+test_only_admins_handle_role_grants if {
+	inp := object.union(role_grant("olga", "confirm", {"requested_by": "ann"}), {"actor": {"roles": ["operator", "auditor"]}})
+	denied_because(inp, "no rule lets user olga")
+	reading := object.union(role_grant("olga", "read", {}), {"actor": {"roles": ["operator"]}})
+	denied_because(reading, "no rule lets user olga")
+}

@@ -4,7 +4,7 @@ import data.triloop.authz
 
 # Facts that satisfy every duty check (and say that nothing is frozen), so that these
 # tests see the table alone.
-clean_attrs := {"submitted_by": "sam", "audited_by": "ada", "approved_by": "olga", "frozen": false}
+clean_attrs := {"submitted_by": "sam", "audited_by": "ada", "approved_by": "olga", "frozen": false, "requested_by": "ann"}
 
 svc_clean(service, action, kind) := {
 	"actor": {"service": service},
