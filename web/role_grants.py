@@ -118,12 +118,3 @@ def list_grants(*, session: Session, status: str | None, limit: int) -> list[Rol
     statement = statement.order_by(col(RoleGrant.requested_at).desc()).limit(limit)
     return [public(g) for g in session.exec(statement)]
 
-
-def role_since(*, session: Session, user: User, role: str) -> datetime:
-    """When the person's role became active: the latest confirmation, else creation."""
-    confirmed = session.exec(
-        select(RoleGrant.confirmed_at).where(
-            RoleGrant.user_name == user.name, RoleGrant.role == role,
-            RoleGrant.status == "active").order_by(col(RoleGrant.confirmed_at).desc())
-    ).first()
-    return confirmed if confirmed is not None else user.created_at

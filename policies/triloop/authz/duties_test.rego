@@ -120,3 +120,38 @@ test_only_admins_handle_role_grants if {
 	reading := object.union(role_grant("olga", "read", {}), {"actor": {"roles": ["operator"]}})
 	denied_because(reading, "no rule lets user olga")
 }
+
+acting_for_at(action, opened_at, since) := {
+	"actor": {"service": "governance"},
+	"action": action,
+	"resource": {"kind": "promotion", "id": "p1", "attrs": {
+		"submitted_by": "sam", "audited_by": "ada",
+		"promotion_opened_at": opened_at,
+	}},
+	"context": {"on_behalf_of": {"user": "olga", "roles": ["operator", "auditor"], "role_since": since}},
+}
+
+test_a_role_held_since_before_the_promotion_decides if {
+	allowed(acting_for_at("approve", "2026-11-30T10:00:00Z", "2026-11-29T10:00:00.5Z"))
+	allowed(acting_for_at("approve", "2026-11-30T10:00:00Z", "2026-11-30T12:00:00+02:00"))
+}
+
+test_a_role_newer_than_the_promotion_is_refused if {
+	denied_because(
+		acting_for_at("approve", "2026-11-30T10:00:00Z", "2026-11-30T10:00:00.000001Z"),
+		"olga's role became active at 2026-11-30T10:00:00.000001Z, after the promotion opened",
+	)
+	inp := object.union(acting_for_at("sign_audit", "2026-11-30T10:00:00Z", "2026-12-01T00:00:00Z"), {"context": {"on_behalf_of": {"user": "ann"}}})
+	denied_because(inp, "sign_audit needs a role held since before")
+}
+
+test_a_missing_role_age_fact_denies if {
+	denied_because(acting_for_at("approve", "", "2026-11-29T10:00:00Z"), "approve needs resource.attrs.promotion_opened_at")
+	denied_because(acting_for_at("approve", "2026-11-30T10:00:00Z", "yesterday"), "approve needs context.on_behalf_of.role_since")
+	no_since := json.remove(acting_for_at("sign_audit", "2026-11-30T10:00:00Z", "x"), ["context/on_behalf_of/role_since"])
+	denied_because(no_since, "sign_audit needs context.on_behalf_of.role_since")
+}
+
+test_rejections_need_no_role_age if {
+	allowed(acting_for_at("reject", "2026-11-30T10:00:00Z", "2026-12-01T00:00:00Z"))
+}
