@@ -17,7 +17,6 @@ from triloop.models._columns import utcnow
 
 # Roles that let a person supply the second person of a two-person rule.
 PRIVILEGED_ROLES = ("operator", "auditor", "admin")
-STATUSES = ("pending", "active", "refused")
 
 
 class GrantError(ValueError):
@@ -62,8 +61,8 @@ def request_grant(*, session: Session, user_name: str, role: str,
                   requested_by: str) -> RoleGrant:
     """A pending grant of a privileged role; refused if held or already pending."""
     if role not in PRIVILEGED_ROLES:
-        raise GrantError(f"role {role!r} needs no grant; grants are for "
-                         f"{', '.join(PRIVILEGED_ROLES)}")
+        what = "needs no grant" if role == "ml_engineer" else "is not a role"
+        raise GrantError(f"{role!r} {what}; grants are for {', '.join(PRIVILEGED_ROLES)}")
     user = session.get(User, user_name)
     if user is None:
         raise LookupError(f"user {user_name!r} does not exist")

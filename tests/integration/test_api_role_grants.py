@@ -95,6 +95,9 @@ async def test_only_admins_ask_for_privileged_roles(
     plain = await api.post(f"/api/users/{person.name}/roles", json={"role": "ml_engineer"},
                            headers=people["admin"].headers)
     assert_problem(plain, 422, "needs no grant")
+    unknown = await api.post(f"/api/users/{person.name}/roles", json={"role": "wizard"},
+                             headers=people["admin"].headers)
+    assert_problem(unknown, 422, "is not a role")
     nobody = await api.post("/api/users/nobody-here/roles", json={"role": "operator"},
                             headers=people["admin"].headers)
     assert_problem(nobody, 404)

@@ -28,7 +28,6 @@ async def request_role(
     name: str, body: RoleGrantRequest, guard: AuthorizeDep, db: SessionDep
 ) -> RoleGrantPublic:
     """Ask for a privileged role for a person; pending until another admin confirms."""
-    await guard.screen("create", "role_grant")
     await guard("create", "role_grant", attrs={"user": name, "role": body.role})
     try:
         grant = await db.write(role_grants.request_grant, user_name=name, role=body.role,
