@@ -155,8 +155,9 @@ def users_grants(
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """List role grants, newest first (pending ones by default)."""
-    query = f"?{urlencode({'status': status})}" if status else ""
-    for grant in api_call("GET", f"/api/role-grants{query}", token=token, api_url=api_url):
+    query = "?" + urlencode({"limit": 200, **({"status": status} if status else {})})
+    page = api_call("GET", f"/api/role-grants{query}", token=token, api_url=api_url)
+    for grant in page["items"]:
         _print_grant(grant)
 
 

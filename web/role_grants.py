@@ -14,6 +14,7 @@ from sqlmodel import Session, col, select
 
 from triloop.models import RoleGrant, User
 from triloop.models._columns import utcnow
+from web.pagination import Page, keyset, page_of
 
 # Roles that let a person supply the second person of a two-person rule.
 PRIVILEGED_ROLES = ("operator", "auditor", "admin")
@@ -109,11 +110,13 @@ def decide_grant(*, session: Session, grant_id: str, decided_by: str,
     return grant
 
 
-def list_grants(*, session: Session, status: str | None, limit: int) -> list[RoleGrantPublic]:
+def list_grants(*, session: Session, status: str | None, limit: int,
+                cursor: str | None) -> Page[RoleGrantPublic]:
     """Grants, newest first, optionally of one status."""
     statement = select(RoleGrant)
     if status is not None:
         statement = statement.where(RoleGrant.status == status)
-    statement = statement.order_by(col(RoleGrant.requested_at).desc()).limit(limit)
-    return [public(g) for g in session.exec(statement)]
-
+    statement = keyset(statement, [col(RoleGrant.requested_at), col(RoleGrant.id)], cursor,
+                       (datetime, str), limit)
+    rows = list(session.exec(statement))
+    return page_of(rows, limit, lambda g: (g.requested_at, g.id), public)

@@ -49,7 +49,7 @@ async def test_a_privileged_role_is_pending_until_a_second_admin_confirms_it(
         "operator", "pending", first.name)
     assert await _me(api, body["token"]) == ["ml_engineer"]
     listed = await api.get("/api/role-grants?status=pending&limit=200", headers=second.headers)
-    assert pending["id"] in [g["id"] for g in listed.json()]
+    assert pending["id"] in [g["id"] for g in listed.json()["items"]]
 
     own = await api.post(f"/api/role-grants/{pending['id']}/confirm", headers=first.headers)
     assert_problem(own, 403, f"two-person rule: {first.name} requested this role grant")
@@ -136,3 +136,26 @@ def test_the_database_refuses_a_grant_decided_by_its_requester(
         with web.begin() as conn:  # the web role may change only the decision columns
             conn.execute(text("UPDATE role_grant SET requested_by='bea' WHERE id=:g"),
                          {"g": grant_id})
+
+
+async def test_grants_are_listed_a_page_at_a_time(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine
+) -> None:
+    person = make_user(owner_engine, "ml_engineer")
+    asked = []
+    for role in ("operator", "auditor", "admin"):
+        response = await api.post(f"/api/users/{person.name}/roles", json={"role": role},
+                                  headers=people["admin"].headers)
+        asked.append(response.json()["id"])
+    seen: list[str] = []
+    cursor = ""
+    while True:
+        page = (await api.get(f"/api/role-grants?status=pending&limit=2{cursor}",
+                              headers=people["auditor"].headers)).json()
+        seen += [g["id"] for g in page["items"]]
+        if not page["next_cursor"]:
+            break
+        cursor = f"&cursor={page['next_cursor']}"
+    assert len(seen) == len(set(seen)) and set(asked) <= set(seen)  # each once, none lost
+    refused = await api.get("/api/role-grants", headers=people["operator"].headers)
+    assert_problem(refused, 403)

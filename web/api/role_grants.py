@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query
 from web import role_grants
 from web.api.common import ERRORS
 from web.deps import AuthorizeDep, SessionDep
-from web.pagination import LimitParam
+from web.pagination import CursorParam, LimitParam, Page
 from web.problems import conflict, invalid, not_found
 from web.role_grants import GrantConflict, GrantError, RoleGrantPublic, RoleGrantRequest
 
@@ -70,10 +70,11 @@ async def refuse_grant(grant_id: str, guard: AuthorizeDep, db: SessionDep) -> Ro
     return await _decide(grant_id, "refuse", guard, db)
 
 
-@router.get("/role-grants", response_model=list[RoleGrantPublic])
+@router.get("/role-grants", response_model=Page[RoleGrantPublic])
 async def list_grants(
-    guard: AuthorizeDep, db: SessionDep, status: StatusParam = None, limit: LimitParam = 50
-) -> list[RoleGrantPublic]:
+    guard: AuthorizeDep, db: SessionDep, status: StatusParam = None, limit: LimitParam = 50,
+    cursor: CursorParam = None,
+) -> Page[RoleGrantPublic]:
     """Role grants, newest first, optionally of one status (admins, auditors)."""
     await guard("read", "role_grant")
-    return await db.read(role_grants.list_grants, status=status, limit=limit)
+    return await db.read(role_grants.list_grants, status=status, limit=limit, cursor=cursor)
