@@ -89,7 +89,8 @@ def main() -> int:
     info = tiny_model_info(base_dir)
     console.print(f"  {base_dir}: {info.num_parameters:,} parameters, vocab {info.vocab_size}")
 
-    step("An admin creates people through the API: an ML engineer, an auditor, an operator")
+    step("Two founding admins: the first creates people through the API (an ML engineer, an"
+         " auditor, an operator), the second confirms the auditor's and the operator's roles")
     people = world.create_people(settings, suffix, api_base)
     for role, person in people.items():
         console.print(f"  {person.name:<14} {role}")

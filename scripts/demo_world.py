@@ -48,47 +48,62 @@ class World:
     threshold_id: str = ""
 
 
-def admin_token(settings: Settings) -> str:
-    """The demo admin's API token: the first admin on an empty database, kept as a secret.
+# The two founding admins: one asks for a privileged role, the other confirms it.
+FOUNDING_ADMINS = (("demo-admin", "demo-admin-token"), ("demo-admin-2", "demo-admin-2-token"))
 
-    ``triloop users create`` makes only the first admin; a later demo on the same stack
-    reads that admin's token back from the secrets folder (mode 0600).
+
+def admin_token(settings: Settings, name: str, secret: str) -> str:
+    """A founding admin's API token, made on the server and kept as a secret (mode 0600).
+
+    ``triloop users create`` makes founding admins only while fewer than two admins exist;
+    a later demo on the same stack reads each token back from the secrets folder.
     """
     from triloop.secrets import read_secret, write_secret
     from web.users import UserError, create_first_admin
 
-    stored = read_secret(settings.secrets, "demo-admin-token")
+    stored = read_secret(settings.secrets, secret)
     if stored is not None:
         return stored
     admin = Actor(service="web", user=f"{getpass.getuser()}@demo", roles=("admin",))
     build_authorizer(settings, "web").authorize(
-        admin, "create", Resource(kind="user", id="demo-admin", attrs={"first_admin": True}))
+        admin, "create", Resource(kind="user", id=name, attrs={"founding_admin": True}))
     try:
         with session_scope(role_engine(settings, "web")) as session:
-            _, token = create_first_admin(session=session, name="demo-admin",
-                                          created_by=admin.user or "demo")
+            _, token = create_first_admin(session=session, name=name,
+                                          created_by=admin.user or "demo",
+                                          token_lifetime_s=settings.api_token_lifetime_s)
     except UserError as exc:
         raise SystemExit(
-            f"{exc}. Put an admin's API token in {settings.secrets / 'demo-admin-token'}"
+            f"{exc}. Put an admin's API token in {settings.secrets / secret}"
             " to run the demo on this stack.") from exc
-    write_secret(settings.secrets, "demo-admin-token", token)
+    write_secret(settings.secrets, secret, token)
     return token
 
 
 def create_people(settings: Settings, suffix: str, api_base: str) -> dict[str, Person]:
-    """An ML engineer, an auditor and an operator, created by the admin through the API."""
+    """An ML engineer, an auditor and an operator, created by the first admin through the API;
+    the second admin confirms the auditor's and the operator's pending role grants."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {admin_token(settings)}"}
+    first, second = (admin_token(settings, name, secret) for name, secret in FOUNDING_ADMINS)
     people: dict[str, Person] = {}
     for role, first_name in (("ml_engineer", "maya"), ("auditor", "ada"), ("operator", "olga")):
-        response = httpx.post(f"{api_base}/api/users", headers=headers, timeout=60,
+        response = httpx.post(f"{api_base}/api/users", timeout=60,
+                              headers={"Authorization": f"Bearer {first}"},
                               json={"name": f"{first_name}-{suffix}", "roles": [role]})
         if response.status_code != 201:
             raise SystemExit(f"creating {first_name} through the API failed:"
                              f" {response.status_code} {response.text[:400]}")
         created = response.json()
-        people[role] = Person(created["name"], created["roles"], created["token"])
+        roles = list(created["roles"])
+        for grant in created.get("pending_grants") or []:
+            confirmed = httpx.post(f"{api_base}/api/role-grants/{grant['id']}/confirm",
+                                   timeout=60, headers={"Authorization": f"Bearer {second}"})
+            if confirmed.status_code != 200:
+                raise SystemExit(f"confirming {first_name}'s {grant['role']} role failed:"
+                                 f" {confirmed.status_code} {confirmed.text[:400]}")
+            roles.append(grant["role"])
+        people[role] = Person(created["name"], roles, created["token"])
     return people
 
 

@@ -121,11 +121,15 @@ def make_eval_set(engine: Engine, *, frozen: bool = False) -> str:
 
 
 def make_person(engine: Engine, name: str, roles: list[str], *, disabled: bool = False) -> str:
-    """A person in ``app_user`` with exactly these roles now (inserted or updated as owner)."""
+    """A person in ``app_user`` with exactly these roles now (inserted or updated as owner).
+
+    A new person is created a day ago: they hold their roles since before any promotion a
+    test opens (issue 19 item 2 refuses a role newer than the promotion it decides on).
+    """
     with engine.begin() as conn:
         conn.execute(text(
-            "INSERT INTO app_user (name, roles, created_by, disabled) "
-            "VALUES (:n, :r, 'test', :d) "
+            "INSERT INTO app_user (name, roles, created_by, disabled, created_at) "
+            "VALUES (:n, :r, 'test', :d, now() - interval '1 day') "
             "ON CONFLICT (name) DO UPDATE"
             " SET roles = EXCLUDED.roles, disabled = EXCLUDED.disabled"),
             {"n": name, "r": roles, "d": disabled})

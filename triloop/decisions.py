@@ -7,7 +7,10 @@ loop that carries the decision out calls ``load_decision``, which refuses:
 - a row about another subject or of another kind (a decision replayed elsewhere);
 - a person who no longer exists or is disabled;
 - a person who does not hold, now, the role the decision needs.
-The person and their roles come from ``app_user`` at that moment, never from a payload.
+The person and their roles come from ``app_user`` at that moment, never from a payload, and
+so does ``role_since``: when that role became active (the second admin's confirmation of
+its ``role_grant``; for founding admins and people from before two-person grants, the
+person's ``created_at``), which the caller compares with what the decision is about.
 Each refusal is written to the audit log by ``audit_refusal`` in a transaction of its own,
 so it stays on record although the action does not happen.
 """
@@ -16,15 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from triloop.audit import append_event
 from triloop.db import session_scope
 from triloop.models.decisions import WEB_ROLE, DecisionKind, HumanDecision
-from triloop.models.users import User
+from triloop.models.users import RoleGrant, User
 from triloop.policy import Actor
 
 
@@ -44,6 +48,8 @@ class ProvenDecision:
     details: Mapping[str, Any]
     user: str
     roles: tuple[str, ...]
+    role_since: datetime | None = None
+    """When the role the decision needed became active (None when no role was asked)."""
 
     @property
     def person(self) -> Actor:
@@ -78,7 +84,18 @@ def load_decision(
     return ProvenDecision(
         id=row.id, kind=DecisionKind(row.kind), subject=row.subject, decision=row.decision,
         comment=row.comment, details=dict(row.details), user=user.name,
-        roles=tuple(user.roles))
+        roles=tuple(user.roles),
+        role_since=None if role is None else role_active_since(session, user=user, role=role))
+
+
+def role_active_since(session: Session, *, user: User, role: str) -> datetime:
+    """When ``user`` came to hold ``role``: the latest confirmed grant, else their creation."""
+    confirmed = session.exec(
+        select(RoleGrant.confirmed_at).where(
+            RoleGrant.user_name == user.name, RoleGrant.role == role,
+            RoleGrant.status == "active").order_by(col(RoleGrant.confirmed_at).desc())
+    ).first()
+    return confirmed if confirmed is not None else user.created_at
 
 
 def audit_refusal(engine: Engine, *, service: str, action: str, resource: Mapping[str, Any],

@@ -1,7 +1,8 @@
 """Command groups the ``triloop`` CLI mounts: users, train, promotions, rollback, faults.
 
 ``users create`` runs on this machine with the web service's database role: it is how the
-first admin comes to exist on an empty database, and it refuses once anyone exists.
+two founding admins come to exist on a fresh install (a privileged role needs one admin to
+ask and another to confirm), and it refuses once two admins exist.
 Everything else calls the HTTP API with a token (``--token`` or ``TRILOOP_TOKEN``) at
 ``TRILOOP_API_URL``, so the CLI is refused exactly what the console would refuse.
 """
@@ -52,14 +53,16 @@ def _local_actor() -> str:
 @users_app.command("create")
 def users_create(
     name: Annotated[str, typer.Argument(help="Lowercase user name, e.g. root.")],
-    role: Annotated[list[str], typer.Option("--role", help="admin: the first user is the"
-                                                            " first admin.")],
+    role: Annotated[list[str], typer.Option("--role", help="admin: the founding users are"
+                                                            " admins.")],
 ) -> None:
-    """Create the first admin on an empty database and print their API token (shown once).
+    """Create a founding admin (while fewer than two admins exist); prints their API token.
 
-    Only the first person is made here, on the server, with the web service's database role.
-    Everyone after is created by an admin through the API (`triloop users add` or
-    POST /api/users), which authenticates the admin and audits the creation.
+    Only the two founding admins are made here, on the server, with the web service's
+    database role: two, because granting a privileged role takes one admin to ask and
+    another to confirm. Everyone after is created by an admin through the API (`triloop
+    users add` or POST /api/users), and their operator, auditor or admin role becomes
+    active only when a second admin confirms it (`triloop users confirm GRANT_ID`).
     """
     from triloop.db import role_engine, session_scope
     from triloop.policy import Actor, PolicyDenied, Resource
@@ -70,12 +73,12 @@ def users_create(
     try:
         roles = check_new_user(name, role)
         if roles != ["admin"]:
-            raise UserError("the first user is an admin (--role admin) and nothing else;"
+            raise UserError("a founding user is an admin (--role admin) and nothing else;"
                             " an admin then creates everyone else through the API")
         actor = Actor(service="web", user=_local_actor(), roles=("admin",))
         build_authorizer(settings, "web").authorize(
             actor, "create", Resource(kind="user", id=name, attrs={"via": "cli",
-                                                                  "first_admin": True})
+                                                                  "founding_admin": True})
         )
         with session_scope(role_engine(settings, "web")) as session:
             _, token = create_first_admin(session=session, name=name,
@@ -98,9 +101,64 @@ def users_add(
     """An admin creates a person through the API; prints their API token (shown once)."""
     created = api_call("POST", "/api/users", token=token, api_url=api_url,
                        body={"name": name, "roles": role})
+    for grant in created.get("pending_grants") or []:
+        console.print(f"role {grant['role']} pending: another admin runs `triloop users confirm"
+                      f" {grant['id']}`", markup=False, highlight=False, soft_wrap=True)
     console.print(f"created {created['name']} ({', '.join(created['roles'])}). API token"
                   " (shown once, keep it safe):")
     console.print(created["token"], markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_grant(grant: dict[str, Any]) -> None:
+    decided = f"\tby {grant['confirmed_by']}" if grant.get("confirmed_by") else ""
+    console.print(f"{grant['id']}\t{grant['user_name']}\t{grant['role']}\t{grant['status']}"
+                  f"\trequested by {grant['requested_by']}{decided}",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
+@users_app.command("grant")
+def users_grant(
+    name: Annotated[str, typer.Argument(help="Who gets the role.")],
+    role: Annotated[str, typer.Option("--role", help="operator, auditor or admin.")],
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """An admin asks for a privileged role for a person; another admin confirms it."""
+    grant = api_call("POST", f"/api/users/{quote(name, safe='')}/roles", token=token,
+                     api_url=api_url, body={"role": role})
+    _print_grant(grant)
+
+
+@users_app.command("confirm")
+def users_confirm(
+    grant_id: Annotated[str, typer.Argument(help="Grant id (from `triloop users grants`).")],
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """A second admin confirms a pending grant: the role becomes active now."""
+    _print_grant(api_call("POST", f"/api/role-grants/{quote(grant_id, safe='')}/confirm",
+                          token=token, api_url=api_url))
+
+
+@users_app.command("refuse-grant")
+def users_refuse_grant(
+    grant_id: Annotated[str, typer.Argument(help="Grant id (from `triloop users grants`).")],
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """A second admin refuses a pending grant: the role never becomes active."""
+    _print_grant(api_call("POST", f"/api/role-grants/{quote(grant_id, safe='')}/refuse",
+                          token=token, api_url=api_url))
+
+
+@users_app.command("grants")
+def users_grants(
+    status: Annotated[str | None, typer.Option("--status", help="pending, active or refused."
+                                               )] = "pending",
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """List role grants, newest first (pending ones by default)."""
+    query = "?" + urlencode({"limit": 200, **({"status": status} if status else {})})
+    page = api_call("GET", f"/api/role-grants{query}", token=token, api_url=api_url)
+    for grant in page["items"]:
+        _print_grant(grant)
 
 
 def _authorize_locally(action: str, resource: Any) -> None:

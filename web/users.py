@@ -13,6 +13,7 @@ from triloop.models import User
 from triloop.models._columns import utcnow
 from web import tokens
 from web.pagination import Page, keyset, page_of
+from web.role_grants import RoleGrantPublic
 
 ROLES = ("ml_engineer", "operator", "auditor", "admin")
 USER_NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
@@ -41,9 +42,12 @@ class UserCreate(BaseModel):
 
 
 class UserCreated(UserPublic):
-    """A created user with their API token, shown this once."""
+    """A created user with their API token, shown this once, and their pending grants."""
 
     token: str
+    pending_grants: list[RoleGrantPublic] = Field(
+        default_factory=list,
+        description="privileged roles another admin must confirm before they are active")
 
 
 def public(user: User) -> UserPublic:
@@ -54,7 +58,7 @@ def public(user: User) -> UserPublic:
     )
 
 
-def check_new_user(name: str, roles: list[str]) -> list[str]:
+def check_new_user(name: str, roles: list[str], *, allow_no_role: bool = False) -> list[str]:
     """Validate a name and roles; returns the roles de-duplicated in order."""
     if not USER_NAME.match(name):
         raise UserError(
@@ -64,16 +68,21 @@ def check_new_user(name: str, roles: list[str]) -> list[str]:
     unknown = [role for role in roles if role not in ROLES]
     if unknown:
         raise UserError(f"unknown role(s) {', '.join(unknown)}; use {', '.join(ROLES)}")
-    if not roles:
+    if not roles and not allow_no_role:
         raise UserError(f"a user needs at least one role: {', '.join(ROLES)}")
     return list(dict.fromkeys(roles))
 
 
 def create_user(
-    *, session: Session, name: str, roles: list[str], created_by: str, token_lifetime_s: int
+    *, session: Session, name: str, roles: list[str], created_by: str, token_lifetime_s: int,
+    allow_no_role: bool = False,
 ) -> tuple[User, str]:
-    """Insert a user with a fresh expiring token; returns the user and the token (store nowhere)."""
-    roles = check_new_user(name, roles)
+    """Insert a user with a fresh expiring token; returns the user and the token (store nowhere).
+
+    ``allow_no_role``: the person starts with no active role because every role they asked
+    for is a pending grant.
+    """
+    roles = check_new_user(name, roles, allow_no_role=allow_no_role)
     if session.get(User, name) is not None:
         raise UserError(f"user {name!r} already exists")
     user = User(name=name, roles=roles, created_by=created_by)
@@ -85,17 +94,22 @@ def create_user(
 
 
 FIRST_ADMIN_LOCK = text("SELECT pg_advisory_xact_lock(hashtext('triloop.first_admin'))")
+# Two admins: the fewest that can grant a privileged role (one requests, another confirms).
+FOUNDING_ADMINS = 2
 
 
 def create_first_admin(*, session: Session, name: str, created_by: str,
                        token_lifetime_s: int) -> tuple[User, str]:
-    """The first person, an admin, on an empty database; refused once anyone exists."""
-    session.execute(FIRST_ADMIN_LOCK)  # two first admins at once: the second sees the first
-    existing = session.exec(select(User.name).limit(1)).first()
-    if existing is not None:
+    """A founding admin, on the server, while fewer than two admins exist; refused after."""
+    session.execute(FIRST_ADMIN_LOCK)  # two founders at once: the second sees the first
+    admins = session.exec(
+        select(User.name).where(col(User.roles).contains(["admin"]))
+        .limit(FOUNDING_ADMINS)).all()
+    if len(admins) >= FOUNDING_ADMINS:
         raise UserError(
-            "people already exist, so this is not the first admin: an admin creates users"
-            " through the API (`triloop users add NAME --role ROLE --token ADMIN_TOKEN`)")
+            f"{len(admins)} admins already exist, so this is not a founding admin: an admin"
+            " creates users through the API (`triloop users add NAME --role ROLE --token"
+            " ADMIN_TOKEN`) and another admin confirms privileged roles")
     return create_user(session=session, name=name, roles=["admin"], created_by=created_by,
                        token_lifetime_s=token_lifetime_s)
 

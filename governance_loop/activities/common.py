@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine
@@ -39,6 +39,11 @@ def parse_time(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
 
+def rfc3339(moment: datetime) -> str:
+    """A timestamp as the policy parses it (``time.parse_rfc3339_ns``), in UTC."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def row_id(purpose: str) -> str:
     """A row id fixed by this activity execution, so a retry finds the row it already wrote."""
     try:
@@ -71,9 +76,16 @@ class GovernanceShell:
             raise refused(str(exc)) from exc
 
     def authorize_for(self, proven: ProvenDecision, action: str, resource: Resource) -> None:
-        """Ask OPA again, as governance carrying out this person's recorded decision."""
-        self.authorize(action, resource, context=acting_for(
-            proven.person, comment=proven.comment, human_decision_id=proven.id))
+        """Ask OPA again, as governance carrying out this person's recorded decision.
+
+        ``on_behalf_of.role_since`` (when the role became active, read from the database
+        by ``load_decision``) lets the policy refuse a role newer than what it decides on.
+        """
+        context = acting_for(proven.person, comment=proven.comment,
+                             human_decision_id=proven.id)
+        if proven.role_since is not None:
+            context["on_behalf_of"]["role_since"] = rfc3339(proven.role_since)
+        self.authorize(action, resource, context=context)
 
     def authorize(
         self, action: str, resource: Resource, *, context: Mapping[str, Any] | None = None

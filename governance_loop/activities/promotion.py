@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -16,6 +17,7 @@ from governance_loop.activities.common import (
     GovernanceShell,
     record,
     refused,
+    rfc3339,
     row_id,
     store_gate,
 )
@@ -53,7 +55,7 @@ from governance_loop.gates import (
 from governance_loop.gates import HumanDecision as GateHumanDecision
 from governance_loop.gates.human import AUDITOR_ROLE, OPERATOR_ROLE
 from triloop.db import session_scope
-from triloop.decisions import audit_refusal
+from triloop.decisions import ProvenDecision, audit_refusal
 from triloop.models import Approval, Checkpoint, DecisionKind, Promotion, Proposal, TrainingRun
 from triloop.policy import Authorizer, Resource
 from triloop.weights import (
@@ -75,6 +77,10 @@ HUMAN_ACTIONS = {
     (DecisionKind.APPROVAL, "approve"): "approve",
     (DecisionKind.APPROVAL, "reject"): "reject",
 }
+
+# Decisions that move a candidate toward production need a role held since before the
+# promotion opened (policy: duties.rego); a rejection needs no such age.
+ROLE_SINCE_ACTIONS = frozenset({"sign_audit", "approve"})
 
 
 class PromotionActivities(GovernanceShell):
@@ -263,6 +269,10 @@ class PromotionActivities(GovernanceShell):
         action = HUMAN_ACTIONS.get((kind, proven.decision))
         if action is None:
             raise refused(f"unknown {kind} decision {proven.decision!r}")
+        opened_at = self._opened_at(request.promotion_id)
+        if action in ROLE_SINCE_ACTIONS:
+            self._refuse_newer_role(proven, action, resource, opened_at)
+        attrs["promotion_opened_at"] = rfc3339(opened_at)
         human = GateHumanDecision(user=proven.user, service="web", roles=list(proven.roles),
                                   decision=proven.decision, comment=proven.comment)
         try:  # the pure duty rules first: their refusals say the most
@@ -288,6 +298,32 @@ class PromotionActivities(GovernanceShell):
                 )
             outcome = store_gate(session, promotion_id=request.promotion_id, decision=gate)
         return replace(outcome, decided_by=proven.user)
+
+    def _opened_at(self, promotion_id: str) -> datetime:
+        """When the promotion opened, read from its row (never from a message)."""
+        with Session(self._engine) as session:
+            promotion = session.get(Promotion, promotion_id)
+        if promotion is None:
+            raise refused(f"promotion {promotion_id} does not exist")
+        return promotion.created_at
+
+    def _refuse_newer_role(self, proven: ProvenDecision, action: str, resource: Resource,
+                           opened_at: datetime) -> None:
+        """Refuse (audited) a role that became active after the promotion opened.
+
+        Otherwise an admin could grant a role to someone for this very candidate once it is
+        on the way; the role must predate what it is used to decide.
+        """
+        since = proven.role_since
+        if since is not None and since <= opened_at:
+            return
+        held = "an unknown time" if since is None else rfc3339(since)
+        reason = (f"{proven.user} may not {action} promotion {resource.id}: their role became"
+                  f" active at {held}, after the promotion opened at {rfc3339(opened_at)}; a"
+                  " person whose role predates the promotion must decide")
+        audit_refusal(self._engine, service="governance", action=action,
+                      resource=resource.to_input(), decision_id=proven.id, reason=reason)
+        raise refused(reason)
 
     @activity.defn(name=PROMOTE_CANDIDATE)
     def promote_candidate(self, request: PromoteInput) -> PromoteResult:

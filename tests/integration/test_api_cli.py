@@ -14,7 +14,13 @@ from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
 from tests.factories import make_checkpoint, make_run, uid
-from tests.factories_web import Person, add_approval, make_deployment, make_promotion
+from tests.factories_web import (
+    Person,
+    add_approval,
+    make_deployment,
+    make_promotion,
+    make_user,
+)
 from triloop.config import Settings
 from web import cli
 
@@ -53,7 +59,8 @@ def test_users_add_through_the_api_prints_a_token_that_signs_in(
     assert result.exit_code == 0, result.output
     token = result.output.strip().splitlines()[-1]
     me = TestClient(web_app).get("/api/me", headers={"Authorization": f"Bearer {token}"})
-    assert me.json()["roles"] == ["auditor", "operator"]
+    assert me.json()["roles"] == []  # both privileged: pending until a second admin confirms
+    assert result.output.count("pending: another admin runs `triloop users confirm") == 2
     listed = CliRunner().invoke(app_cli, ["users", "list"])
     assert name in listed.output and token not in listed.output
     again = CliRunner().invoke(app_cli, ["users", "add", name, "--role", "auditor",
@@ -65,15 +72,17 @@ def test_users_add_through_the_api_prints_a_token_that_signs_in(
 
 
 def test_users_create_makes_only_the_first_admin(
-    app_cli: typer.Typer, database_url: str, web_settings: Settings
+    app_cli: typer.Typer, database_url: str, web_settings: Settings, owner_engine: Engine
 ) -> None:
-    # The session database has people: the server-side command refuses.
+    # The session database has two admins: the server-side command refuses.
+    make_user(owner_engine, "admin")
+    make_user(owner_engine, "admin")
     refused = CliRunner().invoke(app_cli, ["users", "create", uid("root").lower(),
                                            "--role", "admin"])
-    assert refused.exit_code == 1 and "people already exist" in refused.output
+    assert refused.exit_code == 1 and "admins already exist" in refused.output
     wrong_role = CliRunner().invoke(app_cli, ["users", "create", "root", "--role", "operator"])
-    assert wrong_role.exit_code == 1 and "first user is an admin" in wrong_role.output
-    # On an empty database, as the web role: one first admin, then no second.
+    assert wrong_role.exit_code == 1 and "founding user is an admin" in wrong_role.output
+    # On an empty database, as the web role: two founding admins, then no third.
     from sqlalchemy.engine import make_url
 
     from triloop.db import engine_for_url, session_scope
@@ -88,13 +97,37 @@ def test_users_create_makes_only_the_first_admin(
     upgrade(owner.set(database=name).render_as_string(hide_password=False))
     web = engine_for_url(make_url(web_settings.role_url("web")).set(database=name)
                          .render_as_string(hide_password=False))
+    lifetime = web_settings.api_token_lifetime_s
     with session_scope(web) as session:
         user, token = create_first_admin(session=session, name="root", created_by="test",
-                                         token_lifetime_s=3600)
+                                         token_lifetime_s=lifetime)
     assert user.roles == ["admin"] and token
-    with pytest.raises(UserError, match="people already exist"), session_scope(web) as session:
-        create_first_admin(session=session, name="root2", created_by="test",
-                           token_lifetime_s=3600)
+    with session_scope(web) as session:
+        second, _ = create_first_admin(session=session, name="root2", created_by="test",
+                                       token_lifetime_s=lifetime)
+    assert second.roles == ["admin"]
+    with pytest.raises(UserError, match="2 admins already exist"), \
+            session_scope(web) as session:
+        create_first_admin(session=session, name="root3", created_by="test",
+                           token_lifetime_s=lifetime)
+
+
+def test_users_grant_confirm_and_grants_commands_call_the_api(
+    app_cli: typer.Typer, people: dict[str, Person], owner_engine: Engine
+) -> None:
+    first, second = people["admin"], make_user(owner_engine, "admin")
+    person = make_user(owner_engine, "ml_engineer")
+    asked = CliRunner().invoke(app_cli, ["users", "grant", person.name, "--role", "auditor",
+                                         "--token", first.token])
+    assert asked.exit_code == 0, asked.output
+    grant_id = asked.output.split()[0]
+    listed = CliRunner().invoke(app_cli, ["users", "grants", "--token", second.token])
+    assert grant_id in listed.output and "pending" in listed.output
+    own = CliRunner().invoke(app_cli, ["users", "confirm", grant_id, "--token", first.token])
+    assert own.exit_code == 1 and "403" in own.output and "two-person rule" in own.output
+    confirmed = CliRunner().invoke(app_cli, ["users", "confirm", grant_id,
+                                             "--token", second.token])
+    assert confirmed.exit_code == 0 and "active" in confirmed.output, confirmed.output
 
 
 def test_train_and_promotions_commands_call_the_api(

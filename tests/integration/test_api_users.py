@@ -34,7 +34,9 @@ async def test_admin_creates_a_user_whose_token_works_and_is_stored_hashed(
     lifetime = web_app.state.services.settings.api_token_lifetime_s
     assert stored[2].total_seconds() == lifetime  # it expires
     me = await api.get("/api/me", headers={"Authorization": f"Bearer {token}"})
-    assert me.json()["name"] == name and me.json()["roles"] == ["operator"]
+    # operator is a privileged role: pending until a second admin confirms (test_api_role_grants)
+    assert me.json()["name"] == name and me.json()["roles"] == []
+    assert [g["role"] for g in response.json()["pending_grants"]] == ["operator"]
     listing = await api.get("/api/users?limit=200", headers=people["admin"].headers)
     assert name in [u["name"] for u in listing.json()["items"]]
     assert "token" not in listing.text

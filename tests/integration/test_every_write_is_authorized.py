@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 WRITE_TABLES = ("app_user", "api_token", "training_run", "approval", "deployment", "routing",
                 "trajectory", "human_decision", "promotion", "gate_result", "checkpoint",
-                "proposal")
+                "proposal", "role_grant")
 NOT_ACTIONS = {"/login", "/logout"}  # authentication itself, before any identity exists
 
 
@@ -80,10 +80,21 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
     comment = {"comment": "looked at the evidence"}
     pending = make_task(owner_engine, status="pending")
     token_id = add_token(owner_engine, submitter.name, "tl_walk-" + submitter.name)
+    grant_id = "walk-" + submitter.name
+    with owner_engine.begin() as conn:  # a pending grant another admin could decide
+        conn.execute(text(
+            "INSERT INTO role_grant (id, user_name, role, requested_by) "
+            "VALUES (:g, :u, 'operator', 'someone-else')"), {"g": grant_id, "u": submitter.name})
     config = {"name": "walk", "model": {"base": seeded.root_id},
               "rollout": {"task_ids": [admitted_task(owner_engine)]}}
     return {
         ("POST", "/api/users"): ("/api/users", {"name": "walker", "roles": ["operator"]}),
+        ("POST", "/api/users/{name}/roles"):
+            (f"/api/users/{submitter.name}/roles", {"role": "auditor"}),
+        ("POST", "/api/role-grants/{grant_id}/confirm"):
+            (f"/api/role-grants/{grant_id}/confirm", {}),
+        ("POST", "/api/role-grants/{grant_id}/refuse"):
+            (f"/api/role-grants/{grant_id}/refuse", {}),
         ("POST", "/api/tokens"): ("/api/tokens", {"label": "walk"}),
         ("POST", "/api/tokens/{token_id}/revoke"): (f"/api/tokens/{token_id}/revoke", {}),
         ("POST", "/api/runs"): ("/api/runs", {"config": config}),
@@ -112,8 +123,11 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
 
 def _counts(engine: Engine) -> dict[str, int]:
     with engine.connect() as conn:
-        return {t: int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one())
-                for t in WRITE_TABLES}
+        counts = {t: int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one())
+                  for t in WRITE_TABLES}
+        counts["pending role_grant"] = int(conn.execute(text(  # a decision leaves no new row
+            "SELECT count(*) FROM role_grant WHERE status = 'pending'")).scalar_one())
+        return counts
 
 
 async def test_every_write_route_asks_the_policy_first(

@@ -40,6 +40,11 @@ ADA = Actor("web", "ada", ("auditor",))
 ROOT = Actor("web", "root", ("admin",))
 DUTIES = {"submitted_by": "sam", "audited_by": "ada"}
 RELEASED = {**DUTIES, "approved_by": "olga"}
+# Role age (issue 19 item 2): governance sends when the promotion opened and, for the person,
+# when their role became active; both read from PostgreSQL.
+OPENED = "2026-06-01T00:00:00.000000Z"
+OPEN_DUTIES = {**DUTIES, "promotion_opened_at": OPENED}
+BEA = Actor("web", "bea", ("admin",))
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,11 @@ def _allow(actor: Actor, action: str, kind: str, why: str, **kw: Any) -> Case:
     return Case(actor, action, Resource(kind, "r-1", **kw), True, why)
 
 
-def _for(person: Actor) -> dict[str, Any]:
-    return {"on_behalf_of": {"user": person.user, "roles": list(person.roles)}}
+def _for(person: Actor, since: str | None = "2026-01-01T00:00:00.000000Z") -> dict[str, Any]:
+    behalf: dict[str, Any] = {"user": person.user, "roles": list(person.roles)}
+    if since is not None:
+        behalf["role_since"] = since
+    return {"on_behalf_of": behalf}
 
 
 WRITES = ("create", "update", "delete")
@@ -219,11 +227,44 @@ DUTY_CASES = [
     Case(
         GOVERNANCE,
         "approve",
-        Resource("promotion", "p", attrs=DUTIES),
+        Resource("promotion", "p", attrs=OPEN_DUTIES),
         True,
         "governance may approve promotion for olga",
         _for(OLGA),
     ),
+    Case(
+        GOVERNANCE,
+        "approve",
+        Resource("promotion", "p", attrs=OPEN_DUTIES),
+        False,
+        "olga's role became active at 2026-06-01T00:00:00.000001Z, after the promotion opened",
+        _for(OLGA, since="2026-06-01T00:00:00.000001Z"),
+    ),
+    Case(
+        GOVERNANCE,
+        "sign_audit",
+        Resource("promotion", "p", attrs={"submitted_by": "sam"}),
+        False,
+        "sign_audit needs resource.attrs.promotion_opened_at",
+        _for(ADA),
+    ),
+    Case(
+        GOVERNANCE,
+        "sign_audit",
+        Resource("promotion", "p", attrs=OPEN_DUTIES),
+        False,
+        "sign_audit needs context.on_behalf_of.role_since",
+        _for(ADA, since=None),
+    ),
+    # Two-person role grants: the requester never decides their own request.
+    _deny(ROOT, "confirm", "role_grant", "two-person rule: root requested this role grant",
+          attrs={"requested_by": "root"}),
+    _deny(ROOT, "refuse", "role_grant", "root requested this role grant and may not refuse",
+          attrs={"requested_by": " Root"}),
+    _deny(BEA, "confirm", "role_grant", "confirm a role grant needs resource.attrs.requested_by"),
+    _allow(BEA, "confirm", "role_grant", "role admin may confirm role_grant",
+           attrs={"requested_by": "root"}),
+    _deny(OLGA, "confirm", "role_grant", "no rule lets user olga", attrs={"requested_by": "root"}),
     Case(
         GOVERNANCE,
         "approve",

@@ -386,6 +386,48 @@ async def test_operator_rejection_rejects(deps: Deps) -> None:
     assert _production(deps)[0] == deps.world.baseline
 
 
+async def test_a_pending_or_newer_role_may_not_sign_the_audit(deps: Deps) -> None:
+    """Issue 19 item 2: a role must be active, and held since before the promotion opened."""
+    async with running(deps, _good(deps)) as run:
+        await run.at_gate("audit")
+        opened = _rows(deps.owner, "SELECT id, created_at FROM promotion WHERE proposal_id = :p",
+                       p=deps.world.proposal_id)[0]
+        # Pending: one admin asked, nobody confirmed; the person holds no auditor role yet.
+        pending = deps.person("penny", [])
+        with deps.web_engine.begin() as conn:
+            conn.execute(text("INSERT INTO role_grant (id, user_name, role, requested_by) "
+                              "VALUES (:g, :u, 'auditor', 'root')"),
+                         {"g": f"g-{pending}", "u": pending})
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await run.send(PROMOTION_SIGN_AUDIT_UPDATE, deps.decide("audit", pending, "sign"))
+        assert "does not hold the 'auditor' role" in str(refused.value.cause)
+        # Confirmed by a second admin, but after the promotion opened: refused, and audited.
+        late = deps.person("late", ["auditor"])
+        with deps.web_engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO role_grant (id, user_name, role, requested_by) "
+                "VALUES (:g, :u, 'auditor', 'root')"), {"g": f"g-{late}", "u": late})
+            conn.execute(text(
+                "UPDATE role_grant SET status = 'active', confirmed_by = 'bea',"
+                " confirmed_at = now() WHERE id = :g"), {"g": f"g-{late}"})
+        late_decision = deps.decide("audit", late, "sign")
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await run.send(PROMOTION_SIGN_AUDIT_UPDATE, late_decision)
+        why = str(refused.value.cause)
+        assert f"{late} may not sign_audit promotion {opened[0]}" in why, why
+        assert "after the promotion opened" in why
+        denials = _rows(deps.owner, "SELECT payload->'reasons'->>0 FROM audit_event WHERE"
+                        " decision = 'deny' AND payload->>'human_decision_id' = :d",
+                        d=late_decision)
+        assert denials and "after the promotion opened" in denials[0][0], denials
+        # A role held since before the promotion opened still signs.
+        await run.decide(PROMOTION_SIGN_AUDIT_UPDATE, "bob", ["auditor"])
+        await run.at_gate("approval")
+        await run.decide(PROMOTION_APPROVE_UPDATE, "carol", ["operator"], decision="reject")
+        final = await run.result()
+    assert final.status == "rejected" and final.audited_by == f"bob-{deps.suffix}"
+
+
 async def test_audit_deadline_expires(deps: Deps) -> None:
     async with running(deps, _good(deps), replace(TIMING, audit_deadline_s=1.0)) as run:
         final = await run.result()
@@ -469,9 +511,17 @@ def test_opa_refuses_submitter_auditor_and_learning_approvals(
                              context=acting_for(Actor("web", "alice", ("auditor",))))
     with pytest.raises(PolicyDenied):
         as_learning.authorize(Actor(service="learning"), "approve", promotion)
-    # The one who may: an operator who neither submitted nor audited.
-    authorizer.authorize(governance, "approve", promotion,
-                         context=acting_for(Actor("web", "carol", ("operator",))))
+    # The one who may: an operator who neither submitted nor audited, whose role predates
+    # the promotion (both times read from the database by governance; a missing one denies).
+    carol = acting_for(Actor("web", "carol", ("operator",)))
+    with pytest.raises(PolicyDenied, match="needs context.on_behalf_of.role_since"):
+        authorizer.authorize(governance, "approve", Resource("promotion", id="p1", attrs={
+            **facts, "promotion_opened_at": "2026-06-01T00:00:00Z"}), context=carol)
+    carol["on_behalf_of"]["role_since"] = "2026-05-01T00:00:00Z"
+    with pytest.raises(PolicyDenied, match="needs resource.attrs.promotion_opened_at"):
+        authorizer.authorize(governance, "approve", promotion, context=carol)
+    authorizer.authorize(governance, "approve", Resource("promotion", id="p1", attrs={
+        **facts, "promotion_opened_at": "2026-06-01T00:00:00Z"}), context=carol)
 
 
 async def test_operator_rollback_is_fast_and_refused_for_others(deps: Deps) -> None:

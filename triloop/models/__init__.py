@@ -14,7 +14,7 @@ from triloop.models.governance import (
 )
 from triloop.models.training import Checkpoint, Proposal, TrainingRun, TrainingStep
 from triloop.models.trajectories import Step, Trajectory
-from triloop.models.users import ApiToken, User
+from triloop.models.users import ApiToken, RoleGrant, User
 
 __all__ = [
     "ApiToken",
@@ -32,6 +32,7 @@ __all__ = [
     "HumanDecision",
     "Promotion",
     "Proposal",
+    "RoleGrant",
     "Routing",
     "Step",
     "Task",

@@ -38,3 +38,21 @@ class ApiToken(SQLModel, table=True):
     expires_at: datetime = timestamp_field(nullable=False)
     revoked_at: datetime | None = timestamp_field()
     revoked_by: str | None = None
+
+
+class RoleGrant(SQLModel, table=True):
+    """A privileged role asked for by one admin; it is active only once another confirms.
+
+    The database refuses a grant decided by its requester and any change to a decided
+    grant (migration 0007). ``confirmed_at`` of an active grant is when the role began.
+    """
+
+    __tablename__ = "role_grant"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    user_name: str = Field(foreign_key="app_user.name", index=True)
+    role: str = Field(description="operator, auditor or admin")
+    requested_by: str
+    requested_at: datetime = created_at_field()
+    confirmed_by: str | None = Field(default=None, description="the admin who decided it")
+    confirmed_at: datetime | None = timestamp_field()
+    status: str = Field(default="pending", description="pending, active or refused")

@@ -14,6 +14,7 @@ from web.api import (
     evaluation,
     faults,
     promotions,
+    role_grants,
     runs,
     tokens,
     users,
@@ -36,7 +37,7 @@ async def healthz() -> Health:
 
 
 ROUTERS: tuple[APIRouter, ...] = (
-    health_router, users.router, tokens.router, runs.router, checkpoints.router,
+    health_router, users.router, role_grants.router, tokens.router, runs.router, checkpoints.router,
     environments.router, evaluation.router, promotions.router, deployments.router,
     episodes.router, audit.router, faults.router,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from sqlmodel import Session
 
-from web import users
+from web import role_grants, users
 from web.api.common import ERRORS
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
@@ -38,9 +38,15 @@ async def list_users(
 def _create(
     *, session: Session, body: UserCreate, created_by: str, token_lifetime_s: int
 ) -> UserCreated:
-    user, token = users.create_user(session=session, name=body.name, roles=body.roles,
-                                    created_by=created_by, token_lifetime_s=token_lifetime_s)
-    return UserCreated(**users.public(user).model_dump(), token=token)
+    roles = users.check_new_user(body.name, body.roles)
+    active, privileged = role_grants.split_roles(roles)
+    user, token = users.create_user(session=session, name=body.name, roles=active,
+                                    created_by=created_by, token_lifetime_s=token_lifetime_s,
+                                    allow_no_role=bool(privileged))
+    pending = [role_grants.request_grant(session=session, user_name=user.name, role=role,
+                                         requested_by=created_by) for role in privileged]
+    return UserCreated(**users.public(user).model_dump(), token=token,
+                       pending_grants=[role_grants.public(g) for g in pending])
 
 
 @router.post("/users", status_code=201, response_model=UserCreated)
@@ -49,6 +55,8 @@ async def create_user(
 ) -> UserCreated:
     """Create a person; the token is in this response only (admins)."""
     await guard("create", "user", id=body.name, attrs={"roles": body.roles})
+    for role in role_grants.split_roles(body.roles)[1]:  # each asks for a second admin
+        await guard("create", "role_grant", attrs={"user": body.name, "role": role})
     try:
         return await db.write(_create, body=body, created_by=guard.principal.name,
                               token_lifetime_s=services.settings.api_token_lifetime_s)

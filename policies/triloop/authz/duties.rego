@@ -80,3 +80,61 @@ deny_reasons contains sprintf("%s may %s only their own runs; this run belongs t
 	action in owner_actions
 	resource_owner != human.user
 }
+
+# Two-person role grants: the admin who requested a privileged role for someone
+# may not also decide it. requested_by is read from the role_grant row.
+grant_decisions := {"confirm", "refuse"}
+
+deny_reasons contains sprintf("%s a role grant needs resource.attrs.requested_by", [action]) if {
+	kind == "role_grant"
+	action in grant_decisions
+	not attrs.requested_by
+}
+
+deny_reasons contains sprintf(
+	"two-person rule: %s requested this role grant and may not %s it; another admin must",
+	[human.user, action],
+) if {
+	kind == "role_grant"
+	action in grant_decisions
+	attrs.requested_by == human.user
+}
+
+# A person may sign an audit or approve only with a role held since before the
+# promotion opened: a role granted once the candidate is on its way cannot be
+# the one that lets it through. Governance reads both facts from PostgreSQL:
+# resource.attrs.promotion_opened_at (the promotion row) and
+# context.on_behalf_of.role_since (the confirmed role grant). A missing or
+# unparsable fact denies.
+role_age_actions := {"approve", "sign_audit"}
+
+promotion_opened_ns := time.parse_rfc3339_ns(input.resource.attrs.promotion_opened_at)
+
+role_since_ns := time.parse_rfc3339_ns(input.context.on_behalf_of.role_since)
+
+deny_reasons contains sprintf(
+	"%s needs resource.attrs.promotion_opened_at (RFC 3339) to check the role's age",
+	[action],
+) if {
+	mode == "delegated"
+	action in role_age_actions
+	not promotion_opened_ns
+}
+
+deny_reasons contains sprintf(
+	"%s needs context.on_behalf_of.role_since (RFC 3339) to check the role's age",
+	[action],
+) if {
+	mode == "delegated"
+	action in role_age_actions
+	not role_since_ns
+}
+
+deny_reasons contains sprintf(
+	"%s's role became active at %s, after the promotion opened at %s; %s needs a role held since before",
+	[human.user, input.context.on_behalf_of.role_since, input.resource.attrs.promotion_opened_at, action],
+) if {
+	mode == "delegated"
+	action in role_age_actions
+	role_since_ns > promotion_opened_ns
+}

@@ -91,3 +91,67 @@ test_learning_pauses_its_own_run_without_an_owner if {
 	denied(svc("learning", "cancel", "training_run"))
 	denied(svc("learning", "resume", "training_run"))
 }
+
+role_grant(user, action, attrs) := {
+	"actor": {"service": "web", "user": user, "roles": ["admin"]},
+	"action": action,
+	"resource": {"kind": "role_grant", "id": "g1", "attrs": attrs},
+}
+
+test_a_second_admin_decides_a_role_grant if {
+	allowed(role_grant("bea", "confirm", {"requested_by": "ann"}))
+	allowed(role_grant("bea", "refuse", {"requested_by": "ann"}))
+	allowed(role_grant("ann", "create", {}))
+}
+
+test_the_requester_may_not_decide_their_own_grant if {
+	denied_because(role_grant("ann", "confirm", {"requested_by": " ANN"}), "two-person rule: ann requested")
+	denied_because(role_grant("ann", "refuse", {"requested_by": "ann"}), "may not refuse it")
+}
+
+test_deciding_a_grant_without_its_requester_denies if {
+	denied_because(role_grant("bea", "confirm", {}), "confirm a role grant needs resource.attrs.requested_by")
+	denied_because(role_grant("bea", "refuse", {"requested_by": ""}), "needs resource.attrs.requested_by")
+}
+
+test_only_admins_handle_role_grants if {
+	inp := object.union(role_grant("olga", "confirm", {"requested_by": "ann"}), {"actor": {"roles": ["operator", "auditor"]}})
+	denied_because(inp, "no rule lets user olga")
+	reading := object.union(role_grant("olga", "read", {}), {"actor": {"roles": ["operator"]}})
+	denied_because(reading, "no rule lets user olga")
+}
+
+acting_for_at(action, opened_at, since) := {
+	"actor": {"service": "governance"},
+	"action": action,
+	"resource": {"kind": "promotion", "id": "p1", "attrs": {
+		"submitted_by": "sam", "audited_by": "ada",
+		"promotion_opened_at": opened_at,
+	}},
+	"context": {"on_behalf_of": {"user": "olga", "roles": ["operator", "auditor"], "role_since": since}},
+}
+
+test_a_role_held_since_before_the_promotion_decides if {
+	allowed(acting_for_at("approve", "2026-11-30T10:00:00Z", "2026-11-29T10:00:00.5Z"))
+	allowed(acting_for_at("approve", "2026-11-30T10:00:00Z", "2026-11-30T12:00:00+02:00"))
+}
+
+test_a_role_newer_than_the_promotion_is_refused if {
+	denied_because(
+		acting_for_at("approve", "2026-11-30T10:00:00Z", "2026-11-30T10:00:00.000001Z"),
+		"olga's role became active at 2026-11-30T10:00:00.000001Z, after the promotion opened",
+	)
+	inp := object.union(acting_for_at("sign_audit", "2026-11-30T10:00:00Z", "2026-12-01T00:00:00Z"), {"context": {"on_behalf_of": {"user": "ann"}}})
+	denied_because(inp, "sign_audit needs a role held since before")
+}
+
+test_a_missing_role_age_fact_denies if {
+	denied_because(acting_for_at("approve", "", "2026-11-29T10:00:00Z"), "approve needs resource.attrs.promotion_opened_at")
+	denied_because(acting_for_at("approve", "2026-11-30T10:00:00Z", "yesterday"), "approve needs context.on_behalf_of.role_since")
+	no_since := json.remove(acting_for_at("sign_audit", "2026-11-30T10:00:00Z", "x"), ["context/on_behalf_of/role_since"])
+	denied_because(no_since, "sign_audit needs context.on_behalf_of.role_since")
+}
+
+test_rejections_need_no_role_age if {
+	allowed(acting_for_at("reject", "2026-11-30T10:00:00Z", "2026-12-01T00:00:00Z"))
+}

@@ -71,10 +71,10 @@ service_grants := {
 # eval items stay hidden from them for the same reason as from the learning loop.
 # Everyone lists their own API tokens (below); admins and auditors anyone's.
 role_reads := {
-	"ml_engineer": kinds - {"eval_item", "approval", "audit_event", "user", "api_token"},
-	"operator": kinds - {"user", "api_token"},
+	"ml_engineer": kinds - {"eval_item", "approval", "audit_event", "user", "api_token", "role_grant"},
+	"operator": kinds - {"user", "api_token", "role_grant"},
 	"auditor": kinds,
-	"admin": {"user", "audit_event", "api_token"},
+	"admin": {"user", "audit_event", "api_token", "role_grant"},
 }
 
 # What each role may do beyond reading.
@@ -99,6 +99,9 @@ role_grants := {
 	"admin": {
 		"user": {"create", "update", "delete"},
 		"api_token": {"create", "revoke"},
+		# A privileged role is requested by one admin and confirmed by another
+		# (duties.rego): no admin alone can supply the second person.
+		"role_grant": {"create", "confirm", "refuse"},
 	},
 }
 

@@ -4,7 +4,10 @@ import data.triloop.authz
 
 # Facts that satisfy every duty check (and say that nothing is frozen), so that these
 # tests see the table alone.
-clean_attrs := {"submitted_by": "sam", "audited_by": "ada", "approved_by": "olga", "frozen": false}
+clean_attrs := {
+	"submitted_by": "sam", "audited_by": "ada", "approved_by": "olga", "frozen": false,
+	"requested_by": "ann", "promotion_opened_at": "2026-06-01T00:00:00Z",
+}
 
 svc_clean(service, action, kind) := {
 	"actor": {"service": service},
@@ -95,7 +98,7 @@ for_person(service, action, kind, user, roles) := {
 	"actor": {"service": service},
 	"action": action,
 	"resource": {"kind": kind, "id": "r1", "owner": "uma", "attrs": clean_attrs},
-	"context": {"on_behalf_of": {"user": user, "roles": roles}},
+	"context": {"on_behalf_of": {"user": user, "roles": roles, "role_since": "2026-01-01T00:00:00Z"}},
 }
 
 test_governance_carries_out_a_persons_decision if {

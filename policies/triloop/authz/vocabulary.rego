@@ -18,7 +18,7 @@ kinds := {
 	"eval_set", "eval_item", "threshold",
 	"training_run", "training_step", "trajectory", "step", "checkpoint",
 	"proposal", "promotion", "gate_result", "approval", "deployment", "routing",
-	"audit_event", "user", "serving_fault", "api_token",
+	"audit_event", "user", "serving_fault", "api_token", "role_grant",
 }
 
 actions := {
@@ -28,6 +28,7 @@ actions := {
 	"approve", "reject", "sign_audit", "reject_audit",
 	"promote", "rollback", "route", "verify",
 	"inject_fault", "clear_fault", "revoke",
+	"confirm", "refuse",
 }
 
 # Everything but looking: used by the "never" rules.
@@ -55,6 +56,8 @@ applies_to := {
 	"inject_fault": {"serving_fault"},
 	"clear_fault": {"serving_fault"},
 	"revoke": {"api_token"},
+	"confirm": {"role_grant"},
+	"refuse": {"role_grant"},
 }
 
 # Named rules rather than `not is_string(input.x)` inline: a negated builtin
