@@ -26,7 +26,10 @@ This is GRPO as in Shao et al. (2024), with these departures:
 - the log-ratio is clamped to +-20 before exp so a wildly stale token cannot make the
   loss infinite; the clamped token then gets no gradient;
 - the KL penalty is in the loss (as in GRPO), not in the reward, and beta = 0 (default,
-  as in DAPO / Dr. GRPO) needs no reference model at all.
+  as in DAPO / Dr. GRPO) needs no reference model at all;
+- logp_theta (and logp_ref) are taken at the rollout's sampling temperature T, softmax of
+  logits / T, because the behaviour logprobs were: at T != 1 an untempered learner would
+  see ratios far from 1 on perfectly on-policy data.
 
 The module also holds the teacher-forced scoring the update and the monitors share:
 `token_logprobs`, `token_entropy`, `policy_action_logprobs` (a sample's action tokens under
@@ -123,9 +126,15 @@ class ObjectiveOutput:
     stats: ObjectiveStats
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log p(token t+1 | tokens <= t) for t in 0..L-2: shape [B, L-1], aligned with targets."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """log p_T(token t+1 | tokens <= t) for t in 0..L-2: shape [B, L-1], aligned with targets.
+
+    ``temperature`` is the sampling temperature the behaviour logprobs were taken at: the
+    ratio compares the same tempered distribution on both sides.
+    """
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
     return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
@@ -143,14 +152,15 @@ def policy_action_logprobs(
     *,
     device: torch.device,
     micro_batch_size: int = 8,
+    temperature: float = 1.0,
 ) -> list[list[float]]:
-    """The model's logprob of each action token of each sample (teacher forcing)."""
+    """The model's logprob of each action token of each sample (teacher forcing, at T)."""
     result: list[list[float]] = []
     for start in range(0, len(samples), micro_batch_size):
         chunk = samples[start : start + micro_batch_size]
         batch = collate(chunk).to(device)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        logp = token_logprobs(logits, batch.input_ids).float().cpu()
+        logp = token_logprobs(logits, batch.input_ids, temperature).float().cpu()
         for row, s in enumerate(chunk):
             first = len(s.prompt_token_ids) - 1
             result.append(logp[row, first : first + len(s.action_token_ids)].tolist())

@@ -42,11 +42,14 @@ class UpdateSettings:
 
     objective: ObjectiveConfig = ObjectiveConfig()
     update: UpdateConfig = UpdateConfig()
+    # The rollouts' sampling temperature (unitless, > 0): logprobs are compared at it.
+    temperature: float = 1.0
 
     @classmethod
     def from_run(cls, run: RunConfig) -> UpdateSettings:
         """The update settings of a whole run configuration."""
-        return cls(objective=run.objective, update=run.update)
+        return cls(objective=run.objective, update=run.update,
+                   temperature=run.rollout.temperature)
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ def update_policy(
     was_training = model.training
     model.eval()
     try:
-        kept, guard = _guard_staleness(model, samples, config.update, policy_version, device)
+        kept, guard = _guard_staleness(model, samples, config.update, policy_version, device,
+                                       config.temperature)
         stats, norms, loss, skipped = ObjectiveStats(), [], 0.0, 0
         for mini in _split(kept, config.update.optimizer_steps_per_batch):
             mini_stats, mini_loss = _accumulate(model, mini, config, reference, device,
@@ -202,9 +206,10 @@ def _accumulate(
                 ref_logits = reference(
                     input_ids=batch.input_ids, attention_mask=batch.attention_mask
                 ).logits
-                reference_logprobs = token_logprobs(ref_logits, batch.input_ids)
+                reference_logprobs = token_logprobs(ref_logits, batch.input_ids,
+                                                    config.temperature)
         out = grpo_loss(
-            token_logprobs(logits, batch.input_ids),
+            token_logprobs(logits, batch.input_ids, config.temperature),
             batch.behaviour_logprobs,
             batch.advantages,
             batch.action_mask,
@@ -225,6 +230,7 @@ def _guard_staleness(
     config: UpdateConfig,
     policy_version: int,
     device: torch.device,
+    temperature: float,
 ) -> tuple[list[TrainingSample], OffPolicyReport]:
     staleness = [policy_version - s.policy_version for s in samples]
     if staleness and min(staleness) < 0:
@@ -241,7 +247,8 @@ def _guard_staleness(
         return fresh, replace(report, stale_dropped=len(stale))
     corrected: dict[int, TrainingSample] = {}
     weights: list[float] = []
-    proximal_logprobs = policy_action_logprobs(model, stale, device=device)
+    proximal_logprobs = policy_action_logprobs(model, stale, device=device,
+                                               temperature=temperature)
     for s, proximal in zip(stale, proximal_logprobs, strict=True):
         # Decoupled PPO: clip against the current (proximal) policy, weight by the truncated
         # proximal/behaviour ratio so stale data is neither ignored nor over-trusted.

@@ -274,3 +274,33 @@ def test_reference_kl_is_measured_and_required_when_weighted() -> None:
     assert metrics.reference_kl == pytest.approx(0.0, abs=1e-6)  # first step: same weights
     with pytest.raises(ObjectiveInputError, match="reference"):
         update_policy(model, optimizer, batch_of(model), settings, policy_version=0)
+
+
+def test_on_policy_ratios_are_one_at_the_sampling_temperature() -> None:
+    from execution_loop.inference.torch_backend import teacher_forced_logprobs
+
+    model = tiny_model()
+    # Behaviour logprobs as the execution loop's sampler reports them at T = 0.7.
+    raw = [sample([1, 2, 3], [4, 5], 1.0, tid="a"), sample([1, 2, 3], [6, 7, 8], -1.0, tid="b"),
+           sample([9, 10], [11], 0.5, tid="c"), sample([12, 13, 14, 15], [16, 17], -0.5, tid="d")]
+    at_t = [replace(s, behaviour_logprobs=tuple(teacher_forced_logprobs(
+        model, s.prompt_token_ids, s.action_token_ids, temperature=0.7))) for s in raw]
+    learner = policy_action_logprobs(model, at_t, device=CPU, temperature=0.7)
+    untempered = policy_action_logprobs(model, at_t, device=CPU)
+    flat = [b for s in at_t for b in s.behaviour_logprobs]
+    # Full forward against the sampler's incremental one: equal up to float32 rounding.
+    assert [x for row in learner for x in row] == pytest.approx(flat, abs=1e-4)
+    assert max(abs(a - b) for a, b in zip([x for r in untempered for x in r], flat,
+                                          strict=True)) > 1e-2  # what the learner used to see
+    settings = UpdateSettings(temperature=0.7, update=UpdateConfig(max_grad_norm=1e9))
+    metrics = update_policy(model, GradientRecorder(model.parameters()), at_t, settings,
+                            policy_version=0)
+    assert metrics.clip_fraction == 0.0 and metrics.approx_kl == pytest.approx(0.0, abs=1e-6)
+
+
+def test_update_settings_take_the_rollout_temperature() -> None:
+    from triloop.run_config import RunConfig
+
+    run = RunConfig.model_validate({"name": "t", "model": {"base": "x"}, "rollout": {
+        "task_ids": ["t"], "temperature": 0.7}})
+    assert UpdateSettings.from_run(run).temperature == 0.7
