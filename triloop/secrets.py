@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 OWNER_PASSWORD = "pg-owner"
+
+
+class SecretFileError(RuntimeError):
+    """A secret file that cannot be trusted or read; the message says how to fix it."""
 
 
 def role_password_name(service: str) -> str:
@@ -31,16 +36,25 @@ def opa_token_name(service: str) -> str:
 
 
 def read_secret(directory: Path, name: str) -> str | None:
-    """The secret's value, or None when the folder holds no such secret."""
+    """The secret's value, or None when the folder holds no such secret.
+
+    A file others may read is refused: the secret may already be known to them.
+    """
+    path = directory / name
     try:
-        return (directory / name).read_text().strip() or None
+        mode = stat.S_IMODE(path.stat().st_mode)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    if mode & 0o077:
+        raise SecretFileError(
+            f"{path} has mode {mode:04o}: other users may have read it. Delete it (`dev up`"
+            " generates a new one) or `chmod 600` it if you are sure nobody else could read it.")
+    return path.read_text().strip() or None
 
 
 def write_secret(directory: Path, name: str, value: str) -> None:
     """Write one secret readable by its owner only (the folder is made 0700)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
     path = directory / name
     # Created 0600 before the value is written: never readable by others, not even briefly.
@@ -51,12 +65,27 @@ def write_secret(directory: Path, name: str, value: str) -> None:
 
 
 def ensure_secret(directory: Path, name: str) -> str:
-    """The secret's value, generated (256 random bits) the first time it is asked for."""
+    """The secret's value, generated (256 random bits) the first time it is asked for.
+
+    Two processes asking at once get the same value: the new file is written privately
+    and linked into place, so one wins and the other reads the winner's.
+    """
     existing = read_secret(directory, name)
     if existing is not None:
         return existing
-    value = secrets.token_urlsafe(32)
-    write_secret(directory, name, value)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    temporary = directory / f".{name}.{os.getpid()}.tmp"
+    write_secret(directory, temporary.name, secrets.token_urlsafe(32))
+    try:
+        os.link(temporary, directory / name)
+    except FileExistsError:
+        pass
+    finally:
+        temporary.unlink(missing_ok=True)
+    value = read_secret(directory, name)
+    if value is None:
+        raise SecretFileError(f"{directory / name} is empty; delete it to generate a new one")
     return value
 
 
