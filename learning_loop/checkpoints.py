@@ -33,6 +33,8 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file
 
+from triloop.weights import safetensors_digest
+
 TRAINER_STATE = "trainer_state.pt"
 _FORMAT_VERSION = 1
 
@@ -88,14 +90,15 @@ def weights_digest(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def saved_weights_digest(model_dir: Path) -> str:
-    """The checkpoint id of the safetensors files in a saved model directory."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{model_dir} has no *.safetensors weights")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(str(file)))
-    return weights_digest(tensors)
+    """The checkpoint id of the safetensors files in a saved model directory.
+
+    One definition with the serving side's check (``triloop.weights``), which streams the
+    files instead of loading every tensor.
+    """
+    try:
+        return safetensors_digest(model_dir)
+    except ValueError as exc:
+        raise CheckpointError(f"{model_dir}: {exc}") from exc
 
 
 def save_checkpoint(

@@ -112,8 +112,9 @@ def _update_with_tensor(
 def safetensors_digest(model_dir: Path) -> str:
     """The checkpoint id of the ``*.safetensors`` files in a model directory.
 
-    Byte for byte the learning loop's ``saved_weights_digest``: later files win
-    for a name present in two files, as there.
+    Byte for byte what the learning loop computes from the tensors in memory when it saves
+    a checkpoint (``weights_digest``), which also reads saved checkpoints back through this
+    function; later files win for a name present in two files.
     """
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
