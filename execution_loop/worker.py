@@ -1,8 +1,9 @@
 """The execution loop's worker: the one place that builds its adapters.
 
 ``python -m execution_loop.worker`` reads ``TRILOOP_*`` settings, connects to
-Temporal as ``execution-worker@<host>``, and polls the ``execution`` queue with the
-rollout workflow, the episode activities and the admission probe. Database access
+Temporal with the execution service's token in the execution namespace, and polls the
+``execution`` queue: the rollout and admission-probe workflows, the episode activities,
+and the Nexus operations through which learning and governance ask for batches. Database access
 uses the ``triloop_execution`` role; every write asks OPA first. SIGTERM (or
 Ctrl-C) stops polling and lets running episodes finish for up to
 ``GRACEFUL_SHUTDOWN`` before they are cancelled and retried elsewhere.
@@ -22,6 +23,7 @@ from temporalio.worker import Worker
 
 from execution_loop.activities import RolloutActivities, activities_of
 from execution_loop.admission_probe import AdmissionProbe
+from execution_loop.nexus_handlers import ExecutionNexusHandlers
 from execution_loop.policies import (
     EnvironmentLookup,
     PolicyCache,
@@ -29,10 +31,12 @@ from execution_loop.policies import (
     TaskEnvironments,
     backend_factory,
 )
-from execution_loop.workflows import RolloutWorkflow
+from execution_loop.trajectories import EXECUTION
+from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.faults import read_serving_faults
+from triloop.nexus_caller import NexusCallerCheck
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import EXECUTION_QUEUE
@@ -74,8 +78,10 @@ def build_worker(
     return Worker(
         client,
         task_queue=settings.task_queue(EXECUTION_QUEUE),
-        workflows=[RolloutWorkflow],
+        workflows=[RolloutWorkflow, AdmissionProbeWorkflow],
         activities=[*activities_of(rollout), probe.probe_admission],
+        nexus_service_handlers=[ExecutionNexusHandlers(
+            NexusCallerCheck(settings, server=EXECUTION, authorizer=authorizer))],
         activity_executor=executor,
         max_concurrent_activities=max_concurrent_episodes,
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
@@ -85,7 +91,7 @@ def build_worker(
 
 async def serve(settings: Settings) -> None:
     """Run the worker until SIGTERM or SIGINT, then shut down gracefully."""
-    client = await connect(settings, identity=worker_identity())
+    client = await connect(settings, identity=worker_identity(), service="execution")
     worker = build_worker(client, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -29,7 +29,15 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
-    from triloop.workflow_api import ROLLOUT_WORKFLOW, RolloutBatchInput, RolloutBatchResult
+    from triloop.workflow_api import (
+        ADMISSION_PROBE_WORKFLOW,
+        PROBE_ADMISSION_ACTIVITY,
+        ROLLOUT_WORKFLOW,
+        AdmissionProbeEvidence,
+        AdmissionProbeInput,
+        RolloutBatchInput,
+        RolloutBatchResult,
+    )
 
 RUN_EPISODE_ACTIVITY = "run_episode_activity"
 ROUTE_EPISODES_ACTIVITY = "route_production_episodes"
@@ -45,6 +53,9 @@ EPISODE_RETRY = RetryPolicy(
 # Routing and truncation records: short database work.
 QUICK_TIMEOUT = timedelta(seconds=60)
 QUICK_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
+# The admission probe resets the environment and runs its reference solution k times.
+PROBE_TIMEOUT = timedelta(minutes=30)
+PROBE_RETRY = RetryPolicy(maximum_attempts=3)
 
 
 @dataclass
@@ -280,3 +291,16 @@ class RolloutWorkflow:
             spec.purpose = decision.purpose
             spec.shadow_checkpoint_id = decision.shadow_checkpoint_id
         return specs
+
+
+@workflow.defn(name=ADMISSION_PROBE_WORKFLOW)
+class AdmissionProbeWorkflow:
+    """The admission probe as a workflow, so governance can ask for it through Nexus."""
+
+    @workflow.run
+    async def run(self, request: AdmissionProbeInput) -> AdmissionProbeEvidence:
+        evidence: AdmissionProbeEvidence = await workflow.execute_activity(
+            PROBE_ADMISSION_ACTIVITY, request, result_type=AdmissionProbeEvidence,
+            start_to_close_timeout=PROBE_TIMEOUT, retry_policy=PROBE_RETRY,
+        )
+        return evidence

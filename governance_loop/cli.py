@@ -271,7 +271,7 @@ async def _assess(settings: Settings, task_id: str, user: str, wait: float) -> A
         admission_workflow_id,
     )
 
-    client = await connect(settings, identity=f"governance-cli:{user}")
+    client = await connect(settings, identity=f"governance-cli:{user}", service="governance")
     handle = await client.start_workflow(
         ADMISSION_WORKFLOW, AdmissionInput(task_id=task_id, requested_by=user),
         id=admission_workflow_id(task_id), task_queue=settings.task_queue(GOVERNANCE_QUEUE),

@@ -1,8 +1,9 @@
 """The governance worker: the loop's only wiring point (``python -m governance_loop.worker``).
 
 It builds the governance role's engine, the OPA authorizer and the Temporal
-client (identity ``governance-worker@<host>``), picks the gate durations for
-``settings.gate_profile`` and polls the governance task queue. Workflows cannot
+client (governance's token, in the governance namespace), picks the gate durations for
+``settings.gate_profile`` and polls the governance task queue, which also serves the
+``propose_candidate`` Nexus operation that learning hands its proposals to. Workflows cannot
 read settings, so the durations reach them through the ``open_promotion``
 activity's result, recorded once in each promotion's history.
 """
@@ -20,15 +21,18 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from governance_loop.activities.admission import AdmissionActivities
+from governance_loop.activities.common import GOVERNANCE
 from governance_loop.activities.evidence import EvidenceActivities
 from governance_loop.activities.messages import PromotionTiming
 from governance_loop.activities.promotion import DEFAULT_THRESHOLD_NAME, PromotionActivities
 from governance_loop.activities.rollback import RollbackActivities
 from governance_loop.admission import AdmissionBudgets
 from governance_loop.durations import GateDurations
+from governance_loop.nexus_handlers import GovernanceNexusHandlers
 from governance_loop.workflows import AdmissionWorkflow, PromotionWorkflow, RollbackWorkflow
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
+from triloop.nexus_caller import NexusCallerCheck
 from triloop.policy import Authorizer
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
@@ -103,6 +107,8 @@ def build_worker(
             admission.load_admission_task, admission.record_admission_evidence,
             admission.decide_task_admission,
         ],
+        nexus_service_handlers=[GovernanceNexusHandlers(
+            NexusCallerCheck(settings, server=GOVERNANCE, authorizer=authorizer))],
         # Activities are blocking (database, OPA over a sync client): run them in threads.
         activity_executor=ThreadPoolExecutor(max_workers=16),
         identity=client.identity,
@@ -111,7 +117,8 @@ def build_worker(
 
 async def serve(settings: Settings) -> None:
     """Connect, poll until SIGINT/SIGTERM, then finish in-flight tasks and stop."""
-    client = await connect(settings, identity=f"governance-worker@{socket.gethostname()}")
+    client = await connect(settings, identity=f"governance-worker@{socket.gethostname()}",
+                           service="governance")
     worker = build_worker(client, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

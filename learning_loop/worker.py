@@ -51,7 +51,7 @@ def build_workflow_worker(client: Client, settings: Settings) -> Worker:
     """The ``learning`` queue: the run workflow and its light activities (no torch)."""
     run_state = RunActivities(
         engine=role_engine(settings, "learning"),
-        authorizer=build_authorizer(settings, "learning"), client=client,
+        authorizer=build_authorizer(settings, "learning"),
     )
     return Worker(
         client,
@@ -98,7 +98,7 @@ def build_worker(
 
 async def serve(settings: Settings, queues: tuple[str, ...] = QUEUES) -> None:
     """Run the workers until SIGTERM or SIGINT, then shut down gracefully."""
-    client = await connect(settings, identity=worker_identity())
+    client = await connect(settings, identity=worker_identity(), service="learning")
     workers = build_worker(client, settings, queues=queues)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

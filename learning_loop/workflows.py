@@ -5,17 +5,19 @@ names in ``learning_loop.activities.messages``.
 
 Iteration k (1-based) learns from rollout batch k and writes checkpoint c_k, policy
 version k; the base model is c_0. While the update of iteration k runs on the
-``learning-gpu`` queue (from c_{k-1}), the rollout of iteration k+1 already runs on the
-execution loop's queue with c_{k-1}, the latest checkpoint there is. So each update sees
-samples at most one policy version old (bounded staleness 1), and the update's off-policy
-guard (``update.max_staleness``) decides from each sample's ``policy_version``.
+``learning-gpu`` queue (from c_{k-1}), the rollout of iteration k+1 already runs in the
+execution loop (its ``run_rollouts`` Nexus operation) with c_{k-1}, the latest checkpoint
+there is. So each update sees samples at most one policy version old (bounded staleness
+1), and the update's off-policy guard (``update.max_staleness``) decides from each
+sample's ``policy_version``.
 
 People pause, resume and cancel by signal; each request is checked against the policy
 again by an activity before it changes anything, and takes effect between steps (a
 cancel also cancels a running rollout; an update in flight finishes and is kept). A
 stability alarm pauses the run when ``stability.pause_on_alarm`` is set. Every
-``schedule.propose_every`` iterations the latest checkpoint is proposed to governance (a
-proposal row and a signal-with-start of its promotion workflow; nothing else). After
+``schedule.propose_every`` iterations the latest checkpoint is proposed to governance: a
+proposal row, then governance's ``propose_candidate`` Nexus operation, which opens the
+promotion (learning holds no permission in governance's namespace). After
 ``continue_as_new_every`` iterations the workflow continues as new, carrying the
 iteration and the latest checkpoint.
 """
@@ -28,23 +30,23 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, NexusOperationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from learning_loop.activities import messages as m
+    from triloop.nexus_api import ExecutionService, GovernanceService, endpoint_for
     from triloop.run_config import RunConfig, RunConfigError
     from triloop.workflow_api import (
-        EXECUTION_QUEUE,
         GOVERNANCE_QUEUE,
         LEARNING_GPU_QUEUE,
-        ROLLOUT_WORKFLOW,
         RUN_CANCEL_SIGNAL,
         RUN_PAUSE_SIGNAL,
         RUN_RESUME_SIGNAL,
         RUN_STATUS_QUERY,
         TRAINING_RUN_WORKFLOW,
+        PromotionInput,
         RolloutBatchInput,
         RolloutBatchResult,
         RolloutItem,
@@ -52,7 +54,6 @@ with workflow.unsafe.imports_passed_through():
         RunStatus,
         TrainingRunInput,
         sibling_queue,
-        training_run_workflow_id,
     )
 
 T = TypeVar("T")
@@ -62,6 +63,7 @@ UPDATE_TIMEOUT = timedelta(hours=12)
 UPDATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                            maximum_interval=timedelta(seconds=30), maximum_attempts=20)
 MAX_ROLLOUT_CONCURRENCY = 16
+PROPOSAL_TIMEOUT = timedelta(minutes=10)
 
 
 def rollout_items(tasks: list[m.TaskSeed], iteration: int, groups: int, group_size: int
@@ -125,7 +127,7 @@ class TrainingRunWorkflow:
         except asyncio.CancelledError:  # cancelled through Temporal rather than by a person
             await self._set_status(run.run_id, "cancelled", "workflow cancelled in Temporal")
             raise
-        except (ActivityError, ChildWorkflowError) as err:
+        except (ActivityError, NexusOperationError) as err:
             cause = err.cause if isinstance(err.cause, ApplicationError) else None
             message = cause.message if cause else str(err.cause or err)
             await self._set_status(run.run_id, "failed", message[:2000])
@@ -199,6 +201,16 @@ class TrainingRunWorkflow:
                 run.run_id, result.iteration, result.checkpoint_id, run.submitted_by,
                 sibling_queue(workflow.info().task_queue, GOVERNANCE_QUEUE),
                 state.base_checkpoint_id), m.ProposeResult)
+            # The proposal row is learning's; opening its promotion is governance's, asked
+            # through governance's Nexus endpoint (learning cannot start its workflows).
+            governance = workflow.create_nexus_client(
+                service=GovernanceService,
+                endpoint=endpoint_for(workflow.info().task_queue, "governance"))
+            await governance.execute_operation(
+                GovernanceService.propose_candidate, PromotionInput(
+                    proposal_id=proposed.proposal_id, checkpoint_id=result.checkpoint_id,
+                    run_id=run.run_id, submitted_by=run.submitted_by),
+                schedule_to_close_timeout=PROPOSAL_TIMEOUT)
             state.proposals.append(proposed.proposal_id)
 
     async def _continue_as_new(self, run: TrainingRunInput, k: int, latest: str,
@@ -227,12 +239,12 @@ class TrainingRunWorkflow:
                                 rollout.groups_per_iteration * rollout.group_size),
             deadline_s=rollout.deadline_s, temperature=rollout.temperature,
         )
-        return asyncio.create_task(workflow.execute_child_workflow(
-            ROLLOUT_WORKFLOW, batch,
-            id=f"{training_run_workflow_id(run.run_id)}-rollout-{iteration}",
-            task_queue=sibling_queue(workflow.info().task_queue, EXECUTION_QUEUE),
-            result_type=RolloutBatchResult,
-            cancellation_type=workflow.ChildWorkflowCancellationType.TRY_CANCEL,
+        execution = workflow.create_nexus_client(
+            service=ExecutionService, endpoint=endpoint_for(workflow.info().task_queue,
+                                                            "execution"))
+        return asyncio.create_task(execution.execute_operation(
+            ExecutionService.run_rollouts, batch,
+            cancellation_type=workflow.NexusOperationCancellationType.TRY_CANCEL,
         ))
 
     def _start_update(self, run: TrainingRunInput, plan: m.RunPlan, iteration: int,

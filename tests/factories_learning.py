@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 from tests.factories import insert, uid
 from tests.factories_execution import make_builtin_task
 from tests.learning_standins import StandInPromotionWorkflow
+from tests.temporal_helpers import governance_nexus, loop_client, own_queues
 from triloop.config import Settings
 from triloop.workflow_api import (
     GOVERNANCE_QUEUE,
@@ -83,24 +84,30 @@ def make_run(engine: Engine, config: dict[str, Any], submitted_by: str) -> str:
 
 
 def queue_settings(settings: Settings) -> Settings:
-    """The session's settings with task queues of the calling test's own."""
-    return settings.model_copy(
-        update={"task_queue_prefix": f"{settings.task_queue_prefix}{uuid.uuid4().hex[:6]}-"}
-    )
+    """The session's settings with task queues (and Nexus endpoints) of the calling test's own."""
+    return own_queues(settings)
 
 
 @asynccontextmanager
 async def loops_running(
     client: Client, settings: Settings, *, learning: bool = True
 ) -> AsyncIterator[None]:
-    """Execution worker, governance stand-in and (unless told not to) the learning workers."""
+    """Execution worker, governance stand-in and (unless told not to) the learning workers.
+
+    Each runs in its own loop's namespace with that loop's token; ``client`` (learning's
+    namespace) serves the learning workers. Governance's stand-in answers through the real
+    ``propose_candidate`` Nexus handler, which opens the stand-in promotion workflow.
+    """
     from execution_loop.worker import build_worker as build_execution_worker
     from learning_loop.worker import build_worker as build_learning_workers
 
+    execution = await loop_client(settings, "execution", "execution-test")
+    governance = await loop_client(settings, "governance", "governance-stand-in")
     workers: list[Worker] = [
-        build_execution_worker(client, settings, max_concurrent_episodes=4),
-        Worker(client, task_queue=settings.task_queue(GOVERNANCE_QUEUE),
-               workflows=[StandInPromotionWorkflow]),
+        build_execution_worker(execution, settings, max_concurrent_episodes=4),
+        Worker(governance, task_queue=settings.task_queue(GOVERNANCE_QUEUE),
+               workflows=[StandInPromotionWorkflow],
+               nexus_service_handlers=[governance_nexus(settings)]),
     ]
     if learning:
         workers += build_learning_workers(client, settings)

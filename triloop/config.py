@@ -13,12 +13,21 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from triloop.secrets import OWNER_PASSWORD, opa_token_name, read_secret, role_password_name
+from triloop.secrets import (
+    OWNER_PASSWORD,
+    opa_token_name,
+    read_secret,
+    role_password_name,
+    temporal_token_name,
+)
 
 ServiceName = Literal["execution", "learning", "governance", "web"]
 # The built-in session secret: anyone can read it here, so only the test profile accepts it.
 DEV_SESSION_SECRET = "triloop-dev-session-secret-change-me"
 SERVICES: tuple[ServiceName, ...] = ("execution", "learning", "governance", "web")
+LoopName = Literal["execution", "learning", "governance"]
+# Each loop has its own Temporal namespace; the web service is not a loop.
+LOOPS: tuple[LoopName, ...] = ("execution", "learning", "governance")
 
 
 class Settings(BaseSettings):
@@ -38,10 +47,17 @@ class Settings(BaseSettings):
     pg_port: int = Field(55432, description="Port of the embedded PostgreSQL (loopback).")
 
     temporal_address: str = Field("127.0.0.1:7233", description="Temporal frontend host:port.")
-    temporal_namespace: str = Field("default", description="Temporal namespace.")
+    temporal_namespace_prefix: str = Field(
+        "triloop", description="Each loop's Temporal namespace is <prefix>-<loop>.")
+    temporal_token: str | None = Field(
+        None, description="This service's Temporal token (JWT); default the temporal-<service>"
+        " secret. Unset and no secret: connect without one (a server without authorization).")
+    temporal_mode: Literal["server", "dev"] = Field(
+        "server", description="server: the real Temporal server, JWT authorization on;"
+        " dev: the quick-start dev server, which authenticates nobody.")
     temporal_tls_cert: Path | None = Field(None, description="Client certificate (mTLS).")
     temporal_tls_key: Path | None = Field(None, description="Client key (mTLS).")
-    temporal_ui_port: int = Field(8233, description="Port of the dev server's web UI.")
+    temporal_ui_port: int = Field(8233, description="Port of the dev server's web UI (dev mode).")
     task_queue_prefix: str = Field("", description="Prefix for task queue names (tests).")
 
     secrets_dir: Path | None = Field(
@@ -123,6 +139,14 @@ class Settings(BaseSettings):
             if token is not None:
                 tokens[service] = token
         return tokens
+
+    def temporal_namespace(self, loop: LoopName) -> str:
+        """The namespace of one loop's workflows, task queues and Nexus handlers."""
+        return f"{self.temporal_namespace_prefix}-{loop}"
+
+    def temporal_credential(self, holder: str) -> str | None:
+        """The Temporal token this process holds for ``holder`` (a service, or admin)."""
+        return self.temporal_token or read_secret(self.secrets, temporal_token_name(holder))
 
     def task_queue(self, name: str) -> str:
         """Task queue name, prefixed so parallel test runs never share queues."""

@@ -35,6 +35,11 @@ def opa_token_name(service: str) -> str:
     return f"opa-{service}"
 
 
+def temporal_token_name(holder: str) -> str:
+    """File name of a service's (or the operator's) Temporal token, a signed JWT."""
+    return f"temporal-{holder}"
+
+
 def read_secret(directory: Path, name: str) -> str | None:
     """The secret's value, or None when the folder holds no such secret.
 

@@ -22,6 +22,7 @@ TRAINING_RUN_WORKFLOW = "TrainingRunWorkflow"  # learning
 PROMOTION_WORKFLOW = "PromotionWorkflow"  # governance
 ADMISSION_WORKFLOW = "AdmissionWorkflow"  # governance
 ROLLBACK_WORKFLOW = "RollbackWorkflow"  # governance
+ADMISSION_PROBE_WORKFLOW = "AdmissionProbeWorkflow"  # execution
 
 # Signals / updates / queries.
 RUN_PAUSE_SIGNAL = "pause"
@@ -37,6 +38,11 @@ PROMOTION_PROPOSED_SIGNAL = "proposed"
 def training_run_workflow_id(run_id: str) -> str:
     """Workflow id of a training run."""
     return f"training-run-{run_id}"
+
+
+def rollout_workflow_id(batch_id: str) -> str:
+    """Workflow id of a rollout batch in the execution loop's namespace."""
+    return f"rollout-{batch_id}"
 
 
 def promotion_workflow_id(proposal_id: str) -> str:
@@ -173,18 +179,23 @@ class AdmissionInput:
     requested_by: str
 
 
+def queue_prefix(current_queue: str) -> str:
+    """The prefix of a (possibly prefixed) queue name; tests and benchmarks prefix queues."""
+    for name in (LEARNING_GPU_QUEUE, EXECUTION_QUEUE, LEARNING_QUEUE, GOVERNANCE_QUEUE):
+        if current_queue.endswith(name):
+            return current_queue[: -len(name)]
+    return ""
+
+
 def sibling_queue(current_queue: str, loop_queue: str) -> str:
-    """Another loop's queue under the same prefix as ``current_queue`` (tests prefix queues).
+    """Another queue of the same loop under the prefix of ``current_queue``.
 
     Deterministic, so a workflow may call it with ``workflow.info().task_queue``.
     """
-    for name in (LEARNING_GPU_QUEUE, EXECUTION_QUEUE, LEARNING_QUEUE, GOVERNANCE_QUEUE):
-        if current_queue.endswith(name):
-            return current_queue[: -len(name)] + loop_queue
-    return loop_queue
+    return queue_prefix(current_queue) + loop_queue
 
 
-# Activity the governance AdmissionWorkflow runs on the execution queue.
+# The execution loop's probe activity (run by its AdmissionProbeWorkflow).
 PROBE_ADMISSION_ACTIVITY = "probe_admission"
 
 

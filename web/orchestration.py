@@ -24,8 +24,8 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError, FailureError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from triloop.config import Settings
-from triloop.temporal import connect
+from triloop.config import LoopName, Settings
+from triloop.temporal import connect, in_namespace
 from triloop.workflow_api import (
     ADMISSION_DECIDE_UPDATE,
     EXECUTION_QUEUE,
@@ -63,26 +63,28 @@ class Orchestrator:
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
 
-    async def client(self) -> Client:
-        """The Temporal client, connected on first use (again on a new event loop)."""
-        loop = asyncio.get_running_loop()
-        if self._client is not None and self._client_loop is loop:
-            return self._client
-        try:
-            client = await asyncio.wait_for(
-                connect(self._settings, identity=web_identity()), timeout=10
-            )
-        except (RuntimeError, OSError, TimeoutError) as exc:
-            raise ProblemError(
-                503, "Temporal unavailable",
-                f"cannot reach Temporal at {self._settings.temporal_address}: {exc}",
-            ) from exc
-        self._client, self._client_loop = client, loop
-        return client
+    async def client(self, loop: LoopName) -> Client:
+        """A client in ``loop``'s namespace, connected on first use (again on a new loop).
+
+        One connection with the web service's token serves all three namespaces.
+        """
+        running = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not running:
+            try:
+                self._client = await asyncio.wait_for(connect(
+                    self._settings, identity=web_identity(), service="web", loop="learning"),
+                    timeout=10)
+            except (RuntimeError, OSError, TimeoutError) as exc:
+                raise ProblemError(
+                    503, "Temporal unavailable",
+                    f"cannot reach Temporal at {self._settings.temporal_address}: {exc}",
+                ) from exc
+            self._client_loop = running
+        return in_namespace(self._client, self._settings, loop)
 
     async def start_training_run(self, run: TrainingRunInput, workflow_id: str) -> None:
         """Start the learning loop's run workflow on its queue."""
-        client = await self.client()
+        client = await self.client("learning")
         await self._call(client.start_workflow(
             TRAINING_RUN_WORKFLOW, run, id=workflow_id,
             task_queue=self._settings.task_queue(LEARNING_QUEUE),
@@ -90,7 +92,7 @@ class Orchestrator:
 
     async def signal_run(self, workflow_id: str, signal: str, control: RunControl) -> None:
         """Send pause/resume/cancel to a run's workflow."""
-        client = await self.client()
+        client = await self.client("learning")
         handle = client.get_workflow_handle(workflow_id)
         await self._call(handle.signal(signal, control), what=f"{signal} run {workflow_id}")
 
@@ -98,7 +100,7 @@ class Orchestrator:
         self, workflow_id: str, update: str, decision: DecisionRef
     ) -> Any:
         """Send a person's decision to the promotion workflow and wait for its answer."""
-        client = await self.client()
+        client = await self.client("governance")
         handle = client.get_workflow_handle(workflow_id)
         return await self._call(
             handle.execute_update(update, decision, rpc_timeout=self._rpc_timeout()),
@@ -107,7 +109,7 @@ class Orchestrator:
 
     async def admission_update(self, task_id: str, decision: DecisionRef) -> AdmissionResult:
         """Send an operator's recorded decision to the task's admission workflow."""
-        client = await self.client()
+        client = await self.client("governance")
         handle = client.get_workflow_handle(admission_workflow_id(task_id))
         result: AdmissionResult = await self._call(handle.execute_update(
             ADMISSION_DECIDE_UPDATE, decision, result_type=AdmissionResult,
@@ -116,7 +118,7 @@ class Orchestrator:
 
     async def rollback(self, request: RollbackInput, workflow_id: str) -> RollbackResult:
         """Run governance's rollback workflow to completion and return where the alias points."""
-        client = await self.client()
+        client = await self.client("governance")
         result: RollbackResult = await self._call(client.execute_workflow(
             ROLLBACK_WORKFLOW, request, id=workflow_id,
             task_queue=self._settings.task_queue(GOVERNANCE_QUEUE),
@@ -127,7 +129,7 @@ class Orchestrator:
 
     async def start_episodes(self, batch: RolloutBatchInput, workflow_id: str) -> None:
         """Start a batch of production episodes on the execution loop's queue."""
-        client = await self.client()
+        client = await self.client("execution")
         await self._call(client.start_workflow(
             ROLLOUT_WORKFLOW, batch, id=workflow_id,
             task_queue=self._settings.task_queue(EXECUTION_QUEUE),

@@ -14,6 +14,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     import governance_loop.activities.messages as m
+    from triloop.nexus_api import ExecutionService, endpoint_for
 
 QUICK = timedelta(seconds=60)
 RETRY = RetryPolicy(
@@ -32,6 +33,22 @@ async def act(name: str, arg: Any, result_type: type[Any] | None = None,
     return await workflow.execute_activity(
         name, arg, result_type=result_type, start_to_close_timeout=QUICK, retry_policy=retry
     )
+
+
+def execution_loop() -> workflow.NexusClient[ExecutionService]:
+    """The execution loop's Nexus operations: governance's only way to ask it for work."""
+    return workflow.create_nexus_client(
+        service=ExecutionService, endpoint=endpoint_for(workflow.info().task_queue, "execution"))
+
+
+def failure_chain(error: BaseException) -> str:
+    """A failure and its causes in one line: "operation failed: handler refused: why"."""
+    parts: list[str] = []
+    current: BaseException | None = error
+    while current is not None and len(parts) < 6:
+        parts.append(str(current))
+        current = current.__cause__ or getattr(current, "cause", None)
+    return ": ".join(parts)
 
 
 def refusal(error: ActivityError) -> ApplicationError:

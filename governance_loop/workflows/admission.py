@@ -5,26 +5,27 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, NexusOperationError
 
 with workflow.unsafe.imports_passed_through():
     import governance_loop.activities.messages as m
     from governance_loop.gates import HumanDecisionError
-    from governance_loop.workflows._shared import HUMAN_RETRY, act, refusal
+    from governance_loop.workflows._shared import HUMAN_RETRY, act, execution_loop, refusal
+    from triloop.nexus_api import ExecutionService
     from triloop.workflow_api import (
         ADMISSION_DECIDE_UPDATE,
         ADMISSION_STATUS_QUERY,
         ADMISSION_WORKFLOW,
-        EXECUTION_QUEUE,
-        PROBE_ADMISSION_ACTIVITY,
         AdmissionInput,
         AdmissionProbeEvidence,
         AdmissionProbeInput,
         AdmissionResult,
         DecisionRef,
-        sibling_queue,
     )
+
+
+# Resets and k reference runs in the execution loop, through its Nexus operation.
+PROBE_TIMEOUT = timedelta(minutes=30)
 
 
 @workflow.defn(name=ADMISSION_WORKFLOW)
@@ -55,16 +56,13 @@ class AdmissionWorkflow:
         probe: AdmissionProbeEvidence | None = None
         error: str | None = None
         try:
-            probe = await workflow.execute_activity(
-                PROBE_ADMISSION_ACTIVITY,
+            probe = await execution_loop().execute_operation(
+                ExecutionService.probe_admission,
                 AdmissionProbeInput(task_id=request.task_id, resets=task.resets,
                                     reference_runs=task.reference_runs),
-                task_queue=sibling_queue(workflow.info().task_queue, EXECUTION_QUEUE),
-                result_type=AdmissionProbeEvidence,
-                start_to_close_timeout=timedelta(minutes=30),
-                retry_policy=RetryPolicy(maximum_attempts=3),
+                schedule_to_close_timeout=PROBE_TIMEOUT,
             )
-        except ActivityError as failure:
+        except NexusOperationError as failure:
             error = str(failure.cause or failure)
         assessment: m.AdmissionAssessmentRecord = await act(
             m.RECORD_ADMISSION_EVIDENCE,

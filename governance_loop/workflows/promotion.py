@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, NexusOperationError
 
 with workflow.unsafe.imports_passed_through():
     import governance_loop.activities.messages as m
@@ -31,15 +31,20 @@ with workflow.unsafe.imports_passed_through():
         WATCH,
         HumanDecisionError,
     )
-    from governance_loop.workflows._shared import HUMAN_RETRY, act, refusal
+    from governance_loop.workflows._shared import (
+        HUMAN_RETRY,
+        act,
+        execution_loop,
+        failure_chain,
+        refusal,
+    )
+    from triloop.nexus_api import ExecutionService
     from triloop.workflow_api import (
-        EXECUTION_QUEUE,
         PROMOTION_APPROVE_UPDATE,
         PROMOTION_PROPOSED_SIGNAL,
         PROMOTION_SIGN_AUDIT_UPDATE,
         PROMOTION_STATUS_QUERY,
         PROMOTION_WORKFLOW,
-        ROLLOUT_WORKFLOW,
         DecisionRef,
         GateSummary,
         PromotionInput,
@@ -47,8 +52,6 @@ with workflow.unsafe.imports_passed_through():
         RollbackInput,
         RollbackResult,
         RolloutBatchInput,
-        RolloutBatchResult,
-        sibling_queue,
     )
 
 
@@ -179,26 +182,25 @@ class PromotionWorkflow:
 
     async def _offline_eval(self, plan: m.PromotionPlan) -> m.GateOutcome:
         assert plan.threshold_id and plan.eval_set_id and plan.baseline_checkpoint_id
-        queue = sibling_queue(workflow.info().task_queue, EXECUTION_QUEUE)
         prefix = f"{workflow.info().workflow_id}-eval"
         arms = {"candidate": plan.candidate_checkpoint_id,
                 "production": plan.baseline_checkpoint_id}
+        execution = execution_loop()
         runs = [
-            workflow.execute_child_workflow(
-                ROLLOUT_WORKFLOW,
+            execution.execute_operation(
+                ExecutionService.run_rollouts,
                 RolloutBatchInput(batch_id=f"{prefix}-{arm}", purpose="eval",
                                   items=plan.eval_items, checkpoint_id=checkpoint,
                                   deadline_s=plan.timing.eval_timeout_s / 2),
-                id=f"{prefix}-{arm}", task_queue=queue, result_type=RolloutBatchResult,
-                execution_timeout=timedelta(seconds=plan.timing.eval_timeout_s),
+                schedule_to_close_timeout=timedelta(seconds=plan.timing.eval_timeout_s),
             )
             for arm, checkpoint in arms.items()
         ]
         results = await asyncio.gather(*runs, return_exceptions=True)
-        errors = [f"{arm} batch: {r}" for arm, r in zip(arms, results, strict=True)
+        errors = [f"{arm} batch: {failure_chain(r)}" for arm, r in zip(arms, results, strict=True)
                   if isinstance(r, BaseException)]
         for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, ChildWorkflowError):
+            if isinstance(result, BaseException) and not isinstance(result, NexusOperationError):
                 raise result
         return await self._judge(m.DECIDE_OFFLINE_EVAL, m.OfflineEvalInput(
             promotion_id=plan.promotion_id, threshold_id=plan.threshold_id,

@@ -5,8 +5,8 @@ pause/resume/cancel reached the workflow as a signal the web service sent after 
 policy allowed it; here the policy is asked again for that person (``on_behalf_of``,
 roles read from ``app_user``), so a signal from anywhere else changes nothing.
 
-Proposing is the learning loop's only step towards production: a ``proposal`` row and a
-signal-with-start of governance's promotion workflow on governance's queue. Everything
+Proposing is the learning loop's only step towards production: a ``proposal`` row, which
+the workflow then hands to governance's ``propose_candidate`` Nexus operation. Everything
 after that (eval, gates, promotion) is governance's, under its own identity.
 """
 
@@ -18,9 +18,7 @@ import uuid
 from sqlalchemy import Engine
 from sqlmodel import Session
 from temporalio import activity
-from temporalio.client import Client
-from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError
 
 from learning_loop.activities.messages import (
     CONTROL_RUN,
@@ -49,9 +47,6 @@ from triloop.decisions import DecisionRefused, audit_refusal, load_decision
 from triloop.models import DecisionKind, EnvironmentVersion, Proposal
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
 from triloop.workflow_api import (
-    PROMOTION_PROPOSED_SIGNAL,
-    PROMOTION_WORKFLOW,
-    PromotionInput,
     promotion_workflow_id,
 )
 
@@ -68,10 +63,9 @@ def proposal_id_for(run_id: str, iteration: int) -> str:
 class RunActivities:
     """The run's bookkeeping, bound to the learning role's engine, OPA and Temporal."""
 
-    def __init__(self, *, engine: Engine, authorizer: Authorizer, client: Client) -> None:
+    def __init__(self, *, engine: Engine, authorizer: Authorizer) -> None:
         self._engine = engine
         self._authorizer = authorizer
-        self._client = client
 
     @activity.defn(name=VALIDATE_RUN)
     def validate_run(self, request: ValidateRunInput) -> RunPlan:
@@ -159,22 +153,10 @@ class RunActivities:
 
     @activity.defn(name=PROPOSE_CHECKPOINT)
     async def propose_checkpoint(self, request: ProposeInput) -> ProposeResult:
-        """Write the proposal row, then signal-with-start governance's promotion workflow."""
+        """Write the proposal row; the workflow then hands it to governance through Nexus."""
         proposal_id = proposal_id_for(request.run_id, request.iteration)
         await asyncio.to_thread(self._record_proposal, request, proposal_id)
-        workflow_id = promotion_workflow_id(proposal_id)
-        candidate = PromotionInput(proposal_id=proposal_id, checkpoint_id=request.checkpoint_id,
-                                   run_id=request.run_id, submitted_by=request.submitted_by)
-        try:
-            await self._client.start_workflow(
-                PROMOTION_WORKFLOW, candidate, id=workflow_id, task_queue=request.governance_queue,
-                start_signal=PROMOTION_PROPOSED_SIGNAL, start_signal_args=[candidate],
-                # A finished promotion for this proposal is never reopened by a retry.
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            )
-        except WorkflowAlreadyStartedError:
-            activity.logger.info("promotion %s already ran; not reopened", workflow_id)
-        return ProposeResult(proposal_id, workflow_id)
+        return ProposeResult(proposal_id, promotion_workflow_id(proposal_id))
 
     def _record_proposal(self, request: ProposeInput, proposal_id: str) -> None:
         self._authorizer.authorize(LEARNING, "propose", Resource(

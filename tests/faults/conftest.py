@@ -32,7 +32,8 @@ from execution_loop.policies import PolicyFactory
 from triloop.config import Settings
 from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import ServiceProcess, free_port, recorded_process
-from triloop.devstack.servers import repo_root, start_opa, start_temporal
+from triloop.devstack.servers import repo_root, start_opa, tool_path
+from triloop.devstack.temporal_server import TemporalPorts, provision, start_temporal_server
 from triloop.secrets import OWNER_PASSWORD, ensure_secret
 from triloop.workflow_api import RolloutBatchResult
 
@@ -138,17 +139,19 @@ def restartable_opa(tmp_path: Path, stack_dir: Path) -> Iterator[RestartableServ
 
 
 @pytest.fixture
-def restartable_temporal(tmp_path: Path) -> Iterator[RestartableService]:
-    """A Temporal dev server of this test's own (sqlite file kept across restarts)."""
-    port, http_port, metrics_port = free_port(), free_port(), free_port()
+def restartable_temporal(tmp_path: Path, stack_dir: Path) -> Iterator[RestartableService]:
+    """A real Temporal server of this test's own (its SQLite file kept across restarts)."""
+    ports = TemporalPorts.free()
+    admin = Settings(home=stack_dir, temporal_address=f"127.0.0.1:{ports.frontend}")
     service = RestartableService(
-        "temporal", f"127.0.0.1:{port}",
-        lambda: start_temporal(db_file=tmp_path / "temporal.db", port=port, ui_port=None,
-                               http_port=http_port, metrics_port=metrics_port,
-                               run_dir=tmp_path / "run", log_dir=tmp_path / "logs",
-                               name="fault-temporal"),
+        "temporal", admin.temporal_address,
+        lambda: start_temporal_server(admin, state_dir=tmp_path / "temporal", ports=ports,
+                                      run_dir=tmp_path / "run", log_dir=tmp_path / "logs",
+                                      binary=tool_path("temporal-server"),
+                                      name="fault-temporal"),
     )
     service.start()
+    provision(admin)
     yield service
     _cleanup(service)
 

@@ -110,7 +110,7 @@ async def test_killed_worker_batch_finishes_with_each_episode_once(
         items=[RolloutItem(task, 4, group_size=EPISODES)], max_concurrency=2, deadline_s=240,
         heartbeat_timeout_s=3,
     )
-    client = await connect(settings, identity="fault-test")
+    client = await connect(settings, identity="fault-test", service="execution")
     queue = worker_env["TRILOOP_TASK_QUEUE_PREFIX"] + EXECUTION_QUEUE
     handle = await client.start_workflow(ROLLOUT_WORKFLOW, batch, id=f"rollout-{batch.batch_id}",
                                          task_queue=queue, result_type=RolloutBatchResult)

@@ -57,7 +57,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[Client]:
     """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test")
+    yield await connect(settings, identity="web-test", service="web", loop="learning")
 
 
 class WorkerProcess:

@@ -136,7 +136,7 @@ async def test_opa_outage_denies_every_privileged_action_then_work_resumes(
         items=[RolloutItem(task, 12, group_size=EPISODES)], max_concurrency=EPISODES,
         deadline_s=60, heartbeat_timeout_s=5,
     )
-    client = await connect(test_settings, identity="fault-test")
+    client = await connect(test_settings, identity="fault-test", service="execution")
     async with build_worker(client, test_settings, policy_factory=scripted_policy(0.02)):
         await opa.astop()
 

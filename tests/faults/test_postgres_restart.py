@@ -81,7 +81,7 @@ async def test_batch_survives_postgres_restart_without_half_written_trajectories
         items=[RolloutItem(task, 3, group_size=EPISODES)], max_concurrency=4, deadline_s=100,
         heartbeat_timeout_s=5,
     )
-    client = await connect(test_settings, identity="fault-test")
+    client = await connect(test_settings, identity="fault-test", service="execution")
     async with build_worker(client, test_settings, policy_factory=scripted_policy(TURN_DELAY_S)):
         handle = await client.start_workflow(
             ROLLOUT_WORKFLOW, batch, id=f"rollout-{batch.batch_id}",

@@ -76,7 +76,7 @@ async def test_running_batch_survives_temporal_restart_with_each_episode_once(
         items=[RolloutItem(task, 21, group_size=EPISODES)], max_concurrency=4, deadline_s=100,
         heartbeat_timeout_s=5,
     )
-    client = await connect(test_settings, identity="fault-test")
+    client = await connect(test_settings, identity="fault-test", service="execution")
     async with build_worker(client, test_settings, policy_factory=scripted_policy(TURN_DELAY_S)):
         handle = await client.start_workflow(
             ROLLOUT_WORKFLOW, batch, id=f"rollout-{batch.batch_id}",

@@ -77,7 +77,7 @@ class SeedOutcome:
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[Client]:
     """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test")
+    yield await connect(settings, identity="web-test", service="web", loop="learning")
 
 
 def example_config(base: Path, tasks: list[str], seed: int) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from tests.factories_governance import (
     make_world,
     wait_for,
 )
+from tests.temporal_helpers import own_queues
 from triloop.config import Settings
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
 from triloop.temporal import connect
@@ -75,8 +76,7 @@ TIMING = PromotionTiming(
 @pytest.fixture(scope="module")
 def gov_settings(settings: Settings) -> Settings:
     """Settings whose task queues no other test module polls."""
-    prefix = f"{settings.task_queue_prefix}gov-{uuid.uuid4().hex[:6]}-"
-    return settings.model_copy(update={"task_queue_prefix": prefix})
+    return own_queues(settings, "gov-")
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ class Deps:
 async def deps(gov_settings: Settings, owner_engine: Engine, role_engine: Any,
                authorizer: Authorizer) -> Deps:
     """A fresh world (baseline in production, a proposed candidate) and a client."""
-    client = await connect(gov_settings, identity="governance-test")
+    client = await connect(gov_settings, identity="governance-test", service="governance")
     gov_engine = role_engine("governance")
     suffix = uuid.uuid4().hex[:6]
     world = make_world(owner_engine, gov_engine, authorizer,
@@ -180,8 +180,7 @@ async def running(deps: Deps, quality: Quality,
     execution = StandInExecution(deps.exec_engine, quality, world.task_ids[0])
     proposal = PromotionInput(proposal_id=world.proposal_id, checkpoint_id=world.candidate,
                               run_id=world.run_id, submitted_by=world.submitter)
-    async with worker, execution_stand_in(deps.client, deps.settings.task_queue_prefix,
-                                          execution):
+    async with worker, execution_stand_in(deps.settings, execution):
         # As the learning loop does it: signal-with-start on the governance queue.
         handle = await deps.client.start_workflow(
             PROMOTION_WORKFLOW, proposal, id=promotion_workflow_id(world.proposal_id),
@@ -247,7 +246,7 @@ async def test_whole_path_to_promotion_with_refused_decisions(deps: Deps) -> Non
         )
         assert again.result_run_id == run.handle.result_run_id
         status = await run.at_gate("audit")
-        assert status.status == "open" and status.waiting_for == "auditor"
+        assert status.status == "open" and status.waiting_for == "auditor", status
         assert [g.gate for g in status.results] == ["offline_eval", "shadow", "canary"]
         refusals = [
             (world.submitter, ["auditor"], "submitted the training run"),

@@ -36,7 +36,7 @@ def tiny_dir(tiny_model_dir: Path) -> Path:
 
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[Client]:
-    yield await connect(settings, identity="rerouting-test")
+    yield await connect(settings, identity="rerouting-test", service="execution")
 
 
 async def test_next_episode_follows_a_rollback(

@@ -70,7 +70,7 @@ def queue_settings(settings: Settings) -> Settings:
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[Client]:
     """A Temporal client for starting batches."""
-    yield await connect(settings, identity="rollout-test")
+    yield await connect(settings, identity="rollout-test", service="execution")
 
 
 async def run_batch(client: Client, settings: Settings, batch: RolloutBatchInput,

@@ -34,7 +34,7 @@ def tiny_dir(tiny_model_dir: Path) -> Path:
 
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[Client]:
-    yield await connect(settings, identity="faults-test")
+    yield await connect(settings, identity="faults-test", service="execution")
 
 
 async def test_fault_degrades_production_of_its_checkpoint_and_is_recorded(

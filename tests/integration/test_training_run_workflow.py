@@ -33,7 +33,7 @@ from tests.factories_learning import (
 )
 from triloop.config import ServiceName, Settings
 from triloop.policy import Actor, PolicyDenied, Resource
-from triloop.temporal import connect
+from triloop.temporal import connect, in_namespace
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import (
     RUN_CANCEL_SIGNAL,
@@ -68,7 +68,7 @@ def own_settings(settings: Settings) -> Settings:
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[Client]:
     """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test")
+    yield await connect(settings, identity="web-test", service="web", loop="learning")
 
 
 async def status_of(handle: Any) -> RunStatus:
@@ -165,7 +165,8 @@ async def test_run_writes_steps_lineage_and_proposals(
                                 if p["checkpoint_id"] == children[3].id]
     for proposal in proposals:
         assert proposal["submitted_by"] == alice
-        promotion = client.get_workflow_handle(promotion_workflow_id(proposal["id"]))
+        promotion = in_namespace(client, own_settings, "governance").get_workflow_handle(
+            promotion_workflow_id(proposal["id"]))
         opened = await asyncio.wait_for(promotion.result(), 60)
         assert opened["checkpoint_id"] == proposal["checkpoint_id"]
         assert opened["signals"] == [proposal["id"]]

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[Client]:
-    yield await connect(settings, identity="weights-integrity-test")
+    yield await connect(settings, identity="weights-integrity-test", service="execution")
 
 
 async def test_swapped_weights_are_refused_at_serving_and_audited(

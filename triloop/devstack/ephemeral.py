@@ -25,7 +25,12 @@ def ephemeral_stack(*, queue_prefix: str | None = None) -> Iterator[Settings]:
         start_postgres,
     )
     from triloop.devstack.processes import ServiceProcess, free_port, stop_recorded
-    from triloop.devstack.servers import repo_root, start_opa, start_temporal
+    from triloop.devstack.servers import repo_root, start_opa, tool_path
+    from triloop.devstack.temporal_server import (
+        TemporalPorts,
+        provision,
+        start_temporal_server,
+    )
     from triloop.migrate import upgrade
     from triloop.secrets import OWNER_PASSWORD, ensure_secret
 
@@ -35,21 +40,26 @@ def ephemeral_stack(*, queue_prefix: str | None = None) -> Iterator[Settings]:
         run, logs = home / "run", home / "logs"
         procs: list[ServiceProcess] = []
         try:
-            pg_port, t_port, o_port = free_port(), free_port(), free_port()
+            pg_port, o_port = free_port(), free_port()
+            t_ports = TemporalPorts.free()
             secrets_dir = home / "secrets"
             procs.append(start_postgres(
                 home / "pg", port=pg_port, run_dir=run, log_dir=logs,
                 owner_password=ensure_secret(secrets_dir, OWNER_PASSWORD)))
-            procs.append(start_temporal(db_file=home / "t.db", port=t_port, ui_port=None,
-                                        http_port=free_port(), metrics_port=free_port(),
-                                        run_dir=run, log_dir=logs))
+            admin = Settings(home=home, temporal_address=f"127.0.0.1:{t_ports.frontend}")
+            procs.append(start_temporal_server(
+                admin, state_dir=home / "temporal", ports=t_ports, run_dir=run, log_dir=logs,
+                binary=tool_path("temporal-server")))
             procs.append(start_opa(policies=repo_root() / "policies", port=o_port, run_dir=run,
                                    log_dir=logs, secrets_dir=secrets_dir))
             url = Settings(home=home, pg_port=pg_port).owner_url()
             upgrade(url)
             provision_role_passwords(url, role_passwords(secrets_dir))
-            yield Settings(home=home, database_url=url, temporal_address=f"127.0.0.1:{t_port}",
-                           opa_url=f"http://127.0.0.1:{o_port}", task_queue_prefix=prefix)
+            settings = Settings(
+                home=home, database_url=url, temporal_address=admin.temporal_address,
+                opa_url=f"http://127.0.0.1:{o_port}", task_queue_prefix=prefix)
+            provision(settings)
+            yield settings
         finally:
             dispose_all()
             for proc in reversed(procs):

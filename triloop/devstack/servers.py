@@ -1,4 +1,4 @@
-"""Start commands for the Temporal dev server and the OPA server."""
+"""Start commands for the Temporal dev server (quick mode) and the OPA server."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -46,8 +47,12 @@ def start_temporal(
     run_dir: Path,
     log_dir: Path,
     name: str = "temporal",
+    namespaces: Sequence[str] = (),
 ) -> ServiceProcess:
-    """``temporal server start-dev`` with durable state in ``db_file``."""
+    """``temporal server start-dev`` with durable state in ``db_file`` (quick mode).
+
+    The dev server authenticates nobody; ``triloop dev status`` and the console say so.
+    """
     argv = [
         tool_path("temporal"),
         "server",
@@ -66,6 +71,8 @@ def start_temporal(
         "warn",
     ]
     argv += ["--headless"] if ui_port is None else ["--ui-port", str(ui_port)]
+    for namespace in namespaces:
+        argv += ["--namespace", namespace]
     db_file.parent.mkdir(parents=True, exist_ok=True)
     proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir)
     wait_until(

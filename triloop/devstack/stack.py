@@ -11,7 +11,7 @@ from typing import cast
 
 from sqlalchemy.engine import make_url
 
-from triloop.config import DEV_SESSION_SECRET, SERVICES, ServiceName, Settings
+from triloop.config import DEV_SESSION_SECRET, LOOPS, SERVICES, ServiceName, Settings
 from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import (
     ServiceProcess,
@@ -23,13 +23,15 @@ from triloop.devstack.processes import (
     wait_until,
 )
 from triloop.devstack.secrets import ensure_session_secret
-from triloop.devstack.servers import _http_ok, repo_root, start_opa, start_temporal
+from triloop.devstack.servers import _http_ok, repo_root, start_opa, start_temporal, tool_path
+from triloop.devstack.temporal_server import TemporalPorts, provision, start_temporal_server
 from triloop.secrets import (
     OWNER_PASSWORD,
     ensure_secret,
     hand_out,
     opa_token_name,
     role_password_name,
+    temporal_token_name,
 )
 
 # Start order; down goes in reverse.
@@ -90,6 +92,8 @@ def service_env(settings: Settings, service: ServiceName) -> dict[str, str]:
     env[f"TRILOOP_DATABASE_URL_{service.upper()}"] = make_url(settings.role_url(service))._replace(
         password=None).render_as_string(hide_password=False)
     own = [role_password_name(service), opa_token_name(service)]
+    if settings.temporal_credential(service) is not None:
+        own.append(temporal_token_name(service))
     env["TRILOOP_SECRETS_DIR"] = str(hand_out(settings.secrets.resolve(), service, own))
     if service == "web":
         secret = settings.session_secret
@@ -126,15 +130,7 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
         )
     if not running("temporal"):
         _check_port("temporal", temporal_port, paths)
-        start_temporal(
-            db_file=paths.home / "temporal.db",
-            port=temporal_port,
-            ui_port=settings.temporal_ui_port,
-            http_port=temporal_port + 10,
-            metrics_port=temporal_port + 20,
-            run_dir=paths.run,
-            log_dir=paths.logs,
-        )
+        start_stack_temporal(settings, paths, temporal_port)
     if not running("opa"):
         _check_port("opa", opa_port, paths)
         start_opa(policies=repo_root() / "policies", port=opa_port, run_dir=paths.run,
@@ -144,6 +140,7 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
 
     upgrade(settings.owner_url())
     provision_role_passwords(settings.owner_url(), role_passwords(settings.secrets))
+    lines += [f"Temporal: created {made}" for made in provision(settings)]
     if with_workers:
         for name, module in WORKER_MODULES.items():
             if not running(name) and importlib.util.find_spec(module) is not None:
@@ -170,6 +167,18 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
     return lines
 
 
+def start_stack_temporal(settings: Settings, paths: StackPaths, port: int) -> ServiceProcess:
+    """The real server with authorization (default), or the dev server in quick mode."""
+    if settings.temporal_mode == "server":
+        return start_temporal_server(
+            settings, state_dir=paths.home / "temporal", ports=TemporalPorts.from_base(port),
+            run_dir=paths.run, log_dir=paths.logs, binary=tool_path("temporal-server"))
+    return start_temporal(
+        db_file=paths.home / "temporal.db", port=port, ui_port=settings.temporal_ui_port,
+        http_port=port + 10, metrics_port=port + 20, run_dir=paths.run, log_dir=paths.logs,
+        namespaces=[settings.temporal_namespace(loop) for loop in LOOPS])
+
+
 def _start_python(
     name: str, args: list[str], settings: Settings, paths: StackPaths, *, service: ServiceName
 ) -> ServiceProcess:
@@ -188,10 +197,18 @@ def urls(settings: Settings) -> list[str]:
     host = settings.temporal_address.rsplit(":", 1)[0]
     return [
         f"PostgreSQL  {make_url(settings.owner_url()).render_as_string(hide_password=True)}",
-        f"Temporal    {settings.temporal_address} (UI http://{host}:{settings.temporal_ui_port})",
+        f"Temporal    {settings.temporal_address} ({temporal_mode_line(settings, host)})",
         f"OPA         {settings.opa_url}",
         f"Console     http://{settings.web_host}:{settings.web_port}/",
     ]
+
+
+def temporal_mode_line(settings: Settings, host: str) -> str:
+    """What kind of Temporal runs, said plainly: the dev server authenticates nobody."""
+    if settings.temporal_mode == "dev":
+        return (f"dev server, UNAUTHENTICATED: any local process may drive workflows;"
+                f" UI http://{host}:{settings.temporal_ui_port}")
+    return "real server, JWT authorization on; one namespace per loop"
 
 
 def status(settings: Settings) -> list[tuple[str, str, str]]:
@@ -204,7 +221,7 @@ def status(settings: Settings) -> list[tuple[str, str, str]]:
         if name == "postgres" and settings.database_url:
             state = "external (TRILOOP_DATABASE_URL)"
         if name == "temporal" and proc:
-            state += "; dev server, UNAUTHENTICATED (any local process may drive workflows)"
+            state += "; " + temporal_mode_line(settings, "127.0.0.1")
         rows.append((name, state, str(paths.logs / f"{name}.log")))
     return rows
 

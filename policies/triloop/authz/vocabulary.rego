@@ -19,6 +19,7 @@ kinds := {
 	"training_run", "training_step", "trajectory", "step", "checkpoint",
 	"proposal", "promotion", "gate_result", "approval", "deployment", "routing",
 	"audit_event", "user", "serving_fault", "api_token", "role_grant",
+	"nexus_operation",
 }
 
 actions := {
@@ -29,6 +30,7 @@ actions := {
 	"promote", "rollback", "route", "verify",
 	"inject_fault", "clear_fault", "revoke",
 	"confirm", "refuse",
+	"serve",
 }
 
 # Everything but looking: used by the "never" rules.
@@ -58,6 +60,7 @@ applies_to := {
 	"revoke": {"api_token"},
 	"confirm": {"role_grant"},
 	"refuse": {"role_grant"},
+	"serve": {"nexus_operation"},
 }
 
 # Named rules rather than `not is_string(input.x)` inline: a negated builtin

@@ -1,0 +1,51 @@
+"""The execution loop's Nexus operations: the work other loops may ask of it.
+
+Each operation first names the calling loop from the server's link and asks OPA, with the
+execution service's own token, whether that loop may ask for this purpose (learning:
+training batches only; governance: eval, shadow, canary and probe batches, and admission
+probes). Then it starts the workflow here, in the execution namespace, under the
+execution worker's identity; the caller's workflow receives the result when it ends.
+"""
+
+from __future__ import annotations
+
+import nexusrpc
+from temporalio import nexus
+
+from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
+from triloop.nexus_api import ExecutionService
+from triloop.nexus_caller import NexusCallerCheck
+from triloop.workflow_api import (
+    AdmissionProbeEvidence,
+    AdmissionProbeInput,
+    RolloutBatchInput,
+    RolloutBatchResult,
+    rollout_workflow_id,
+)
+
+
+@nexusrpc.handler.service_handler(service=ExecutionService)
+class ExecutionNexusHandlers:
+    """Start a rollout batch or an admission probe for a loop that may ask for it."""
+
+    def __init__(self, check: NexusCallerCheck) -> None:
+        self._check = check
+
+    @nexus.workflow_run_operation
+    async def run_rollouts(
+        self, ctx: nexus.WorkflowRunOperationContext, batch: RolloutBatchInput
+    ) -> nexus.WorkflowHandle[RolloutBatchResult]:
+        """A batch of episodes; its purpose decides who may ask for it."""
+        await self._check.admit(ctx, purpose=batch.purpose,
+                                attrs={"batch_id": batch.batch_id, "run_id": batch.run_id or ""})
+        return await ctx.start_workflow(RolloutWorkflow.run, batch,
+                                        id=rollout_workflow_id(batch.batch_id))
+
+    @nexus.workflow_run_operation
+    async def probe_admission(
+        self, ctx: nexus.WorkflowRunOperationContext, request: AdmissionProbeInput
+    ) -> nexus.WorkflowHandle[AdmissionProbeEvidence]:
+        """Resets and reference runs of a task, for governance's admission."""
+        await self._check.admit(ctx, purpose="admission", attrs={"task_id": request.task_id})
+        return await ctx.start_workflow(AdmissionProbeWorkflow.run, request,
+                                        id=f"admission-probe-{request.task_id}")

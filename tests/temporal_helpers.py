@@ -1,0 +1,68 @@
+"""Temporal for tests: queues of a test's own (with their Nexus endpoints) and the loops'
+Nexus handlers, built as each loop's worker builds them.
+
+The test plays every service, so it holds every service's token; each client still works
+in one loop's namespace with that loop's token, as the services do.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+from temporalio.client import Client
+
+from triloop.config import LoopName, ServiceName, Settings
+from triloop.devstack.temporal_server import provision
+from triloop.nexus_caller import NexusCallerCheck
+from triloop.policy import Actor
+from triloop.temporal import connect
+from triloop.wiring import build_authorizer
+
+
+def own_queues(settings: Settings, tag: str = "", **update: Any) -> Settings:
+    """Settings with task queues (and Nexus endpoints) of this test's own."""
+    prefix = f"{settings.task_queue_prefix}{tag}{uuid.uuid4().hex[:6]}-"
+    own = settings.model_copy(update={"task_queue_prefix": prefix, **update})
+    provision_endpoints(own)
+    return own
+
+
+def provision_endpoints(settings: Settings) -> None:
+    """Create the endpoints of ``settings``' queue prefix, from sync or async code alike."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            provision(settings)
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+async def loop_client(settings: Settings, loop: LoopName, identity: str,
+                      *, service: ServiceName | None = None) -> Client:
+    """A client in ``loop``'s namespace with ``service``'s token (default: the loop's own)."""
+    return await connect(settings, identity=identity, service=service or loop, loop=loop)
+
+
+def execution_nexus(settings: Settings) -> Any:
+    """The execution loop's Nexus handlers, checking callers with execution's OPA token."""
+    from execution_loop.nexus_handlers import ExecutionNexusHandlers
+
+    return ExecutionNexusHandlers(NexusCallerCheck(
+        settings, server=Actor("execution"), authorizer=build_authorizer(settings, "execution")))
+
+
+def governance_nexus(settings: Settings) -> Any:
+    """Governance's Nexus handler, checking callers with governance's OPA token."""
+    from governance_loop.nexus_handlers import GovernanceNexusHandlers
+
+    return GovernanceNexusHandlers(NexusCallerCheck(
+        settings, server=Actor("governance"), authorizer=build_authorizer(settings, "governance")))

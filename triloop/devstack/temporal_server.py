@@ -1,0 +1,227 @@
+"""The real Temporal server on loopback: SQLite persistence, JWT authorization on.
+
+``bootstrap.sh`` builds the server once per version into the cache (``go install
+go.temporal.io/server/cmd/server``) and links it as ``.triloop/bin/temporal-server``.
+This module writes its config, starts it, and provisions what the loops need: one
+namespace per loop and the Nexus endpoints through which loops call each other. The
+server's default claim mapper reads each caller's token (see ``temporal_keys``) and its
+default authorizer allows a call that changes a namespace only with ``write`` there. Internal
+components reach the server through its internal frontend, which needs no token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from temporalio.client import Client
+
+from triloop.config import LOOPS, Settings
+from triloop.devstack.processes import ServiceProcess, free_port, start_process, wait_until
+from triloop.devstack.temporal_keys import ADMIN, ensure_tokens
+from triloop.nexus_api import ENDPOINT_TARGETS, endpoint_name
+
+SERVER_LOG_LEVEL = "warn"
+NAMESPACE_RETENTION_DAYS = 7
+# The internal frontend is what the server's own components use (no token needed there);
+# the public frontend, the only one a client reaches, checks every token.
+SERVER_SERVICES = ("frontend", "internal-frontend", "history", "matching", "worker")
+
+
+@dataclass(frozen=True)
+class TemporalPorts:
+    """Every port the server's services bind on 127.0.0.1."""
+
+    frontend: int
+    http: int
+    frontend_membership: int
+    internal_frontend: int
+    internal_frontend_membership: int
+    # The server's own components deliver Nexus requests over the internal frontend's HTTP.
+    internal_http: int
+    history: int
+    history_membership: int
+    matching: int
+    matching_membership: int
+    worker: int
+    worker_membership: int
+    metrics: int
+
+    @classmethod
+    def from_base(cls, frontend: int) -> TemporalPorts:
+        """The fixed layout of ``dev up`` around the frontend port (7233 by default)."""
+        return cls(frontend=frontend, http=frontend + 10, frontend_membership=frontend - 300,
+                   internal_frontend=frontend + 3, internal_frontend_membership=frontend - 297,
+                   internal_http=frontend + 13,
+                   history=frontend + 1, history_membership=frontend - 299,
+                   matching=frontend + 2, matching_membership=frontend - 298,
+                   worker=frontend + 6, worker_membership=frontend - 294, metrics=frontend + 20)
+
+    @classmethod
+    def free(cls, frontend: int | None = None) -> TemporalPorts:
+        """Free ports only (tests, benchmarks)."""
+        return cls(frontend or free_port(), *(free_port() for _ in range(12)))
+
+
+# Refusals say why (an expired token, a missing role) instead of only "unauthorized".
+DYNAMIC_CONFIG = {"frontend.exposeAuthorizerErrors": [{"value": True}]}
+
+
+def server_config(*, db_file: Path, jwks: Path, dynamic_config: Path,
+                  ports: TemporalPorts) -> dict[str, object]:
+    """The server's YAML config as a dict: one SQLite file, JWT authorization on."""
+    sqlite = {"sql": {
+        "pluginName": "sqlite", "databaseName": str(db_file), "connectAddr": "localhost",
+        "connectProtocol": "tcp",
+        "connectAttributes": {"mode": "rwc", "setup": "true", "journal_mode": "wal",
+                              "synchronous": "2"},
+        "maxConns": 1, "maxIdleConns": 1, "maxConnLifetime": "1h",
+    }}
+
+    def rpc(grpc: int, membership: int, http: int | None = None) -> dict[str, object]:
+        spec: dict[str, object] = {"grpcPort": grpc, "membershipPort": membership,
+                                   "bindOnLocalHost": True}
+        if http is not None:
+            spec["httpPort"] = http
+        return {"rpc": spec}
+
+    address = f"127.0.0.1:{ports.frontend}"
+    return {
+        "log": {"stdout": True, "level": SERVER_LOG_LEVEL},
+        "persistence": {"defaultStore": "sqlite", "visibilityStore": "sqlite",
+                        "numHistoryShards": 1, "datastores": {"sqlite": sqlite}},
+        "global": {
+            "membership": {"maxJoinDuration": "30s", "broadcastAddress": "127.0.0.1"},
+            "metrics": {"prometheus": {"framework": "tally", "timerType": "histogram",
+                                       "listenAddress": f"127.0.0.1:{ports.metrics}"}},
+            "authorization": {
+                "authorizer": "default", "claimMapper": "default",
+                "jwtKeyProvider": {"keySourceURIs": [jwks.resolve().as_uri()],
+                                   "refreshInterval": "1m"},
+            },
+        },
+        "services": {
+            "frontend": rpc(ports.frontend, ports.frontend_membership, ports.http),
+            "internal-frontend": rpc(ports.internal_frontend, ports.internal_frontend_membership,
+                                     ports.internal_http),
+            "history": rpc(ports.history, ports.history_membership),
+            "matching": rpc(ports.matching, ports.matching_membership),
+            "worker": rpc(ports.worker, ports.worker_membership),
+        },
+        "clusterMetadata": {
+            "enableGlobalNamespace": False, "failoverVersionIncrement": 10,
+            "masterClusterName": "active", "currentClusterName": "active",
+            "clusterInformation": {"active": {
+                "enabled": True, "initialFailoverVersion": 1, "rpcName": "frontend",
+                "rpcAddress": address, "httpAddress": f"127.0.0.1:{ports.http}"}},
+        },
+        "dcRedirectionPolicy": {"policy": "noop"},
+        "dynamicConfigClient": {"filepath": str(dynamic_config), "pollInterval": "60s"},
+    }
+
+
+def start_temporal_server(
+    settings: Settings,
+    *,
+    state_dir: Path,
+    ports: TemporalPorts,
+    run_dir: Path,
+    log_dir: Path,
+    binary: str,
+    name: str = "temporal",
+) -> ServiceProcess:
+    """Write keys, tokens and config under ``state_dir``, start the server, wait for it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    jwks = state_dir / "jwks.json"
+    ensure_tokens(settings, jwks)
+    dynamic = state_dir / "dynamic-config.yaml"
+    dynamic.write_text(yaml.safe_dump(DYNAMIC_CONFIG))
+    config_file = state_dir / "config.yaml"
+    config_file.write_text(yaml.safe_dump(server_config(
+        db_file=state_dir / "temporal.db", jwks=jwks, dynamic_config=dynamic, ports=ports),
+        sort_keys=False))
+    argv = [binary, "--config-file", str(config_file), "--allow-no-auth", "start"]
+    for service in SERVER_SERVICES:
+        argv += ["--service", service]
+    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir)
+    from triloop.devstack.servers import _alive, _tcp_open
+
+    wait_until(lambda: _tcp_open(ports.frontend), name=name, log_path=proc.log_path,
+               timeout_s=90, alive=lambda: _alive(proc))
+    return proc
+
+
+def provision(settings: Settings, *, timeout_s: float = 60.0) -> list[str]:
+    """Create each loop's namespace and the Nexus endpoints, if missing; say what was made.
+
+    Runs with the operator's own token (``temporal-system:admin``), which no service holds.
+    """
+    return asyncio.run(provision_async(settings, timeout_s=timeout_s))
+
+
+async def provision_async(settings: Settings, *, timeout_s: float = 60.0) -> list[str]:
+    """``provision`` from inside an event loop."""
+    from google.protobuf.duration_pb2 import Duration
+    from temporalio.api.nexus.v1 import EndpointSpec, EndpointTarget
+    from temporalio.api.operatorservice.v1 import (
+        CreateNexusEndpointRequest,
+        ListNexusEndpointsRequest,
+    )
+    from temporalio.api.workflowservice.v1 import (
+        DescribeNamespaceRequest,
+        RegisterNamespaceRequest,
+    )
+    from temporalio.service import RPCError, RPCStatusCode
+
+    token = settings.temporal_credential(ADMIN)
+    client = await _connect_when_up(settings, token, timeout_s)
+    made: list[str] = []
+    for loop in LOOPS:
+        namespace = settings.temporal_namespace(loop)
+        try:
+            await client.workflow_service.register_namespace(RegisterNamespaceRequest(
+                namespace=namespace, description=f"triloop {loop} loop",
+                workflow_execution_retention_period=Duration(
+                    seconds=NAMESPACE_RETENTION_DAYS * 86400)))
+            made.append(f"namespace {namespace}")
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.ALREADY_EXISTS:
+                raise
+    deadline = time.monotonic() + timeout_s
+    for loop in LOOPS:  # registered namespaces reach the frontend's cache within seconds
+        request = DescribeNamespaceRequest(namespace=settings.temporal_namespace(loop))
+        while True:
+            try:
+                await client.workflow_service.describe_namespace(request)
+                break
+            except RPCError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+    existing = {e.spec.name for e in (await client.operator_service.list_nexus_endpoints(
+        ListNexusEndpointsRequest(page_size=1000))).endpoints}
+    for server, queue in ENDPOINT_TARGETS.items():
+        name = endpoint_name(settings.task_queue_prefix, server)
+        if name in existing:
+            continue
+        target = EndpointTarget(worker=EndpointTarget.Worker(
+            namespace=settings.temporal_namespace(server), task_queue=settings.task_queue(queue)))
+        await client.operator_service.create_nexus_endpoint(CreateNexusEndpointRequest(
+            spec=EndpointSpec(name=name, target=target)))
+        made.append(f"Nexus endpoint {name}")
+    return made
+
+
+async def _connect_when_up(settings: Settings, token: str | None, timeout_s: float) -> Client:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await Client.connect(settings.temporal_address, namespace="temporal-system",
+                                        api_key=token, tls=False, identity="triloop-dev-up")
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
