@@ -28,6 +28,7 @@ from governance_loop.gates.sequential import (
     planned_episodes_per_arm,
     planned_information_for,
     rate_test,
+    reward_numbers,
     reward_test,
 )
 from governance_loop.gates.stats import BinomialCounts, evidence_number, rate_difference
@@ -55,12 +56,13 @@ class CanaryObservation:
 
 def canary_tests(
     production: tuple[Any, Any], canary: tuple[Any, Any], spec: CanarySpec,
-    production_reward: RewardSummary | None = None, canary_reward: RewardSummary | None = None,
+    production_reward: tuple[Any, Any, Any] | None = None,
+    canary_reward: tuple[Any, Any, Any] | None = None,
 ) -> list[MetricTest]:
     """The metric tests the spec asks for: success rate, and reward when it names an effect."""
     tests = [rate_test(production, canary, spec.regression_to_detect)]
     if spec.reward_regression_to_detect is not None:
-        missing = RewardSummary(0, 0.0, 0.0)  # no summaries: degenerate, cannot pass
+        missing = (0, 0.0, 0.0)  # no summaries: degenerate, cannot pass
         tests.append(reward_test(production_reward or missing, canary_reward or missing,
                                  effect=spec.reward_regression_to_detect))
     return tests
@@ -87,7 +89,8 @@ def decide_canary(observation: CanaryObservation, thresholds: ThresholdSpec) -> 
     canary, production = observation.canary, observation.production
     tests = canary_tests((production.episodes, production.successes),
                          (canary.episodes, canary.successes), spec,
-                         observation.production_reward, observation.canary_reward)
+                         reward_numbers(observation.production_reward),
+                         reward_numbers(observation.canary_reward))
     fewest = min(canary.episodes, production.episodes)
     code = int(canary_verdict_codes(tests, fewest, observation.soak_complete, spec))
     verdict = VERDICTS[code]

@@ -112,16 +112,22 @@ def rate_test(reference: tuple[Any, Any], candidate: tuple[Any, Any], effect: fl
                        pooled * (1 - pooled), effect=effect)
 
 
-def reward_test(reference: RewardSummary, candidate: RewardSummary, *, effect: float,
-                tolerance: float = 0.0) -> MetricTest:
-    """Mean-reward tests from two reward summaries."""
-    shortfall, information, degenerate = pooled_mean_information(
-        reference.episodes, reference.mean, reference.variance,
-        candidate.episodes, candidate.mean, candidate.variance)
-    n = 1 / max(reference.episodes, 1) + 1 / max(candidate.episodes, 1)
+def reward_test(reference: tuple[Any, Any, Any], candidate: tuple[Any, Any, Any], *,
+                effect: float, tolerance: float = 0.0) -> MetricTest:
+    """Mean-reward tests from (episodes, mean, sample variance) of reference and candidate."""
+    shortfall, information, degenerate = pooled_mean_information(*reference, *candidate)
+    n = (1 / np.maximum(np.asarray(reference[0], dtype=np.float64), 1)
+         + 1 / np.maximum(np.asarray(candidate[0], dtype=np.float64), 1))
     unit = np.where(degenerate, 0.0, 1 / (np.where(degenerate, 1.0, information) * n))
     return metric_test(MEAN_REWARD, shortfall, information, degenerate, unit,
                        effect=effect, tolerance=tolerance)
+
+
+def reward_numbers(summary: RewardSummary | None) -> tuple[int, float, float]:
+    """(episodes, mean, variance); no summary counts as no episodes (degenerate)."""
+    if summary is None:
+        return (0, 0.0, 0.0)
+    return (summary.episodes, summary.mean, summary.variance)
 
 
 @lru_cache(maxsize=256)

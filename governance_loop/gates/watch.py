@@ -29,6 +29,7 @@ from governance_loop.gates.sequential import (
     not_enough_information,
     planned_information_for,
     rate_test,
+    reward_numbers,
     reward_test,
 )
 from governance_loop.gates.stats import BinomialCounts, evidence_number, rate_difference
@@ -58,12 +59,13 @@ def tests_per_baseline(spec: WatchSpec) -> int:
 
 def watch_tests(
     baseline: tuple[Any, Any], promoted: tuple[Any, Any], spec: WatchSpec,
-    baseline_reward: RewardSummary | None = None, promoted_reward: RewardSummary | None = None,
+    baseline_reward: tuple[Any, Any, Any] | None = None,
+    promoted_reward: tuple[Any, Any, Any] | None = None,
 ) -> list[MetricTest]:
     """The metric tests of the promoted model against one baseline."""
     tests = [rate_test(baseline, promoted, spec.regression_to_detect)]
     if spec.max_reward_regression is not None:
-        missing = RewardSummary(0, 0.0, 0.0)  # no summaries: degenerate, no evidence
+        missing = (0, 0.0, 0.0)  # no summaries: degenerate, no evidence
         tests.append(reward_test(
             baseline_reward or missing, promoted_reward or missing,
             effect=spec.reward_regression_to_detect or spec.regression_to_detect,
@@ -90,7 +92,8 @@ def decide_watch(observation: WatchObservation, thresholds: ThresholdSpec, *,
     baseline, promoted = observation.baseline, observation.promoted
     tests = watch_tests((baseline.episodes, baseline.successes),
                         (promoted.episodes, promoted.successes), spec,
-                        observation.baseline_reward, observation.promoted_reward)
+                        reward_numbers(observation.baseline_reward),
+                        reward_numbers(observation.promoted_reward))
     sharing = tests_sharing_alpha or len(tests)
     code = int(watch_verdict_codes(tests, promoted.episodes, observation.period_complete, spec,
                                    tests_sharing_alpha=sharing))
