@@ -7,6 +7,7 @@ decision over numpy arrays (used as is by the calibration simulation), and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,6 @@ from governance_loop.gates.sequential import (
     effect_words,
     metric_evidence,
     not_enough_information,
-    planned_episodes_per_arm,
     planned_information_for,
     rate_test,
     reward_numbers,
@@ -121,6 +121,10 @@ def decide_canary(observation: CanaryObservation, thresholds: ThresholdSpec) -> 
         "metrics": [metric_evidence(t, planned=planned[t.metric], regressed_at=abort_at,
                                     not_worse_at=pass_at) for t in tests],
     }
+    share = canary.episodes / production.episodes if production.episodes else 1.0
+    for numbers, test in zip(evidence["metrics"], tests, strict=True):
+        numbers["planned_canary_episodes_at_current_share"] = _planned_canary(
+            test, planned[test.metric], share)
 
     def decision(reason: str) -> GateDecision:
         return GateDecision(
@@ -148,7 +152,7 @@ def decide_canary(observation: CanaryObservation, thresholds: ThresholdSpec) -> 
             f"{describe(t)}, not worse by {effect_words(t)}: ln M {float(t.log_not_worse):.3f} "
             f">= pass boundary {pass_at:.3f}" for t in tests)
         return decision(f"no regression at {look}: {TEST_NAME}: {shown}")
-    progress = "; ".join(_progress(t, planned[t.metric], abort_at, pass_at)
+    progress = "; ".join(_progress(t, planned[t.metric], abort_at, pass_at, share)
                          for t in tests if not bool(t.degenerate))
     if verdict is Verdict.FAIL:
         if degenerate:
@@ -161,11 +165,20 @@ def decide_canary(observation: CanaryObservation, thresholds: ThresholdSpec) -> 
     return decision(f"continue: soak in progress at {look}: {progress}")
 
 
-def _progress(test: MetricTest, planned: float, abort_at: float, pass_at: float) -> str:
-    episodes = planned_episodes_per_arm(test, planned)
-    plan = f" (~{episodes} episodes per arm)" if episodes is not None else ""
+def _progress(test: MetricTest, planned: float, abort_at: float, pass_at: float,
+              share: float) -> str:
+    episodes = _planned_canary(test, planned, share)
+    plan = f" (~{episodes} canary episodes at this share)" if episodes is not None else ""
     return (f"{describe(test)}, ln M regressed {float(test.log_regressed):.3f} of "
             f"{abort_at:.3f}, not worse by {effect_words(test)} "
             f"{float(test.log_not_worse):.3f} of {pass_at:.3f}; information "
             f"{float(test.information) / planned:.0%} of the plan{plan}")
 
+
+def _planned_canary(test: MetricTest, planned: float, canary_per_production: float
+                    ) -> int | None:
+    """Canary episodes reaching the planned information with the arms' current ratio."""
+    unit = float(test.unit_variance)
+    if bool(test.degenerate) or unit <= 0 or canary_per_production <= 0:
+        return None
+    return math.ceil(unit * planned * (1 + canary_per_production))

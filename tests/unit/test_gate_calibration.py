@@ -203,6 +203,8 @@ def test_canary_evidence_names_the_test_the_look_and_the_plan() -> None:
     assert metric["planned_episodes_per_arm"] == planned_canary_episodes(
         SPEC.canary, metric_rate(400 + 400, 320 + 322))
     assert 0 < metric["information_fraction"] < 1
+    # Equal arms: the plan at the current share is the per-arm plan.
+    assert metric["planned_canary_episodes_at_current_share"] == metric["planned_episodes_per_arm"]
 
 
 def metric_rate(episodes: int, successes: int) -> float:
