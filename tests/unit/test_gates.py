@@ -500,3 +500,20 @@ def test_negative_reward_tolerance_is_refused() -> None:
             {"version": "t@v3", "min_success_rate": 0.0, "max_regression_vs_production": 1.0,
              "min_samples": 1, "watch": {"max_reward_regression": -1}}
         )
+
+
+def test_stored_threshold_rows_without_the_new_fields_stay_valid() -> None:
+    stored = {"version": "t@old", "min_success_rate": 0.5, "max_regression_vs_production": 0.1,
+              "min_samples": 8,
+              "canary": {"min_samples_per_arm": 10, "regression_to_detect": 0.3,
+                         "false_abort_rate": 0.05, "missed_regression_rate": 0.1},
+              "watch": {"min_samples": 10, "regression_to_detect": 0.3,
+                        "false_rollback_rate": 0.05, "max_reward_regression": None}}
+    spec = ThresholdSpec.from_mapping(stored)
+    assert spec.canary.reward_regression_to_detect is None
+    assert spec.watch.missed_regression_rate == 0.10
+    assert ThresholdSpec.from_mapping(spec.to_dict()) == spec
+    with pytest.raises(ThresholdSpecError, match="reward_regression_to_detect"):
+        ThresholdSpec.from_mapping({**stored, "canary": {"reward_regression_to_detect": 0}})
+    with pytest.raises(ThresholdSpecError, match="missed_regression_rate"):
+        ThresholdSpec.from_mapping({**stored, "watch": {"missed_regression_rate": 1.0}})
