@@ -32,8 +32,6 @@ from governance_loop.gates.watch import (
     watch_verdict_codes,
 )
 
-IntArray = np.ndarray
-
 
 @dataclass(frozen=True)
 class Rewards:
