@@ -21,6 +21,7 @@ BENCHMARKS: tuple[tuple[str, list[str]], ...] = (
     ("Learner: triloop GRPO iteration vs TRL GRPOTrainer", ["bench/trl_peer.py"]),
     ("Rollback: request to effective", ["bench/rollback.py"]),
     ("Scale: concurrent short episodes", ["bench/scale.py"]),
+    ("Gates: simulated canary and watch error rates", ["bench/gate_calibration.py"]),
 )
 
 

@@ -170,9 +170,20 @@ class EvidenceActivities(GovernanceShell):
                     session=session, checkpoint_id=request.production_checkpoint_id,
                     purposes=(PRODUCTION,), since=since, clean=clean,
                 )
+                canary_reward = episodes.reward_summary(
+                    session=session, checkpoint_id=request.candidate_checkpoint_id,
+                    purposes=CANARY_PURPOSES, since=since, clean=clean,
+                )
+                production_reward = episodes.reward_summary(
+                    session=session, checkpoint_id=request.production_checkpoint_id,
+                    purposes=(PRODUCTION,), since=since, clean=clean,
+                )
                 return decide_canary(CanaryObservation(
                     canary=BinomialCounts(*canary), production=BinomialCounts(*production),
                     soak_complete=request.soak_complete,
+                    canary_reward=RewardSummary(*canary_reward),
+                    production_reward=RewardSummary(*production_reward),
+                    look=request.look,
                 ), spec)
 
             faulted = episodes.fault_summary(session=session, windows=[
@@ -239,6 +250,7 @@ class EvidenceActivities(GovernanceShell):
                     thresholds=spec,
                     rewards=rewards,
                     promoted_reward=RewardSummary(*promoted_reward),
+                    look=request.look,
                 )
 
             faulted = episodes.fault_summary(session=session, windows=[

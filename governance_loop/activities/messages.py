@@ -167,6 +167,8 @@ class CanaryLook:
     production_checkpoint_id: str
     since: str
     soak_complete: bool
+    # 1 for the first look; 0 from histories recorded before looks were counted.
+    look: int = 0
 
 
 @dataclass
@@ -214,6 +216,8 @@ class WatchLook:
     baseline_since: str  # baseline episodes are production's from here to promoted_at
     promoted_at: str
     period_complete: bool
+    # 1 for the first look; 0 from histories recorded before looks were counted.
+    look: int = 0
 
 
 @dataclass

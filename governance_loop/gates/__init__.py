@@ -5,6 +5,7 @@ approval -> promote -> watch; ``next_gate`` says where a promotion stands.
 The statistical rules are stated in each module's docstring.
 """
 
+from governance_loop.gates.canary import CanaryObservation, decide_canary
 from governance_loop.gates.decision import (
     APPROVAL,
     AUDIT,
@@ -36,14 +37,7 @@ from governance_loop.gates.human import (
     validate_audit_decision,
 )
 from governance_loop.gates.offline_eval import EvalSetResult, decide_offline_eval
-from governance_loop.gates.sequential import (
-    CanaryObservation,
-    RewardSummary,
-    WatchObservation,
-    decide_canary,
-    decide_watch,
-    decide_watch_against_baselines,
-)
+from governance_loop.gates.sequential import RewardSummary
 from governance_loop.gates.shadow import ShadowSample, decide_shadow
 from governance_loop.gates.stats import BinomialCounts, EpisodeStats, Interval
 from governance_loop.gates.thresholds import (
@@ -52,6 +46,11 @@ from governance_loop.gates.thresholds import (
     ThresholdSpec,
     ThresholdSpecError,
     WatchSpec,
+)
+from governance_loop.gates.watch import (
+    WatchObservation,
+    decide_watch,
+    decide_watch_against_baselines,
 )
 
 __all__ = [

@@ -1,63 +1,58 @@
-"""Canary and watch: sequential regression tests on episode success rates.
+"""Canary and watch: always-valid sequential tests on success rate and mean reward.
 
-Both use the log-likelihood ratio of H1 "candidate is worse by delta" against
-H0 "no regression", from a normal approximation of the difference in observed
-success rates (see ``stats.regression_log_likelihood_ratio``). Decisions are a
-function of the cumulative counts alone, so the workflow may look as often as
-it likes without keeping test state.
+Each metric is tested with the one-sided normal-mixture SPRT of
+``gates.always_valid`` on the candidate's shortfall against a reference (a
+positive shortfall means the candidate is worse). Decisions are a function of
+the cumulative counts alone and stay valid however often the workflow looks.
 
-Canary (Wald SPRT, alpha = false_abort_rate, beta = missed_regression_rate):
-no decision before ``min_samples_per_arm`` episodes in each arm; then abort as
-soon as LLR >= ln((1-beta)/alpha); at the end of the soak pass iff
-LLR <= ln(beta/(1-alpha)), otherwise fail as undecided. Both aborts and fails
-restore routing. Ville's inequality bounds the false-abort rate under
-continuous monitoring by alpha/(1-beta); a final LR below beta/(1-alpha)
-happens under H1 with probability at most beta/(1-alpha).
+Canary (alpha = false_abort_rate, beta = missed_regression_rate, delta =
+regression_to_detect; the same for reward with reward_regression_to_detect):
 
-Watch (open-ended one-sided SPRT): roll back as soon as the promoted model has
-``min_samples`` episodes and LLR >= ln(1/alpha) against the pre-promotion
-baseline; at the end of the watch period without that, pass.
+* regression test, null "shortfall <= 0": abort (restore routing) as soon as its
+  evidence reaches ln(k/alpha) on any of the k metrics;
+* safety test, null "shortfall >= delta": the candidate is shown not worse by
+  delta once its evidence reaches ln(1/beta). Pass needs this on every metric, and
+  only once the soak is complete: the soak is a minimum exposure.
+
+At soak end without a pass the canary fails (restoring routing): undecided, or
+without enough information. No look decides before ``min_samples_per_arm``
+episodes per arm, nor on degenerate data (fewer than five successes or failures
+across both arms, or constant rewards): it continues, "not enough information".
+
+Watch (alpha = false_rollback_rate): the regression test of the promoted model
+against each pre-promotion baseline, for success rate (null "shortfall <= 0") and,
+if ``max_reward_regression`` is set, mean reward (null "drop <= that tolerance").
+alpha is split over every (baseline, metric) test; any crossing rolls back. At
+the end of the watch period without one, the watch passes.
+
+The sample size is planned from the effect, alpha and beta
+(``always_valid.planned_information``) and reported in the evidence of each look
+with the information gathered so far.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from statistics import NormalDist
+from functools import lru_cache
 from typing import Any
 
-from governance_loop.gates.decision import CANARY, WATCH, GateDecision, Verdict
-from governance_loop.gates.stats import (
-    BinomialCounts,
-    RegressionLikelihood,
-    evidence_number,
-    rate_difference,
-    regression_log_likelihood_ratio,
+import numpy as np
+
+from governance_loop.gates.always_valid import (
+    MIN_EVENTS,
+    FloatArray,
+    evidence_boundary,
+    log_mixture_evidence,
+    planned_information,
+    pooled_mean_information,
+    pooled_rate_information,
 )
-from governance_loop.gates.thresholds import ThresholdSpec
+from governance_loop.gates.stats import BinomialCounts, evidence_number
 
-
-@dataclass(frozen=True)
-class CanaryObservation:
-    """Cumulative canary outcomes so far, both arms over the same period."""
-
-    canary: BinomialCounts
-    production: BinomialCounts
-    # True at the last look, when the soak timer has fired.
-    soak_complete: bool
-
-
-@dataclass(frozen=True)
-class WatchObservation:
-    """Outcomes of the promoted model against the pre-promotion baseline."""
-
-    baseline: BinomialCounts
-    promoted: BinomialCounts
-    # True at the last look, when the watch period has ended.
-    period_complete: bool
-    baseline_reward: RewardSummary | None = None
-    promoted_reward: RewardSummary | None = None
+TEST_NAME = "one-sided normal-mixture SPRT (always valid)"
+SUCCESS_RATE = "success rate"
+MEAN_REWARD = "mean reward"
 
 
 @dataclass(frozen=True)
@@ -69,210 +64,156 @@ class RewardSummary:
     variance: float
 
 
-def reward_regression(
-    baseline: RewardSummary, promoted: RewardSummary, *, tolerance: float, alpha: float
-) -> tuple[bool, dict[str, Any]]:
-    """Whether mean reward fell by more than ``tolerance``, on a one-sided (1 - alpha) bound."""
-    drop = baseline.mean - promoted.mean
-    stderr = math.sqrt(
-        baseline.variance / baseline.episodes + promoted.variance / promoted.episodes
+@dataclass(frozen=True)
+class MetricTest:
+    """One metric's tests at one look (scalars in a gate, arrays in a simulation)."""
+
+    metric: str
+    # Candidate's shortfall against the reference (fraction or reward units).
+    shortfall: FloatArray
+    # 1 / variance of the shortfall estimate.
+    information: FloatArray
+    # No information to decide on: the tests below are 0 and may not decide.
+    degenerate: Any
+    # ln M of "the shortfall exceeds the tolerance" (rejects the null of no regression).
+    log_regressed: FloatArray
+    # ln M of "the shortfall is below the tolerance + effect" (rejects the null of regression).
+    log_not_worse: FloatArray
+    # The effect the test is built to detect (the mixture scale), and the tolerance.
+    effect: float
+    tolerance: float
+    # Pooled per-episode variance, for turning planned information into episodes.
+    unit_variance: FloatArray
+
+
+def metric_test(
+    metric: str, shortfall: FloatArray, information: FloatArray, degenerate: Any,
+    unit_variance: FloatArray, *, effect: float, tolerance: float = 0.0,
+) -> MetricTest:
+    """Both one-sided tests of one metric; degenerate entries carry no evidence."""
+    regressed = log_mixture_evidence(information * (shortfall - tolerance), information, effect)
+    not_worse = log_mixture_evidence(
+        information * (tolerance + effect - shortfall), information, effect)
+    return MetricTest(
+        metric=metric, shortfall=shortfall, information=information, degenerate=degenerate,
+        log_regressed=np.where(degenerate, 0.0, regressed),
+        log_not_worse=np.where(degenerate, 0.0, not_worse),
+        effect=effect, tolerance=tolerance, unit_variance=unit_variance,
     )
-    lower = drop - NormalDist().inv_cdf(1 - alpha) * stderr
-    return lower > tolerance, {
-        "baseline_reward_mean": evidence_number(baseline.mean),
-        "promoted_reward_mean": evidence_number(promoted.mean),
-        "reward_drop": evidence_number(drop),
-        "reward_drop_lower_bound": evidence_number(lower),
-        "max_reward_regression": tolerance,
+
+
+def rate_test(reference: tuple[Any, Any], candidate: tuple[Any, Any], effect: float
+              ) -> MetricTest:
+    """Success-rate tests from (episodes, successes) of the reference and the candidate."""
+    shortfall, information, degenerate = pooled_rate_information(*reference, *candidate)
+    total = np.asarray(reference[0], dtype=np.float64) + candidate[0]
+    pooled = (np.asarray(reference[1], dtype=np.float64) + candidate[1]) / np.maximum(total, 1)
+    return metric_test(SUCCESS_RATE, shortfall, information, degenerate,
+                       pooled * (1 - pooled), effect=effect)
+
+
+def reward_test(reference: tuple[Any, Any, Any], candidate: tuple[Any, Any, Any], *,
+                effect: float, tolerance: float = 0.0) -> MetricTest:
+    """Mean-reward tests from (episodes, mean, sample variance) of reference and candidate."""
+    shortfall, information, degenerate = pooled_mean_information(*reference, *candidate)
+    n = (1 / np.maximum(np.asarray(reference[0], dtype=np.float64), 1)
+         + 1 / np.maximum(np.asarray(candidate[0], dtype=np.float64), 1))
+    unit = np.where(degenerate, 0.0, 1 / (np.where(degenerate, 1.0, information) * n))
+    return metric_test(MEAN_REWARD, shortfall, information, degenerate, unit,
+                       effect=effect, tolerance=tolerance)
+
+
+def reward_numbers(summary: RewardSummary | None) -> tuple[int, float, float]:
+    """(episodes, mean, variance); no summary counts as no episodes (degenerate)."""
+    if summary is None:
+        return (0, 0.0, 0.0)
+    return (summary.episodes, summary.mean, summary.variance)
+
+
+@lru_cache(maxsize=256)
+def planned_information_for(effect: float, alpha: float, beta: float, *, two_sided: bool
+                            ) -> float:
+    """Information to detect ``effect`` with power 1 - beta at level alpha (cached).
+
+    With ``two_sided`` the plan also lets an equal candidate show it is not worse by
+    ``effect`` with power 1 - alpha at level beta (the canary's pass); the larger wins.
+    """
+    regressed = planned_information(effect, effect, alpha, 1 - beta)
+    if not two_sided:
+        return regressed
+    return max(regressed, planned_information(effect, effect, beta, 1 - alpha))
+
+
+def planned_episodes_per_arm(test: MetricTest, information: float) -> int | None:
+    """Episodes per arm, with equal arms at the pooled variance, that reach ``information``."""
+    unit = float(test.unit_variance)
+    if bool(test.degenerate) or unit <= 0:
+        return None
+    return math.ceil(2 * unit * information)
+
+
+def describe(test: MetricTest) -> str:
+    """The shortfall in words: points for success rate, reward units for reward."""
+    value = float(test.shortfall)
+    if test.metric == SUCCESS_RATE:
+        return f"success rate shortfall {value * 100:+.1f} points"
+    return f"mean reward shortfall {value:+.4g}"
+
+
+def effect_words(test: MetricTest) -> str:
+    """The effect the test detects, in the metric's units."""
+    if test.metric == SUCCESS_RATE:
+        return f"{test.effect * 100:.3g} points"
+    return f"{test.effect:.4g} reward"
+
+
+def metric_evidence(test: MetricTest, *, planned: float, regressed_at: float,
+                  not_worse_at: float | None) -> dict[str, Any]:
+    """JSON-ready numbers of one metric's tests at one look."""
+    evidence: dict[str, Any] = {
+        "metric": test.metric,
+        "test": TEST_NAME,
+        "degenerate": bool(test.degenerate),
+        "shortfall": evidence_number(float(test.shortfall)),
+        "effect_to_detect": test.effect,
+        "tolerance": test.tolerance,
+        "information": evidence_number(float(test.information)),
+        "planned_information": evidence_number(planned),
+        "information_fraction": evidence_number(float(test.information) / planned),
+        "planned_episodes_per_arm": planned_episodes_per_arm(test, planned),
+        "log_evidence_regressed": evidence_number(float(test.log_regressed)),
+        "regressed_boundary": evidence_number(regressed_at),
     }
+    if not_worse_at is not None:
+        evidence["log_evidence_not_worse"] = evidence_number(float(test.log_not_worse))
+        evidence["not_worse_boundary"] = evidence_number(not_worse_at)
+    return evidence
 
 
-def _arm(counts: BinomialCounts) -> dict[str, Any]:
-    return {
+def not_enough_information(test: MetricTest, counts: tuple[BinomialCounts, ...]) -> str:
+    """Why a degenerate metric cannot decide."""
+    if test.metric == SUCCESS_RATE:
+        episodes = sum(c.episodes for c in counts)
+        successes = sum(c.successes for c in counts)
+        return (f"{test.metric}: {successes} successes in {episodes} episodes across both "
+                f"arms; the test needs at least {MIN_EVENTS} successes and {MIN_EVENTS} "
+                "failures")
+    return f"{test.metric}: rewards have no variance (or an arm has fewer than 2 episodes)"
+
+
+def alpha_boundary(alpha: float, tests: int) -> float:
+    """Evidence boundary of one of ``tests`` tests sharing alpha (Bonferroni)."""
+    return evidence_boundary(alpha / tests)
+
+
+def arm_evidence(counts: BinomialCounts, reward: RewardSummary | None) -> dict[str, Any]:
+    """One arm's counts (and reward summary) for the evidence."""
+    arm: dict[str, Any] = {
         "episodes": counts.episodes,
         "successes": counts.successes,
         "success_rate": evidence_number(counts.rate),
     }
-
-
-def _test_evidence(
-    test: RegressionLikelihood,
-    candidate: BinomialCounts,
-    reference: BinomialCounts,
-    confidence: float,
-) -> dict[str, Any]:
-    return {
-        "log_likelihood_ratio": evidence_number(test.llr),
-        "success_rate_delta": rate_difference(candidate, reference, confidence).to_dict(),
-    }
-
-
-def decide_canary(observation: CanaryObservation, thresholds: ThresholdSpec) -> GateDecision:
-    """Continue, abort on regression, or pass the canary from cumulative counts."""
-    spec = thresholds.canary
-    version = thresholds.version
-    canary, production = observation.canary, observation.production
-    abort_at = math.log((1 - spec.missed_regression_rate) / spec.false_abort_rate)
-    pass_at = math.log(spec.missed_regression_rate / (1 - spec.false_abort_rate))
-    evidence: dict[str, Any] = {
-        "threshold_version": version,
-        "thresholds": {
-            "min_samples_per_arm": spec.min_samples_per_arm,
-            "regression_to_detect": spec.regression_to_detect,
-            "false_abort_rate": spec.false_abort_rate,
-            "missed_regression_rate": spec.missed_regression_rate,
-        },
-        "canary": _arm(canary),
-        "production": _arm(production),
-        "abort_boundary": evidence_number(abort_at),
-        "pass_boundary": evidence_number(pass_at),
-        "soak_complete": observation.soak_complete,
-    }
-
-    def decision(verdict: Verdict, reason: str) -> GateDecision:
-        return GateDecision(
-            gate=CANARY,
-            passed=verdict is Verdict.PASS,
-            reasons=[f"{reason} (thresholds {version})"],
-            evidence=evidence,
-            verdict=verdict,
-            restore_routing=verdict in (Verdict.ABORT_REGRESSION, Verdict.FAIL),
-        )
-
-    fewest = min(canary.episodes, production.episodes)
-    if fewest < spec.min_samples_per_arm:
-        evidence["log_likelihood_ratio"] = None
-        shortfall = (
-            f"canary {canary.episodes} and production {production.episodes} episodes; "
-            f"min_samples_per_arm is {spec.min_samples_per_arm}"
-        )
-        if observation.soak_complete:
-            return decision(Verdict.FAIL, f"soak ended with too few episodes: {shortfall}")
-        return decision(Verdict.CONTINUE, f"waiting for the minimum sample: {shortfall}")
-
-    test = regression_log_likelihood_ratio(canary, production, spec.regression_to_detect)
-    evidence.update(_test_evidence(test, canary, production, thresholds.confidence))
-    llr = f"LLR {test.llr:.3f}"
-    delta = f"success rate delta {test.rate_difference * 100:+.1f} points"
-    if test.llr >= abort_at:
-        return decision(
-            Verdict.ABORT_REGRESSION,
-            f"canary regressed: {delta}, {llr} >= abort boundary {abort_at:.3f}",
-        )
-    if not observation.soak_complete:
-        return decision(Verdict.CONTINUE, f"soak in progress: {delta}, {llr}")
-    if test.llr <= pass_at:
-        return decision(
-            Verdict.PASS, f"no regression: {delta}, {llr} <= pass boundary {pass_at:.3f}"
-        )
-    return decision(
-        Verdict.FAIL,
-        f"soak ended undecided: {delta}, {llr} between pass boundary {pass_at:.3f} and "
-        f"abort boundary {abort_at:.3f}; extend the soak or raise the canary share",
-    )
-
-
-def decide_watch(observation: WatchObservation, thresholds: ThresholdSpec) -> GateDecision:
-    """Roll back on a regression against the pre-promotion baseline, else keep watching."""
-    spec = thresholds.watch
-    version = thresholds.version
-    baseline, promoted = observation.baseline, observation.promoted
-    rollback_at = math.log(1 / spec.false_rollback_rate)
-    evidence: dict[str, Any] = {
-        "threshold_version": version,
-        "thresholds": {
-            "min_samples": spec.min_samples,
-            "regression_to_detect": spec.regression_to_detect,
-            "false_rollback_rate": spec.false_rollback_rate,
-        },
-        "baseline": _arm(baseline),
-        "promoted": _arm(promoted),
-        "rollback_boundary": evidence_number(rollback_at),
-        "period_complete": observation.period_complete,
-        "log_likelihood_ratio": None,
-    }
-    verdict = Verdict.PASS if observation.period_complete else Verdict.CONTINUE
-    if promoted.episodes < spec.min_samples or baseline.episodes == 0:
-        reason = (
-            f"promoted model has {promoted.episodes} episodes and the baseline "
-            f"{baseline.episodes}; min_samples is {spec.min_samples}, no rollback evidence"
-        )
-    else:
-        test = regression_log_likelihood_ratio(promoted, baseline, spec.regression_to_detect)
-        evidence.update(_test_evidence(test, promoted, baseline, thresholds.confidence))
-        delta = f"success rate delta {test.rate_difference * 100:+.1f} points vs baseline"
-        if test.llr >= rollback_at:
-            verdict = Verdict.ROLLBACK
-            reason = f"regression after promotion: {delta}, LLR {test.llr:.3f} >= {rollback_at:.3f}"
-        else:
-            reason = f"no regression detected: {delta}, LLR {test.llr:.3f} < {rollback_at:.3f}"
-        rewards = (observation.baseline_reward, observation.promoted_reward)
-        if (verdict is not Verdict.ROLLBACK and spec.max_reward_regression is not None
-                and rewards[0] is not None and rewards[1] is not None
-                and rewards[0].episodes >= 2 and rewards[1].episodes >= 2):
-            regressed, reward_evidence = reward_regression(
-                rewards[0], rewards[1], tolerance=spec.max_reward_regression,
-                alpha=spec.false_rollback_rate,
-            )
-            evidence.update(reward_evidence)
-            if regressed:
-                verdict = Verdict.ROLLBACK
-                reason = (
-                    f"regression after promotion: mean reward fell by "
-                    f"{reward_evidence['reward_drop']:.3f} (lower bound "
-                    f"{reward_evidence['reward_drop_lower_bound']:.3f} > tolerance "
-                    f"{spec.max_reward_regression}); {delta}"
-                )
-    return GateDecision(
-        gate=WATCH,
-        passed=verdict is Verdict.PASS,
-        reasons=[f"{reason} (thresholds {version})"],
-        evidence=evidence,
-        verdict=verdict,
-        rollback=verdict is Verdict.ROLLBACK,
-    )
-
-
-def decide_watch_against_baselines(
-    baselines: Mapping[str, BinomialCounts],
-    promoted: BinomialCounts,
-    *,
-    period_complete: bool,
-    thresholds: ThresholdSpec,
-    rewards: Mapping[str, RewardSummary] | None = None,
-    promoted_reward: RewardSummary | None = None,
-) -> GateDecision:
-    """Watch against every pre-promotion baseline; the first regression rolls back.
-
-    Two baselines exist before a promotion: the model production served, and the
-    candidate itself during its canary (the evidence it was promoted on). A model
-    that falls below either after promotion has regressed.
-    """
-    decisions = {
-        name: decide_watch(
-            WatchObservation(
-                baseline=counts, promoted=promoted, period_complete=period_complete,
-                baseline_reward=(rewards or {}).get(name), promoted_reward=promoted_reward,
-            ),
-            thresholds,
-        )
-        for name, counts in baselines.items()
-    }
-    evidence: dict[str, Any] = {name: d.evidence for name, d in decisions.items()}
-    reasons = [f"{name}: {reason}" for name, d in decisions.items() for reason in d.reasons]
-    rollback = [name for name, d in decisions.items() if d.verdict is Verdict.ROLLBACK]
-    if rollback:
-        verdict = Verdict.ROLLBACK
-        reasons = [r for r in reasons if r.split(":", 1)[0] in rollback]
-    elif period_complete:
-        verdict = Verdict.PASS
-    else:
-        verdict = Verdict.CONTINUE
-    return GateDecision(
-        gate=WATCH,
-        passed=verdict is Verdict.PASS,
-        reasons=reasons,
-        evidence={"baselines": evidence},
-        verdict=verdict,
-        rollback=verdict is Verdict.ROLLBACK,
-    )
+    if reward is not None:
+        arm["reward_mean"] = evidence_number(reward.mean)
+        arm["reward_variance"] = evidence_number(reward.variance)
+    return arm

@@ -159,29 +159,3 @@ def mean_difference(a: EpisodeStats, b: EpisodeStats, confidence: float) -> Inte
     se = math.sqrt(a.reward_std**2 / a.episodes + b.reward_std**2 / b.episodes)
     half = z_for(confidence) * se
     return Interval(estimate, estimate - half, estimate + half, confidence)
-
-
-@dataclass(frozen=True)
-class RegressionLikelihood:
-    """Log-likelihood ratio of 'regressed by delta' against 'no regression'."""
-
-    llr: float
-    rate_difference: float
-    variance: float
-
-
-def regression_log_likelihood_ratio(
-    candidate: BinomialCounts, reference: BinomialCounts, delta: float
-) -> RegressionLikelihood:
-    """LLR of H1: p_c = p_r - delta vs H0: p_c = p_r, normal approximation of p_c - p_r.
-
-    With D = p_hat_c - p_hat_r ~ N(mu, V): LLR = [D^2 - (D + delta)^2] / 2V
-    = -delta * (D + delta/2) / V. V uses smoothed rates so that all-success
-    arms do not make it zero.
-    """
-    if candidate.episodes == 0 or reference.episodes == 0:
-        return RegressionLikelihood(0.0, 0.0, math.inf)
-    pc, pr = candidate.smoothed_rate, reference.smoothed_rate
-    variance = pc * (1 - pc) / candidate.episodes + pr * (1 - pr) / reference.episodes
-    diff = candidate.rate - reference.rate
-    return RegressionLikelihood(-delta * (diff + delta / 2) / variance, diff, variance)

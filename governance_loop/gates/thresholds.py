@@ -29,6 +29,13 @@ def _check_probability(owner: str, name: str, value: float) -> None:
         raise ThresholdSpecError(f"{owner}.{name} must be strictly between 0 and 1, got {value!r}")
 
 
+def _check_positive(owner: str, name: str, value: float | None) -> None:
+    if value is not None and not (
+        isinstance(value, int | float) and math.isfinite(value) and value > 0
+    ):
+        raise ThresholdSpecError(f"{owner}.{name} must be a number > 0 or null, got {value!r}")
+
+
 def _check_count(owner: str, name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ThresholdSpecError(f"{owner}.{name} must be an integer >= 1, got {value!r}")
@@ -57,9 +64,14 @@ class ShadowSpec:
 
 @dataclass(frozen=True)
 class CanarySpec:
-    """Canary gate: Wald SPRT on success rate, canary share vs the rest of production."""
+    """Canary gate: always-valid sequential tests, canary share vs the rest of production.
 
-    # Episodes required in each arm before the test may decide anything.
+    The test is planned from ``regression_to_detect``, alpha and beta: the evidence
+    of every look reports the episodes per arm that plan needs (``gates.sequential``).
+    """
+
+    # Episodes required in each arm before the test may decide anything (a floor for
+    # the normal approximation, not the plan).
     min_samples_per_arm: int = 200
     # Absolute drop in success rate (fraction) the test is built to catch: H1 is p_c = p_p - this.
     regression_to_detect: float = 0.05
@@ -67,9 +79,13 @@ class CanarySpec:
     false_abort_rate: float = 0.05
     # Beta: chance of passing a candidate that is worse by regression_to_detect.
     missed_regression_rate: float = 0.10
+    # Drop in mean episode reward (reward units) the canary is built to catch; the
+    # reward test runs beside the success-rate test. None checks success rate only.
+    reward_regression_to_detect: float | None = None
 
     def __post_init__(self) -> None:
         _check_count("canary", "min_samples_per_arm", self.min_samples_per_arm)
+        _check_positive("canary", "reward_regression_to_detect", self.reward_regression_to_detect)
         _check_fraction("canary", "regression_to_detect", self.regression_to_detect,
                         allow_zero=False)
         _check_probability("canary", "false_abort_rate", self.false_abort_rate)
@@ -78,18 +94,24 @@ class CanarySpec:
 
 @dataclass(frozen=True)
 class WatchSpec:
-    """Watch after promotion: open-ended SPRT against the pre-promotion baseline."""
+    """Watch after promotion: always-valid sequential tests against pre-promotion baselines."""
 
     # Episodes since promotion required before a rollback can be triggered.
     min_samples: int = 200
     # Absolute drop in success rate (fraction) that counts as a regression.
     regression_to_detect: float = 0.05
-    # Alpha under continuous monitoring: chance of rolling back a non-regressed model.
+    # Alpha under continuous monitoring: chance of rolling back a non-regressed model,
+    # shared by every baseline and metric the watch tests.
     false_rollback_rate: float = 0.05
-    # Drop in mean episode reward (reward units) tolerated before rolling back, judged on
-    # a one-sided lower confidence bound; None checks success rate only. Reward sees
+    # Drop in mean episode reward (reward units) tolerated before rolling back, judged by
+    # an always-valid test of "drop <= this"; None checks success rate only. Reward sees
     # regressions that success rate misses when successes are rare.
     max_reward_regression: float | None = None
+    # Beta: chance of missing a regression of regression_to_detect; plans the sample size.
+    missed_regression_rate: float = 0.10
+    # Reward drop beyond max_reward_regression (reward units) the watch is built to catch;
+    # None uses regression_to_detect (rewards on the scale of success, 0 to 1).
+    reward_regression_to_detect: float | None = None
 
     def __post_init__(self) -> None:
         _check_count("watch", "min_samples", self.min_samples)
@@ -103,6 +125,8 @@ class WatchSpec:
         _check_fraction("watch", "regression_to_detect", self.regression_to_detect,
                         allow_zero=False)
         _check_probability("watch", "false_rollback_rate", self.false_rollback_rate)
+        _check_probability("watch", "missed_regression_rate", self.missed_regression_rate)
+        _check_positive("watch", "reward_regression_to_detect", self.reward_regression_to_detect)
 
 
 @dataclass(frozen=True)

@@ -247,7 +247,9 @@ class PromotionWorkflow:
         since = await self._claim(plan, "canary", timing.canary_share)
         self._waiting_for = "canary soak"
         ends = workflow.now() + timedelta(seconds=timing.canary_soak_s)
+        look = 0
         while True:
+            look += 1
             left = (ends - workflow.now()).total_seconds()
             if left > 0:
                 await workflow.sleep(min(timing.canary_check_interval_s, left))
@@ -255,7 +257,7 @@ class PromotionWorkflow:
                 promotion_id=plan.promotion_id, threshold_id=plan.threshold_id,
                 candidate_checkpoint_id=plan.candidate_checkpoint_id,
                 production_checkpoint_id=plan.baseline_checkpoint_id, since=since,
-                soak_complete=workflow.now() >= ends,
+                soak_complete=workflow.now() >= ends, look=look,
             ))
             if outcome.verdict != "continue":
                 break
@@ -367,7 +369,9 @@ class PromotionWorkflow:
         timing = plan.timing
         self._gate, self._waiting_for = WATCH, "watch period"
         ends = workflow.now() + timedelta(seconds=timing.watch_period_s)
+        look = 0
         while True:
+            look += 1
             left = (ends - workflow.now()).total_seconds()
             if left > 0:
                 await workflow.sleep(min(timing.watch_check_interval_s, left))
@@ -376,7 +380,7 @@ class PromotionWorkflow:
                 candidate_checkpoint_id=plan.candidate_checkpoint_id,
                 baseline_checkpoint_id=plan.baseline_checkpoint_id,
                 baseline_since=plan.opened_at, promoted_at=promoted_at,
-                period_complete=workflow.now() >= ends,
+                period_complete=workflow.now() >= ends, look=look,
             ))
             if outcome.verdict != "continue":
                 break

@@ -216,7 +216,8 @@ def simulate_canary(
         p = sum(rng.random() < production_rate for _ in range(batch))
         canary = BinomialCounts(canary.episodes + batch, canary.successes + c)
         production = BinomialCounts(production.episodes + batch, production.successes + p)
-        decision = decide_canary(CanaryObservation(canary, production, look == looks), spec)
+        decision = decide_canary(
+            CanaryObservation(canary, production, look == looks, look=look), spec)
         decisions.append(decision)
         if decision.final:
             break
@@ -241,7 +242,9 @@ def test_canary_aborts_on_clear_regression_and_restores_routing(
     assert final.verdict is Verdict.ABORT_REGRESSION and not final.passed
     assert final.restore_routing
     assert episodes < 400  # aborted before the soak ended
-    assert final.evidence["log_likelihood_ratio"] >= final.evidence["abort_boundary"]
+    metric = final.evidence["metrics"][0]
+    assert metric["metric"] == "success rate"
+    assert metric["log_evidence_regressed"] >= final.evidence["abort_boundary"]
     assert "regressed" in final.reasons[0]
     assert_json(final)
 
@@ -255,7 +258,9 @@ def test_canary_passes_clear_non_regression_only_at_soak_end(
     final = decisions[-1]
     assert final.verdict is Verdict.PASS and final.passed and not final.restore_routing
     assert episodes == 400
-    assert final.evidence["log_likelihood_ratio"] <= final.evidence["pass_boundary"]
+    metric = final.evidence["metrics"][0]
+    assert metric["log_evidence_not_worse"] >= final.evidence["pass_boundary"]
+    assert "no regression at look 20" in final.reasons[0]
 
 
 def test_canary_error_rates_over_seeds(thresholds: ThresholdSpec) -> None:
@@ -477,7 +482,9 @@ def test_watch_rolls_back_on_a_reward_regression_that_success_rate_misses() -> N
     decision = decide_watch(observation, spec)
     assert decision.rollback
     assert "mean reward fell" in decision.reasons[0]
-    assert decision.evidence["reward_drop_lower_bound"] > 0.1
+    reward = decision.evidence["metrics"][1]
+    assert reward["metric"] == "mean reward" and reward["shortfall"] > 0.1
+    assert reward["log_evidence_regressed"] >= decision.evidence["rollback_boundary"]
 
     steady = WatchObservation(
         baseline=rare, promoted=BinomialCounts(40, 1), period_complete=True,
@@ -493,3 +500,20 @@ def test_negative_reward_tolerance_is_refused() -> None:
             {"version": "t@v3", "min_success_rate": 0.0, "max_regression_vs_production": 1.0,
              "min_samples": 1, "watch": {"max_reward_regression": -1}}
         )
+
+
+def test_stored_threshold_rows_without_the_new_fields_stay_valid() -> None:
+    stored = {"version": "t@old", "min_success_rate": 0.5, "max_regression_vs_production": 0.1,
+              "min_samples": 8,
+              "canary": {"min_samples_per_arm": 10, "regression_to_detect": 0.3,
+                         "false_abort_rate": 0.05, "missed_regression_rate": 0.1},
+              "watch": {"min_samples": 10, "regression_to_detect": 0.3,
+                        "false_rollback_rate": 0.05, "max_reward_regression": None}}
+    spec = ThresholdSpec.from_mapping(stored)
+    assert spec.canary.reward_regression_to_detect is None
+    assert spec.watch.missed_regression_rate == 0.10
+    assert ThresholdSpec.from_mapping(spec.to_dict()) == spec
+    with pytest.raises(ThresholdSpecError, match="reward_regression_to_detect"):
+        ThresholdSpec.from_mapping({**stored, "canary": {"reward_regression_to_detect": 0}})
+    with pytest.raises(ThresholdSpecError, match="missed_regression_rate"):
+        ThresholdSpec.from_mapping({**stored, "watch": {"missed_regression_rate": 1.0}})
