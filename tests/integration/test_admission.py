@@ -8,7 +8,6 @@ workflow, the assessment, the stored evidence and the operator's decision are re
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
@@ -21,11 +20,13 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from execution_loop.workflows import AdmissionProbeWorkflow
 from governance_loop import store
 from governance_loop.environments import retire_environment_version
 from governance_loop.worker import build_worker, promotion_timing
 from tests.factories import make_person, make_task, record_decision
 from tests.factories_governance import wait_for
+from tests.temporal_helpers import execution_nexus, loop_client, own_queues
 from triloop.config import Settings
 from triloop.policy import Authorizer
 from triloop.temporal import connect
@@ -70,8 +71,7 @@ def standin_probe(request: AdmissionProbeInput) -> AdmissionProbeEvidence:
 @pytest.fixture(scope="module")
 def gov_settings(settings: Settings) -> Settings:
     """Task queues of this module only."""
-    prefix = f"{settings.task_queue_prefix}adm-{uuid.uuid4().hex[:6]}-"
-    return settings.model_copy(update={"task_queue_prefix": prefix})
+    return own_queues(settings, "adm-")
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +83,18 @@ def authorizer(settings: Settings) -> Authorizer:
 @contextlib.asynccontextmanager
 async def workers(client: Client, settings: Settings, engine: Engine, authorizer: Authorizer,
                   *, decision_deadline_s: float = 60.0) -> AsyncIterator[None]:
-    """The governance worker and the stand-in probe on the execution queue."""
+    """The governance worker, and in the execution namespace the real probe workflow and
+    Nexus handlers with a stand-in probe activity."""
     from concurrent.futures import ThreadPoolExecutor
 
     timing = replace(promotion_timing("test"), approval_deadline_s=decision_deadline_s)
     governance = build_worker(client, settings, engine=engine, authorizer=authorizer,
                               timing=timing)
-    probe = Worker(client, task_queue=settings.task_queue(EXECUTION_QUEUE),
-                   activities=[standin_probe], activity_executor=ThreadPoolExecutor(2))
+    execution = await loop_client(settings, "execution", "execution-stand-in")
+    probe = Worker(execution, task_queue=settings.task_queue(EXECUTION_QUEUE),
+                   workflows=[AdmissionProbeWorkflow], activities=[standin_probe],
+                   activity_executor=ThreadPoolExecutor(2),
+                   nexus_service_handlers=[execution_nexus(settings)])
     async with governance, probe:
         yield
 
@@ -139,7 +143,7 @@ def _task_row(owner: Engine, task_id: str) -> Any:
 @pytest.fixture
 async def client(gov_settings: Settings) -> Client:
     """A Temporal client."""
-    return await connect(gov_settings, identity="admission-test")
+    return await connect(gov_settings, identity="admission-test", service="governance")
 
 
 async def test_admissible_task_is_admitted_by_an_operator_only(
