@@ -130,7 +130,8 @@ def browser_settings(web_settings: Settings) -> Settings:
 def governance(browser_settings: Settings) -> Iterator[tuple[Loop, Any]]:
     """A stand-in governance worker; yields the loop and a connected client."""
     loop = Loop()
-    client = loop.run(connect(browser_settings, identity="test-browser-governance"))
+    client = loop.run(connect(browser_settings, identity="test-browser-governance",
+                              service="governance"))
     worker = Worker(client, task_queue=browser_settings.task_queue(GOVERNANCE_QUEUE),
                     workflows=[StandInPromotion, StandInRollback],
                     workflow_runner=UnsandboxedWorkflowRunner())

@@ -29,6 +29,7 @@ from tests.factories_governance import (
     make_world,
     wait_for,
 )
+from tests.temporal_helpers import own_queues
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
@@ -89,8 +90,7 @@ class WorkerProcess:
 @pytest.fixture
 def worker_process(settings: Settings, stack_dir: Path) -> Iterator[WorkerProcess]:
     """A governance worker process on this test's queues (stopped at the end)."""
-    prefix = f"{settings.task_queue_prefix}kill-{uuid.uuid4().hex[:6]}-"
-    proc = WorkerProcess(settings.model_copy(update={"task_queue_prefix": prefix}),
+    proc = WorkerProcess(own_queues(settings, "kill-"),
                          stack_dir / "logs" / f"governance-worker-{uuid.uuid4().hex[:6]}.log")
     yield proc
     proc.stop()
@@ -114,7 +114,7 @@ async def test_killed_worker_resumes_promotion_at_the_same_gate(
     quality.set(world.baseline, 0.9)
     quality.set(world.candidate, 1.0)
     execution = StandInExecution(role_engine("execution"), quality, world.task_ids[0])
-    client = await connect(test_settings, identity="governance-fault-test")
+    client = await connect(test_settings, identity="governance-fault-test", service="governance")
     proposal = PromotionInput(world.proposal_id, world.candidate, world.run_id, world.submitter)
 
     def gate_counts() -> dict[str, int]:
@@ -131,7 +131,7 @@ async def test_killed_worker_resumes_promotion_at_the_same_gate(
                                {"p": world.proposal_id}).first()
         return None if row is None else row[0]
 
-    async with execution_stand_in(client, prefix, execution):
+    async with execution_stand_in(test_settings, execution):
         worker_process.start()
         handle = await client.start_workflow(
             PROMOTION_WORKFLOW, proposal, id=promotion_workflow_id(world.proposal_id),

@@ -57,10 +57,11 @@ class StandInRollout:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def loops(web_settings: Settings) -> AsyncIterator[Client]:
-    client = await connect(web_settings, identity="test-loop-stand-ins")
+    client = await connect(web_settings, identity="test-loop-stand-ins", service="governance")
+    execution = await connect(web_settings, identity="test-loop-stand-ins", service="execution")
     async with Worker(client, task_queue=web_settings.task_queue(GOVERNANCE_QUEUE),
                       workflows=[StandInRollback], workflow_runner=UnsandboxedWorkflowRunner()), \
-            Worker(client, task_queue=web_settings.task_queue(EXECUTION_QUEUE),
+            Worker(execution, task_queue=web_settings.task_queue(EXECUTION_QUEUE),
                    workflows=[StandInRollout], workflow_runner=UnsandboxedWorkflowRunner()):
         yield client
 
@@ -143,7 +144,8 @@ async def test_production_episodes_refusals(
 
 
 async def test_operator_starts_production_episodes(
-    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person], loops: Client
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person], loops: Client,
+    web_settings: Settings,
 ) -> None:
     task = make_task(owner_engine)
     response = await api.post("/api/episodes", headers=people["operator"].headers,
@@ -151,7 +153,8 @@ async def test_operator_starts_production_episodes(
     assert response.status_code == 202, response.text
     started = response.json()
     assert started["purpose"] == "production" and started["episodes"] == 2
-    result = await loops.get_workflow_handle(started["workflow_id"]).result()
+    execution = await connect(web_settings, identity="test-eyes", service="execution")
+    result = await execution.get_workflow_handle(started["workflow_id"]).result()
     assert result["batch_id"] == "production:1"
     unknown = await api.post("/api/episodes", headers=people["operator"].headers,
                              json={"items": [{"task_id": "no-such-task"}]})

@@ -99,7 +99,7 @@ def recorded(engine: Engine, decision_id: str) -> dict[str, Any]:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def governance(web_settings: Settings) -> AsyncIterator[Client]:
-    client = await connect(web_settings, identity="test-governance-stand-in")
+    client = await connect(web_settings, identity="test-governance-stand-in", service="governance")
     async with Worker(client, task_queue=web_settings.task_queue(GOVERNANCE_QUEUE),
                       workflows=[StandInPromotion],
                       workflow_runner=UnsandboxedWorkflowRunner()):

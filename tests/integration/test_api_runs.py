@@ -71,7 +71,7 @@ class StandInTrainingRun:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def learning_stand_in(web_settings: Settings) -> AsyncIterator[Client]:
-    client = await connect(web_settings, identity="test-learning-stand-in")
+    client = await connect(web_settings, identity="test-learning-stand-in", service="learning")
     async with Worker(client, task_queue=web_settings.task_queue(LEARNING_QUEUE),
                       workflows=[StandInTrainingRun],
                       workflow_runner=UnsandboxedWorkflowRunner()):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jwt
 import psutil
 import pytest
 
@@ -40,7 +41,8 @@ def test_up_then_down_leaves_no_process(tmp_path: Path) -> None:
         for name in ("postgres", "temporal", "opa"):
             assert running[name].startswith("running"), running
         pids: list[int] = []
-        assert "UNAUTHENTICATED" in running["temporal"]  # the dev server says what it is
+        # The real server, with authorization: status says so (the dev server says it isn't).
+        assert "JWT authorization on" in running["temporal"]
         for name in ("postgres", "temporal", "opa"):
             pid = int(running[name].split("pid ")[1].split(")")[0])
             pids.append(pid)
@@ -91,6 +93,22 @@ def test_each_service_is_handed_its_own_credentials_only(
         role_url = make_url(env[f"TRILOOP_DATABASE_URL_{service.upper()}"])
         assert (role_url.username, role_url.password) == (f"triloop_{service}", None)
         folder = Path(env["TRILOOP_SECRETS_DIR"])
-        assert {p.name for p in folder.iterdir()} == {f"pg-{service}", f"opa-{service}"}
+        assert {p.name for p in folder.iterdir()} == {
+            f"pg-{service}", f"opa-{service}", f"temporal-{service}"}
+        # The Temporal token writes in the service's own loop's namespace, nowhere else.
+        claims = jwt.decode((folder / f"temporal-{service}").read_text(),
+                            options={"verify_signature": False})
+        expected = [f"triloop-{loop}:write" for loop in ("execution", "learning", "governance")
+                    if service in (loop, "web")]
+        assert claims["permissions"] == expected
         assert ("TRILOOP_SESSION_SECRET" in env) == (service == "web")
         assert oct(folder.stat().st_mode & 0o777) == "0o700"
+
+
+def test_status_says_plainly_when_temporal_authenticates_nobody(tmp_path: Path) -> None:
+    from triloop.devstack.stack import temporal_mode_line
+
+    quick = temporal_mode_line(_settings(tmp_path).model_copy(update={"temporal_mode": "dev"}),
+                               "127.0.0.1")
+    assert "UNAUTHENTICATED" in quick
+    assert "JWT authorization on" in temporal_mode_line(_settings(tmp_path), "127.0.0.1")

@@ -24,6 +24,7 @@ from triloop.devstack.processes import (
 )
 from triloop.devstack.secrets import ensure_session_secret
 from triloop.devstack.servers import _http_ok, repo_root, start_opa, start_temporal, tool_path
+from triloop.devstack.temporal_keys import ensure_tokens
 from triloop.devstack.temporal_server import TemporalPorts, provision, start_temporal_server
 from triloop.secrets import (
     OWNER_PASSWORD,
@@ -104,11 +105,17 @@ def service_env(settings: Settings, service: ServiceName) -> dict[str, str]:
 
 
 def ensure_credentials(settings: Settings) -> None:
-    """Generate every credential the stack needs, once per install (see triloop.secrets)."""
+    """Generate every credential the stack needs, once per install (see triloop.secrets).
+
+    Temporal tokens are signed afresh at every ``up`` (they expire); the quick-mode dev
+    server checks none, so none are made for it.
+    """
     folder = settings.secrets
     for service in SERVICES:
         ensure_secret(folder, opa_token_name(service))
     role_passwords(folder)
+    if settings.temporal_mode == "server":
+        ensure_tokens(settings, settings.home.resolve() / "temporal" / "jwks.json")
 
 
 def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
@@ -171,7 +178,8 @@ def start_stack_temporal(settings: Settings, paths: StackPaths, port: int) -> Se
     """The real server with authorization (default), or the dev server in quick mode."""
     if settings.temporal_mode == "server":
         return start_temporal_server(
-            settings, state_dir=paths.home / "temporal", ports=TemporalPorts.from_base(port),
+            settings, state_dir=paths.home / "temporal",
+            ports=TemporalPorts.for_stack(paths.home / "temporal", port),
             run_dir=paths.run, log_dir=paths.logs, binary=tool_path("temporal-server"))
     return start_temporal(
         db_file=paths.home / "temporal.db", port=port, ui_port=settings.temporal_ui_port,

@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 from temporalio.client import Client
 
 from triloop.config import LOOPS, Settings
-from triloop.devstack.processes import ServiceProcess, free_port, start_process, wait_until
+from triloop.devstack.processes import (
+    ServiceProcess,
+    free_port,
+    port_in_use,
+    start_process,
+    wait_until,
+)
 from triloop.devstack.temporal_keys import ADMIN, ensure_tokens
 from triloop.nexus_api import ENDPOINT_TARGETS, endpoint_name
 
@@ -64,6 +71,24 @@ class TemporalPorts:
     def free(cls, frontend: int | None = None) -> TemporalPorts:
         """Free ports only (tests, benchmarks)."""
         return cls(frontend or free_port(), *(free_port() for _ in range(12)))
+
+    @classmethod
+    def for_stack(cls, state_dir: Path, frontend: int) -> TemporalPorts:
+        """The ports a stack's server used before, else the fixed layout if it is free.
+
+        Kept in ``ports.json`` so a restarted server finds its own membership ports again.
+        """
+        saved = state_dir / "ports.json"
+        if saved.exists():
+            ports = cls(**json.loads(saved.read_text()))
+            if ports.frontend == frontend:
+                return ports
+        ports = cls.from_base(frontend)
+        if any(port_in_use(p) for p in asdict(ports).values() if p != frontend):
+            ports = cls.free(frontend)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(asdict(ports)))
+        return ports
 
 
 # Refusals say why (an expired token, a missing role) instead of only "unauthorized".

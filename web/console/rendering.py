@@ -126,7 +126,8 @@ def page(
     response = templates.TemplateResponse(
         request, name,
         {"me": principal, "csrf": principal.csrf if principal else None,
-         "csrf_field": CSRF_FIELD, "flash": flash, **context},
+         "csrf_field": CSRF_FIELD, "flash": flash,
+         "temporal_unauthenticated": services.settings.temporal_mode == "dev", **context},
         status_code=status_code,
     )
     if flash is not None:
