@@ -12,8 +12,8 @@ components reach the server through its internal frontend, which needs no token.
 from __future__ import annotations
 
 import asyncio
-import time
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
