@@ -13,7 +13,7 @@ from governance_loop.admission import (
     AdmissionEvidence,
     assess_admission,
 )
-from triloop.workflow_api import RewardHackTrial  # noqa: E402
+from triloop.workflow_api import RewardHackTrial
 
 VERIFIER = "a" * 64
 
