@@ -9,16 +9,17 @@ The execution loop owns environments, so it measures; governance only judges
 3. verifiable: every reference run's verdict must come from a verifier that ran in
    its own interpreter. The environments get a sandbox that records each command;
    a run counts as verified out of process only if a verifier command went through
-   it. The verifier hash is the sha256 of the source of the verifier module named in
-   that command's request;
+   it. The verifier hash is ``triloop.environment_code.verifier_hash`` of the
+   verifier named in that command's request: its module and every module of ours it
+   reaches, the same hash governance pins when it registers the version;
 4. repeatable: the environment's reference solution, played ``reference_runs``
-   times, and the verifier's verdict on each.
+   times, and the verifier's verdict on each;
+5. for question 2 as well: every known reward hack (``reward_hacks.LIBRARY``) played
+   from a fresh reset, and whether the verifier paid for it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,8 +28,10 @@ from pathlib import Path
 from temporalio import activity
 
 from execution_loop.policies import OpenedTask, TaskEnvironments
+from execution_loop.reward_hacks import probe_reward_hacks
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits, SandboxResult
 from triloop.contracts import EnvironmentContract
+from triloop.environment_code import verifier_hash
 from triloop.workflow_api import (
     PROBE_ADMISSION_ACTIVITY,
     AdmissionProbeEvidence,
@@ -65,26 +68,6 @@ class RecordingSandbox:
         return self._inner.run(
             argv, limits=limits, workdir=workdir, stdin=stdin, extra_env=extra_env
         )
-
-
-def module_source_sha256(reference: str) -> str:
-    """sha256 of the source file of the module in a ``module:function`` reference."""
-    module = reference.partition(":")[0]
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise LookupError(f"verifier module {module!r} cannot be found")
-    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
-
-
-def verifier_hash(references: Sequence[str]) -> str | None:
-    """The hash of the verifier module; several modules hash as their sorted list."""
-    modules = sorted({r.partition(":")[0] for r in references})
-    if not modules:
-        return None
-    if len(modules) == 1:
-        return module_source_sha256(modules[0])
-    lines = "".join(f"{m} {module_source_sha256(m)}\n" for m in modules)
-    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def _default_reference(name: str, seed: int, contract: EnvironmentContract) -> list[str]:
@@ -128,6 +111,8 @@ class AdmissionProbe:
             references += recorder.verifier_references
         evidence.verifier_ran_out_of_process = verified_outside
         evidence.verifier_hash = verifier_hash(references)
+        activity.heartbeat("reward hacks")
+        evidence.reward_hacks = probe_reward_hacks(task.open, task.seed)
         return evidence
 
     def _resets(

@@ -3,7 +3,10 @@
 1. reproducible: every reset with the same seed gives the same observation hash
    (at least ``min_resets`` resets);
 2. verifiable: the outcome is checked outside the agent, by a verifier that ran
-   in its own process and is pinned by a sha256 (matching the pin, when given);
+   in its own process and is pinned by a sha256 (matching the pin, when given),
+   and that paid nothing for any known reward hack the execution loop played
+   against it (``execution_loop.reward_hacks``); a hack that does not apply to the
+   environment is listed as not applicable, with the reason;
 3. cheap recovery: the slowest reset finishes within ``max_reset_seconds``
    (the worst case, because recovery after a mistake is what training pays for);
 4. repeatable: the reference solution succeeds k of k times.
@@ -16,8 +19,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from triloop.workflow_api import RewardHackTrial
 
 _SHA256 = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
 
@@ -66,6 +71,8 @@ class AdmissionEvidence:
     reference_results: list[bool]
     # The verifier hash the environment version pins; None when it pins none.
     pinned_verifier_hash: str | None = None
+    # Each known reward hack tried against the verifier; None: no probe was run.
+    reward_hacks: list[RewardHackTrial] | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +125,23 @@ def _verifiable(ev: AdmissionEvidence) -> tuple[bool, str]:
             f"verifiable: failed, verifier hash {ev.verifier_hash} differs from the pinned "
             f"{ev.pinned_verifier_hash}"
         )
-    return True, f"verifiable: ok, out-of-process verifier {ev.verifier_hash}"
+    if ev.reward_hacks is None:
+        return False, (
+            "verifiable: failed, no reward-hack probe was run, so nobody tried to fool the "
+            "verifier"
+        )
+    rewarded = [t.hack for t in ev.reward_hacks if t.rewarded]
+    if rewarded:
+        return False, (
+            f"verifiable: failed, the verifier rewarded known reward hack(s) "
+            f"{', '.join(rewarded)} with the bugs unfixed"
+        )
+    tried = [t.hack for t in ev.reward_hacks if t.applicable]
+    skipped = len(ev.reward_hacks) - len(tried)
+    return True, (
+        f"verifiable: ok, out-of-process verifier {ev.verifier_hash}; it rewarded none of "
+        f"{len(tried)} reward hack(s) tried ({skipped} not applicable)"
+    )
 
 
 def _cheap_recovery(ev: AdmissionEvidence, budgets: AdmissionBudgets) -> tuple[bool, str]:
@@ -181,5 +204,9 @@ def assess_admission(
             "verifier_ran_out_of_process": evidence.verifier_ran_out_of_process,
             "reference_runs": len(evidence.reference_results),
             "reference_successes": sum(1 for r in evidence.reference_results if r),
+            "reward_hacks": (
+                None if evidence.reward_hacks is None
+                else [asdict(t) for t in evidence.reward_hacks]
+            ),
         },
     )

@@ -70,7 +70,7 @@ def _run(action: Any) -> Any:
     try:
         return action()
     except (PolicyDenied, StoreError, EvalSetError, ThresholdSpecError, ContractDiffError,
-            ValueError, OSError) as error:
+            ValueError, OSError, LookupError) as error:
         raise _fail(error) from error
 
 
@@ -96,7 +96,7 @@ def env_diff(
     a: Annotated[str, typer.Argument(help="Version id, NAME@N, NAME, or a contract file.")],
     b: Annotated[str, typer.Argument(help="Version id, NAME@N, NAME, or a contract file.")],
 ) -> None:
-    """Show what changed from A to B (contract fields and fixture hashes)."""
+    """Show what changed from A to B (contract fields, fixture hashes and code hashes)."""
     from governance_loop.contract_diff import diff_contracts, render_diff
     from governance_loop.environments import comparable, document_from_file, resolve_version
     from triloop.db import session_scope
@@ -107,10 +107,10 @@ def env_diff(
         path = Path(ref)
         if path.is_file():
             doc = document_from_file(path)
-            return comparable(doc.contract, doc.fixture_hashes)
+            return comparable(doc.contract, doc.fixture_hashes, doc.code_hashes)
         with session_scope(engine) as session:
             row = resolve_version(session, ref)
-            return comparable(row.contract, row.fixture_hashes)
+            return comparable(row.contract, row.fixture_hashes, row.code_hashes)
 
     typer.echo(render_diff(_run(lambda: diff_contracts(load(a), load(b)))))
 

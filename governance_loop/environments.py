@@ -1,16 +1,18 @@
 """Environment versions: a canonical contract becomes an immutable ``environment_version`` row.
 
-A version's id is the sha256 of the contract's canonical form (contract plus
-fixture hashes), so registering identical content again returns the version
-that already exists; any change is a new version, numbered 1, 2, ... per
-environment. Retiring a version stops new tasks and runs on it; nothing that
-already used it changes, so its lineage stays intact.
+A version's id is the sha256 of the contract's canonical form (contract, fixture
+hashes, and the hashes of the source files implementing the environment and its
+verifier: ``triloop.environment_code``), so registering identical content again
+returns the version that already exists; any change, reward logic included, is a
+new version, numbered 1, 2, ... per environment. The version also pins the verifier
+hash that admission must then observe. Retiring a version stops new tasks and runs
+on it; nothing that already used it changes, so its lineage stays intact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,8 @@ class ContractDocument:
     contract_text: str
     fixture_hashes: dict[str, str]
     version_id: str  # sha256 of the canonical form
+    code_hashes: dict[str, str] = field(default_factory=dict)  # source file -> sha256
+    verifier_hash: str | None = None  # what admission's probe must observe
 
 
 @dataclass(frozen=True)
@@ -61,15 +65,21 @@ class RegisteredVersion:
 
 
 def document_from_file(path: Path, *, name: str | None = None) -> ContractDocument:
-    """Load, validate and identify a contract file (fixtures hashed from disk)."""
+    """Load, validate and identify a contract file (fixtures and code hashed from disk).
+
+    Raises ``EnvironmentCodeError`` for a task with no implementation to hash.
+    """
     from triloop.contracts import contract_id, fixture_hashes, load_contract
+    from triloop.environment_code import environment_code_hashes, environment_verifier_hash
 
     contract = load_contract(path)
     hashes = fixture_hashes(contract)
+    code = environment_code_hashes(contract.task)
     return ContractDocument(
         name=name or contract.task, contract=contract.model_dump(mode="json"),
         contract_text=path.read_text(encoding="utf-8"), fixture_hashes=dict(hashes),
-        version_id=contract_id(contract, hashes),
+        version_id=contract_id(contract, hashes, code), code_hashes=code,
+        verifier_hash=environment_verifier_hash(contract.task),
     )
 
 
@@ -102,7 +112,8 @@ def register_environment_version(
                 id=document.version_id, environment_name=document.name,
                 version=store.next_environment_version(session=session, name=document.name),
                 contract=document.contract, contract_text=document.contract_text,
-                fixture_hashes=document.fixture_hashes, created_by=requested_by,
+                fixture_hashes=document.fixture_hashes, code_hashes=document.code_hashes,
+                verifier_hash=document.verifier_hash, created_by=requested_by,
             )
             session.add(row)
             session.flush()
@@ -187,17 +198,24 @@ def resolve_version(session: Session, ref: str) -> EnvironmentVersion:
     return found
 
 
-def comparable(contract: Mapping[str, Any], fixture_hashes: Mapping[str, Any]) -> dict[str, Any]:
-    """What a diff compares: the contract and its fixtures' hashes."""
-    return {**contract, "fixture_hashes": dict(fixture_hashes)}
+def comparable(
+    contract: Mapping[str, Any],
+    fixture_hashes: Mapping[str, Any],
+    code_hashes: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What a diff compares: the contract, its fixtures' hashes and its code's hashes."""
+    return {**contract, "fixture_hashes": dict(fixture_hashes),
+            "code_hashes": dict(code_hashes or {})}
 
 
 def diff_versions(*, engine: Engine, a: str, b: str) -> list[ContractChange]:
     """Every difference between two registered versions (ids or ``name@N``)."""
     with session_scope(engine) as session:
         first, second = resolve_version(session, a), resolve_version(session, b)
-        return diff_contracts(comparable(first.contract, first.fixture_hashes),
-                              comparable(second.contract, second.fixture_hashes))
+        return diff_contracts(
+            comparable(first.contract, first.fixture_hashes, first.code_hashes),
+            comparable(second.contract, second.fixture_hashes, second.code_hashes),
+        )
 
 
 def _record(session: Session, action: str, row: EnvironmentVersion, user: str) -> None:

@@ -20,6 +20,7 @@ its samples moved the data cursor, not the weights).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -224,3 +225,43 @@ def _load_weights(path: Path, model: SavableModel) -> None:
     untied = [name for name in missing if current[name].data_ptr() not in loaded_ptrs]
     if untied:
         raise CheckpointError(f"{path} lacks weights the model needs: {sorted(untied)[:5]}")
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json", "merges.txt", "added_tokens.json",
+)
+
+
+@dataclass(frozen=True)
+class ServingHashes:
+    """What a checkpoint's weights are served with, for its lineage row (sha256 hex each)."""
+
+    tokenizer_sha256: str | None  # the tokenizer files present, as sorted name/hash lines
+    model_config_sha256: str | None  # config.json as canonical JSON, without the writer's version
+    chat_template_sha256: str | None  # the chat template's text; None: the model has none
+
+
+def serving_hashes(model_dir: Path) -> ServingHashes:
+    """Hash the tokenizer, model config and chat template saved in ``model_dir``."""
+    present = [n for n in TOKENIZER_FILES if (model_dir / n).is_file()]
+    tokenizer = (
+        hashlib.sha256("".join(
+            f"{n} {hashlib.sha256((model_dir / n).read_bytes()).hexdigest()}\n" for n in present
+        ).encode()).hexdigest() if present else None
+    )
+    config = None
+    if (model_dir / "config.json").is_file():
+        data = json.loads((model_dir / "config.json").read_text())
+        data.pop("transformers_version", None)  # the library that wrote it, not the model
+        config = hashlib.sha256(
+            json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+    template: str | None = None
+    if (model_dir / "chat_template.jinja").is_file():
+        template = (model_dir / "chat_template.jinja").read_text()
+    elif (model_dir / "tokenizer_config.json").is_file():
+        found = json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template")
+        template = found if isinstance(found, str) else (json.dumps(found) if found else None)
+    chat = hashlib.sha256(template.encode()).hexdigest() if template else None
+    return ServingHashes(tokenizer, config, chat)

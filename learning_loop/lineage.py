@@ -6,7 +6,8 @@ Keyword-only functions over an engine, each one transaction.
 Lineage invariants kept here:
 - a base model is a root checkpoint (no parent, no run); every checkpoint a run writes
   names its parent, the run, the root (``base_model``), the environment versions and the
-  rollout batches it learned from (``data``);
+  rollout batches it learned from (``data``); every checkpoint records the hashes of the
+  tokenizer, model config and chat template it is served with;
 - an iteration is stored at most once: its ``training_step`` row (primary key run,
   iteration), its checkpoint row, the run's ``iterations_done`` and its alarm audit events
   are written in one transaction under a per-iteration advisory lock, so a retried or
@@ -47,13 +48,20 @@ def insert_checkpoint(*, session: Session, checkpoint: Checkpoint) -> bool:
 
 
 def register_root(
-    *, engine: Engine, checkpoint_id: str, artifact_uri: str, source: str
+    *, engine: Engine, checkpoint_id: str, artifact_uri: str, source: str,
+    serving: Mapping[str, str | None] | None = None,
 ) -> bool:
-    """The base model as a root checkpoint (no parent, no run); True if newly inserted."""
+    """The base model as a root checkpoint (no parent, no run); True if newly inserted.
+
+    ``serving``: the tokenizer, model-config and chat-template hashes (column names).
+    """
+    hashes = dict(serving or {})
     root = Checkpoint(
         id=checkpoint_id, parent_id=None, run_id=None, base_model=checkpoint_id, iteration=0,
         environment_version_ids=[], data={"source": source}, artifact_uri=artifact_uri,
-        created_by="learning",
+        created_by="learning", tokenizer_sha256=hashes.get("tokenizer_sha256"),
+        model_config_sha256=hashes.get("model_config_sha256"),
+        chat_template_sha256=hashes.get("chat_template_sha256"),
     )
     with session_scope(engine) as session:
         return insert_checkpoint(session=session, checkpoint=root)

@@ -38,6 +38,7 @@ from triloop.contract_checks import (
     schema_problems,
     yaml_problems,
 )
+from triloop.environment_code import EnvironmentCodeError, environment_code_hashes
 
 __all__ = [
     "Capabilities",
@@ -279,18 +280,39 @@ def fixture_hashes(contract: EnvironmentContract, base_dir: Path | None = None) 
     return hashes
 
 
-def canonical_form(contract: EnvironmentContract, fixture_hashes: Mapping[str, str]) -> bytes:
-    """Sorted-key compact JSON of the contract and its fixture hashes."""
-    document = {"contract": contract.model_dump(mode="json"), "fixtures": dict(fixture_hashes)}
+def canonical_form(
+    contract: EnvironmentContract,
+    fixture_hashes: Mapping[str, str],
+    code_hashes: Mapping[str, str] | None = None,
+) -> bytes:
+    """Sorted-key compact JSON of the contract, its fixture hashes and its code's hashes."""
+    document = {
+        "contract": contract.model_dump(mode="json"),
+        "fixtures": dict(fixture_hashes),
+        "code": dict(code_hashes or {}),
+    }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return text.encode("utf-8")
 
 
-def contract_id(contract: EnvironmentContract, hashes: Mapping[str, str] | None = None) -> str:
-    """sha256 hex of the canonical form (fixtures hashed from disk when not given)."""
+def contract_id(
+    contract: EnvironmentContract,
+    hashes: Mapping[str, str] | None = None,
+    code: Mapping[str, str] | None = None,
+) -> str:
+    """sha256 hex of the canonical form: contract, fixtures and the environment's code.
+
+    Fixtures and code are hashed from disk when not given; a task without a built-in
+    implementation module has no code to hash (registration refuses those).
+    """
     if hashes is None:
         hashes = fixture_hashes(contract)
-    return hashlib.sha256(canonical_form(contract, hashes)).hexdigest()
+    if code is None:
+        try:
+            code = environment_code_hashes(contract.task)
+        except EnvironmentCodeError:
+            code = {}
+    return hashlib.sha256(canonical_form(contract, hashes, code)).hexdigest()
 
 
 def _parse(

@@ -209,6 +209,17 @@ class AdmissionProbeInput:
 
 
 @dataclass
+class RewardHackTrial:
+    """One known reward hack played against an environment's verifier (admission evidence)."""
+
+    hack: str  # its name in execution_loop.reward_hacks.LIBRARY
+    applicable: bool  # False: the contract or environment gives the agent no way to try it
+    rewarded: bool = False  # True: the verifier paid the success reward for it
+    reward: float = 0.0  # the outcome reward the verifier gave
+    detail: str = ""  # why not applicable, or the verifier's reason
+
+
+@dataclass
 class AdmissionProbeEvidence:
     """What the execution loop observed; governance judges it (``AdmissionEvidence``)."""
 
@@ -223,6 +234,8 @@ class AdmissionProbeEvidence:
     reference_results: list[bool] = field(default_factory=list)  # verifier verdict per run
     reference_rewards: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # anything that stopped a probe early
+    # Every known reward hack tried against the verifier; None: the probe tried none.
+    reward_hacks: list[RewardHackTrial] | None = None
 
 
 # Governance: admission decisions and what promotion/admission workflows report.

@@ -27,6 +27,12 @@ from execution_loop.sandbox import DEFAULT_PATH, SandboxBackend, SandboxLimits
 RUNNER = "run_tests.py"
 SKIP_FILE = "ci_skip.txt"
 PROTECTED = ("tests", RUNNER)  # the verifier always uses the pinned copies of these
+# Files a test runner or the interpreter loads on its own: anywhere outside tests/ the
+# verifier removes them (tests/ is the pinned copy), so only pinned ones can take effect.
+AUTOLOADED = frozenset({
+    "conftest.py", "pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini", ".pytest.ini",
+    "sitecustomize.py", "usercustomize.py",
+})
 _IGNORED = shutil.ignore_patterns(".git", "__pycache__", "*.pyc")
 _PINNED_TIME = "2024-01-01T00:00:00+00:00"
 _GIT_ENV = {
@@ -132,7 +138,10 @@ def coverage(run: CiRun) -> float:
 
 
 def candidate_tree(workdir: Path, pinned: Path, dest: Path) -> list[str]:
-    """The agent's code with the pinned tests and runner; returns protected paths it changed."""
+    """The agent's code with the pinned tests and runner, without files that load themselves.
+
+    Returns the protected paths the agent changed and the self-loading files it added.
+    """
     shutil.copytree(workdir, dest, ignore=_IGNORED, symlinks=True, copy_function=_copy_regular)
     changed = []
     for name in PROTECTED:
@@ -145,6 +154,17 @@ def candidate_tree(workdir: Path, pinned: Path, dest: Path) -> list[str]:
         else:
             shutil.copyfile(ours, theirs)
     _remove(dest / SKIP_FILE)  # the verifier runs every test; skips are counted apart
+    for path in sorted(dest.rglob("*")):
+        rel = path.relative_to(dest)
+        pinned_copy = pinned / rel
+        loads_itself = path.name in AUTOLOADED or path.suffix == ".pth"
+        if not loads_itself or rel.parts[0] == "tests" or not (path.exists() or path.is_symlink()):
+            continue
+        if _tree_bytes(path) != _tree_bytes(pinned_copy):
+            changed.append(rel.as_posix())
+        _remove(path)
+        if pinned_copy.is_file() and not pinned_copy.is_symlink():
+            shutil.copyfile(pinned_copy, path)
     return changed
 
 

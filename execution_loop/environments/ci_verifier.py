@@ -1,9 +1,15 @@
-"""The fix_ci_failure verifier: the pinned suite, run on the agent's code, in its own process.
+"""The fix_ci_failure verifier: the pinned tests, run by the verifier, on the agent's code.
 
-It rebuilds the pinned repository from the fixture (and refuses if the commit hash
-differs), runs the pinned CI there for the baseline, then builds a candidate tree from
-the agent's working copy with the pinned tests and runner put back, and runs every test
-(skips are ignored and counted as new failures). The criteria come from the contract:
+It runs in its own interpreter (``execution_loop.verification``) and trusts nothing the
+agent's CI printed or wrote. It rebuilds the pinned repository from the fixture (and
+refuses if the commit hash differs), runs the pinned suite there for the baseline, then
+builds a candidate tree from the agent's working copy with the pinned tests and runner
+put back and every file that loads itself (``conftest.py``, pytest and setup config,
+``sitecustomize``, ``.pth``) removed, and runs the pinned suite on it with
+``ci_suite.run_pinned_suite``: pytest in a fresh process, its verdict read from the exit
+status and a JUnit XML file in a folder outside the tree, both of which must agree.
+Every skip counts as a new failure; a run whose harness the code under test changed
+(``tampering``) fails whatever its tests say. The criteria come from the contract:
 ``all_tests_pass``, ``no_new_failures`` and ``coverage_drop_lt`` (line coverage of the
 code outside ``tests/``, as a fraction).
 
@@ -17,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from execution_loop.environments import ci_repo
+from execution_loop.environments import ci_repo, ci_suite
 from execution_loop.environments.base import Outcome
 from execution_loop.sandbox import LocalProcessSandbox, SandboxLimits
 
@@ -35,31 +41,37 @@ def verify(payload: dict[str, Any]) -> Outcome:
             raise ci_repo.FixtureError(
                 f"fixture builds {commit}, contract pins {payload['commit']}"
             )
-        baseline = ci_repo.run_ci(sandbox, pinned, scratch / "baseline.json", limits)
-        if baseline.report is None or not baseline.statuses:
-            raise ci_repo.FixtureError(f"the pinned CI wrote no report: {baseline.log[-500:]}")
+        expected = ci_suite.pinned_tests(pinned)
+        baseline = ci_suite.run_pinned_suite(
+            sandbox, pinned, limits, expected, not_covered=(ci_repo.RUNNER,)
+        )
+        if not baseline.statuses or not baseline.trusted or baseline.limit_exceeded:
+            raise ci_repo.FixtureError(
+                f"the pinned suite gave no trustworthy baseline ({baseline.tampering}, "
+                f"{baseline.limit_exceeded}): {baseline.log[-800:]}"
+            )
         candidate = scratch / "candidate"
         changed = ci_repo.candidate_tree(workdir, pinned, candidate)
-        run = ci_repo.run_ci(sandbox, candidate, scratch / "candidate.json", limits)
+        run = ci_suite.run_pinned_suite(
+            sandbox, candidate, limits, expected, not_covered=(ci_repo.RUNNER,)
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
     skipped = sorted(set(payload.get("skipped") or []) | set(ci_repo.skipped_tests(workdir)))
-    expected = sorted(baseline.statuses)
-    failing = [t for t in expected if run.statuses.get(t) != "passed"]
+    failing = [t for t in sorted(expected) if run.statuses.get(t) != "passed"]
     regressed = {
-        t for t in expected if baseline.statuses[t] == "passed" and run.statuses.get(t) != "passed"
+        t for t in expected if baseline.statuses.get(t) == "passed" and t in failing
     }
     new_failures = sorted(regressed | set(skipped))
-    errors = (run.report or {}).get("collection_errors") or []
-    drop = ci_repo.coverage(baseline) - ci_repo.coverage(run)
+    drop = baseline.coverage - run.coverage
 
     criteria = payload["criteria"]
-    checks: dict[str, bool] = {}
+    checks: dict[str, bool] = {"trusted_result": run.trusted}
     if criteria.get("all_tests_pass"):
-        checks["all_tests_pass"] = run.report is not None and not failing and not errors
+        checks["all_tests_pass"] = not failing and not run.collection_errors
     if criteria.get("no_new_failures"):
-        checks["no_new_failures"] = run.report is not None and not new_failures
+        checks["no_new_failures"] = not new_failures
     if criteria.get("coverage_drop_lt") is not None:
         checks["coverage_drop_lt"] = drop < float(criteria["coverage_drop_lt"])
     success = run.limit_exceeded is None and all(checks.values())
@@ -72,12 +84,14 @@ def verify(payload: dict[str, Any]) -> Outcome:
         "reason": reason,
         "checks": checks,
         "commit": commit,
+        "exit_code": run.exit_code,
         "failing_tests": failing,
         "new_failures": new_failures,
         "skipped_tests": skipped,
-        "collection_errors": errors,
-        "coverage_baseline": round(ci_repo.coverage(baseline), 6),
-        "coverage": round(ci_repo.coverage(run), 6),
+        "collection_errors": run.collection_errors,
+        "tampering": run.tampering,
+        "coverage_baseline": round(baseline.coverage, 6),
+        "coverage": round(run.coverage, 6),
         "coverage_drop": round(drop, 6),
         "protected_files_changed": changed,
         "sandbox_limit": run.limit_exceeded,

@@ -1,8 +1,10 @@
 """fix_ci_failure: make a pinned repository's failing CI pass, without skipping tests.
 
-Each episode gets a fresh working copy of the repository built from the contract's
-fixture at the pinned commit (``ci_repo.build_repository``). One action per turn, the
-command on the first line:
+Each episode gets a fresh working copy of a repository built from the contract's
+fixture at its pinned commit (``ci_repo.build_repository``). ``repository_fixture``
+is a folder of repositories and ``commits`` pins each (``NAME@COMMIT ...``); the seed
+picks one (``seed % count``, in name order), so seeds give different repositories and
+bugs. One action per turn, the command on the first line:
 
 - ``run_tests`` (allowed action ``retry_ci``): run ``python run_tests.py`` in the
   sandbox; the observation carries ``command_exit_code``, ``test_report`` and
@@ -14,8 +16,10 @@ command on the first line:
   verifier counts every skipped test as a new failure.
 
 The verifier, in its own process, rebuilds the pinned repository, puts the agent's
-code beside the pinned tests and runner (edits to those are ignored and reported) and
-runs the whole suite (``ci_verifier``): nothing the agent's CI run printed is trusted.
+code beside the pinned tests and runner (edits to those, and any ``conftest.py`` or
+config file the agent adds, are ignored and reported) and runs the whole suite with
+pytest in a process it starts (``ci_verifier``, ``ci_suite``): nothing the agent's CI
+run printed or wrote is trusted.
 
 Stdlib only at run time (the verifier imports this module without site-packages).
 """
@@ -53,9 +57,9 @@ CAPABILITIES = TaskCapabilities(
     outcome_terms=frozenset({"success", "failure"}),
     process_terms=frozenset({"valid_action", "invalid_action"}),
     initial_state=dict.fromkeys(
-        ("repository", "dependencies", "fixtures", "repository_fixture", "commit"), (str,)
+        ("repository", "dependencies", "fixtures", "repository_fixture", "commits"), (str,)
     ),
-    required_state=frozenset({"repository_fixture", "commit"}),
+    required_state=frozenset({"repository_fixture", "commits"}),
 )
 _HELP = {
     "retry_ci": "run_tests",
@@ -74,8 +78,11 @@ class FixCiFailure:
     ) -> None:
         self.contract = contract
         self._sandbox = sandbox or LocalProcessSandbox()
-        self._fixture = contract.fixture_path(str(contract.initial_state["repository_fixture"]))
-        self._commit = str(contract.initial_state["commit"])
+        self._repositories = contract.fixture_path(
+            str(contract.initial_state["repository_fixture"])
+        )
+        self._commits = pinned_commits(contract)
+        self._fixture, self._commit = self._repositories, ""
         spec = contract.sandbox
         self._limits = SandboxLimits(
             cpu_time_s=spec.cpu_time_s,
@@ -98,12 +105,10 @@ class FixCiFailure:
         return self._tmp / "repo"
 
     def reset(self, seed: int) -> str:
-        """A fresh working copy at the pinned commit and its failing CI run.
-
-        There is one pinned repository, so every seed gives the same episode.
-        """
-        del seed  # nothing to vary: the repository is pinned
+        """A fresh working copy of the seed's repository at its pinned commit, and its CI run."""
         self.close()
+        name = repository_for(seed, self._commits)
+        self._fixture, self._commit = self._repositories / name, self._commits[name]
         self._tmp = Path(tempfile.mkdtemp(prefix="triloop-fix-ci-"))
         commit = ci_repo.build_repository(self._fixture, self.workdir)
         if commit != self._commit:
@@ -231,14 +236,48 @@ class FixCiFailure:
             self._tmp = None
 
 
+def pinned_commits(contract: EnvironmentContract) -> dict[str, str]:
+    """Repository name -> pinned commit, from ``initial_state.commits`` (``NAME@COMMIT ...``)."""
+    pairs = [entry.partition("@") for entry in str(contract.initial_state["commits"]).split()]
+    commits = {name: commit for name, _, commit in pairs}
+    if not pairs or len(commits) != len(pairs) or not all(n and c for n, _, c in pairs):
+        raise ci_repo.FixtureError(
+            "initial_state.commits must list NAME@COMMIT once for each repository folder, "
+            f"got {contract.initial_state['commits']!r}"
+        )
+    return commits
+
+
+def repository_for(seed: int, commits: dict[str, str]) -> str:
+    """The repository a seed plays: ``seed % count`` in name order."""
+    names = sorted(commits)
+    return names[seed % len(names)]
+
+
+# The built-in repositories' bugs and their fixes: (file, search, replacement).
+_FIXES: dict[str, list[tuple[str, str, str]]] = {
+    "shop": [
+        ("shop/pricing.py", "    if quantity > 50:", "    if quantity >= 50:"),
+        ("shop/pricing.py", "    return amount * percent // 100",
+         "    return amount * (100 - percent) // 100"),
+    ],
+    "ledger": [
+        ("ledger/balance.py", '        elif kind == "debit":\n            total += amount',
+         '        elif kind == "debit":\n            total -= amount'),
+        ("ledger/balance.py", "    return max(debits)", "    return max(debits, default=0)"),
+    ],
+    "units": [
+        ("units/convert.py", "    return celsius * 9 / 5 + 23", "    return celsius * 9 / 5 + 32"),
+        ("units/convert.py", "            total += int(number) * _SECONDS[char]",
+         '            total += int(number) * _SECONDS[char]\n            number = ""'),
+    ],
+}
+
+
 def reference_solution(seed: int, contract: EnvironmentContract) -> list[str]:
-    """The two one-line fixes of the built-in fixture, then a green CI run."""
-    del seed, contract  # one pinned repository: the same fix for every seed
-    fixes = [
-        ("    if quantity > 50:", "    if quantity >= 50:"),
-        ("    return amount * percent // 100", "    return amount * (100 - percent) // 100"),
-    ]
+    """The seed's repository's one-line fixes, then a green CI run."""
+    fixes = _FIXES[repository_for(seed, pinned_commits(contract))]
     return [
-        f"replace shop/pricing.py\n<<<<<<< SEARCH\n{old}\n=======\n{new}\n>>>>>>> REPLACE"
-        for old, new in fixes
+        f"replace {path}\n<<<<<<< SEARCH\n{old}\n=======\n{new}\n>>>>>>> REPLACE"
+        for path, old, new in fixes
     ] + ["run_tests"]

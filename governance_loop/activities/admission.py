@@ -72,12 +72,21 @@ class AdmissionActivities(GovernanceShell):
     ) -> AdmissionAssessmentRecord:
         """Judge the probe's evidence with the four questions and keep both on the task."""
         probe = request.probe
+        with session_scope(self._engine) as session:
+            task = store.get_task(session=session, task_id=request.task_id)
+            version = store.get_environment_version(
+                session=session, version_id=task.environment_version_id
+            )
+            pinned_verifier_hash = version.verifier_hash
         evidence = AdmissionEvidence(
             reset_fingerprints=list(probe.reset_fingerprints) if probe else [],
             verifier_hash=probe.verifier_hash if probe else None,
             verifier_ran_out_of_process=probe.verifier_ran_out_of_process if probe else False,
             reset_seconds=list(probe.reset_seconds) if probe else [],
             reference_results=list(probe.reference_results) if probe else [],
+            pinned_verifier_hash=pinned_verifier_hash,
+            reward_hacks=list(probe.reward_hacks) if probe and probe.reward_hacks is not None
+            else None,
         )
         assessment = assess_admission(evidence, self._budgets)
         reasons = list(assessment.reasons)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -47,7 +47,12 @@ from learning_loop.activities.training import (
 )
 from learning_loop.advantages import AdvantageInputError
 from learning_loop.batch import InvalidSampleError
-from learning_loop.checkpoints import CheckpointError, CheckpointRef, saved_weights_digest
+from learning_loop.checkpoints import (
+    CheckpointError,
+    CheckpointRef,
+    saved_weights_digest,
+    serving_hashes,
+)
 from learning_loop.lineage import (
     get_checkpoint,
     get_training_step,
@@ -128,7 +133,8 @@ class UpdateActivities:
                             data_cursor={}, metadata={"source": str(source.resolve())})
         created = register_root(engine=self._engine, checkpoint_id=ref.id,
                                 artifact_uri=ref.path.resolve().as_uri(),
-                                source=str(source.resolve()))
+                                source=str(source.resolve()),
+                                serving=asdict(serving_hashes(ref.path)))
         return BaseCheckpoint(ref.id, created=created)
 
     @activity.defn(name=UPDATE_POLICY)
@@ -243,6 +249,7 @@ class UpdateActivities:
                       "trajectories": batch.get("trajectories"),
                       "policy_versions": batch.get("policy_versions")},
                 artifact_uri=Path(record["path"]).resolve().as_uri(), created_by="learning",
+                **asdict(serving_hashes(Path(record["path"]))),
             )
             self._authorizer.authorize(LEARNING, "create", Resource(
                 "checkpoint", id=checkpoint_id,

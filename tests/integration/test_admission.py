@@ -43,6 +43,7 @@ from triloop.workflow_api import (
     AdmissionProbeInput,
     AdmissionResult,
     DecisionRef,
+    RewardHackTrial,
     admission_workflow_id,
 )
 
@@ -65,6 +66,7 @@ def standin_probe(request: AdmissionProbeInput) -> AdmissionProbeEvidence:
         reset_fingerprints=prints, reset_seconds=[0.01] * request.resets,
         verifier_hash=VERIFIER, verifier_ran_out_of_process=True,
         reference_results=[True] * request.reference_runs,
+        reward_hacks=[RewardHackTrial("atexit_report_overwrite", applicable=True)],
     )
 
 

@@ -13,6 +13,7 @@ from governance_loop.admission import (
     AdmissionEvidence,
     assess_admission,
 )
+from triloop.workflow_api import RewardHackTrial
 
 VERIFIER = "a" * 64
 
@@ -26,6 +27,8 @@ def good() -> AdmissionEvidence:
         reset_seconds=[0.4, 0.6, 0.5],
         reference_results=[True, True, True],
         pinned_verifier_hash=VERIFIER,
+        reward_hacks=[RewardHackTrial("atexit_report_overwrite", applicable=True,
+                                      detail="all_tests_pass")],
     )
 
 

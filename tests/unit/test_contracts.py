@@ -29,7 +29,7 @@ task: fix_ci_failure
 initial_state:
   repository: immutable_commit
   repository_fixture: repo
-  commit: abc
+  commits: repo@abc
 observations: [ci_log, test_report, command_exit_code]
 allowed_actions: [edit_source, retry_ci, skip_test]
 success_criteria: {all_tests_pass: true, no_new_failures: true, coverage_drop_lt: 0.5%}

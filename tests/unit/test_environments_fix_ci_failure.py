@@ -11,12 +11,13 @@ import pytest
 
 from execution_loop.environments import ci_repo
 from execution_loop.environments.ci_actions import parse_action
-from execution_loop.environments.fix_ci_failure import FixCiFailure
+from execution_loop.environments.fix_ci_failure import FixCiFailure, pinned_commits
 from execution_loop.environments.registry import load_builtin_contract, reference_solution
 from execution_loop.verification import run_verifiers
 from triloop.contracts import EnvironmentContract, SandboxSpec
 
 PRICING = "shop/pricing.py"
+SHOP = 1  # seeds pick ledger, shop, units in turn
 
 
 @pytest.fixture
@@ -45,16 +46,19 @@ def edit(path: str, content: str) -> str:
 def test_repository_builds_the_pinned_commit_every_time(
     contract: EnvironmentContract, tmp_path: Path
 ) -> None:
-    fixture = contract.fixture_path("fixtures/ci_repo")
-    first = ci_repo.build_repository(fixture, tmp_path / "a")
-    second = ci_repo.build_repository(fixture, tmp_path / "b")
-    assert first == second == contract.initial_state["commit"]
+    commits = pinned_commits(contract)
+    assert sorted(commits) == ["ledger", "shop", "units"]
+    for name, commit in commits.items():
+        fixture = contract.fixture_path("fixtures/ci_repos") / name
+        first = ci_repo.build_repository(fixture, tmp_path / name / "a")
+        second = ci_repo.build_repository(fixture, tmp_path / name / "b")
+        assert first == second == commit
 
 
 def test_same_seed_same_observation_and_fresh_copy(
     env: FixCiFailure, contract: EnvironmentContract
 ) -> None:
-    first = env.reset(0)
+    first = env.reset(SHOP)
     fingerprint = env.state_fingerprint()
     assert "command_exit_code: 1" in first
     assert "failing: test_apply_discount_takes_percent_off, test_bulk_discount_from_fifty" in first
@@ -62,22 +66,27 @@ def test_same_seed_same_observation_and_fresh_copy(
     assert env.state_fingerprint() != fingerprint
     other = FixCiFailure(contract)
     try:
-        assert other.reset(1) == first  # one pinned repository: every seed is the same
-        assert env.reset(0) == first and env.state_fingerprint() == fingerprint
+        assert other.reset(SHOP + 3) == first  # the same repository again
+        assert "ledger/balance.py" in other.reset(0) and "units/convert.py" in other.reset(2)
+        assert env.reset(SHOP) == first and env.state_fingerprint() == fingerprint
         assert "broken" not in (env.workdir / PRICING).read_text()
     finally:
         other.close()
 
 
-def test_reference_solution_succeeds(env: FixCiFailure) -> None:
-    env.reset(0)
-    results = [env.step(a) for a in reference_solution("fix_ci_failure", 0)]
+@pytest.mark.parametrize(("seed", "passed"), [(0, 6), (SHOP, 7), (2, 5)])
+def test_reference_solution_succeeds_on_every_repository(
+    env: FixCiFailure, seed: int, passed: int
+) -> None:
+    env.reset(seed)
+    results = [env.step(a) for a in reference_solution("fix_ci_failure", seed)]
     assert all(r.feedback["valid_action"] for r in results)
     assert results[-1].done and results[-1].feedback["ended_by"] == "ci_green"
-    assert "test_report: 7 passed, 0 failed, 0 skipped" in results[-1].observation
+    assert f"test_report: {passed} passed, 0 failed, 0 skipped" in results[-1].observation
     outcome = env.outcome()
     assert outcome.success, outcome.details
     assert outcome.details["checks"] == {
+        "trusted_result": True,
         "all_tests_pass": True,
         "no_new_failures": True,
         "coverage_drop_lt": True,
@@ -85,7 +94,7 @@ def test_reference_solution_succeeds(env: FixCiFailure) -> None:
 
 
 def test_skipping_the_failing_tests_is_a_failure(env: FixCiFailure) -> None:
-    env.reset(0)
+    env.reset(SHOP)
     env.step("skip_test test_bulk_discount_from_fifty")
     env.step("skip_test test_apply_discount_takes_percent_off")
     result = env.step("run_tests")
@@ -100,7 +109,7 @@ def test_skipping_the_failing_tests_is_a_failure(env: FixCiFailure) -> None:
 
 
 def test_skipping_a_passing_test_after_fixing_is_a_new_failure(env: FixCiFailure) -> None:
-    env.reset(0)
+    env.reset(SHOP)
     env.step(edit(PRICING, fixed_source(env)))
     env.step("skip_test test_format_price")
     outcome = env.outcome()
@@ -109,7 +118,7 @@ def test_skipping_a_passing_test_after_fixing_is_a_new_failure(env: FixCiFailure
 
 
 def test_editing_the_tests_or_the_runner_does_not_fool_the_verifier(env: FixCiFailure) -> None:
-    env.reset(0)
+    env.reset(SHOP)
     env.step(edit("tests/test_pricing.py", "def test_everything() -> None:\n    pass\n"))
     env.step(edit("run_tests.py", "print('7 passed')\n"))
     result = env.step("run_tests")
@@ -124,7 +133,7 @@ def test_editing_the_tests_or_the_runner_does_not_fool_the_verifier(env: FixCiFa
 
 
 def test_coverage_drop_fails_the_contract(env: FixCiFailure) -> None:
-    env.reset(0)
+    env.reset(SHOP)
     dead_code = "".join(
         f"\n\ndef unused_{i}(x: int) -> int:\n    return x + {i}\n" for i in range(5)
     )
@@ -142,7 +151,7 @@ def test_infinite_loop_in_the_code_ends_the_episode_as_sandbox_limit(
     tight = contract.model_copy(update={"sandbox": SandboxSpec(cpu_time_s=1, wall_time_s=5)})
     env = FixCiFailure(tight)
     try:
-        env.reset(0)
+        env.reset(SHOP)
         body = "    return sum(price * quantity for price, quantity in items)"
         env.step(edit(PRICING, fixed_source(env).replace(body, "    while True:\n        pass")))
         result = env.step("run_tests")
@@ -154,14 +163,14 @@ def test_infinite_loop_in_the_code_ends_the_episode_as_sandbox_limit(
 
 @pytest.mark.parametrize("path", ["../outside.py", "/etc/passwd", ".git/config", "shop/../../x"])
 def test_paths_outside_the_working_copy_are_refused(env: FixCiFailure, path: str) -> None:
-    env.reset(0)
+    env.reset(SHOP)
     result = env.step(edit(path, "x = 1\n"))
     assert result.feedback["valid_action"] is False
     assert not (env.workdir.parent / "outside.py").exists()
 
 
 def test_symlinks_out_of_the_working_copy_are_refused(env: FixCiFailure, tmp_path: Path) -> None:
-    env.reset(0)
+    env.reset(SHOP)
     target = tmp_path / "victim.txt"
     target.write_text("keep me")
     (env.workdir / "link.txt").symlink_to(target)  # as the agent's code could have done
@@ -171,7 +180,7 @@ def test_symlinks_out_of_the_working_copy_are_refused(env: FixCiFailure, tmp_pat
 
 
 def test_read_and_replace_actions(env: FixCiFailure) -> None:
-    env.reset(0)
+    env.reset(SHOP)
     shown = env.step(f"cat {PRICING}")
     assert "def bulk_discount_percent" in shown.observation
     missing = env.step(f"replace {PRICING}\n<<<<<<< SEARCH\nnot there\n=======\nx\n>>>>>>> REPLACE")
@@ -189,7 +198,7 @@ def test_action_parsing() -> None:
 
 
 def test_fixture_drift_is_refused(contract: EnvironmentContract) -> None:
-    state = {**contract.initial_state, "commit": "0" * 40}
+    state = {**contract.initial_state, "commits": f"ledger@{'0' * 40} shop@x units@y"}
     drifted = FixCiFailure(contract.model_copy(update={"initial_state": state}))
     try:
         with pytest.raises(ci_repo.FixtureError, match="pins"):

@@ -124,11 +124,17 @@ def test_checkpoint_directories_from_artifact_uris(tmp_path: Path) -> None:
         checkpoint_dir("s3://bucket/m", home=Path("/h"))
 
 
-def test_verifier_hash_is_the_verifier_module_source() -> None:
+def test_verifier_hash_covers_the_verifier_module_and_what_it_reaches() -> None:
     import hashlib
 
     import execution_loop.environments.frozen_lake as module
+    from triloop.environment_code import code_hashes, digest, environment_verifier_hash
 
-    expected = hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()
+    reached = code_hashes(["execution_loop.environments.frozen_lake"])
+    assert reached["execution_loop.environments.frozen_lake"] == hashlib.sha256(
+        Path(module.__file__).read_bytes()).hexdigest()
+    assert "execution_loop.verification" in reached
+    expected = digest(reached)
     assert verifier_hash(["execution_loop.environments.frozen_lake:verify"] * 2) == expected
+    assert environment_verifier_hash("frozen_lake") == expected  # what registration pins
     assert verifier_hash([]) is None

@@ -22,7 +22,11 @@ class Environment(SQLModel, table=True):
 
 
 class EnvironmentVersion(SQLModel, table=True):
-    """An immutable environment contract; id = sha256 of its canonical form."""
+    """An immutable environment contract; id = sha256 of its canonical form.
+
+    The canonical form covers the contract, its fixtures' hashes and ``code_hashes``: the
+    sha256 of each source file implementing the environment and its verifier.
+    """
 
     __tablename__ = "environment_version"
     __table_args__ = (UniqueConstraint("environment_name", "version"),)
@@ -32,6 +36,10 @@ class EnvironmentVersion(SQLModel, table=True):
     contract: dict[str, Any] = json_field()
     contract_text: str = Field(sa_column=Column(Text, nullable=False))
     fixture_hashes: dict[str, Any] = json_field()
+    code_hashes: dict[str, Any] = json_field()  # module (or file) -> sha256 of its source
+    verifier_hash: str | None = Field(
+        default=None, description="the verifier hash admission must observe (pinned here)"
+    )
     created_by: str
     created_at: datetime = created_at_field()
     retired_at: datetime | None = timestamp_field()

@@ -74,6 +74,11 @@ class Checkpoint(SQLModel, table=True):
     environment_version_ids: list[str] = text_array_field()
     data: dict[str, Any] = json_field()
     artifact_uri: str
+    # What the weights are served with: sha256 of the tokenizer files, of config.json
+    # (canonical JSON, without transformers_version) and of the chat template.
+    tokenizer_sha256: str | None = None
+    model_config_sha256: str | None = None
+    chat_template_sha256: str | None = None
     created_by: str
     created_at: datetime = created_at_field()
 

@@ -142,14 +142,17 @@ def version_by_number(*, session: Session, name: str, version: int) -> Environme
 
 
 def contract_diff(*, session: Session, name: str, a: int, b: int) -> ContractDiff | None:
-    """Diff of two versions of one environment; None when either is missing."""
+    """Diff of two versions of one environment (contract and code); None when one is missing."""
     first = version_by_number(session=session, name=name, version=a)
     second = version_by_number(session=session, name=name, version=b)
     if first is None or second is None:
         return None
     return ContractDiff(
         a=VersionSummary.model_validate(first), b=VersionSummary.model_validate(second),
-        changes=diff_contracts(first.contract, second.contract),
+        changes=diff_contracts(
+            {**first.contract, "code_hashes": dict(first.code_hashes or {})},
+            {**second.contract, "code_hashes": dict(second.code_hashes or {})},
+        ),
     )
 
 
