@@ -3,15 +3,20 @@
 Each operation first names the calling loop from the server's link and asks OPA, with the
 execution service's own token, whether that loop may ask for this purpose (learning:
 training batches only; governance: eval, shadow, canary and probe batches, and admission
-probes). Then it starts the workflow here, in the execution namespace, under the
+probes). A batch's ``rollout_batch`` row then records who asked. Then it starts the
+workflow here, in the execution namespace, under the
 execution worker's identity; the caller's workflow receives the result when it ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import nexusrpc
+from sqlalchemy import Engine
 from temporalio import nexus
 
+from execution_loop.batches import BatchConflict, record_requested_batch
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
 from triloop.nexus_api import ExecutionService
 from triloop.nexus_caller import NexusCallerCheck
@@ -28,16 +33,28 @@ from triloop.workflow_api import (
 class ExecutionNexusHandlers:
     """Start a rollout batch or an admission probe for a loop that may ask for it."""
 
-    def __init__(self, check: NexusCallerCheck) -> None:
+    def __init__(self, check: NexusCallerCheck, engine: Engine) -> None:
         self._check = check
+        self._engine = engine
 
     @nexus.workflow_run_operation
     async def run_rollouts(
         self, ctx: nexus.WorkflowRunOperationContext, batch: RolloutBatchInput
     ) -> nexus.WorkflowHandle[RolloutBatchResult]:
-        """A batch of episodes; its purpose decides who may ask for it."""
-        await self._check.admit(ctx, purpose=batch.purpose,
-                                attrs={"batch_id": batch.batch_id, "run_id": batch.run_id or ""})
+        """A batch of episodes; its purpose decides who may ask for it.
+
+        The batch's row names the caller as its requester before any episode runs, so
+        every trajectory it stores is vouched for by the database.
+        """
+        caller = await self._check.admit(
+            ctx, purpose=batch.purpose,
+            attrs={"batch_id": batch.batch_id, "run_id": batch.run_id or ""})
+        try:
+            await asyncio.to_thread(record_requested_batch, engine=self._engine, batch=batch,
+                                    requested_by=caller)
+        except BatchConflict as conflict:
+            raise nexusrpc.HandlerError(str(conflict), type=nexusrpc.HandlerErrorType.BAD_REQUEST,
+                                        retryable_override=False) from conflict
         return await ctx.start_workflow(RolloutWorkflow.run, batch,
                                         id=rollout_workflow_id(batch.batch_id))
 

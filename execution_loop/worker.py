@@ -81,7 +81,7 @@ def build_worker(
         workflows=[RolloutWorkflow, AdmissionProbeWorkflow],
         activities=[*activities_of(rollout), probe.probe_admission],
         nexus_service_handlers=[ExecutionNexusHandlers(
-            NexusCallerCheck(settings, server=EXECUTION, authorizer=authorizer))],
+            NexusCallerCheck(settings, server=EXECUTION, authorizer=authorizer), engine)],
         activity_executor=executor,
         max_concurrent_activities=max_concurrent_episodes,
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,

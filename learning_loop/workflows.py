@@ -231,7 +231,8 @@ class TrainingRunWorkflow:
                        ) -> asyncio.Task[RolloutBatchResult]:
         rollout = config.rollout
         batch = RolloutBatchInput(
-            batch_id=f"{run.run_id}-{iteration}", purpose="training",
+            # The nonce (recorded in history) keeps the id from being requested first.
+            batch_id=f"{run.run_id}-{iteration}-{workflow.uuid4().hex[:12]}", purpose="training",
             items=rollout_items(plan.tasks, iteration, rollout.groups_per_iteration,
                                 rollout.group_size),
             checkpoint_id=checkpoint_id, run_id=run.run_id, policy_version=version,

@@ -13,7 +13,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from tests.factories import uid
+from tests.factories import insert, uid
+from triloop.workflow_api import RolloutBatchInput
 
 
 def _insert_once(engine: Engine, table: str, conflict: str, **values: Any) -> None:
@@ -139,3 +140,15 @@ def set_routing(engine: Engine, slot: str, checkpoint_id: str | None, share: flo
             ),
             {"s": slot, "c": checkpoint_id, "sh": share},
         )
+
+
+def request_batch(engine: Engine, batch: RolloutBatchInput) -> RolloutBatchInput:
+    """The batch's ``rollout_batch`` row, as the Nexus handler (or web) would have recorded it.
+
+    Tests that start a rollout workflow directly need it: the database refuses the
+    execution role's trajectories in a batch nobody asked for.
+    """
+    requested_by = {"training": "learning", "production": "web"}.get(batch.purpose, "governance")
+    insert(engine, "rollout_batch", id=batch.batch_id, purpose=batch.purpose,
+           checkpoint_id=batch.checkpoint_id, run_id=batch.run_id, requested_by=requested_by)
+    return batch

@@ -64,6 +64,7 @@ class Quality:
 
 def _write(engine: Engine, rows: list[dict[str, Any]]) -> None:
     with engine.begin() as conn:
+        _request_batches(conn, rows)
         for row in rows:
             conn.execute(text(
                 "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, group_id, "
@@ -77,6 +78,18 @@ def _write(engine: Engine, rows: list[dict[str, Any]]) -> None:
                 "INSERT INTO step (trajectory_id, index, observation, action_text, reward, done) "
                 "VALUES (:id, 0, 'obs', 'act', :reward, true) ON CONFLICT DO NOTHING"
             ), {"id": row["id"], "reward": 1.0 if row["success"] else 0.0})
+
+
+def _request_batches(conn: Any, rows: list[dict[str, Any]]) -> None:
+    """Batch rows for episodes written outside a Nexus request (the stand-in's traffic), as
+    the execution role may record them: asked for by governance. Batches the real handler
+    recorded (eval) are left as they are."""
+    served = {"production", "shadow", "canary"}
+    for batch_id, purpose in {(r["batch_id"], r["purpose"]) for r in rows}:
+        conn.execute(text(
+            "INSERT INTO rollout_batch (id, purpose, requested_by) VALUES (:b, :p, 'governance') "
+            "ON CONFLICT (id) DO NOTHING"),
+            {"b": batch_id, "p": "production" if purpose in served else purpose})
 
 
 def write_episodes(engine: Engine, rows: list[dict[str, Any]]) -> None:

@@ -55,9 +55,11 @@ async def loop_client(settings: Settings, loop: LoopName, identity: str,
 def execution_nexus(settings: Settings) -> Any:
     """The execution loop's Nexus handlers, checking callers with execution's OPA token."""
     from execution_loop.nexus_handlers import ExecutionNexusHandlers
+    from triloop.db import role_engine
 
     return ExecutionNexusHandlers(NexusCallerCheck(
-        settings, server=Actor("execution"), authorizer=build_authorizer(settings, "execution")))
+        settings, server=Actor("execution"), authorizer=build_authorizer(settings, "execution")),
+        role_engine(settings, "execution"))
 
 
 def governance_nexus(settings: Settings) -> Any:

@@ -15,8 +15,9 @@ from dataclasses import asdict, is_dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from sqlmodel import Session
 
-from triloop.models import DecisionKind
+from triloop.models import DecisionKind, RolloutBatch
 from triloop.models._columns import new_id
 from triloop.workflow_api import (
     PROMOTION_APPROVE_UPDATE,
@@ -329,6 +330,11 @@ async def decide_admission(
                             decided_by=result.decided_by)
 
 
+def record_production_batch(*, session: Session, batch_id: str) -> None:
+    """The ``rollout_batch`` row of people's production traffic (routing picks checkpoints)."""
+    session.add(RolloutBatch(id=batch_id, purpose="production", requested_by="web"))
+
+
 async def start_episodes(
     *, guard: Guard, db: Sessions, services: WebServices, body: EpisodeRequest
 ) -> EpisodesStarted:
@@ -343,6 +349,8 @@ async def start_episodes(
                for i in body.items],
         max_concurrency=body.max_concurrency, deadline_s=body.deadline_s,
     )
+    # The batch's row says people asked for it: execution stores its episodes only then.
+    await db.write(record_production_batch, batch_id=batch_id)
     await services.orchestrator.start_episodes(batch, workflow_id)
     return EpisodesStarted(batch_id=batch_id, workflow_id=workflow_id, purpose="production",
                            episodes=sum(i.group_size for i in body.items))

@@ -182,7 +182,9 @@ class PromotionWorkflow:
 
     async def _offline_eval(self, plan: m.PromotionPlan) -> m.GateOutcome:
         assert plan.threshold_id and plan.eval_set_id and plan.baseline_checkpoint_id
-        prefix = f"{workflow.info().workflow_id}-eval"
+        # An unpredictable nonce (recorded in history, so replay-safe): nobody can request
+        # a batch under this id before governance does.
+        prefix = f"{workflow.info().workflow_id}-eval-{workflow.uuid4().hex[:12]}"
         arms = {"candidate": plan.candidate_checkpoint_id,
                 "production": plan.baseline_checkpoint_id}
         execution = execution_loop()

@@ -25,7 +25,7 @@ from sqlalchemy import Engine, text
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import WorkflowHandle
 
-from tests.factories_execution import make_builtin_task, register_checkpoint_dir
+from tests.factories_execution import make_builtin_task, register_checkpoint_dir, request_batch
 from triloop.config import Settings
 from triloop.devstack.servers import repo_root
 from triloop.temporal import connect
@@ -112,8 +112,9 @@ async def test_killed_worker_batch_finishes_with_each_episode_once(
     )
     client = await connect(settings, identity="fault-test", service="execution")
     queue = worker_env["TRILOOP_TASK_QUEUE_PREFIX"] + EXECUTION_QUEUE
-    handle = await client.start_workflow(ROLLOUT_WORKFLOW, batch, id=f"rollout-{batch.batch_id}",
-                                         task_queue=queue, result_type=RolloutBatchResult)
+    handle = await client.start_workflow(
+        ROLLOUT_WORKFLOW, request_batch(owner_engine, batch), id=f"rollout-{batch.batch_id}",
+        task_queue=queue, result_type=RolloutBatchResult)
     log = tmp_path / "workers.log"
     workers.append(start_worker(worker_env, log))
 

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from execution_loop.worker import build_worker
-from tests.factories_execution import make_builtin_task, register_checkpoint_dir
+from tests.factories_execution import make_builtin_task, register_checkpoint_dir, request_batch
 from tests.faults.conftest import (
     assert_each_episode_whole_and_once,
     batch_result,
@@ -30,6 +30,7 @@ from tests.faults.conftest import (
     trajectory_rows,
 )
 from triloop.config import SERVICES, Settings
+from triloop.db import engine_for_url
 from triloop.devstack.servers import repo_root, tool_path
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
 from triloop.temporal import connect
@@ -100,7 +101,8 @@ async def run_batch(client: Client, settings: Settings, batch: RolloutBatchInput
                     ) -> RolloutBatchResult:
     """Start the batch on the test's queue and wait for its result."""
     handle = await client.start_workflow(
-        ROLLOUT_WORKFLOW, batch, id=f"rollout-{batch.batch_id}",
+        ROLLOUT_WORKFLOW, request_batch(engine_for_url(settings.owner_url()), batch),
+        id=f"rollout-{batch.batch_id}",
         task_queue=settings.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult)
     return await batch_result(handle, timeout_s=60)
 

@@ -26,7 +26,7 @@ from temporalio.client import WorkflowHandle
 
 from execution_loop.worker import build_worker
 from execution_loop.workflows import RUN_EPISODE_ACTIVITY
-from tests.factories_execution import make_builtin_task, register_checkpoint_dir
+from tests.factories_execution import make_builtin_task, register_checkpoint_dir, request_batch
 from tests.faults.conftest import (
     assert_each_episode_whole_and_once,
     batch_result,
@@ -84,7 +84,7 @@ async def test_batch_survives_postgres_restart_without_half_written_trajectories
     client = await connect(test_settings, identity="fault-test", service="execution")
     async with build_worker(client, test_settings, policy_factory=scripted_policy(TURN_DELAY_S)):
         handle = await client.start_workflow(
-            ROLLOUT_WORKFLOW, batch, id=f"rollout-{batch.batch_id}",
+            ROLLOUT_WORKFLOW, request_batch(owner, batch), id=f"rollout-{batch.batch_id}",
             task_queue=test_settings.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult)
         before = await wait_for_stored(owner, batch.batch_id, at_least=3, timeout_s=60)
         assert before < EPISODES, "the batch finished before the restart: nothing was tested"

@@ -145,6 +145,8 @@ def test_execution_role_writes_trajectories(
     execution = role_engine("execution")
     task_id = make_task(owner_engine)
     traj = uid("ep-")
+    _run(execution, "INSERT INTO rollout_batch (id, purpose, requested_by) "
+         "VALUES ('b', 'training', 'learning') ON CONFLICT (id) DO NOTHING")
     _run(
         execution,
         "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, group_id, status, "
@@ -160,6 +162,76 @@ def test_execution_role_writes_trajectories(
         {"i": traj},
     )
     _refused(execution, "UPDATE trajectory SET total_reward = 9 WHERE id = :i", {"i": traj})
+
+
+def _denied(engine: Engine, sql: str, params: dict[str, Any] | None = None) -> str:
+    """Refused with SQLSTATE 42501 (no grant, or a trigger's insufficient_privilege)."""
+    with pytest.raises((ProgrammingError, DBAPIError)) as caught:
+        _run(engine, sql, params)
+    assert getattr(caught.value.orig, "sqlstate", None) == "42501", caught.value.orig
+    return str(caught.value.orig)
+
+
+TRAJECTORY = (
+    "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, group_id, status, "
+    "total_reward, sample_index, policy_version, success, num_steps) "
+    "VALUES (:i, :b, :t, :c, :p, 'g', 'completed', 1.0, 0, 0, true, 1)"
+)
+BATCH = ("INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by) "
+         "VALUES (:b, :p, :c, :r)")
+
+
+def test_execution_stores_episodes_only_as_their_batch_was_asked_for(
+    role_engine: Callable[[str], Engine], owner_engine: Engine
+) -> None:
+    execution = role_engine("execution")
+    task_id = make_task(owner_engine)
+    batch = uid("eval-")
+    _run(execution, BATCH, {"b": batch, "p": "eval", "c": "c-asked", "r": "governance"})
+
+    def episode(**changes: str) -> dict[str, str]:
+        return {"i": uid("ep-"), "b": batch, "t": task_id, "c": "c-asked", "p": "eval",
+                **changes}
+
+    never = _denied(execution, TRAJECTORY, episode(b=uid("never-")))
+    assert "was never requested" in never
+    assert "asked for c-asked" in _denied(execution, TRAJECTORY, episode(c="c-other"))
+    assert "a training episode in eval batch" in _denied(execution, TRAJECTORY,
+                                                           episode(p="training"))
+    _run(execution, TRAJECTORY, episode())
+    # Production batches carry their shadow and canary episodes, from any checkpoint.
+    traffic = uid("traffic-")
+    _run(role_engine("web"), BATCH, {"b": traffic, "p": "production", "c": None, "r": "web"})
+    for purpose, checkpoint in (("production", "c1"), ("shadow", "c2"), ("canary", "c3")):
+        _run(execution, TRAJECTORY, episode(b=traffic, p=purpose, c=checkpoint))
+
+
+def test_each_role_vouches_only_for_the_requests_it_can_know(
+    role_engine: Callable[[str], Engine]
+) -> None:
+    execution, web = role_engine("execution"), role_engine("web")
+
+    def batch(purpose: str, requested_by: str) -> dict[str, str | None]:
+        return {"b": uid("b-"), "p": purpose, "c": None, "r": requested_by}
+
+    # Execution vouches for the loops whose Nexus requests it admitted, not for people...
+    assert "not web" in _denied(execution, BATCH, batch("production", "web"))
+    # ...and learning asks for training batches only.
+    assert "training batches only" in _denied(execution, BATCH, batch("eval", "learning"))
+    # The web service records people's production traffic and nothing else.
+    assert "not a eval batch" in _denied(web, BATCH, batch("eval", "web"))
+    assert "for governance" in _denied(web, BATCH, batch("production", "governance"))
+    # The loops that never write batches have no grant; nobody forges the stamp.
+    for role in ("learning", "governance"):
+        _denied(role_engine(role), BATCH, batch("training", "learning"))
+    assert "inserting role" in _denied(
+        execution, BATCH.replace("requested_by)", "requested_by, recorded_by)").replace(
+            ":r)", ":r, 'triloop_web')"), batch("training", "learning"))
+    # Rows never change, not even for the owner's roles with a grant.
+    row = batch("training", "learning")
+    _run(execution, BATCH, row)
+    _denied(execution, "UPDATE rollout_batch SET checkpoint_id = 'x' WHERE id = :b", row)
+    _denied(execution, "DELETE FROM rollout_batch WHERE id = :b", row)
 
 
 def test_governance_role_owns_gates_and_routing(

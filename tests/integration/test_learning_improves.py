@@ -29,6 +29,7 @@ import yaml
 from sqlalchemy import Engine
 from temporalio.client import Client
 
+from tests.factories_execution import request_batch
 from tests.factories_learning import (
     frozen_lake_tasks,
     loops_running,
@@ -39,7 +40,7 @@ from tests.factories_learning import (
     start_run,
 )
 from triloop.config import Settings
-from triloop.temporal import connect
+from triloop.temporal import connect, in_namespace
 from triloop.workflow_api import (
     EXECUTION_QUEUE,
     ROLLOUT_WORKFLOW,
@@ -99,8 +100,10 @@ async def held_out_reward(client: Client, settings: Settings, engine: Engine,
                for task, seed in zip(tasks, HELD_OUT_MAPS, strict=True)],
         checkpoint_id=checkpoint, max_concurrency=4, deadline_s=24 * 3600, temperature=1.0,
     )
-    result: RolloutBatchResult = await client.execute_workflow(
-        ROLLOUT_WORKFLOW, batch, id=f"eval-{batch.batch_id}",
+    # The web service's token may start episodes in the execution loop's namespace.
+    execution = in_namespace(client, settings, "execution")
+    result: RolloutBatchResult = await execution.execute_workflow(
+        ROLLOUT_WORKFLOW, request_batch(engine, batch), id=f"eval-{batch.batch_id}",
         task_queue=settings.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult,
     )
     expected = len(HELD_OUT_MAPS) * EVAL_EPISODES_PER_MAP

@@ -13,7 +13,12 @@ from temporalio.client import Client
 
 from execution_loop.inference.base import PolicyClient
 from execution_loop.worker import build_worker
-from tests.factories_execution import make_builtin_task, register_variant, set_routing
+from tests.factories_execution import (
+    make_builtin_task,
+    register_variant,
+    request_batch,
+    set_routing,
+)
 from tests.integration.test_rollout_workflow import StuckPolicy
 from triloop.config import Settings
 from triloop.temporal import connect
@@ -65,7 +70,7 @@ async def test_next_episode_follows_a_rollback(
 
     async with build_worker(client, own, policy_factory=slow):
         handle = await client.start_workflow(
-            ROLLOUT_WORKFLOW, batch, id=f"rollout-{batch.batch_id}",
+            ROLLOUT_WORKFLOW, request_batch(owner_engine, batch), id=f"rollout-{batch.batch_id}",
             task_queue=own.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult)
         while not served():  # the first episode ran on the promoted checkpoint
             await asyncio.sleep(0.2)

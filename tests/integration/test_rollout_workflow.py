@@ -27,9 +27,11 @@ from tests.factories_execution import (
     register_builtin,
     register_checkpoint_dir,
     register_variant,
+    request_batch,
     set_routing,
 )
 from triloop.config import Settings
+from triloop.db import engine_for_url
 from triloop.temporal import connect
 from triloop.workflow_api import (
     EXECUTION_QUEUE,
@@ -78,7 +80,8 @@ async def run_batch(client: Client, settings: Settings, batch: RolloutBatchInput
     """Run one batch with an in-process execution worker."""
     async with build_worker(client, settings, **worker_kwargs):
         return await client.execute_workflow(
-            ROLLOUT_WORKFLOW, batch, id=f"rollout-{batch.batch_id}",
+            ROLLOUT_WORKFLOW, request_batch(engine_for_url(settings.owner_url()), batch),
+            id=f"rollout-{batch.batch_id}",
             task_queue=settings.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult,
         )
 

@@ -11,7 +11,12 @@ from sqlalchemy import Engine, text
 from temporalio.client import Client
 
 from execution_loop.worker import build_worker
-from tests.factories_execution import make_builtin_task, register_checkpoint_dir, set_routing
+from tests.factories_execution import (
+    make_builtin_task,
+    register_checkpoint_dir,
+    request_batch,
+    set_routing,
+)
 from triloop.config import Settings
 from triloop.faults import ServingFault, clear_serving_faults, inject_serving_fault
 from triloop.temporal import connect
@@ -56,7 +61,7 @@ async def test_fault_degrades_production_of_its_checkpoint_and_is_recorded(
                                  checkpoint_id=checkpoint, max_concurrency=3, deadline_s=120,
                                  temperature=1.0)
         await client.execute_workflow(
-            ROLLOUT_WORKFLOW, spec, id=f"rollout-{spec.batch_id}",
+            ROLLOUT_WORKFLOW, request_batch(owner_engine, spec), id=f"rollout-{spec.batch_id}",
             task_queue=own.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult)
         return spec.batch_id
 

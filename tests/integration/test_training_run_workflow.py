@@ -8,6 +8,7 @@ stored reads the database.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,8 @@ async def test_run_writes_steps_lineage_and_proposals(
         owner_engine, "SELECT environment_version_id FROM task WHERE id = ANY(:t)", t=tasks)}
     for number, child in enumerate(children, start=1):
         assert child.run_id == run_id and child.base_model == root.id
-        assert child.data["trajectory_batches"] == [f"{run_id}-{number}"]
+        [batch] = child.data["trajectory_batches"]
+        assert re.fullmatch(rf"{run_id}-{number}-[0-9a-f]{{12}}", batch)  # with its nonce
         assert set(child.environment_version_ids) == version_ids
         assert (Path(child.artifact_uri.removeprefix("file://")) / "tokenizer.json").is_file()
 
@@ -149,11 +151,16 @@ async def test_run_writes_steps_lineage_and_proposals(
     # checkpoint before it; continue-as-new after iteration 2 drains the pipeline.
     served = rows(owner_engine, "SELECT batch_id, checkpoint_id, policy_version FROM trajectory "
                   "WHERE run_id = :r GROUP BY 1, 2, 3 ORDER BY 1", r=run_id)
-    by_batch = {r["batch_id"]: (r["checkpoint_id"], r["policy_version"]) for r in served}
-    assert by_batch == {
-        f"{run_id}-1": (root.id, 0), f"{run_id}-2": (root.id, 0),
-        f"{run_id}-3": (children[1].id, 2), f"{run_id}-4": (children[1].id, 2),
+    by_iteration = {int(r["batch_id"].removeprefix(f"{run_id}-").split("-")[0]):
+                    (r["checkpoint_id"], r["policy_version"]) for r in served}
+    assert by_iteration == {
+        1: (root.id, 0), 2: (root.id, 0), 3: (children[1].id, 2), 4: (children[1].id, 2),
     }
+    # Each batch was requested by learning, through execution's Nexus handler.
+    requested = rows(owner_engine, "SELECT requested_by, recorded_by, purpose FROM rollout_batch "
+                     "WHERE run_id = :r", r=run_id)
+    assert {(b["requested_by"], b["recorded_by"], b["purpose"]) for b in requested} == {
+        ("learning", "triloop_execution", "training")} and len(requested) == 4
     assert [s["metrics"]["update"]["off_policy"]["max_staleness_seen"] for s in steps] == [
         0, 1, 0, 1]
 

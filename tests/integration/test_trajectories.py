@@ -32,6 +32,20 @@ def engine(role_engine: Callable[[str], Engine]) -> Engine:
     return role_engine("execution")
 
 
+@pytest.fixture(autouse=True)
+def requested_batches(owner_engine: Engine) -> Callable[[str], str]:
+    """Batch rows for the episodes here (the database refuses episodes nobody asked for)."""
+    def request(batch_id: str) -> str:
+        with owner_engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO rollout_batch (id, purpose, requested_by) "
+                "VALUES (:b, 'training', 'learning') ON CONFLICT (id) DO NOTHING"), {"b": batch_id})
+        return batch_id
+
+    request("batch")
+    return request
+
+
 @pytest.fixture
 def authorizer(settings: Settings) -> Authorizer:
     """The execution service's authorizer on the real OPA."""
@@ -137,14 +151,15 @@ def test_racing_writers_store_one_copy(
 
 
 def test_queries_by_run_batch_task_and_checkpoint(
-    engine: Engine, authorizer: Authorizer, owner_engine: Engine
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine,
+    requested_batches: Callable[[str], str],
 ) -> None:
     task_a, task_b = make_task(owner_engine), make_task(owner_engine)
-    run, batch = uid("run-"), uid("batch-")
+    run, batch = uid("run-"), requested_batches(uid("batch-"))
     written = {
         "a": episode(task_a, batch_id=batch, run_id=run, checkpoint_id="c1"),
         "b": episode(task_b, batch_id=batch, run_id=run, checkpoint_id="c2"),
-        "c": episode(task_a, batch_id=uid("batch-"), checkpoint_id="c2"),
+        "c": episode(task_a, batch_id=requested_batches(uid("batch-")), checkpoint_id="c2"),
     }
     for row, steps in written.values():
         write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)

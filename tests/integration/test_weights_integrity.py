@@ -15,6 +15,7 @@ from execution_loop.worker import build_worker
 from tests.factories_execution import (
     make_builtin_task,
     register_checkpoint_dir,
+    request_batch,
     weights_variant,
 )
 from triloop.config import Settings
@@ -51,7 +52,8 @@ async def test_swapped_weights_are_refused_at_serving_and_audited(
                                   checkpoint_id=checkpoint, max_concurrency=1, deadline_s=120)
         async with build_worker(client, own):  # a fresh worker: nothing loaded yet
             handle = await client.start_workflow(
-                ROLLOUT_WORKFLOW, batch, id=f"rollout-{batch.batch_id}",
+                ROLLOUT_WORKFLOW, request_batch(owner_engine, batch),
+                id=f"rollout-{batch.batch_id}",
                 task_queue=own.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult)
             result = await handle.result()
             history = await handle.fetch_history()

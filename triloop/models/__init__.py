@@ -13,7 +13,7 @@ from triloop.models.governance import (
     Routing,
 )
 from triloop.models.training import Checkpoint, Proposal, TrainingRun, TrainingStep
-from triloop.models.trajectories import Step, Trajectory
+from triloop.models.trajectories import RolloutBatch, Step, Trajectory
 from triloop.models.users import ApiToken, RoleGrant, User
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "Threshold",
     "TrainingRun",
     "TrainingStep",
+    "RolloutBatch",
     "Trajectory",
     "User",
 ]

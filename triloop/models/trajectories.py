@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, Float
+from sqlalchemy import Column, Float, Text, text
 from sqlmodel import Field, SQLModel
 
 from triloop.models._columns import (
@@ -54,3 +54,25 @@ class Step(SQLModel, table=True):
     feedback: dict[str, Any] = json_field()
     reward: float = Field(default=0.0, sa_column=Column(Float, nullable=False))
     done: bool = False
+
+
+class RolloutBatch(SQLModel, table=True):
+    """A batch somebody asked for: execution writes trajectories into requested batches only.
+
+    The execution loop records it when its Nexus handler admits a loop's request (the
+    caller named by the Temporal server), the web service for people's production traffic;
+    the database stamps ``recorded_by`` and refuses a requester that role cannot vouch for.
+    """
+
+    __tablename__ = "rollout_batch"
+    id: str = Field(primary_key=True)
+    purpose: str
+    checkpoint_id: str | None = Field(default=None, description="None: routing decides")
+    run_id: str | None = None
+    requested_by: str = Field(description="learning | governance | web")
+    recorded_by: str = Field(
+        default=None,
+        sa_column=Column(Text, nullable=False, server_default=text("current_user")),
+        description="the database role that inserted the row (set by the database)",
+    )
+    created_at: datetime = created_at_field()
