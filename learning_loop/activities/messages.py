@@ -57,7 +57,7 @@ class RunStatusInput:
     """Record a run's status (and how far it got) on its ``training_run`` row."""
 
     run_id: str
-    status: str  # running | paused | completed | cancelled | failed
+    status: str  # running | paused | completed | completed_with_alarms | cancelled | failed
     reason: str | None = None
     # "update" for the loop's own bookkeeping, "pause" when a stability alarm pauses it.
     action: str = "update"

@@ -281,6 +281,36 @@ async def test_stability_alarm_pauses_until_resumed_or_cancelled(
     assert pauses[0]["n"] == 2  # the loop paused its own run, twice, without a person
 
 
+async def test_alarms_reach_the_proposal_and_the_run_ends_completed_with_alarms(
+    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path,
+) -> None:
+    alice = make_user(owner_engine)
+    tasks = frozen_lake_tasks(owner_engine, [5])
+    # Template collapse fires on every iteration, the last one included; no pausing, so
+    # the run reaches its end, and that end must not read plain "completed".
+    config = run_config(tiny_dir, tasks, rollout={"groups_per_iteration": 1}, stability={
+        "pause_on_alarm": False, "retrieval_margin": 1.0, "collapse_min_entropy": 0.0,
+        "min_discrimination_prompts": 2}, schedule={"iterations": 2, "propose_every": 2})
+    run_id = make_run(owner_engine, config, alice)
+    async with loops_running(client, own_settings):
+        handle = await start_run(client, own_settings, run_id, config, alice)
+        result: RunStatus = await asyncio.wait_for(handle.result(), 300)
+        (proposal,) = rows(owner_engine, "SELECT * FROM proposal WHERE run_id = :r", r=run_id)
+        promotion = client.get_workflow_handle(promotion_workflow_id(proposal["id"]))
+        opened = await asyncio.wait_for(promotion.result(), 60)
+
+    assert (result.status, result.iterations_done, result.alarms_raised) == (
+        "completed_with_alarms", 2, 2)
+    (run_row,) = rows(owner_engine, "SELECT * FROM training_run WHERE id = :r", r=run_id)
+    assert run_row["status"] == "completed_with_alarms"
+    assert "2 stability alarm(s)" in run_row["status_reason"]
+    assert "iteration 2" in run_row["status_reason"]
+    expected = [{"iteration": 1, "kind": "template_collapse"},
+                {"iteration": 2, "kind": "template_collapse"}]
+    assert proposal["evidence"]["stability_alarms"] == expected
+    assert opened["stability_alarms"] == [[a["iteration"], a["kind"]] for a in expected]
+
+
 async def test_run_on_unadmitted_tasks_is_refused(
     client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path
 ) -> None:
