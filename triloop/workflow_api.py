@@ -30,6 +30,8 @@ RUN_CANCEL_SIGNAL = "cancel"
 RUN_STATUS_QUERY = "status"
 PROMOTION_SIGN_AUDIT_UPDATE = "sign_audit"
 PROMOTION_APPROVE_UPDATE = "operator_decision"
+# An operator lets a candidate past its run's stability alarms (a DecisionRef, with reason).
+PROMOTION_OVERRIDE_ALARMS_UPDATE = "override_alarms"
 PROMOTION_STATUS_QUERY = "status"
 PROMOTION_PROPOSED_SIGNAL = "proposed"
 

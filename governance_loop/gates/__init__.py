@@ -1,6 +1,6 @@
 """Promotion gates as pure functions: evidence in, ``GateDecision`` out.
 
-``GATE_ORDER`` fixes the path offline_eval -> shadow -> canary -> audit ->
+``GATE_ORDER`` fixes the path stability -> offline_eval -> shadow -> canary -> audit ->
 approval -> promote -> watch; ``next_gate`` says where a promotion stands.
 The statistical rules are stated in each module's docstring.
 """
@@ -13,6 +13,7 @@ from governance_loop.gates.decision import (
     OFFLINE_EVAL,
     PROMOTE,
     SHADOW,
+    STABILITY,
     WATCH,
     GateDecision,
     GateOrderError,
@@ -26,10 +27,12 @@ from governance_loop.gates.human import (
     AUDITOR_ROLE,
     HUMAN_DECISION_SERVICE,
     OPERATOR_ROLE,
+    AlarmOverrideKind,
     ApprovalDecisionKind,
     AuditDecisionKind,
     HumanDecision,
     HumanDecisionError,
+    decide_alarm_override,
     decide_approval,
     decide_audit,
     validate_approval_decision,
@@ -45,10 +48,17 @@ from governance_loop.gates.sequential import (
     decide_watch_against_baselines,
 )
 from governance_loop.gates.shadow import ShadowSample, decide_shadow
+from governance_loop.gates.stability import (
+    BLOCKING_ALARMS,
+    RecordedAlarm,
+    StabilityCheck,
+    decide_stability,
+)
 from governance_loop.gates.stats import BinomialCounts, EpisodeStats, Interval
 from governance_loop.gates.thresholds import (
     CanarySpec,
     ShadowSpec,
+    StabilitySpec,
     ThresholdSpec,
     ThresholdSpecError,
     WatchSpec,
@@ -56,6 +66,7 @@ from governance_loop.gates.thresholds import (
 
 __all__ = [
     "APPROVAL",
+    "BLOCKING_ALARMS",
     "AUDIT",
     "AUDITOR_ROLE",
     "CANARY",
@@ -65,7 +76,9 @@ __all__ = [
     "OPERATOR_ROLE",
     "PROMOTE",
     "SHADOW",
+    "STABILITY",
     "WATCH",
+    "AlarmOverrideKind",
     "ApprovalDecisionKind",
     "AuditDecisionKind",
     "BinomialCounts",
@@ -79,18 +92,23 @@ __all__ = [
     "HumanDecisionError",
     "Interval",
     "ShadowSample",
+    "RecordedAlarm",
     "ShadowSpec",
+    "StabilityCheck",
+    "StabilitySpec",
     "ThresholdSpec",
     "ThresholdSpecError",
     "Verdict",
     "RewardSummary",
     "WatchObservation",
     "WatchSpec",
+    "decide_alarm_override",
     "decide_approval",
     "decide_audit",
     "decide_canary",
     "decide_offline_eval",
     "decide_shadow",
+    "decide_stability",
     "decide_watch",
     "decide_watch_against_baselines",
     "describe_fault",

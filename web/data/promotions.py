@@ -11,7 +11,7 @@ from sqlmodel import Session, col, select
 from triloop.models import Approval, EvalSet, GateResult, Promotion, Threshold
 from web.pagination import Page, keyset, page_of
 
-GATE_ORDER = ("offline_eval", "shadow", "canary", "audit", "approval", "promote", "watch")
+GATE_ORDER = ("stability", "offline_eval", "shadow", "canary", "audit", "approval", "promote", "watch")
 
 
 class PromotionSummary(BaseModel):
