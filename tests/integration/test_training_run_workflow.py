@@ -113,7 +113,9 @@ async def test_run_writes_steps_lineage_and_proposals(
                                  continue_as_new_every=2)
         result: RunStatus = await asyncio.wait_for(handle.result(), 300)
 
-    assert (result.status, result.iterations_done) == ("completed", 4)
+    # A tiny model from random weights may alarm (template collapse); such a run says so.
+    ended = "completed_with_alarms" if result.alarms_raised else "completed"
+    assert (result.status, result.iterations_done) == (ended, 4)
     first_run = client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
     assert (await first_run.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
     # Both recorded histories replay against today's workflow code (determinism).
@@ -121,7 +123,7 @@ async def test_run_writes_steps_lineage_and_proposals(
     for recorded in (first_run, client.get_workflow_handle(handle.id)):
         await replayer.replay_workflow(await recorded.fetch_history())
     run_row = rows(owner_engine, "SELECT * FROM training_run WHERE id = :r", r=run_id)[0]
-    assert (run_row["status"], run_row["iterations_done"]) == ("completed", 4)
+    assert (run_row["status"], run_row["iterations_done"]) == (ended, 4)
 
     steps = rows(owner_engine, "SELECT * FROM training_step WHERE run_id = :r ORDER BY iteration",
                  r=run_id)
