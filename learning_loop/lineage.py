@@ -157,6 +157,17 @@ def reward_history(*, engine: Engine, run_id: str) -> list[tuple[int, float | No
         return [(int(i), r) for i, r in rows]
 
 
+def recorded_alarms(*, engine: Engine, run_id: str, up_to: int) -> list[tuple[int, str]]:
+    """(iteration, alarm kind) of every stability alarm a run stored up to an iteration."""
+    with Session(engine) as session:
+        rows = session.exec(
+            select(TrainingStep.iteration, TrainingStep.alarms)
+            .where(TrainingStep.run_id == run_id).where(col(TrainingStep.iteration) <= up_to)
+            .order_by(col(TrainingStep.iteration))
+        )
+        return [(int(i), str(kind)) for i, kinds in rows for kind in kinds or []]
+
+
 def lineage(*, engine: Engine, checkpoint_id: str, limit: int = 100_000) -> list[Checkpoint]:
     """The chain from the root to ``checkpoint_id`` (root first)."""
     chain: list[Checkpoint] = []

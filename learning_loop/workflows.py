@@ -14,7 +14,8 @@ sample's ``policy_version``.
 People pause, resume and cancel by signal; each request is checked against the policy
 again by an activity before it changes anything, and takes effect between steps (a
 cancel also cancels a running rollout; an update in flight finishes and is kept). A
-stability alarm pauses the run when ``stability.pause_on_alarm`` is set. Every
+stability alarm pauses the run when ``stability.pause_on_alarm`` is set, and a run that
+raised any alarm ends ``completed_with_alarms`` rather than ``completed``. Every
 ``schedule.propose_every`` iterations the latest checkpoint is proposed to governance: a
 proposal row, then governance's ``propose_candidate`` Nexus operation, which opens the
 promotion (learning holds no permission in governance's namespace). After
@@ -83,6 +84,19 @@ def parse_config(config: dict[str, Any]) -> RunConfig:
                                non_retryable=True) from exc
 
 
+def completion(iterations: int, state: RunStatus) -> tuple[str, str]:
+    """How a run that did all its iterations ends: with its alarms named, if it raised any.
+
+    An alarm on the last iteration (which may have paused the run) is not overwritten by
+    ``completed``: whoever looks at the run, or proposes from it, sees that it alarmed.
+    """
+    if not state.alarms_raised:
+        return "completed", f"{iterations} iterations"
+    last = f"; last: {state.alarms[-1]}" if state.alarms else ""
+    return "completed_with_alarms", (f"{iterations} iterations with {state.alarms_raised}"
+                                     f" stability alarm(s){last}")
+
+
 @workflow.defn(name=TRAINING_RUN_WORKFLOW)
 class TrainingRunWorkflow:
     """Iterations of rollout (execution loop) and update (learning-gpu) for one run."""
@@ -120,6 +134,7 @@ class TrainingRunWorkflow:
         state.run_id, state.iterations = run.run_id, config.schedule.iterations
         state.iterations_done, state.latest_checkpoint_id = run.start_iteration, \
             run.latest_checkpoint_id
+        state.alarms_raised = run.alarms_raised
         if run.paused:
             state.status, state.paused_reason = "paused", "paused before continue-as-new"
         try:
@@ -183,8 +198,9 @@ class TrainingRunWorkflow:
         if self._cancelled:
             state.status = "cancelled"
         elif k >= total:
-            state.status, state.paused_reason = "completed", None
-            await self._set_status(run.run_id, "completed", f"{k} iterations")
+            status, reason = completion(k, state)
+            state.status, state.paused_reason = status, None
+            await self._set_status(run.run_id, status, reason[:2000])
 
     async def _after_update(self, run: TrainingRunInput, config: RunConfig,
                             result: m.UpdateResult) -> None:
@@ -192,6 +208,7 @@ class TrainingRunWorkflow:
         if result.alarms:
             messages = [f"iteration {result.iteration}: {a.message}" for a in result.alarms]
             state.alarms.extend(messages)
+            state.alarms_raised += len(messages)
             if config.stability.pause_on_alarm and not self._cancelled:
                 state.status, state.paused_reason = "paused", "; ".join(messages)
                 await self._set_status(run.run_id, "paused", state.paused_reason[:2000],
@@ -209,7 +226,8 @@ class TrainingRunWorkflow:
             await governance.execute_operation(
                 GovernanceService.propose_candidate, PromotionInput(
                     proposal_id=proposed.proposal_id, checkpoint_id=result.checkpoint_id,
-                    run_id=run.run_id, submitted_by=run.submitted_by),
+                    run_id=run.run_id, submitted_by=run.submitted_by,
+                    stability_alarms=proposed.stability_alarms),
                 schedule_to_close_timeout=PROPOSAL_TIMEOUT)
             state.proposals.append(proposed.proposal_id)
 
@@ -224,6 +242,7 @@ class TrainingRunWorkflow:
             paused=self._state.status == "paused", base_checkpoint_id=base,
             continue_as_new_every=run.continue_as_new_every,
             update_heartbeat_timeout_s=run.update_heartbeat_timeout_s,
+            alarms_raised=self._state.alarms_raised,
         ))
 
     def _start_rollout(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,

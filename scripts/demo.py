@@ -2,7 +2,8 @@
 
 Stack up → environments registered and tasks admitted → frozen eval set and
 thresholds → the ML engineer submits a run on the tiny model → it trains and the
-learning loop proposes a candidate → offline eval, shadow, canary → the auditor
+learning loop proposes a candidate → stability (if the run alarmed lately, an operator
+overrides with a reason, shown) → offline eval, shadow, canary → the auditor
 signs and the operator approves through the API → promotion → an injected
 regression (a game-day serving fault degrades the new checkpoint) → the watch
 gate rolls back automatically → a summary. The stack is left running.
@@ -174,9 +175,12 @@ def _follow_training(api: Api, run_id: str) -> dict[str, Any]:
                     f"  entropy {values['entropy']:.2f}  grad norm {values['grad_norm']:.2f}"
                     f"  discrimination {values['discrimination']:.2f}"
                 )
-        if detail["status"] in ("completed", "failed", "cancelled"):
+        if detail["status"] in ("completed", "completed_with_alarms", "failed", "cancelled"):
             console.print(f"  run {detail['status']} after {detail['iterations_done']} iterations")
-            if detail["status"] != "completed":
+            for alarm in detail["alarms"]:
+                console.print(f"  [red]alarm[/red] {alarm['name']} at iteration "
+                              f"{alarm['iteration']}")
+            if detail["status"] not in ("completed", "completed_with_alarms"):
                 raise RuntimeError(f"training run {detail['status']}: {detail['status_reason']}")
             return detail
         time.sleep(3)
@@ -190,7 +194,7 @@ def _promotion_of(api: Api, run_id: str) -> dict[str, Any] | None:
 def _walk_gates(operator: Api, auditor: Api, promotion_id: str, api_base: str
                 ) -> dict[str, Any]:
     printed: set[str] = set()
-    signed = approved = injected = False
+    signed = approved = injected = overridden = False
     url = f"{api_base}/promotions/{promotion_id}"
     while True:
         detail = operator.get(f"/api/promotions/{promotion_id}")
@@ -204,6 +208,19 @@ def _walk_gates(operator: Api, auditor: Api, promotion_id: str, api_base: str
         watched = any(g["gate"] == "watch" for g in detail["gates"])
         if status not in ("open", "promoted") or watched:
             return dict(detail)
+        if gate_now == "stability" and status == "open" and not overridden:
+            named = ", ".join(f"{a['kind']} at iteration {a['iteration']}"
+                              for a in detail.get("alarms") or [])
+            console.print(f"  the stability gate holds the candidate: its run raised {named}."
+                          " Governance read them from the database and compared them with the"
+                          " proposal's copies.")
+            console.print(f"  {operator.person.name} (operator, not the run's submitter) would "
+                          f"open {url} and click 'Override alarms' with a reason; the demo "
+                          "does it through the API, and the decision is recorded and audited")
+            operator.post(f"/api/promotions/{promotion_id}/override-alarms", {
+                "comment": "demo: a tiny model from random weights on a toy task; collapse "
+                           "alarms are expected here, and every later gate still applies"})
+            overridden = True
         if gate_now == "audit" and not signed:
             console.print(f"  {auditor.person.name} (auditor) would open {url} and click "
                           "'Sign audit' with a comment; the demo does it through the API")

@@ -74,10 +74,17 @@ def _write(engine: Engine, rows: list[dict[str, Any]]) -> None:
                 "ON CONFLICT (id) DO NOTHING"
             ), {**row, "reward": 1.0 if row["success"] else 0.0,
                 "outcome": json.dumps(row.get("outcome", {}))})
+            # A shadow's one step saw what production saw and acted alike, as the
+            # execution loop records it (``feedback.shadow_agreement``).
+            feedback = {"shadow_agreement": {"compared": True, "agreed": True,
+                                             "production_action": "act"}} \
+                if row["purpose"] == "shadow" else {}
             conn.execute(text(
-                "INSERT INTO step (trajectory_id, index, observation, action_text, reward, done) "
-                "VALUES (:id, 0, 'obs', 'act', :reward, true) ON CONFLICT DO NOTHING"
-            ), {"id": row["id"], "reward": 1.0 if row["success"] else 0.0})
+                "INSERT INTO step (trajectory_id, index, observation, action_text, reward, done,"
+                " feedback) VALUES (:id, 0, 'obs', 'act', :reward, true, CAST(:f AS jsonb)) "
+                "ON CONFLICT DO NOTHING"
+            ), {"id": row["id"], "reward": 1.0 if row["success"] else 0.0,
+                "f": json.dumps(feedback)})
 
 
 def _request_batches(conn: Any, rows: list[dict[str, Any]]) -> None:

@@ -29,4 +29,5 @@ class StandInPromotionWorkflow:
         await workflow.wait_condition(lambda: bool(self.signals))
         return {"proposal_id": request.proposal_id, "checkpoint_id": request.checkpoint_id,
                 "run_id": request.run_id, "submitted_by": request.submitted_by,
-                "signals": list(self.signals)}
+                "signals": list(self.signals),
+                "stability_alarms": [[a.iteration, a.kind] for a in request.stability_alarms]}

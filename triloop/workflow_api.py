@@ -31,6 +31,8 @@ RUN_CANCEL_SIGNAL = "cancel"
 RUN_STATUS_QUERY = "status"
 PROMOTION_SIGN_AUDIT_UPDATE = "sign_audit"
 PROMOTION_APPROVE_UPDATE = "operator_decision"
+# An operator lets a candidate past its run's stability alarms (a DecisionRef, with reason).
+PROMOTION_OVERRIDE_ALARMS_UPDATE = "override_alarms"
 PROMOTION_STATUS_QUERY = "status"
 PROMOTION_PROPOSED_SIGNAL = "proposed"
 
@@ -112,6 +114,9 @@ class TrainingRunInput:
     continue_as_new_every: int = 25
     # Seconds without a heartbeat before an update attempt counts as lost (its worker died).
     update_heartbeat_timeout_s: float = 120.0
+    # Stability alarms raised before this continue-as-new (count): a run that raised any
+    # ends ``completed_with_alarms``, never plain ``completed``.
+    alarms_raised: int = 0
 
 
 @dataclass
@@ -125,6 +130,14 @@ class RunControl:
 
 
 @dataclass
+class StabilityAlarm:
+    """A stability alarm a training run recorded at an iteration (``training_step.alarms``)."""
+
+    iteration: int
+    kind: str  # echo_trap | template_collapse
+
+
+@dataclass
 class PromotionInput:
     """Governance opens a promotion for a proposal."""
 
@@ -132,6 +145,9 @@ class PromotionInput:
     checkpoint_id: str
     run_id: str
     submitted_by: str
+    # The run's stability alarms up to the proposed iteration, as the proposer read them;
+    # governance compares them with the run's recorded alarms and refuses a mismatch.
+    stability_alarms: list[StabilityAlarm] = field(default_factory=list)
 
 
 @dataclass
@@ -290,7 +306,8 @@ class RunStatus:
     """What ``RUN_STATUS_QUERY`` returns and what a training run's workflow ends with."""
 
     run_id: str
-    status: str  # starting | running | paused | completed | cancelled | failed
+    # starting | running | paused | completed | completed_with_alarms | cancelled | failed
+    status: str
     iterations_done: int = 0
     iterations: int = 0  # the configured total
     latest_checkpoint_id: str | None = None
@@ -301,3 +318,4 @@ class RunStatus:
     proposals: list[str] = field(default_factory=list)  # proposal ids
     last_reward_mean: float | None = None
     refused_controls: list[str] = field(default_factory=list)  # why the policy refused them
+    alarms_raised: int = 0  # stability alarms over the whole run (count)

@@ -21,6 +21,7 @@ from triloop.models import DecisionKind, RolloutBatch
 from triloop.models._columns import new_id
 from triloop.workflow_api import (
     PROMOTION_APPROVE_UPDATE,
+    PROMOTION_OVERRIDE_ALARMS_UPDATE,
     PROMOTION_SIGN_AUDIT_UPDATE,
     RUN_CANCEL_SIGNAL,
     RUN_PAUSE_SIGNAL,
@@ -43,7 +44,7 @@ from web.problems import ProblemError, conflict, invalid, not_found
 from web.run_submission import RunConfigInvalid, validate_run_config
 
 RunAction = Literal["pause", "resume", "cancel"]
-PromotionAction = Literal["sign_audit", "reject_audit", "approve", "reject"]
+PromotionAction = Literal["sign_audit", "reject_audit", "approve", "reject", "override_alarms"]
 RUN_SIGNALS: dict[str, str] = {
     "pause": RUN_PAUSE_SIGNAL, "resume": RUN_RESUME_SIGNAL, "cancel": RUN_CANCEL_SIGNAL,
 }
@@ -53,6 +54,7 @@ PROMOTION_UPDATES: dict[str, tuple[str, DecisionKind, str]] = {
     "reject_audit": (PROMOTION_SIGN_AUDIT_UPDATE, DecisionKind.AUDIT, "reject"),
     "approve": (PROMOTION_APPROVE_UPDATE, DecisionKind.APPROVAL, "approve"),
     "reject": (PROMOTION_APPROVE_UPDATE, DecisionKind.APPROVAL, "reject"),
+    "override_alarms": (PROMOTION_OVERRIDE_ALARMS_UPDATE, DecisionKind.ALARM_OVERRIDE, "override"),
 }
 ALIAS_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 # Whitespace as every engine involved agrees on it: the schema's regex (ECMA), pydantic's

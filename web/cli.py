@@ -336,6 +336,13 @@ def train_status(
         console.print(f"  iteration {last['iteration']}: {values}")
     for alarm in run["alarms"]:
         console.print(f"  [red]alarm[/red] {alarm['name']} at iteration {alarm['iteration']}")
+    if run["status"] == "paused":
+        console.print(f"  paused: `triloop train resume {run['id']}` goes on, "
+                      f"`triloop train cancel {run['id']}` stops it")
+    elif run["status"] == "completed_with_alarms":
+        console.print("  [yellow]completed with stability alarms[/yellow]: a candidate proposed"
+                      " within the threshold's alarm window waits at the stability gate for an"
+                      " operator's `triloop promotions override-alarms` (or is rejected)")
 
 
 def _control_run(action: str, run_id: str, reason: str | None, token: str | None,
@@ -394,6 +401,9 @@ def promotions_show(
     p = api_call("GET", f"/api/promotions/{promotion_id}", token=token, api_url=api_url)
     console.print(f"promotion {p['id']}: candidate {p['checkpoint_id']} "
                   f"[bold]{p['status']}[/bold] at {p.get('current_gate') or '-'}")
+    for alarm in p.get("alarms") or []:
+        console.print(f"  [red]alarm[/red] {alarm['kind']} at iteration {alarm['iteration']}"
+                      f" of run {p['run_id']}")
     for gate in p["gates"]:
         mark = "[green]passed[/green]" if gate["passed"] else "[red]failed[/red]"
         console.print(f"  {gate['gate']}: {mark}")
@@ -402,6 +412,19 @@ def promotions_show(
     for a in p.get("approvals") or []:
         console.print(f"  {a['kind']} by {a['user_name']}: {a['decision']} ({a['comment']})",
                       markup=False, highlight=False)
+
+
+@promotions_app.command("override-alarms")
+def promotions_override_alarms(
+    promotion_id: str,
+    reason: Annotated[str, typer.Option(
+        "--reason", help="Why the alarms do not disqualify the candidate (recorded).")],
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """Let a candidate past its run's stability alarms (operators; not the run's submitter)."""
+    result = api_call("POST", f"/api/promotions/{quote(promotion_id)}/override-alarms",
+                      token=token, api_url=api_url, body={"comment": reason})
+    console.print(json.dumps(result, indent=2), markup=False, highlight=False)
 
 
 def rollback_command(

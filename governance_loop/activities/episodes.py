@@ -17,6 +17,9 @@ from sqlmodel import Session
 
 # SQL: the episode was served without an injected fault (or every episode, when not clean).
 _CLEAN = "(NOT CAST(:clean AS boolean) OR (outcome->'injected_fault') IS NULL)"
+# SQL on a shadow step ``a``: the execution loop's verdict for it (a missing verdict is false).
+_COMPARED = "(a.feedback #>> '{shadow_agreement,compared}') = 'true'"
+_AGREED = "(a.feedback #>> '{shadow_agreement,agreed}') = 'true'"
 
 
 @dataclass(frozen=True)
@@ -109,18 +112,20 @@ def shadow_pairs(
     per pair; the fault is the one injected on either side of the pair, if any.
 
     A shadow episode names the production episode it mirrors in ``outcome.shadow_of``
-    (or by its id, ``<production id>:shadow``); agreement compares the action text
-    of steps with the same index.
+    (or by its id, ``<production id>:shadow``). Agreement is what the execution loop
+    recorded on each shadow step (``feedback.shadow_agreement``): a step is compared only
+    while both policies had seen the same observation history, so once the shadow's own
+    environment copy has diverged its later steps count for nothing, even when their
+    action text happens to match production's step of the same index.
     """
     rows = session.execute(
         text(
-            """
+            f"""
             SELECT p.id,
-                   (SELECT count(*) FROM step a JOIN step b ON a.index = b.index
-                     WHERE a.trajectory_id = s.id AND b.trajectory_id = p.id),
-                   (SELECT count(*) FROM step a JOIN step b ON a.index = b.index
-                     WHERE a.trajectory_id = s.id AND b.trajectory_id = p.id
-                       AND a.action_text = b.action_text),
+                   (SELECT count(*) FROM step a
+                     WHERE a.trajectory_id = s.id AND {_COMPARED}),
+                   (SELECT count(*) FROM step a
+                     WHERE a.trajectory_id = s.id AND {_COMPARED} AND {_AGREED}),
                    p.total_reward, s.total_reward,
                    COALESCE(p.outcome->'injected_fault', s.outcome->'injected_fault')
             FROM trajectory s

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from triloop.workflow_api import AdmissionProbeEvidence, RolloutItem
+from triloop.workflow_api import AdmissionProbeEvidence, RolloutItem, StabilityAlarm
 
 OPEN_PROMOTION = "governance_open_promotion"
 MARK_PROMOTION = "governance_mark_promotion"
@@ -60,6 +60,8 @@ class OpenPromotionInput:
     run_id: str
     submitted_by: str  # as the proposer claims it; the run row decides
     workflow_id: str
+    # The run's alarms as the proposal's workflow input carried them (compared, not trusted).
+    stability_alarms: list[StabilityAlarm] = field(default_factory=list)
 
 
 @dataclass
@@ -76,6 +78,12 @@ class PromotionPlan:
     eval_set_id: str | None = None
     eval_items: list[RolloutItem] = field(default_factory=list)
     problem: str | None = None  # why the promotion cannot be evaluated at all
+    # The stability gate, judged when the promotion opens: pass | fail (stored in
+    # ``stability_gate_result_id``) or continue (blocked until an operator overrides).
+    # None: not judged (no threshold to judge by, or a promotion opened before the gate).
+    stability_verdict: str | None = None
+    stability_reasons: list[str] = field(default_factory=list)
+    stability_gate_result_id: str | None = None
 
 
 @dataclass

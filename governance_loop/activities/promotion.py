@@ -13,6 +13,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from governance_loop import store
+from governance_loop.activities import stability
 from governance_loop.activities.common import (
     GovernanceShell,
     record,
@@ -45,10 +46,12 @@ from governance_loop.gates import (
     APPROVAL,
     AUDIT,
     PROMOTE,
+    STABILITY,
     GateDecision,
     HumanDecisionError,
     ThresholdSpec,
     Verdict,
+    decide_alarm_override,
     decide_approval,
     decide_audit,
 )
@@ -56,7 +59,15 @@ from governance_loop.gates import HumanDecision as GateHumanDecision
 from governance_loop.gates.human import AUDITOR_ROLE, OPERATOR_ROLE
 from triloop.db import session_scope
 from triloop.decisions import ProvenDecision, audit_refusal
-from triloop.models import Approval, Checkpoint, DecisionKind, Promotion, Proposal, TrainingRun
+from triloop.models import (
+    Approval,
+    Checkpoint,
+    DecisionKind,
+    Promotion,
+    Proposal,
+    Threshold,
+    TrainingRun,
+)
 from triloop.policy import Authorizer, Resource
 from triloop.weights import (
     UnsupportedArtifactUri,
@@ -76,11 +87,12 @@ HUMAN_ACTIONS = {
     (DecisionKind.AUDIT, "reject"): "reject_audit",
     (DecisionKind.APPROVAL, "approve"): "approve",
     (DecisionKind.APPROVAL, "reject"): "reject",
+    (DecisionKind.ALARM_OVERRIDE, "override"): "override_alarms",
 }
 
 # Decisions that move a candidate toward production need a role held since before the
 # promotion opened (policy: duties.rego); a rejection needs no such age.
-ROLE_SINCE_ACTIONS = frozenset({"sign_audit", "approve"})
+ROLE_SINCE_ACTIONS = frozenset({"sign_audit", "approve", "override_alarms"})
 
 
 class PromotionActivities(GovernanceShell):
@@ -136,13 +148,38 @@ class PromotionActivities(GovernanceShell):
                 opened_at=promotion.created_at.isoformat(), timing=self._timing,
             )
             self._plan_evaluation(session, plan)
+            self._judge_stability(session, plan, proposal, request)
             record(
                 session, action="open_promotion",
                 resource={"kind": "promotion", "id": promotion.id},
                 payload={"proposal_id": proposal.id, "baseline": plan.baseline_checkpoint_id,
-                         "threshold_id": plan.threshold_id, "problem": plan.problem},
+                         "threshold_id": plan.threshold_id, "problem": plan.problem,
+                         "stability": plan.stability_verdict},
             )
         return plan
+
+    def _judge_stability(self, session: Session, plan: PromotionPlan, proposal: Proposal,
+                         request: OpenPromotionInput) -> None:
+        """The stability gate: the run's recorded alarms against the threshold's window.
+
+        A pass or a mismatch is final and stored now; a block waits in the workflow for
+        an operator's override (``record_human_decision`` with gate ``stability``).
+        """
+        if plan.problem is not None or plan.threshold_id is None:
+            return  # nothing to judge by; the promotion ends on its problem
+        threshold = session.get(Threshold, plan.threshold_id)
+        assert threshold is not None
+        check = stability.check_proposal(
+            session=session, proposal=proposal, carried=request.stability_alarms,
+            spec=ThresholdSpec.from_mapping(threshold.spec))
+        plan.stability_verdict = check.decision.verdict.value
+        plan.stability_reasons = list(check.decision.reasons)
+        if check.decision.final:
+            self.authorize("create", Resource("gate_result", attrs={
+                "promotion_id": plan.promotion_id, "gate": STABILITY}))
+            plan.stability_gate_result_id = store_gate(
+                session, promotion_id=plan.promotion_id, decision=check.decision,
+                threshold_id=plan.threshold_id).gate_result_id
 
     def _refuse_restart(self, session: Session, proposal_id: str, workflow_id: str) -> None:
         """A proposal's promotion runs once: its row must be open and belong to this workflow.
@@ -258,6 +295,8 @@ class PromotionActivities(GovernanceShell):
     @activity.defn(name=RECORD_HUMAN_DECISION)
     def record_human_decision(self, request: HumanDecisionRecord) -> GateOutcome:
         """Prove the person from their recorded decision, re-check duties and OPA, then write."""
+        if request.gate == STABILITY:
+            return self._record_alarm_override(request)
         audit = request.gate == AUDIT
         kind = DecisionKind.AUDIT if audit else DecisionKind.APPROVAL
         attrs = {"submitted_by": request.submitted_by}
@@ -296,6 +335,46 @@ class PromotionActivities(GovernanceShell):
                     decision="approve" if gate.passed else "reject", user_name=proven.user,
                     comment=proven.comment, row_id=key,
                 )
+            outcome = store_gate(session, promotion_id=request.promotion_id, decision=gate)
+        return replace(outcome, decided_by=proven.user)
+
+    def _record_alarm_override(self, request: HumanDecisionRecord) -> GateOutcome:
+        """An operator lets a candidate past its run's stability alarms, with a reason.
+
+        The same proof as an approval: the decision row the web role wrote, the operator
+        role held now and since before the promotion opened, not the run's submitter
+        (pure rule, then OPA acting for the person). Each refusal is audited; the override
+        is a passed ``stability`` gate result naming the operator, their reason and the
+        alarms they overrode.
+        """
+        kind = DecisionKind.ALARM_OVERRIDE
+        attrs = {"submitted_by": request.submitted_by}
+        resource = Resource("promotion", id=request.promotion_id, attrs=attrs)
+        proven = self.prove(request.decision_id, kind, request.promotion_id,
+                            role=OPERATOR_ROLE, resource=resource)
+        action = HUMAN_ACTIONS.get((kind, proven.decision))
+        if action is None:
+            raise refused(f"unknown {kind} decision {proven.decision!r}")
+        opened_at = self._opened_at(request.promotion_id)
+        self._refuse_newer_role(proven, action, resource, opened_at)
+        attrs["promotion_opened_at"] = rfc3339(opened_at)
+        human = GateHumanDecision(user=proven.user, service="web", roles=list(proven.roles),
+                                  decision=proven.decision, comment=proven.comment)
+        try:
+            gate = decide_alarm_override(human, submitter=request.submitted_by,
+                                         awaiting=STABILITY)
+        except HumanDecisionError as exc:
+            audit_refusal(self._engine, service="governance", action=action,
+                          resource=resource.to_input(), decision_id=proven.id, reason=str(exc))
+            raise refused(str(exc)) from exc
+        self.authorize_for(proven, action, Resource("promotion", id=request.promotion_id,
+                                                    attrs=attrs))
+        with session_scope(self._engine) as session:
+            promotion = store.get_promotion(session=session, promotion_id=request.promotion_id)
+            alarms = stability.recorded_alarms(session=session, run_id=promotion.run_id)
+            gate = replace(gate, evidence={
+                **gate.evidence, "overridden": True, "human_decision_id": proven.id,
+                "recorded_alarms": [a.to_dict() for a in sorted(alarms)]})
             outcome = store_gate(session, promotion_id=request.promotion_id, decision=gate)
         return replace(outcome, decided_by=proven.user)
 

@@ -1,6 +1,6 @@
 """Promotion gates as pure functions: evidence in, ``GateDecision`` out.
 
-``GATE_ORDER`` fixes the path offline_eval -> shadow -> canary -> audit ->
+``GATE_ORDER`` fixes the path stability -> offline_eval -> shadow -> canary -> audit ->
 approval -> promote -> watch; ``next_gate`` says where a promotion stands.
 The statistical rules are stated in each module's docstring.
 """
@@ -14,6 +14,7 @@ from governance_loop.gates.decision import (
     OFFLINE_EVAL,
     PROMOTE,
     SHADOW,
+    STABILITY,
     WATCH,
     GateDecision,
     GateOrderError,
@@ -27,10 +28,12 @@ from governance_loop.gates.human import (
     AUDITOR_ROLE,
     HUMAN_DECISION_SERVICE,
     OPERATOR_ROLE,
+    AlarmOverrideKind,
     ApprovalDecisionKind,
     AuditDecisionKind,
     HumanDecision,
     HumanDecisionError,
+    decide_alarm_override,
     decide_approval,
     decide_audit,
     validate_approval_decision,
@@ -39,10 +42,17 @@ from governance_loop.gates.human import (
 from governance_loop.gates.offline_eval import EvalSetResult, decide_offline_eval
 from governance_loop.gates.sequential import RewardSummary
 from governance_loop.gates.shadow import ShadowSample, decide_shadow
+from governance_loop.gates.stability import (
+    BLOCKING_ALARMS,
+    RecordedAlarm,
+    StabilityCheck,
+    decide_stability,
+)
 from governance_loop.gates.stats import BinomialCounts, EpisodeStats, Interval
 from governance_loop.gates.thresholds import (
     CanarySpec,
     ShadowSpec,
+    StabilitySpec,
     ThresholdSpec,
     ThresholdSpecError,
     WatchSpec,
@@ -55,6 +65,7 @@ from governance_loop.gates.watch import (
 
 __all__ = [
     "APPROVAL",
+    "BLOCKING_ALARMS",
     "AUDIT",
     "AUDITOR_ROLE",
     "CANARY",
@@ -64,7 +75,9 @@ __all__ = [
     "OPERATOR_ROLE",
     "PROMOTE",
     "SHADOW",
+    "STABILITY",
     "WATCH",
+    "AlarmOverrideKind",
     "ApprovalDecisionKind",
     "AuditDecisionKind",
     "BinomialCounts",
@@ -78,18 +91,23 @@ __all__ = [
     "HumanDecisionError",
     "Interval",
     "ShadowSample",
+    "RecordedAlarm",
     "ShadowSpec",
+    "StabilityCheck",
+    "StabilitySpec",
     "ThresholdSpec",
     "ThresholdSpecError",
     "Verdict",
     "RewardSummary",
     "WatchObservation",
     "WatchSpec",
+    "decide_alarm_override",
     "decide_approval",
     "decide_audit",
     "decide_canary",
     "decide_offline_eval",
     "decide_shadow",
+    "decide_stability",
     "decide_watch",
     "decide_watch_against_baselines",
     "describe_fault",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+STABILITY = "stability"
 OFFLINE_EVAL = "offline_eval"
 SHADOW = "shadow"
 CANARY = "canary"
@@ -16,7 +17,9 @@ PROMOTE = "promote"
 WATCH = "watch"
 
 # A candidate must pass every gate in this order; none may be skipped.
-GATE_ORDER: tuple[str, ...] = (OFFLINE_EVAL, SHADOW, CANARY, AUDIT, APPROVAL, PROMOTE, WATCH)
+GATE_ORDER: tuple[str, ...] = (
+    STABILITY, OFFLINE_EVAL, SHADOW, CANARY, AUDIT, APPROVAL, PROMOTE, WATCH,
+)
 
 
 class Verdict(StrEnum):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from governance_loop.gates.decision import APPROVAL, AUDIT, GateDecision, Verdict
+from governance_loop.gates.decision import APPROVAL, AUDIT, STABILITY, GateDecision, Verdict
 
 AUDITOR_ROLE = "auditor"
 OPERATOR_ROLE = "operator"
@@ -36,6 +36,12 @@ class ApprovalDecisionKind(StrEnum):
 
     APPROVE = "approve"
     REJECT = "reject"
+
+
+class AlarmOverrideKind(StrEnum):
+    """What an operator may decide about a candidate blocked by its run's alarms."""
+
+    OVERRIDE = "override"
 
 
 @dataclass(frozen=True)
@@ -153,3 +159,21 @@ def decide_approval(
     return _human_gate_decision(
         APPROVAL, decision, decision.decision == ApprovalDecisionKind.APPROVE
     )
+
+
+def decide_alarm_override(
+    decision: HumanDecision, *, submitter: str, awaiting: str
+) -> GateDecision:
+    """Validate an operator's override of the stability alarms; it passes the gate.
+
+    The submitter may not override the alarms their own run raised, and the written
+    reason is required: it is what an auditor reads later.
+    """
+    operator = _check_common(decision, gate=STABILITY, awaiting=awaiting, role=OPERATOR_ROLE,
+                             allowed=AlarmOverrideKind)
+    if operator == _identity(submitter):
+        raise HumanDecisionError(
+            f"separation of duties: {decision.user!r} submitted the training run and "
+            "cannot override its stability alarms; another operator must decide"
+        )
+    return _human_gate_decision(STABILITY, decision, True)

@@ -130,6 +130,22 @@ class WatchSpec:
 
 
 @dataclass(frozen=True)
+class StabilitySpec:
+    """Stability gate: the run that made the candidate must not have alarmed lately."""
+
+    # Iterations (count) before and including the proposed one in which an echo-trap or
+    # template-collapse alarm blocks the candidate until an operator overrides it; 0 lets
+    # alarms through (they are still shown with the candidate).
+    alarm_window_iterations: int = 5
+
+    def __post_init__(self) -> None:
+        value = self.alarm_window_iterations
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ThresholdSpecError(
+                f"stability.alarm_window_iterations must be an integer >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
 class ThresholdSpec:
     """One frozen version of every gate's thresholds."""
 
@@ -148,6 +164,8 @@ class ThresholdSpec:
     shadow: ShadowSpec = field(default_factory=ShadowSpec)
     canary: CanarySpec = field(default_factory=CanarySpec)
     watch: WatchSpec = field(default_factory=WatchSpec)
+    # Absent from specs stored before it existed: those get its defaults.
+    stability: StabilitySpec = field(default_factory=StabilitySpec)
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, str) or not self.version.strip():
@@ -170,8 +188,10 @@ class ThresholdSpec:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> ThresholdSpec:
         """Build a spec from stored JSON, refusing unknown keys so typos cannot pass silently."""
-        nested: dict[str, type[ShadowSpec] | type[CanarySpec] | type[WatchSpec]] = {
+        nested: dict[str, type[ShadowSpec] | type[CanarySpec] | type[WatchSpec]
+                     | type[StabilitySpec]] = {
             "shadow": ShadowSpec, "canary": CanarySpec, "watch": WatchSpec,
+            "stability": StabilitySpec,
         }
         _refuse_unknown("thresholds", data, {f.name for f in fields(cls)})
         kwargs: dict[str, Any] = {}

@@ -1,4 +1,9 @@
-"""PromotionWorkflow: offline eval, shadow, canary, audit, approval, promote, watch.
+"""PromotionWorkflow: stability, offline eval, shadow, canary, audit, approval, promote, watch.
+
+The stability gate is judged when the promotion opens (``open_promotion`` reads the run's
+recorded alarms): a candidate whose run raised an echo-trap or template-collapse alarm
+within the threshold's window waits for an operator's ``override_alarms`` decision, and
+is rejected when none comes before the approval deadline.
 
 Gate verdicts are computed and stored by activities, so a history replays the
 verdict it recorded even after the gate rules change. Human decisions arrive as
@@ -28,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         OFFLINE_EVAL,
         PROMOTE,
         SHADOW,
+        STABILITY,
         WATCH,
         HumanDecisionError,
     )
@@ -41,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from triloop.nexus_api import ExecutionService
     from triloop.workflow_api import (
         PROMOTION_APPROVE_UPDATE,
+        PROMOTION_OVERRIDE_ALARMS_UPDATE,
         PROMOTION_PROPOSED_SIGNAL,
         PROMOTION_SIGN_AUDIT_UPDATE,
         PROMOTION_STATUS_QUERY,
@@ -57,7 +64,7 @@ with workflow.unsafe.imports_passed_through():
 
 @workflow.defn(name=PROMOTION_WORKFLOW)
 class PromotionWorkflow:
-    """offline eval -> shadow -> canary -> audit -> approval -> promote -> watch."""
+    """stability -> offline eval -> shadow -> canary -> audit -> approval -> promote -> watch."""
 
     def __init__(self) -> None:
         self._proposal_id = ""
@@ -69,6 +76,8 @@ class PromotionWorkflow:
         self._results: list[GateSummary] = []
         self._audit: m.GateOutcome | None = None
         self._approval: m.GateOutcome | None = None
+        self._override: m.GateOutcome | None = None
+        self._alarm_block: list[str] = []  # why the alarms block, while they do
         self._auditor: str | None = None
         self._approver: str | None = None
         self._deciding = False
@@ -100,6 +109,7 @@ class PromotionWorkflow:
                 proposal_id=request.proposal_id, checkpoint_id=request.checkpoint_id,
                 run_id=request.run_id, submitted_by=request.submitted_by,
                 workflow_id=workflow.info().workflow_id,
+                stability_alarms=list(request.stability_alarms),
             ), m.PromotionPlan)
         except ActivityError as error:
             cause = error.cause
@@ -115,6 +125,9 @@ class PromotionWorkflow:
         return self.status()
 
     async def _walk(self, plan: m.PromotionPlan) -> None:
+        # A plan recorded before the stability gate existed has no verdict: replays skip it.
+        if plan.stability_verdict is not None and not await self._stability(plan):
+            return
         await self._enter(OFFLINE_EVAL, "offline eval")
         if plan.problem is not None:
             await self._end("rejected", await self._record(OFFLINE_EVAL, [plan.problem]))
@@ -177,6 +190,42 @@ class PromotionWorkflow:
     async def _judge(self, name: str, arg: Any) -> m.GateOutcome:
         outcome: m.GateOutcome = await act(name, arg, m.GateOutcome)
         return self._note(outcome) if outcome.verdict != "continue" else outcome
+
+    # --- stability ---------------------------------------------------------------------------
+
+    async def _stability(self, plan: m.PromotionPlan) -> bool:
+        """True when the candidate may go on: no recent alarm, or an operator overrode them."""
+        reasons = list(plan.stability_reasons)
+        if plan.stability_verdict != "continue":
+            outcome = self._note(m.GateOutcome(
+                gate=STABILITY, passed=plan.stability_verdict == "pass",
+                verdict=plan.stability_verdict or "fail", reasons=reasons,
+                gate_result_id=plan.stability_gate_result_id))
+            if not outcome.passed:
+                await self._enter(STABILITY, None)
+                await self._end("rejected", outcome)
+            return outcome.passed
+        self._alarm_block = reasons
+        self._gate, self._waiting_for = STABILITY, "operator (override of stability alarms)"
+        self._reason = "stability: " + "; ".join(reasons)
+        await act(m.MARK_PROMOTION, m.MarkPromotion(
+            promotion_id=plan.promotion_id, gate=STABILITY, reason=self._reason[:2000]))
+        deadline_s = plan.timing.approval_deadline_s
+        try:
+            await workflow.wait_condition(lambda: self._override is not None,
+                                          timeout=timedelta(seconds=deadline_s))
+        except TimeoutError:
+            await workflow.wait_condition(lambda: not self._deciding)
+        self._alarm_block = []
+        if self._override is None:
+            await self._end("rejected", await self._record(STABILITY, [
+                *reasons, f"no operator overrode the alarms within {deadline_s:g}s"]))
+            return False
+        self._reason = None
+        await act(m.MARK_PROMOTION, m.MarkPromotion(
+            promotion_id=plan.promotion_id,
+            reason=f"stability alarms overridden by {self._override.decided_by}"))
+        return True
 
     # --- offline eval ----------------------------------------------------------------------
 
@@ -309,6 +358,17 @@ class PromotionWorkflow:
     def _validate_approval(self, decision: DecisionRef) -> None:
         self._check_awaiting(APPROVAL, decision)
 
+    @workflow.update(name=PROMOTION_OVERRIDE_ALARMS_UPDATE)
+    async def override_alarms(self, decision: DecisionRef) -> GateSummary:
+        """An operator (not the submitter) lets the candidate past its run's alarms."""
+        return await self._decide(STABILITY, decision)
+
+    @override_alarms.validator
+    def _validate_override(self, decision: DecisionRef) -> None:
+        self._check_awaiting(STABILITY, decision)
+        if not self._alarm_block:
+            raise HumanDecisionError("no stability alarm blocks this candidate now")
+
     def _check_awaiting(self, gate: str, decision: DecisionRef) -> None:
         _, awaiting = self._check_open(gate)
         if awaiting != gate:
@@ -333,7 +393,9 @@ class PromotionWorkflow:
         finally:
             self._deciding = False
         self._note(outcome)
-        if gate == AUDIT:
+        if gate == STABILITY:
+            self._override = outcome
+        elif gate == AUDIT:
             self._audit = outcome
             self._auditor = outcome.decided_by if outcome.passed else None
         else:

@@ -9,6 +9,8 @@ with ``get_type_hints``, which cannot see this module's globals from inside the 
 from dataclasses import dataclass, field
 from typing import Any
 
+from triloop.workflow_api import StabilityAlarm
+
 # Light activities on the ``learning`` queue.
 VALIDATE_RUN = "learning.validate_run"
 SET_RUN_STATUS = "learning.set_run_status"
@@ -57,7 +59,7 @@ class RunStatusInput:
     """Record a run's status (and how far it got) on its ``training_run`` row."""
 
     run_id: str
-    status: str  # running | paused | completed | cancelled | failed
+    status: str  # running | paused | completed | completed_with_alarms | cancelled | failed
     reason: str | None = None
     # "update" for the loop's own bookkeeping, "pause" when a stability alarm pauses it.
     action: str = "update"
@@ -149,7 +151,8 @@ class ProposeInput:
 
 @dataclass
 class ProposeResult:
-    """The proposal and the promotion workflow it opened (or signalled)."""
+    """The proposal, the promotion workflow that will hold it, and the run's alarms so far."""
 
     proposal_id: str
     promotion_workflow_id: str
+    stability_alarms: list[StabilityAlarm] = field(default_factory=list)

@@ -40,6 +40,7 @@ from learning_loop.lineage import (
     get_run,
     get_tasks,
     insert_proposal,
+    recorded_alarms,
     reward_history,
     set_run_status,
 )
@@ -47,6 +48,7 @@ from triloop.decisions import DecisionRefused, audit_refusal, load_decision
 from triloop.models import DecisionKind, EnvironmentVersion, Proposal
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
 from triloop.workflow_api import (
+    StabilityAlarm,
     promotion_workflow_id,
 )
 
@@ -155,23 +157,32 @@ class RunActivities:
     async def propose_checkpoint(self, request: ProposeInput) -> ProposeResult:
         """Write the proposal row; the workflow then hands it to governance through Nexus."""
         proposal_id = proposal_id_for(request.run_id, request.iteration)
-        await asyncio.to_thread(self._record_proposal, request, proposal_id)
-        return ProposeResult(proposal_id, promotion_workflow_id(proposal_id))
+        alarms = await asyncio.to_thread(self._record_proposal, request, proposal_id)
+        return ProposeResult(proposal_id, promotion_workflow_id(proposal_id),
+                             stability_alarms=alarms)
 
-    def _record_proposal(self, request: ProposeInput, proposal_id: str) -> None:
+    def _record_proposal(self, request: ProposeInput, proposal_id: str
+                         ) -> list[StabilityAlarm]:
+        """Write the proposal row; returns the run's stability alarms it carries."""
         self._authorizer.authorize(LEARNING, "propose", Resource(
             "proposal", id=proposal_id,
             attrs={"checkpoint_id": request.checkpoint_id, "run_id": request.run_id,
                    "iteration": request.iteration, "submitted_by": request.submitted_by},
         ))
+        alarms = [StabilityAlarm(iteration, kind) for iteration, kind in recorded_alarms(
+            engine=self._engine, run_id=request.run_id, up_to=request.iteration)]
         evidence = {
             "iteration": request.iteration,
             "base_checkpoint_id": request.base_checkpoint_id,
             "reward_mean_by_iteration": [
                 [i, r] for i, r in reward_history(engine=self._engine, run_id=request.run_id)
             ],
+            # Governance refuses a candidate whose run alarmed recently (unless an operator
+            # overrides), and checks this list against the run's stored alarms.
+            "stability_alarms": [{"iteration": a.iteration, "kind": a.kind} for a in alarms],
         }
         insert_proposal(engine=self._engine, proposal=Proposal(
             id=proposal_id, checkpoint_id=request.checkpoint_id, run_id=request.run_id,
             submitted_by=request.submitted_by, evidence=evidence,
         ))
+        return alarms

@@ -41,6 +41,7 @@ from triloop.temporal import connect
 from triloop.workflow_api import (
     GOVERNANCE_QUEUE,
     PROMOTION_APPROVE_UPDATE,
+    PROMOTION_OVERRIDE_ALARMS_UPDATE,
     PROMOTION_SIGN_AUDIT_UPDATE,
     PROMOTION_STATUS_QUERY,
     PROMOTION_WORKFLOW,
@@ -80,6 +81,11 @@ class StandInPromotion:
     @workflow.update(name=PROMOTION_APPROVE_UPDATE)
     def operator_decision(self, decision: DecisionRef) -> str:
         self.decisions.append({"kind": "operator", "decision_id": decision.decision_id})
+        return f"decision {decision.decision_id} recorded"
+
+    @workflow.update(name=PROMOTION_OVERRIDE_ALARMS_UPDATE)
+    def override_alarms(self, decision: DecisionRef) -> str:
+        self.decisions.append({"kind": "alarm_override", "decision_id": decision.decision_id})
         return f"decision {decision.decision_id} recorded"
 
     @workflow.query(name=PROMOTION_STATUS_QUERY)
@@ -284,6 +290,41 @@ def test_auditor_sees_no_approve_button_and_a_forged_post_is_refused(
     loop, _ = governance
     assert loop.run(handle.query(PROMOTION_STATUS_QUERY)) == []
     loop.run(handle.terminate())
+
+
+def test_operator_overrides_a_candidates_alarms_and_an_auditor_only_sees_them(
+    page: Page, base_url: str, people: dict[str, Person], owner_engine: Engine,
+    governance: tuple[Loop, Any], browser_settings: Settings,
+) -> None:
+    seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name,
+                            current_gate="stability")
+    with owner_engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO training_step (run_id, iteration, alarms, length_stats, metrics)"
+            " VALUES (:r, 10, '{template_collapse}', '{}', '{}')"), {"r": seeded.run_id})
+        conn.execute(text("UPDATE proposal SET evidence = '{\"iteration\": 10}' WHERE id ="
+                          " (SELECT proposal_id FROM promotion WHERE id = :p)"),
+                     {"p": seeded.promotion_id})
+    handle = start_stand_in(governance, browser_settings, seeded)
+    sign_in(page, base_url, people["auditor"], f"/promotions/{seeded.promotion_id}")
+    alarms = page.get_by_role("region", name="Stability alarms")
+    expect(alarms).to_contain_text("template collapse at iteration 10")
+    expect(page.get_by_role("button", name="Override alarms")).to_have_count(0)
+    page.context.clear_cookies()
+    operator = people["operator"]
+    sign_in(page, base_url, operator, f"/promotions/{seeded.promotion_id}")
+    expect(page.get_by_role("heading", name="Override the stability alarms (operator)")
+           ).to_be_visible()
+    shot(page, "promotion-alarms")
+    page.get_by_label("Reason").fill("Collapse alarms are expected on this toy task.")
+    page.get_by_role("button", name="Override alarms").click()
+    expect(page.get_by_role("status")).to_contain_text(
+        f"Stability alarms overridden as {operator.name}")
+    loop, _ = governance
+    [sent] = loop.run(handle.query(PROMOTION_STATUS_QUERY))
+    assert recorded(owner_engine, sent["decision_id"]) == (
+        "alarm_override", operator.name, "override",
+        "Collapse alarms are expected on this toy task.", "triloop_web")
 
 
 def test_auditor_signs_the_audit_from_the_promotion_page(

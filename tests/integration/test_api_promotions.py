@@ -33,6 +33,7 @@ from triloop.temporal import connect
 from triloop.workflow_api import (
     GOVERNANCE_QUEUE,
     PROMOTION_APPROVE_UPDATE,
+    PROMOTION_OVERRIDE_ALARMS_UPDATE,
     PROMOTION_SIGN_AUDIT_UPDATE,
     PROMOTION_STATUS_QUERY,
     PROMOTION_WORKFLOW,
@@ -81,6 +82,15 @@ class StandInPromotion:
 
     @operator_decision.validator
     def _check_operator(self, decision: DecisionRef) -> None:
+        self._check()
+
+    @workflow.update(name=PROMOTION_OVERRIDE_ALARMS_UPDATE)
+    def override_alarms(self, decision: DecisionRef) -> dict[str, Any]:
+        self.done = True
+        return self._record("alarm_override", decision)
+
+    @override_alarms.validator
+    def _check_override(self, decision: DecisionRef) -> None:
         self._check()
 
     @workflow.query(name=PROMOTION_STATUS_QUERY)
@@ -269,3 +279,74 @@ async def test_state_refusals(
     add_approval(owner_engine, gone.promotion_id, "audit", people["auditor"].name)
     assert_problem(await _decide(api, operator, gone.promotion_id, "approve"), 409,
                    "not running")
+
+
+# ---- the stability gate: alarms on the promotion, an operator's override ----
+
+
+def _alarmed(engine: Engine, seeded: SeededPromotion) -> None:
+    """The run recorded template collapse at iterations 9 and 10 (the candidate's)."""
+    with engine.begin() as conn:
+        for iteration in (9, 10, 11):  # 11 came after the proposal: not the candidate's
+            conn.execute(text(
+                "INSERT INTO training_step (run_id, iteration, alarms, length_stats, metrics)"
+                " VALUES (:r, :i, '{template_collapse}', '{}', CAST(:m AS jsonb))"),
+                {"r": seeded.run_id, "i": iteration,
+                 "m": '{"alarm_messages": ["retrieval accuracy near chance"]}'})
+        conn.execute(text("UPDATE proposal SET evidence = '{\"iteration\": 10}' WHERE id ="
+                          " (SELECT proposal_id FROM promotion WHERE id = :p)"),
+                     {"p": seeded.promotion_id})
+
+
+async def test_a_promotion_shows_its_candidates_alarms(
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person]
+) -> None:
+    seeded = _seed(owner_engine, people["engineer"].name, gate="stability")
+    _alarmed(owner_engine, seeded)
+    found = await api.get(f"/api/promotions/{seeded.promotion_id}",
+                          headers=people["operator"].headers)
+    assert found.status_code == 200, found.text
+    body = found.json()
+    assert body["proposed_iteration"] == 10
+    assert body["alarms"] == [
+        {"iteration": i, "kind": "template_collapse", "message": "retrieval accuracy near chance"}
+        for i in (9, 10)]
+
+
+async def test_an_operator_overrides_the_alarms_with_a_reason(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+    governance: Client, web_settings: Settings,
+) -> None:
+    seeded = _seed(owner_engine, people["engineer"].name, gate="stability")
+    handle = await _start(governance, web_settings, seeded)
+    response = await _decide(api, people["operator"], seeded.promotion_id, "override-alarms",
+                             "collapse alarms are a known artefact of this tiny task")
+    assert response.status_code == 200, response.text
+    await handle.result()
+    [sent] = await handle.query(PROMOTION_STATUS_QUERY)
+    assert recorded(owner_engine, sent["decision_id"]) == {
+        "kind": "alarm_override", "subject": seeded.promotion_id, "decision": "override",
+        "user_name": people["operator"].name,
+        "comment": "collapse alarms are a known artefact of this tiny task",
+        "recorded_by": "triloop_web"}
+
+
+async def test_override_refusals_never_reach_governance(
+    api: httpx.AsyncClient, owner_engine: Engine, people: dict[str, Person]
+) -> None:
+    everything = make_user(owner_engine, "ml_engineer", "operator", "auditor")
+    seeded = _seed(owner_engine, everything.name, gate="stability")
+    assert_problem(await _decide(api, everything, seeded.promotion_id, "override-alarms"), 403,
+                   "separation of duties", "submitted the run")
+    others = _seed(owner_engine, people["engineer"].name, gate="stability")
+    for who in ("auditor", "engineer2"):
+        assert_problem(await _decide(api, people[who], others.promotion_id, "override-alarms"),
+                       403)
+    assert_problem(await _decide(api, people["admin"], others.promotion_id, "override-alarms"),
+                   403)
+    assert_problem(await _decide(api, people["operator"], others.promotion_id,
+                                 "override-alarms", "  "), 422, "comment")
+    with owner_engine.connect() as conn:
+        written = conn.execute(text("SELECT count(*) FROM human_decision WHERE subject = ANY(:s)"),
+                               {"s": [seeded.promotion_id, others.promotion_id]}).scalar_one()
+    assert written == 0

@@ -109,6 +109,8 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
             (f"/api/promotions/{promo}/approve", comment),
         ("POST", "/api/promotions/{promotion_id}/reject"):
             (f"/api/promotions/{promo}/reject", comment),
+        ("POST", "/api/promotions/{promotion_id}/override-alarms"):
+            (f"/api/promotions/{promo}/override-alarms", comment),
         ("POST", "/api/rollback"): ("/api/rollback", {"reason": "game day"}),
         ("POST", "/api/episodes"):
             ("/api/episodes", {"items": [{"task_id": admitted_task(owner_engine), "seed": 1}]}),

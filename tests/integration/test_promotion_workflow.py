@@ -60,6 +60,7 @@ from triloop.workflow_api import (
     PromotionStatus,
     RollbackInput,
     RollbackResult,
+    StabilityAlarm,
     promotion_workflow_id,
 )
 
@@ -170,8 +171,8 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running(deps: Deps, quality: Quality,
-                  timing: PromotionTiming = TIMING) -> AsyncIterator[Running]:
+async def running(deps: Deps, quality: Quality, timing: PromotionTiming = TIMING,
+                  alarms: list[StabilityAlarm] | None = None) -> AsyncIterator[Running]:
     """Governance worker + stand-in execution + a promotion started by signal-with-start."""
     world = deps.world
     worker = build_worker(deps.client, deps.settings, engine=deps.gov_engine,
@@ -179,7 +180,8 @@ async def running(deps: Deps, quality: Quality,
                           timing=timing)
     execution = StandInExecution(deps.exec_engine, quality, world.task_ids[0])
     proposal = PromotionInput(proposal_id=world.proposal_id, checkpoint_id=world.candidate,
-                              run_id=world.run_id, submitted_by=world.submitter)
+                              run_id=world.run_id, submitted_by=world.submitter,
+                              stability_alarms=list(alarms or []))
     async with worker, execution_stand_in(deps.settings, execution):
         # As the learning loop does it: signal-with-start on the governance queue.
         handle = await deps.client.start_workflow(
@@ -247,7 +249,8 @@ async def test_whole_path_to_promotion_with_refused_decisions(deps: Deps) -> Non
         assert again.result_run_id == run.handle.result_run_id
         status = await run.at_gate("audit")
         assert status.status == "open" and status.waiting_for == "auditor", status
-        assert [g.gate for g in status.results] == ["offline_eval", "shadow", "canary"]
+        assert [g.gate for g in status.results] == ["stability", "offline_eval", "shadow",
+                                                    "canary"]
         refusals = [
             (world.submitter, ["auditor"], "submitted the training run"),
             ("mallory", ["operator"], "does not hold the 'auditor' role"),
@@ -305,8 +308,8 @@ async def test_whole_path_to_promotion_with_refused_decisions(deps: Deps) -> Non
     assert final.status == "promoted", final.reason
     assert (final.audited_by, final.approved_by) == (f"bob-{deps.suffix}", f"carol-{deps.suffix}")
     gates = _gates(deps)
-    assert list(gates) == ["offline_eval", "shadow", "canary", "audit", "approval", "promote",
-                           "watch"]
+    assert list(gates) == ["stability", "offline_eval", "shadow", "canary", "audit", "approval",
+                           "promote", "watch"]
     assert all(row[1] for row in gates.values())
     assert gates["offline_eval"][2] == world.threshold_id
     assert gates["offline_eval"][3] == world.eval_set_id
@@ -325,7 +328,7 @@ async def test_whole_path_to_promotion_with_refused_decisions(deps: Deps) -> Non
     audited = _rows(deps.owner, "SELECT count(*) FROM audit_event WHERE action = 'gate_result' "
                     "AND resource->>'id' = (SELECT id FROM promotion WHERE proposal_id = :p)",
                     p=world.proposal_id)
-    assert audited[0][0] == 7
+    assert audited[0][0] == 8
     promotion = _rows(deps.owner, "SELECT status, baseline_checkpoint_id FROM promotion "
                       "WHERE proposal_id = :p", p=world.proposal_id)[0]
     assert tuple(promotion) == ("promoted", world.baseline)
@@ -338,7 +341,7 @@ async def test_offline_eval_below_threshold_rejects(deps: Deps) -> None:
         final = await run.result()
     assert final.status == "rejected" and final.current_gate == "offline_eval"
     assert "below min_success_rate" in (final.reason or "")
-    assert list(_gates(deps)) == ["offline_eval"]
+    assert list(_gates(deps)) == ["stability", "offline_eval"]
     assert _production(deps)[0] == deps.world.baseline
 
 

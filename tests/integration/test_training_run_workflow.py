@@ -114,7 +114,9 @@ async def test_run_writes_steps_lineage_and_proposals(
                                  continue_as_new_every=2)
         result: RunStatus = await asyncio.wait_for(handle.result(), 300)
 
-    assert (result.status, result.iterations_done) == ("completed", 4)
+    # A tiny model from random weights may alarm (template collapse); such a run says so.
+    ended = "completed_with_alarms" if result.alarms_raised else "completed"
+    assert (result.status, result.iterations_done) == (ended, 4)
     first_run = client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
     assert (await first_run.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
     # Both recorded histories replay against today's workflow code (determinism).
@@ -122,7 +124,7 @@ async def test_run_writes_steps_lineage_and_proposals(
     for recorded in (first_run, client.get_workflow_handle(handle.id)):
         await replayer.replay_workflow(await recorded.fetch_history())
     run_row = rows(owner_engine, "SELECT * FROM training_run WHERE id = :r", r=run_id)[0]
-    assert (run_row["status"], run_row["iterations_done"]) == ("completed", 4)
+    assert (run_row["status"], run_row["iterations_done"]) == (ended, 4)
 
     steps = rows(owner_engine, "SELECT * FROM training_step WHERE run_id = :r ORDER BY iteration",
                  r=run_id)
@@ -287,6 +289,36 @@ async def test_stability_alarm_pauses_until_resumed_or_cancelled(
                   "AND resource->>'id' = :r AND payload->'context'->'on_behalf_of' IS NULL",
                   r=run_id)
     assert pauses[0]["n"] == 2  # the loop paused its own run, twice, without a person
+
+
+async def test_alarms_reach_the_proposal_and_the_run_ends_completed_with_alarms(
+    client: Client, own_settings: Settings, owner_engine: Engine, tiny_dir: Path,
+) -> None:
+    alice = make_user(owner_engine)
+    tasks = frozen_lake_tasks(owner_engine, [5])
+    # Template collapse fires on every iteration, the last one included; no pausing, so
+    # the run reaches its end, and that end must not read plain "completed".
+    config = run_config(tiny_dir, tasks, rollout={"groups_per_iteration": 1}, stability={
+        "pause_on_alarm": False, "retrieval_margin": 1.0, "collapse_min_entropy": 0.0,
+        "min_discrimination_prompts": 2}, schedule={"iterations": 2, "propose_every": 2})
+    run_id = make_run(owner_engine, config, alice)
+    async with loops_running(client, own_settings):
+        handle = await start_run(client, own_settings, run_id, config, alice)
+        result: RunStatus = await asyncio.wait_for(handle.result(), 300)
+        (proposal,) = rows(owner_engine, "SELECT * FROM proposal WHERE run_id = :r", r=run_id)
+        promotion = client.get_workflow_handle(promotion_workflow_id(proposal["id"]))
+        opened = await asyncio.wait_for(promotion.result(), 60)
+
+    assert (result.status, result.iterations_done, result.alarms_raised) == (
+        "completed_with_alarms", 2, 2)
+    (run_row,) = rows(owner_engine, "SELECT * FROM training_run WHERE id = :r", r=run_id)
+    assert run_row["status"] == "completed_with_alarms"
+    assert "2 stability alarm(s)" in run_row["status_reason"]
+    assert "iteration 2" in run_row["status_reason"]
+    expected = [{"iteration": 1, "kind": "template_collapse"},
+                {"iteration": 2, "kind": "template_collapse"}]
+    assert proposal["evidence"]["stability_alarms"] == expected
+    assert opened["stability_alarms"] == [[a["iteration"], a["kind"]] for a in expected]
 
 
 async def test_run_on_unadmitted_tasks_is_refused(

@@ -388,21 +388,23 @@ def test_human_decisions_refused_out_of_turn() -> None:
 
 
 def test_gate_order_and_next_gate() -> None:
-    assert GATE_ORDER == ("offline_eval", "shadow", "canary", "audit", "approval", "promote",
-                          "watch")
-    assert next_gate({}) == "offline_eval"
-    assert next_gate({"offline_eval": True, "shadow": True}) == "canary"
+    assert GATE_ORDER == ("stability", "offline_eval", "shadow", "canary", "audit", "approval",
+                          "promote", "watch")
+    assert next_gate({}) == "stability"
+    assert next_gate({"stability": True, "offline_eval": True, "shadow": True}) == "canary"
     assert next_gate(dict.fromkeys(GATE_ORDER, True)) is None
-    assert next_gate({"offline_eval": True, "shadow": False}) is None
-    assert failed_gate({"offline_eval": True, "shadow": False}) == "shadow"
+    assert next_gate({"stability": True, "offline_eval": True, "shadow": False}) is None
+    assert failed_gate({"stability": True, "offline_eval": True, "shadow": False}) == "shadow"
     assert failed_gate(dict.fromkeys(GATE_ORDER, True)) is None
 
 
 def test_next_gate_refuses_impossible_histories() -> None:
     with pytest.raises(GateOrderError, match="'shadow' has no result"):
-        next_gate({"offline_eval": True, "canary": True})
+        next_gate({"stability": True, "offline_eval": True, "canary": True})
+    with pytest.raises(GateOrderError, match="'stability' has no result"):
+        next_gate({"offline_eval": True})
     with pytest.raises(GateOrderError, match="failed, yet"):
-        next_gate({"offline_eval": False, "shadow": True})
+        next_gate({"stability": True, "offline_eval": False, "shadow": True})
     with pytest.raises(GateOrderError, match="unknown gates"):
         next_gate({"deploy": True})
 
@@ -413,8 +415,10 @@ def test_results_from_decisions_ignores_continue(thresholds: ThresholdSpec) -> N
     )
     passed = GateDecision(gate="offline_eval", passed=True, reasons=[], evidence={},
                           verdict=Verdict.PASS)
-    results = results_from_decisions([passed, waiting])
-    assert results == {"offline_eval": True}
+    stable = GateDecision(gate="stability", passed=True, reasons=[], evidence={},
+                          verdict=Verdict.PASS)
+    results = results_from_decisions([stable, passed, waiting])
+    assert results == {"stability": True, "offline_eval": True}
     assert next_gate(results) == "shadow"
     with pytest.raises(GateOrderError, match="contradicts"):
         GateDecision(gate="shadow", passed=True, reasons=[], evidence={}, verdict=Verdict.FAIL)

@@ -124,3 +124,25 @@ def test_torch_free_modules_do_not_import_torch() -> None:
         " learning_loop.stability; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_readmes_run_yaml_is_the_example_file_and_says_how_alarms_are_handled() -> None:
+    """What the README prints is what `make demo` runs: nothing is switched off elsewhere."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("`examples/tiny-frozen-lake.run.yaml` is the one"):]
+    printed = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert printed is not None
+    shown = load_run_config(printed.group(1))
+    example = load_run_config((root / "examples" / "tiny-frozen-lake.run.yaml").read_text())
+    assert shown == example
+    # The setting the demo needs is in the file, and the README explains it and the way on.
+    assert example.stability.pause_on_alarm is False
+    for words in ("pause_on_alarm", "triloop train resume RUN_ID", "completed_with_alarms",
+                  "override-alarms"):
+        assert words in readme
+    demo = (root / "scripts" / "demo.py").read_text()
+    assert "pause_on_alarm" not in demo

@@ -29,6 +29,8 @@ class DecisionKind(StrEnum):
     ADMISSION = "admission"  # subject: a task; decision: approve | reject
     ROLLBACK = "rollback"  # subject: a deployment alias; decision: rollback
     RUN_CONTROL = "run_control"  # subject: a training run; decision: pause | resume | cancel
+    # subject: a promotion; decision: override (its run's stability alarms; comment: why)
+    ALARM_OVERRIDE = "alarm_override"
 
 
 class HumanDecision(SQLModel, table=True):

@@ -30,7 +30,8 @@ class TrainingRun(SQLModel, table=True):
     workflow_id: str | None = Field(default=None, index=True)
     status: str = Field(
         default="submitted",
-        description="submitted | running | paused | completed | cancelled | failed",
+        description="submitted | running | paused | completed | completed_with_alarms | cancelled"
+        " | failed",
     )
     status_reason: str | None = None
     iterations_done: int = 0

@@ -33,8 +33,9 @@ async def get_promotion(promotion_id: str, guard: AuthorizeDep, db: SessionDep) 
     await guard("read", "promotion", id=promotion_id)
     await guard("read", "gate_result")
     with_approvals = await guard.allows("read", "approval", id=promotion_id)
+    with_alarms = await guard.allows("read", "training_step")
     found = await db.read(promotions.promotion_detail, promotion_id=promotion_id,
-                          with_approvals=with_approvals)
+                          with_approvals=with_approvals, with_alarms=with_alarms)
     if found is None:
         raise not_found("promotion", promotion_id)
     return found
@@ -84,3 +85,15 @@ async def reject(
 ) -> DecisionOutcome:
     """An operator rejects the candidate."""
     return await _decide("reject", promotion_id, body, guard, db, services)
+
+
+@router.post("/{promotion_id}/override-alarms", response_model=DecisionOutcome)
+async def override_alarms(
+    promotion_id: str, body: DecisionRequest, guard: AuthorizeDep, db: SessionDep,
+    services: ServicesDep,
+) -> DecisionOutcome:
+    """An operator (not the run's submitter) lets a candidate past its run's stability alarms.
+
+    The comment is the written reason, kept with the decision and the gate result.
+    """
+    return await _decide("override_alarms", promotion_id, body, guard, db, services)

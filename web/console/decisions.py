@@ -15,7 +15,7 @@ from web.deps import Guard, Sessions
 
 # decision -> gate at which it can be taken
 DECISION_GATE = {"sign_audit": "audit", "reject_audit": "audit",
-                 "approve": "approval", "reject": "approval"}
+                 "approve": "approval", "reject": "approval", "override_alarms": "stability"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ async def awaiting_me(guard: Guard, db: Sessions, limit: int = 20) -> list[Waiti
     listing = await db.read(promotions.list_promotions, limit=limit, cursor=None, status="open")
     waiting = []
     for promotion in listing.items:
-        if promotion.current_gate not in ("audit", "approval"):
+        if promotion.current_gate not in ("audit", "approval", "stability"):
             continue
         facts = await db.read(promotions.decision_facts, promotion_id=promotion.id)
         if facts is None:

@@ -21,9 +21,10 @@ from web.request_fields import field_with_nul
 
 router = APIRouter(include_in_schema=False)
 FORM_ACTIONS = {"sign-audit": "sign_audit", "reject-audit": "reject_audit",
-                "approve": "approve", "reject": "reject"}
+                "approve": "approve", "reject": "reject", "override-alarms": "override_alarms"}
 DONE = {"sign_audit": "Audit signed", "reject_audit": "Audit refused",
-        "approve": "Approved", "reject": "Rejected"}
+        "approve": "Approved", "reject": "Rejected",
+        "override_alarms": "Stability alarms overridden"}
 
 
 @router.get("/promotions", response_class=HTMLResponse)
@@ -43,8 +44,9 @@ async def promotion_page(
     """Gate timeline with evidence vs thresholds, approvals, and this person's decisions."""
     await guard("read", "promotion", id=promotion_id)
     with_approvals = await guard.allows("read", "approval", id=promotion_id)
+    with_alarms = await guard.allows("read", "training_step")
     detail = await db.read(promotions.promotion_detail, promotion_id=promotion_id,
-                           with_approvals=with_approvals)
+                           with_approvals=with_approvals, with_alarms=with_alarms)
     facts = await db.read(promotions.decision_facts, promotion_id=promotion_id)
     if detail is None or facts is None:
         raise not_found("promotion", promotion_id)
@@ -65,7 +67,7 @@ async def promotion_page(
 @router.post("/promotions/{promotion_id}/{form_action}")
 async def decide(
     request: Request, promotion_id: str,
-    form_action: Literal["sign-audit", "reject-audit", "approve", "reject"],
+    form_action: Literal["sign-audit", "reject-audit", "approve", "reject", "override-alarms"],
     principal: CsrfChecked, services: ServicesDep, db: SessionDep,
     comment: Annotated[str, Form(max_length=4000)] = "",
 ) -> Response:

@@ -8,10 +8,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
-from triloop.models import Approval, EvalSet, GateResult, Promotion, Threshold
+from triloop.models import (
+    Approval,
+    EvalSet,
+    GateResult,
+    Promotion,
+    Proposal,
+    Threshold,
+    TrainingStep,
+)
 from web.pagination import Page, keyset, page_of
 
-GATE_ORDER = ("offline_eval", "shadow", "canary", "audit", "approval", "promote", "watch")
+GATE_ORDER = ("stability", "offline_eval", "shadow", "canary", "audit", "approval", "promote",
+              "watch")
 
 
 class PromotionSummary(BaseModel):
@@ -61,10 +70,23 @@ class ApprovalPublic(BaseModel):
     created_at: datetime
 
 
+class CandidateAlarm(BaseModel):
+    """A stability alarm the candidate's run recorded, up to the proposed iteration."""
+
+    iteration: int
+    kind: str = Field(description="echo_trap | template_collapse")
+    message: str = ""
+
+
 class PromotionDetail(PromotionSummary):
-    """A promotion with its gates; approvals are null for roles that may not read them."""
+    """A promotion with its gates; approvals (and alarms) are null for roles that may not
+    read them."""
 
     gates: list[GateView]
+    proposed_iteration: int | None = Field(
+        default=None, description="the run's iteration that made the candidate")
+    alarms: list[CandidateAlarm] | None = Field(
+        default=None, description="the run's stability alarms up to the proposed iteration")
     approvals: list[ApprovalPublic] | None = None
     audited_by: str | None = Field(default=None, description="who signed the audit, if anyone")
 
@@ -119,8 +141,23 @@ def decision_facts(*, session: Session, promotion_id: str) -> DecisionFacts | No
     )
 
 
+def candidate_alarms(*, session: Session, run_id: str, up_to: int | None
+                     ) -> list[CandidateAlarm]:
+    """The run's recorded alarms (``training_step``) up to an iteration, oldest first."""
+    statement = select(TrainingStep).where(TrainingStep.run_id == run_id)
+    if up_to is not None:
+        statement = statement.where(col(TrainingStep.iteration) <= up_to)
+    alarms = []
+    for step in session.exec(statement.order_by(col(TrainingStep.iteration))):
+        messages = list((step.metrics or {}).get("alarm_messages") or [])
+        for index, kind in enumerate(step.alarms or []):
+            message = str(messages[index]) if index < len(messages) else ""
+            alarms.append(CandidateAlarm(iteration=step.iteration, kind=kind, message=message))
+    return alarms
+
+
 def promotion_detail(
-    *, session: Session, promotion_id: str, with_approvals: bool
+    *, session: Session, promotion_id: str, with_approvals: bool, with_alarms: bool = False,
 ) -> PromotionDetail | None:
     """The promotion with its gate timeline in gate order, and approvals when allowed."""
     row = session.get(Promotion, promotion_id)
@@ -137,9 +174,14 @@ def promotion_detail(
     gates = [_gate(g, thresholds, eval_sets) for g in results]
     gates.sort(key=lambda g: (_gate_rank(g.gate), g.created_at))
     approvals = _approvals(session, promotion_id)
+    proposal = session.get(Proposal, row.proposal_id)
+    named = (proposal.evidence or {}).get("iteration") if proposal is not None else None
+    iteration = named if isinstance(named, int) else None
     return PromotionDetail(
         **PromotionSummary.model_validate(row).model_dump(),
-        gates=gates,
+        gates=gates, proposed_iteration=iteration,
+        alarms=candidate_alarms(session=session, run_id=row.run_id, up_to=iteration)
+        if with_alarms else None,
         approvals=[ApprovalPublic.model_validate(a) for a in approvals] if with_approvals else None,
         audited_by=_signer(approvals, "audit") if with_approvals else None,
     )

@@ -13,7 +13,7 @@ from triloop.models import Checkpoint, Task, TrainingRun, TrainingStep
 from triloop.models._columns import utcnow
 from web.pagination import Page, keyset, page_of
 
-TERMINAL_STATUSES = frozenset({"completed", "cancelled", "failed"})
+TERMINAL_STATUSES = frozenset({"completed", "completed_with_alarms", "cancelled", "failed"})
 MAX_CHART_POINTS = 500
 
 

@@ -10,7 +10,7 @@ package triloop.authz
 #   web service or a loop worker acting for them.
 #   needs_submitter lists the actions whose duty check needs the submitter.
 # scope: document
-needs_submitter := {"approve", "sign_audit", "promote"}
+needs_submitter := {"approve", "sign_audit", "promote", "override_alarms"}
 
 deny_reasons contains sprintf(
 	"%s needs resource.attrs.submitted_by to check separation of duties",
@@ -24,7 +24,7 @@ deny_reasons contains sprintf(
 	"separation of duties: %s submitted the run and may not %s its candidate",
 	[human.user, action],
 ) if {
-	action in {"approve", "sign_audit"}
+	action in {"approve", "sign_audit", "override_alarms"}
 	attrs.submitted_by == human.user
 }
 
@@ -100,13 +100,13 @@ deny_reasons contains sprintf(
 	attrs.requested_by == human.user
 }
 
-# A person may sign an audit or approve only with a role held since before the
+# A person may sign an audit, approve or override alarms only with a role held since before the
 # promotion opened: a role granted once the candidate is on its way cannot be
 # the one that lets it through. Governance reads both facts from PostgreSQL:
 # resource.attrs.promotion_opened_at (the promotion row) and
 # context.on_behalf_of.role_since (the confirmed role grant). A missing or
 # unparsable fact denies.
-role_age_actions := {"approve", "sign_audit"}
+role_age_actions := {"approve", "sign_audit", "override_alarms"}
 
 promotion_opened_ns := time.parse_rfc3339_ns(input.resource.attrs.promotion_opened_at)
 

@@ -155,3 +155,50 @@ test_a_missing_role_age_fact_denies if {
 test_rejections_need_no_role_age if {
 	allowed(acting_for_at("reject", "2026-11-30T10:00:00Z", "2026-12-01T00:00:00Z"))
 }
+
+# An operator's override of a candidate's stability alarms: the run's submitter may not,
+# an operator role is needed, an admin never, and the role must predate the promotion.
+test_an_operator_overrides_the_alarms_of_someone_elses_run if {
+	allowed(candidate("olga", ["operator"], "override_alarms", {"submitted_by": "sam"}))
+	allowed(acting_for_at("override_alarms", "2026-11-30T10:00:00Z", "2026-11-29T10:00:00Z"))
+}
+
+test_the_submitter_may_not_override_their_runs_alarms if {
+	denied_because(
+		candidate("sam", ["operator"], "override_alarms", {"submitted_by": " Sam"}),
+		"sam submitted the run and may not override_alarms its candidate",
+	)
+	denied_because(
+		candidate("olga", ["operator"], "override_alarms", {}),
+		"override_alarms needs resource.attrs.submitted_by",
+	)
+}
+
+test_overriding_alarms_needs_the_operator_role if {
+	denied_because(
+		candidate("ada", ["auditor", "ml_engineer"], "override_alarms", {"submitted_by": "sam"}),
+		"no rule lets user ada",
+	)
+	denied_because(
+		candidate("root", ["operator", "admin"], "override_alarms", {"submitted_by": "sam"}),
+		"admins manage users and may never override_alarms",
+	)
+}
+
+test_an_override_with_a_role_newer_than_the_promotion_is_refused if {
+	denied_because(
+		acting_for_at("override_alarms", "2026-11-30T10:00:00Z", "2026-11-30T11:00:00Z"),
+		"needs a role held since before",
+	)
+}
+
+test_no_loop_overrides_alarms_on_its_own if {
+	denied(promote_as("learning", "override_alarms"))
+	denied(promote_as("governance", "override_alarms"))
+}
+
+promote_as(service, action) := {
+	"actor": {"service": service},
+	"action": action,
+	"resource": {"kind": "promotion", "id": "p1", "attrs": {"submitted_by": "sam"}},
+}

@@ -82,7 +82,8 @@ role_grants := {
 	# Only on their own runs: see duties.rego.
 	"ml_engineer": {"training_run": {"submit", "cancel", "pause", "resume"}},
 	"operator": {
-		"promotion": {"approve", "reject"},
+		# override_alarms: let a candidate past its run's stability alarms, with a reason.
+		"promotion": {"approve", "reject", "override_alarms"},
 		"deployment": {"rollback"},
 		"task": {"admit", "reject_task"},
 		# Production traffic: an operator may send episodes to the routed checkpoint.
@@ -117,7 +118,7 @@ role_may(role, act, knd) if act in role_grants[role][knd]
 # against the person.
 delegable := {
 	"governance": {
-		"promotion": {"approve", "reject", "sign_audit", "reject_audit"},
+		"promotion": {"approve", "reject", "sign_audit", "reject_audit", "override_alarms"},
 		"deployment": {"rollback"},
 		"task": {"admit", "reject_task"},
 	},

@@ -21,7 +21,10 @@ contract_kinds := {"environment", "environment_version", "task"}
 training_kinds := {"training_run", "training_step", "checkpoint", "proposal"}
 
 # Decisions that move a candidate towards or away from production.
-release_actions := {"approve", "reject", "sign_audit", "reject_audit", "promote", "rollback", "route"}
+release_actions := {
+	"approve", "reject", "sign_audit", "reject_audit", "override_alarms",
+	"promote", "rollback", "route",
+}
 
 deny_reasons contains sprintf(
 	"the %s loop may never %s: a loop cannot release or judge a candidate",
@@ -103,8 +106,8 @@ deny_reasons contains sprintf(
 
 # An admin grants roles, so an admin approving could approve with a role they
 # gave themselves.
-deny_reasons contains sprintf("%s is an admin; admins manage users and may never approve", [human.user]) if {
-	action == "approve"
+deny_reasons contains sprintf("%s is an admin; admins manage users and may never %s", [human.user, action]) if {
+	action in {"approve", "override_alarms"}
 	"admin" in human.roles
 }
 

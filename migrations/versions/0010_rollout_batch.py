@@ -8,8 +8,8 @@ requester that role cannot vouch for; rows never change. A trajectory the execut
 writes must belong to such a batch, with the batch's purpose (production batches also
 carry their shadow and canary episodes) and, where the batch names one, its checkpoint.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-11-30
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0009"
-down_revision: str | None = "0008"
+revision: str = "0010"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
