@@ -111,7 +111,7 @@ async def test_killed_worker_resumes_promotion_at_the_same_gate(
     world = make_world(owner_engine, role_engine("governance"), authorizer,
                        threshold_name="promotion")
     quality = Quality()
-    quality.set(world.baseline, 0.9)
+    quality.set(world.baseline, 0.8)  # failures enough for the canary to decide early
     quality.set(world.candidate, 1.0)
     execution = StandInExecution(role_engine("execution"), quality, world.task_ids[0])
     client = await connect(test_settings, identity="governance-fault-test", service="governance")

@@ -157,5 +157,5 @@ async def test_alarms_older_than_the_window_let_the_candidate_through(deps: Deps
     alarmed_run(deps, recorded=old, proposal_lists=old)
     async with running(deps, _good(deps), alarms=old) as run:
         status = await run.at_gate("audit")
-    assert status.status == "open" and status.results[0].gate == "stability"
+    assert status.status == "open" and status.results[0].gate == "stability", status.reason
     assert status.results[0].passed, status.results[0].reasons

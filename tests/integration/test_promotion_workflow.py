@@ -223,8 +223,10 @@ def _production(deps: Deps) -> tuple[str, str | None]:
 
 
 def _good(deps: Deps) -> Quality:
+    # Production fails one episode in five: the canary's sequential test decides only once
+    # both arms together hold at least 5 failures, and that comes within a few looks.
     quality = Quality()
-    quality.set(deps.world.baseline, 0.9)
+    quality.set(deps.world.baseline, 0.8)
     quality.set(deps.world.candidate, 1.0)
     return quality
 
