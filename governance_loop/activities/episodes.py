@@ -15,6 +15,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlmodel import Session
 
+from triloop.models import RolloutBatch
+
 # SQL: the episode was served without an injected fault (or every episode, when not clean).
 _CLEAN = "(NOT CAST(:clean AS boolean) OR (outcome->'injected_fault') IS NULL)"
 # SQL on a shadow step ``a``: the execution loop's verdict for it (a missing verdict is false).
@@ -38,16 +40,43 @@ class Outcomes:
     rewards: list[float]
 
 
-def batch_outcomes(*, session: Session, batch_id: str) -> Outcomes:
-    """Outcomes of one rollout batch's own episodes (shadows excluded)."""
+@dataclass(frozen=True)
+class BoundOutcomes:
+    """A requested batch's episodes that count, and why any others do not."""
+
+    outcomes: Outcomes
+    problems: list[str]
+
+
+def requested_batch_outcomes(
+    *, session: Session, batch_id: str, checkpoint_id: str, purpose: str = "eval",
+) -> BoundOutcomes:
+    """Outcomes of a batch governance asked for, counting only what it asked for.
+
+    The batch's ``rollout_batch`` row must say governance requested it, for this purpose
+    and checkpoint; otherwise nothing in it counts. Episodes a different checkpoint served
+    never count. Each such finding is a problem the gate reports (and audits).
+    """
+    batch = session.get(RolloutBatch, batch_id)
+    if batch is None:
+        return BoundOutcomes(Outcomes([], []), [f"batch {batch_id} was never requested"])
+    asked = (batch.requested_by, batch.purpose, batch.checkpoint_id)
+    if asked != ("governance", purpose, checkpoint_id):
+        return BoundOutcomes(Outcomes([], []), [
+            f"batch {batch_id} was requested by {batch.requested_by} for {batch.purpose} of "
+            f"{batch.checkpoint_id}, not by governance for {purpose} of {checkpoint_id}"])
     rows = session.execute(
-        text(
-            "SELECT success, total_reward FROM trajectory "
-            "WHERE batch_id = :b AND purpose <> 'shadow' ORDER BY id"
-        ),
+        text("SELECT success, total_reward, checkpoint_id FROM trajectory "
+             "WHERE batch_id = :b AND purpose <> 'shadow' ORDER BY id"),
         {"b": batch_id},
     ).all()
-    return Outcomes([bool(r[0]) for r in rows], [float(r[1]) for r in rows])
+    counted = [r for r in rows if r[2] == checkpoint_id]
+    problems = []
+    if len(counted) < len(rows):
+        problems.append(f"{len(rows) - len(counted)} episodes of batch {batch_id} were served "
+                        f"by another checkpoint than {checkpoint_id}; not counted")
+    return BoundOutcomes(Outcomes([bool(r[0]) for r in counted],
+                                  [float(r[1]) for r in counted]), problems)
 
 
 def episode_counts(

@@ -54,9 +54,11 @@ from governance_loop.gates import (
     decide_watch_against_baselines,
     without_fault_passes,
 )
+from triloop.audit import record_event
 from triloop.db import session_scope
 from triloop.models import EvalSet, Threshold
 from triloop.policy import Resource
+from triloop.weights import INTEGRITY_ACTION
 
 PRODUCTION = "production"
 CANARY = "canary"
@@ -108,22 +110,52 @@ class EvidenceActivities(GovernanceShell):
                     evidence={"threshold_version": spec.version},
                 )
             else:
-                production = (
-                    None if request.production_batch_id is None
-                    else _stats(episodes.batch_outcomes(session=session,
-                                                     batch_id=request.production_batch_id))
-                )
-                result = EvalSetResult(
-                    eval_set=f"{eval_set.name}@v{eval_set.version}",
-                    eval_set_version=eval_set.content_hash,
-                    candidate=_stats(episodes.batch_outcomes(
-                        session=session, batch_id=request.candidate_batch_id)),
-                    production=production,
-                )
-                decision = decide_offline_eval([result], spec)
+                decision = self._judge_eval_batches(session, request, spec, eval_set)
             return self._store(session, request.promotion_id, decision,
                                threshold_id=request.threshold_id,
                                eval_set_id=request.eval_set_id)
+
+    def _judge_eval_batches(self, session: Session, request: OfflineEvalInput,
+                            spec: ThresholdSpec, eval_set: EvalSet) -> GateDecision:
+        """Count only episodes of batches governance asked for, served by the arm's checkpoint.
+
+        Anything else (a batch requested by someone else or for another checkpoint, an
+        episode another checkpoint served) is left out, fails the gate, and is audited as
+        an integrity event.
+        """
+        promotion = store.get_promotion(session=session, promotion_id=request.promotion_id)
+        candidate = episodes.requested_batch_outcomes(
+            session=session, batch_id=request.candidate_batch_id,
+            checkpoint_id=promotion.checkpoint_id)
+        production = None
+        problems = list(candidate.problems)
+        if request.production_batch_id is not None and promotion.baseline_checkpoint_id:
+            production = episodes.requested_batch_outcomes(
+                session=session, batch_id=request.production_batch_id,
+                checkpoint_id=promotion.baseline_checkpoint_id)
+            problems += production.problems
+        if problems:
+            for problem in problems:
+                record_event(self._engine, actor={"service": "governance", "roles": []},
+                             action=INTEGRITY_ACTION,
+                             resource={"kind": "promotion", "id": request.promotion_id},
+                             payload={"during": "offline_eval", "problem": problem})
+            return GateDecision(
+                gate=OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
+                reasons=[f"integrity: {problem}" for problem in problems],
+                evidence={"threshold_version": spec.version, "integrity": problems},
+            )
+        result = EvalSetResult(
+            eval_set=f"{eval_set.name}@v{eval_set.version}",
+            eval_set_version=eval_set.content_hash or "",
+            candidate=_stats(candidate.outcomes),
+            production=None if production is None else _stats(production.outcomes),
+        )
+        decision = decide_offline_eval([result], spec)
+        decision.evidence["batches_bound"] = {
+            "candidate": request.candidate_batch_id, "production": request.production_batch_id,
+            "requested_by": "governance"}
+        return decision
 
     @activity.defn(name=DECIDE_SHADOW)
     def decide_shadow(self, request: ShadowInput) -> GateOutcome:

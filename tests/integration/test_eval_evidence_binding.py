@@ -1,0 +1,106 @@
+"""Offline eval counts only what governance asked for: its own batches, the arm's checkpoint.
+
+The batches are recorded as execution's Nexus handler records them (``rollout_batch``,
+written by the execution role); episodes are real trajectory rows. A batch someone else
+requested, or episodes another checkpoint served (which only the owner can still insert),
+fail the gate, are left out of its statistics, and are audited as integrity events.
+"""
+
+# ruff: noqa: F811  (the ``scene`` fixture is imported, then requested by name)
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from governance_loop.activities.messages import OfflineEvalInput
+from tests.factories import uid
+from tests.factories_governance import write_episodes
+from tests.integration.test_fault_evidence import Scene, scene  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.integration
+
+
+def _request(engine: Engine, batch_id: str, checkpoint: str, requested_by: str = "governance",
+             purpose: str = "eval") -> str:
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by) "
+            "VALUES (:b, :p, :c, :r)"),
+            {"b": batch_id, "p": purpose, "c": checkpoint, "r": requested_by})
+    return batch_id
+
+
+def _episodes(engine: Engine, scene: Scene, batch_id: str, checkpoint: str,
+              successes: list[bool]) -> None:
+    write_episodes(engine, [
+        {"id": uid("ep-"), "batch_id": batch_id, "task_id": scene.world.task_ids[0],
+         "checkpoint_id": checkpoint, "purpose": "eval", "group_id": uid("g-"), "success": ok}
+        for ok in successes])
+
+
+def _judge(scene: Scene, candidate: str, production: str) -> Any:
+    with scene.owner.begin() as conn:
+        conn.execute(text("UPDATE promotion SET baseline_checkpoint_id = :b WHERE id = :p"),
+                     {"b": scene.world.baseline, "p": scene.promotion_id})
+    return scene.activities.decide_offline_eval(OfflineEvalInput(
+        promotion_id=scene.promotion_id, threshold_id=scene.world.threshold_id,
+        eval_set_id=scene.world.eval_set_id, candidate_batch_id=candidate,
+        production_batch_id=production))
+
+
+def _integrity_events(scene: Scene) -> list[str]:
+    with scene.owner.connect() as conn:
+        return [str(r[0]) for r in conn.execute(text(
+            "SELECT payload->>'problem' FROM audit_event WHERE action = 'integrity_violation' "
+            "AND resource->>'id' = :p ORDER BY seq"), {"p": scene.promotion_id})]
+
+
+def test_batches_governance_asked_for_are_counted(scene: Scene) -> None:
+    world = scene.world
+    candidate = _request(scene.execution, uid("eval-c-"), world.candidate)
+    production = _request(scene.execution, uid("eval-p-"), world.baseline)
+    _episodes(scene.execution, scene, candidate, world.candidate, [True] * 30)
+    _episodes(scene.execution, scene, production, world.baseline, [True] * 10 + [False] * 20)
+    outcome = _judge(scene, candidate, production)
+    passed, _, evidence = scene.gate_row("offline_eval")
+    assert outcome.passed and passed
+    assert evidence["batches_bound"]["requested_by"] == "governance"
+    assert _integrity_events(scene) == []
+
+
+def test_a_batch_requested_by_learning_counts_for_nothing(scene: Scene) -> None:
+    world = scene.world
+    # Learning's training batch of the candidate, all successes, offered as eval evidence.
+    planted = _request(scene.execution, uid("train-"), world.candidate, requested_by="learning",
+                       purpose="training")
+    write_episodes(scene.execution, [
+        {"id": uid("ep-"), "batch_id": planted, "task_id": world.task_ids[0],
+         "checkpoint_id": world.candidate, "purpose": "training", "group_id": uid("g-"),
+         "success": True} for _ in range(30)])
+    production = _request(scene.execution, uid("eval-p-"), world.baseline)
+    _episodes(scene.execution, scene, production, world.baseline, [False] * 30)
+    outcome = _judge(scene, planted, production)
+    passed, reasons, evidence = scene.gate_row("offline_eval")
+    assert not outcome.passed and not passed
+    assert reasons == [f"integrity: batch {planted} was requested by learning for training of "
+                       f"{world.candidate}, not by governance for eval of {world.candidate}"]
+    assert evidence["integrity"] == [reasons[0].removeprefix("integrity: ")]
+    assert _integrity_events(scene) == evidence["integrity"]
+
+
+def test_episodes_another_checkpoint_served_are_not_counted(scene: Scene) -> None:
+    world = scene.world
+    candidate = _request(scene.execution, uid("eval-c-"), world.candidate)
+    production = _request(scene.execution, uid("eval-p-"), world.baseline)
+    _episodes(scene.execution, scene, candidate, world.candidate, [False] * 5)
+    # Slipped in past the trigger (only the owner can): another checkpoint's successes.
+    _episodes(scene.owner, scene, candidate, world.baseline, [True] * 25)
+    _episodes(scene.execution, scene, production, world.baseline, [False] * 30)
+    outcome = _judge(scene, candidate, production)
+    passed, reasons, _ = scene.gate_row("offline_eval")
+    assert not outcome.passed and not passed
+    assert reasons == [f"integrity: 25 episodes of batch {candidate} were served by another "
+                       f"checkpoint than {world.candidate}; not counted"]
+    assert len(_integrity_events(scene)) == 1
