@@ -11,6 +11,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
 from tests.factories import (
+    insert,
     make_checkpoint,
     make_environment_version,
     make_eval_set,
@@ -382,3 +383,37 @@ def test_frozen_eval_set_cannot_be_emptied_or_left_even_by_the_owner(owner_engin
     _run(owner_engine, "INSERT INTO eval_item (eval_set_id, ordinal, task_id) VALUES (:s, 0, :t)",
          {"s": open_set, "t": other})
     _run(owner_engine, "UPDATE eval_item SET ordinal = 1 WHERE eval_set_id = :s", {"s": open_set})
+
+
+def test_learning_sees_training_episodes_only(
+    role_engine: Callable[[str], Engine], owner_engine: Engine
+) -> None:
+    task_id = make_task(owner_engine)
+    run_id = make_run(owner_engine)
+    ids = {}
+    for purpose in ("training", "eval", "shadow", "canary", "production"):
+        batch = uid(f"{purpose}-")
+        insert(owner_engine, "rollout_batch", id=batch,
+               purpose="production" if purpose in ("shadow", "canary") else purpose,
+               requested_by={"training": "learning", "production": "web"}.get(purpose,
+                                                                            "governance"))
+        ids[purpose] = uid("ep-")
+        _run(role_engine("execution"), TRAJECTORY, {
+            "i": ids[purpose], "b": batch, "t": task_id, "c": "c", "p": purpose})
+        _run(role_engine("execution"),
+             "INSERT INTO step (trajectory_id, index, observation, action_text, reward, done) "
+             "VALUES (:i, 0, 'o', 'a', 0, true)", {"i": ids[purpose]})
+    with owner_engine.begin() as conn:  # a training episode belongs to a run
+        conn.execute(text("UPDATE trajectory SET run_id = :r WHERE id = :i"),
+                     {"r": run_id, "i": ids["training"]})
+
+    def visible(role: str, table: str, column: str) -> set[str]:
+        with role_engine(role).connect() as conn:
+            return {str(r[0]) for r in conn.execute(
+                text(f"SELECT {column} FROM {table} WHERE {column} = ANY(:ids)"),
+                {"ids": list(ids.values())})}
+
+    for table, column in (("trajectory", "id"), ("step", "trajectory_id")):
+        assert visible("learning", table, column) == {ids["training"]}
+        for role in ("execution", "governance", "web"):
+            assert visible(role, table, column) == set(ids.values())
