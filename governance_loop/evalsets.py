@@ -21,6 +21,7 @@ from sqlmodel import Session
 from governance_loop import store
 from governance_loop.environments import GOVERNANCE, requested_by_context
 from governance_loop.gates import ThresholdSpec
+from triloop import held_out
 from triloop.audit import append_event
 from triloop.db import session_scope
 from triloop.models import EnvironmentVersion, EvalItem, EvalSet, Task, Threshold
@@ -166,6 +167,12 @@ def freeze_eval_set(
 
 
 def _freeze(session: Session, eval_set: EvalSet, tasks: Sequence[Task]) -> None:
+    try:  # held out by construction: no run has trained, or may train, on these tasks
+        held_out.require_held_out(
+            session=session, training=held_out.training_tasks(session),
+            evaluation=[t.id for t in tasks], what=f"eval set {eval_set.name}")
+    except held_out.HeldOutViolation as violation:
+        raise EvalSetError(str(violation)) from violation
     eval_set.content_hash = eval_set_content_hash(eval_set.name, eval_set.version, tasks)
     eval_set.frozen_at = utcnow()
     session.add(eval_set)

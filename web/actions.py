@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlmodel import Session
 
+from triloop import held_out
 from triloop.models import DecisionKind, RolloutBatch
 from triloop.models._columns import new_id
 from triloop.workflow_api import (
@@ -164,6 +165,18 @@ async def _admitted(db: Sessions, task_ids: list[str]) -> None:
         raise invalid("every task must exist and be admitted", problems)
 
 
+def _eval_overlaps(*, session: Session, task_ids: list[str]) -> list[str]:
+    return [o.describe() for o in held_out.overlaps(
+        session=session, training=task_ids, evaluation=held_out.frozen_eval_tasks(session))]
+
+
+async def _held_out(db: Sessions, task_ids: list[str]) -> None:
+    """A run may not train on what any frozen eval set judges candidates on."""
+    problems = await db.read(_eval_overlaps, task_ids=task_ids)
+    if problems:
+        raise invalid("a run may not train on tasks an eval set holds out", problems)
+
+
 async def submit_run(
     *, guard: Guard, db: Sessions, services: WebServices, body: RunSubmit
 ) -> RunSummary:
@@ -178,6 +191,7 @@ async def submit_run(
     except RunConfigInvalid as exc:
         raise invalid("the run configuration is invalid", exc.problems) from exc
     await _admitted(db, valid.task_ids)
+    await _held_out(db, valid.task_ids)
     tasks = await db.read(runs.tasks_by_id, task_ids=valid.task_ids)
     base_is_checkpoint = await db.read(runs.checkpoint_exists, checkpoint_id=valid.base)
     run_id = new_id()

@@ -54,6 +54,7 @@ from governance_loop.gates import (
     decide_watch_against_baselines,
     without_fault_passes,
 )
+from triloop import held_out
 from triloop.audit import record_event
 from triloop.db import session_scope
 from triloop.models import EvalSet, Threshold
@@ -124,6 +125,19 @@ class EvidenceActivities(GovernanceShell):
         an integrity event.
         """
         promotion = store.get_promotion(session=session, promotion_id=request.promotion_id)
+        trained_on = held_out.training_tasks(session, run_id=promotion.run_id)
+        judged_on = [t for t, _, _ in store.eval_set_tasks(session=session,
+                                                           eval_set_id=request.eval_set_id)]
+        shared = held_out.overlaps(session=session, training=trained_on, evaluation=judged_on)
+        held_out_evidence = {"run_id": promotion.run_id, "training_tasks": len(trained_on),
+                             "eval_tasks": len(judged_on),
+                             "overlaps": [o.describe() for o in shared]}
+        if shared:
+            return GateDecision(
+                gate=OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
+                reasons=[f"not held out: {o.describe()}" for o in shared],
+                evidence={"threshold_version": spec.version, "held_out": held_out_evidence},
+            )
         candidate = episodes.requested_batch_outcomes(
             session=session, batch_id=request.candidate_batch_id,
             checkpoint_id=promotion.checkpoint_id)
@@ -152,6 +166,7 @@ class EvidenceActivities(GovernanceShell):
             production=None if production is None else _stats(production.outcomes),
         )
         decision = decide_offline_eval([result], spec)
+        decision.evidence["held_out"] = held_out_evidence
         decision.evidence["batches_bound"] = {
             "candidate": request.candidate_batch_id, "production": request.production_batch_id,
             "requested_by": "governance"}

@@ -18,7 +18,7 @@ from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from tests.factories import make_run, make_task
+from tests.factories import insert, make_eval_set, make_run, make_task
 from tests.factories_web import Person, assert_problem
 from triloop.config import Settings
 from triloop.temporal import connect
@@ -223,3 +223,20 @@ async def test_signal_to_a_workflow_that_is_not_running_is_409(
                      {"i": run_id, "w": f"gone-{uuid.uuid4().hex}"})
     response = await api.post(f"/api/runs/{run_id}/pause", headers=engineer.headers)
     assert_problem(response, 409, "not running")
+
+
+async def test_a_run_may_not_train_on_what_an_eval_set_holds_out(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+) -> None:
+    held_out = make_task(owner_engine)
+    eval_set = make_eval_set(owner_engine)
+    insert(owner_engine, "eval_item", eval_set_id=eval_set, ordinal=0, task_id=held_out)
+    with owner_engine.begin() as conn:
+        conn.execute(text("UPDATE eval_set SET frozen_at = now(), content_hash = 'h' "
+                          "WHERE id = :s"), {"s": eval_set})
+    before = _runs_of(owner_engine, people["engineer"].name)
+    response = await api.post("/api/runs", json={"config": _config(held_out)},
+                              headers=people["engineer"].headers)
+    problem = assert_problem(response, 422, "eval set holds out")
+    assert f"training task {held_out} is the same task" in str(problem)
+    assert _runs_of(owner_engine, people["engineer"].name) == before  # nothing stored

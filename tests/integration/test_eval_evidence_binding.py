@@ -67,6 +67,7 @@ def test_batches_governance_asked_for_are_counted(scene: Scene) -> None:
     passed, _, evidence = scene.gate_row("offline_eval")
     assert outcome.passed and passed
     assert evidence["batches_bound"]["requested_by"] == "governance"
+    assert evidence["held_out"]["overlaps"] == [] and evidence["held_out"]["eval_tasks"] == 2
     assert _integrity_events(scene) == []
 
 
@@ -104,3 +105,20 @@ def test_episodes_another_checkpoint_served_are_not_counted(scene: Scene) -> Non
     assert reasons == [f"integrity: 25 episodes of batch {candidate} were served by another "
                        f"checkpoint than {world.candidate}; not counted"]
     assert len(_integrity_events(scene)) == 1
+
+
+def test_a_candidate_whose_run_trained_on_the_eval_set_fails(scene: Scene) -> None:
+    world = scene.world
+    with scene.owner.begin() as conn:  # the run trained on one of the eval set's tasks
+        conn.execute(text("UPDATE training_run SET config = jsonb_build_object('rollout', "
+                          "jsonb_build_object('task_ids', jsonb_build_array(CAST(:t AS text)))) "
+                          "WHERE id = :r"), {"t": world.task_ids[0], "r": world.run_id})
+    candidate = _request(scene.execution, uid("eval-c-"), world.candidate)
+    production = _request(scene.execution, uid("eval-p-"), world.baseline)
+    _episodes(scene.execution, scene, candidate, world.candidate, [True] * 30)
+    _episodes(scene.execution, scene, production, world.baseline, [False] * 30)
+    outcome = _judge(scene, candidate, production)
+    passed, reasons, evidence = scene.gate_row("offline_eval")
+    assert not outcome.passed and not passed
+    assert reasons == [f"not held out: training task {world.task_ids[0]} is the same task"]
+    assert evidence["held_out"]["overlaps"] == [reasons[0].removeprefix("not held out: ")]
