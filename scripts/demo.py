@@ -104,18 +104,23 @@ def main() -> int:
         console.print(f"  {name:<16} {version[:16]}…")
     lake = world.add_tasks(settings, versions["frozen_lake"], world.TRAINING_SEEDS,
                            people["operator"])
+    held_out = world.add_tasks(settings, versions["frozen_lake"], world.EVAL_SEEDS,
+                               people["operator"])
+    traffic_tasks = world.add_tasks(settings, versions["frozen_lake"], world.TRAFFIC_SEEDS,
+                                    people["operator"])
     ci = world.add_tasks(settings, versions["fix_ci_failure"], world.CI_SEEDS, people["operator"])
     def admit(task_id: str) -> dict[str, Any]:
         return operator.post(f"/api/tasks/{task_id}/admission", {
             "decision": "approve", "comment": "evidence answers all four questions"})
 
-    for line in asyncio.run(world.admit_tasks(settings, lake + ci, admit)):
+    for line in asyncio.run(world.admit_tasks(settings, lake + held_out + traffic_tasks + ci,
+                                              admit)):
         console.print(f"  {line}")
     console.print(f"  (evidence per task: {api_base}/environments/frozen_lake)")
 
-    step("Governance freezes an eval set and sets the promotion thresholds")
+    step("Governance freezes an eval set on held-out maps and sets the promotion thresholds")
     eval_set_id, eval_hash, threshold_id = world.freeze_eval_set_and_threshold(
-        settings, lake, people["operator"])
+        settings, held_out, people["operator"])
     console.print(f"  eval set {eval_set_id} (sha256 {eval_hash[:16]}…), threshold {threshold_id}")
 
     step(f"{engineer.person.name} submits a training run through the API")
@@ -148,7 +153,7 @@ def main() -> int:
     promotion = wait_for(lambda: _promotion_of(operator, run["id"]), timeout_s=300,
                          what="the promotion opened for the run's proposal")
     traffic = TrafficGenerator(api_base, operator.person.token,
-                               dict(zip(lake, world.TRAINING_SEEDS, strict=True)))
+                               dict(zip(traffic_tasks, world.TRAFFIC_SEEDS, strict=True)))
     traffic.start()
     try:
         final = _walk_gates(operator, auditor, promotion["id"], api_base)

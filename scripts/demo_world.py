@@ -22,8 +22,12 @@ from triloop.temporal import connect
 from triloop.wiring import build_authorizer
 
 OPERATOR_ROLES = ["operator"]
+# Three disjoint sets of frozen_lake maps: what the run trains on, what governance judges
+# candidates on (held out: an eval set may not share a map with any run), and what
+# production traffic plays.
 TRAINING_SEEDS = (11, 12, 13, 14)
-EVAL_SEEDS = (11, 12, 13, 14)
+EVAL_SEEDS = (21, 22, 23, 24)
+TRAFFIC_SEEDS = (31, 32, 33, 34)
 CI_SEEDS = (1, 2)
 
 
