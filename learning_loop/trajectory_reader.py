@@ -18,12 +18,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlmodel import Session, col, select
 
 from learning_loop.advantages import TrajectoryReturn
 from learning_loop.batch import InvalidSampleError, StepRecord
-from triloop.models import Step, Trajectory
+from triloop.models import Trajectory
+
+_TRAINING_STEPS = text(
+    "SELECT trajectory_id, index, prompt_token_ids, action_token_ids, action_mask, "
+    "behaviour_logprobs, reward FROM learning_step WHERE trajectory_id = ANY(:ids) "
+    "ORDER BY trajectory_id, index")
 
 USABLE_STATUSES = ("completed", "truncated")
 
@@ -122,16 +127,16 @@ def load_rollout_data(
             .order_by(col(Trajectory.batch_id), col(Trajectory.id))
         ))
         usable = [t for t in rows if t.status in USABLE_STATUSES and t.num_steps > 0]
-        steps = list(session.exec(
-            select(Step)
-            .where(col(Step.trajectory_id).in_([t.id for t in usable]))
-            .order_by(col(Step.trajectory_id), col(Step.index))
-        )) if usable else []
+        # The learning role reads steps through ``learning_step``, the view of training
+        # episodes' steps (it has no SELECT on ``step``: see migration 0011).
+        steps = session.execute(
+            _TRAINING_STEPS, {"ids": [t.id for t in usable]}).mappings().all() if usable else []
     by_trajectory: dict[str, list[StoredStep]] = {t.id: [] for t in usable}
     for step in steps:
-        by_trajectory[step.trajectory_id].append(StoredStep(
-            step.index, step.prompt_token_ids, step.action_token_ids, step.action_mask,
-            step.behaviour_logprobs, step.reward,
+        by_trajectory[step["trajectory_id"]].append(StoredStep(
+            int(step["index"]), list(step["prompt_token_ids"] or []),
+            list(step["action_token_ids"] or []), list(step["action_mask"] or []),
+            list(step["behaviour_logprobs"] or []), float(step["reward"]),
         ))
     data = to_rollout_data([
         StoredTrajectory(t.id, t.group_id, t.task_id, t.policy_version, t.total_reward,

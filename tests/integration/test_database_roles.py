@@ -413,7 +413,10 @@ def test_learning_sees_training_episodes_only(
                 text(f"SELECT {column} FROM {table} WHERE {column} = ANY(:ids)"),
                 {"ids": list(ids.values())})}
 
-    for table, column in (("trajectory", "id"), ("step", "trajectory_id")):
-        assert visible("learning", table, column) == {ids["training"]}
-        for role in ("execution", "governance", "web"):
-            assert visible(role, table, column) == set(ids.values())
+    assert visible("learning", "trajectory", "id") == {ids["training"]}
+    # Steps: the learning role reads the view of training steps; the table itself is refused.
+    assert visible("learning", "learning_step", "trajectory_id") == {ids["training"]}
+    _denied(role_engine("learning"), "SELECT count(*) FROM step")
+    for role in ("execution", "governance", "web"):
+        assert visible(role, "trajectory", "id") == set(ids.values())
+        assert visible(role, "step", "trajectory_id") == set(ids.values())
