@@ -212,8 +212,10 @@ DEMO_THRESHOLDS = {
     "max_reward_regression_vs_production": 0.0,
     "min_samples": 16,
     "shadow": {"min_samples": 12, "agreement_floor": 0.2, "max_mean_reward_regression": 0.2},
-    # Successes are rare early on; the shaped reward (about 0 to 1.3) still informs the canary.
+    # A tiny model from random weights almost never reaches the goal, so a success rate of 0
+    # in both arms tells the canary nothing; the shaped reward (about -1 to 1.3) does. The
+    # canary judges reward alone, and the threshold version says so.
     "canary": {"min_samples_per_arm": 16, "regression_to_detect": 0.2,
-               "reward_regression_to_detect": 0.2},
+               "reward_regression_to_detect": 0.2, "check_success_rate": False},
     "watch": {"min_samples": 16, "regression_to_detect": 0.2, "max_reward_regression": 0.1},
 }

@@ -59,8 +59,10 @@ def canary_tests(
     production_reward: tuple[Any, Any, Any] | None = None,
     canary_reward: tuple[Any, Any, Any] | None = None,
 ) -> list[MetricTest]:
-    """The metric tests the spec asks for: success rate, and reward when it names an effect."""
-    tests = [rate_test(production, canary, spec.regression_to_detect)]
+    """The metric tests the spec asks for: success rate (unless turned off), and reward when
+    it names an effect."""
+    tests = ([rate_test(production, canary, spec.regression_to_detect)]
+             if spec.check_success_rate else [])
     if spec.reward_regression_to_detect is not None:
         missing = (0, 0.0, 0.0)  # no summaries: degenerate, cannot pass
         tests.append(reward_test(production_reward or missing, canary_reward or missing,
@@ -108,6 +110,7 @@ def decide_canary(observation: CanaryObservation, thresholds: ThresholdSpec) -> 
             "min_samples_per_arm": spec.min_samples_per_arm,
             "regression_to_detect": spec.regression_to_detect,
             "reward_regression_to_detect": spec.reward_regression_to_detect,
+            "check_success_rate": spec.check_success_rate,
             "false_abort_rate": spec.false_abort_rate,
             "missed_regression_rate": spec.missed_regression_rate,
         },

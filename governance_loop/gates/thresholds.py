@@ -82,8 +82,19 @@ class CanarySpec:
     # Drop in mean episode reward (reward units) the canary is built to catch; the
     # reward test runs beside the success-rate test. None checks success rate only.
     reward_regression_to_detect: float | None = None
+    # False: judge by mean reward alone, for tasks where success is too rare to inform a
+    # test (a success rate of 0 in both arms is no evidence either way). Needs
+    # reward_regression_to_detect, so the canary always tests something.
+    check_success_rate: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.check_success_rate, bool):
+            raise ThresholdSpecError(
+                f"canary.check_success_rate must be true or false, got {self.check_success_rate!r}")
+        if not self.check_success_rate and self.reward_regression_to_detect is None:
+            raise ThresholdSpecError("canary.check_success_rate is false, so "
+                                     "canary.reward_regression_to_detect must be set: the canary "
+                                     "must test at least one metric")
         _check_count("canary", "min_samples_per_arm", self.min_samples_per_arm)
         _check_positive("canary", "reward_regression_to_detect", self.reward_regression_to_detect)
         _check_fraction("canary", "regression_to_detect", self.regression_to_detect,

@@ -521,3 +521,33 @@ def test_stored_threshold_rows_without_the_new_fields_stay_valid() -> None:
         ThresholdSpec.from_mapping({**stored, "canary": {"reward_regression_to_detect": 0}})
     with pytest.raises(ThresholdSpecError, match="missed_regression_rate"):
         ThresholdSpec.from_mapping({**stored, "watch": {"missed_regression_rate": 1.0}})
+
+
+def test_a_canary_may_judge_by_reward_alone_when_success_is_too_rare(
+    thresholds: ThresholdSpec,
+) -> None:
+    from dataclasses import replace
+
+    from governance_loop.gates.sequential import RewardSummary
+
+    no_successes = CanaryObservation(
+        BinomialCounts(300, 0), BinomialCounts(300, 0), soak_complete=True, look=9,
+        canary_reward=RewardSummary(300, -0.50, 0.04),
+        production_reward=RewardSummary(300, -0.55, 0.04))
+    both = replace(thresholds, canary=replace(thresholds.canary,
+                                              reward_regression_to_detect=0.2))
+    undecided = decide_canary(no_successes, both)
+    assert undecided.verdict is Verdict.FAIL and "without enough information" in \
+        undecided.reasons[0]
+    reward_only = replace(both, canary=replace(both.canary, check_success_rate=False))
+    decided = decide_canary(no_successes, reward_only)
+    assert decided.verdict is Verdict.PASS, decided.reasons
+    assert [m["metric"] for m in decided.evidence["metrics"]] == ["mean reward"]
+    assert decided.evidence["thresholds"]["check_success_rate"] is False
+    with pytest.raises(ThresholdSpecError, match="must test at least one metric"):
+        CanarySpec(check_success_rate=False)
+    stored = {"version": "thr-8", "min_success_rate": 0.0, "max_regression_vs_production": 0.1,
+              "min_samples": 10, "canary": {"check_success_rate": False,
+                                            "reward_regression_to_detect": 0.2}}
+    assert ThresholdSpec.from_mapping(stored).canary == CanarySpec(
+        check_success_rate=False, reward_regression_to_detect=0.2)
