@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -119,7 +120,7 @@ def test_learning_role_allowed_writes(
 ) -> None:
     learning = role_engine("learning")
     run_id = make_run(owner_engine)
-    ckpt = uid("ckpt-")
+    ckpt = uuid.uuid4().hex * 2  # a checkpoint is named by the sha256 of its weights
     _run(
         learning,
         "INSERT INTO checkpoint (id, base_model, artifact_uri, created_by, run_id) "
@@ -420,3 +421,17 @@ def test_learning_sees_training_episodes_only(
     for role in ("execution", "governance", "web"):
         assert visible(role, "trajectory", "id") == set(ids.values())
         assert visible(role, "step", "trajectory_id") == set(ids.values())
+
+
+def test_learning_names_checkpoints_by_digest_only(
+    role_engine: Callable[[str], Engine]
+) -> None:
+    learning = role_engine("learning")
+    sql = ("INSERT INTO checkpoint (id, base_model, environment_version_ids, data, artifact_uri, "
+           "created_by) VALUES (:i, :i, '{}', '{}', :u, 'learning')")
+    digest = uuid.uuid4().hex * 2
+    assert "is not the sha256 of its weights" in _denied(
+        learning, sql, {"i": "my-favourite-checkpoint", "u": "file:///tmp/x"})
+    assert "is not a file:// or s3:// URI" in _denied(
+        learning, sql, {"i": digest, "u": "http://attacker.example/weights"})
+    _run(learning, sql, {"i": digest, "u": f"file:///artifacts/{digest}"})
