@@ -526,3 +526,31 @@ def test_opa_serves_nothing_but_decisions(opa_url: str, opa_tokens: dict[str, st
     for path in ("/v1/data", "/v1/data/system/tokens", "/v1/policies", "/v1/data/triloop"):
         assert httpx.get(f"{opa_url}{path}", headers=bearer).status_code == 401, path
     assert httpx.get(f"{opa_url}/health").status_code == 200
+
+
+def test_opa_runs_only_bundles_signed_with_the_stacks_key(tmp_path: Path) -> None:
+    import subprocess
+
+    from triloop.devstack.opa_bundles import build_signed, ensure_signing_key
+
+    policies = tmp_path / "policies"
+    shutil.copytree(repo_root() / "policies", policies)
+    proc, url = _start_private_opa(tmp_path, policies=policies)  # signed and verified
+    try:
+        assert _run(Authorizer(OpaClient(url, tokens=_tokens(tmp_path)), RecordingSink()),
+                    ALLOWED_LOOPS[0]).allow is True
+    finally:
+        stop_recorded(proc.pid_path)
+    _, verification_key = ensure_signing_key(tmp_path / "secrets")
+    foreign_key, _ = ensure_signing_key(tmp_path / "someone-else")
+    opa = tool_path("opa")
+    unsigned = tmp_path / "unsigned.tar.gz"
+    subprocess.run([opa, "build", "--bundle", str(policies), "--output", str(unsigned)],
+                   check=True, capture_output=True)
+    foreign = build_signed(opa, policies, tmp_path / "foreign.tar.gz", foreign_key)
+    for bundle, why in ((unsigned, "missing .signatures.json"), (foreign, "verification")):
+        refused = subprocess.run(
+            [opa, "run", "--server", "--addr", f"127.0.0.1:{free_port()}",
+             "--verification-key", str(verification_key), "--bundle", str(bundle)],
+            capture_output=True, text=True, timeout=30, check=False)
+        assert refused.returncode != 0 and why in refused.stderr + refused.stdout, refused

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from triloop.config import SERVICES
+from triloop.devstack.opa_bundles import build_signed, ensure_signing_key
 from triloop.devstack.processes import ServiceProcess, start_process, wait_until
 from triloop.policy.opa import TOKENS_BUNDLE
 from triloop.secrets import ensure_secret, opa_token_name
@@ -104,10 +105,15 @@ def start_opa(
     Console decision logging is what makes OPA issue a ``decision_id`` per query. OPA's
     own token authentication is on: ``policies/system/authz`` lets each service's bearer
     token ask only about that service, with the tokens (as sha256) in a second bundle
-    written from ``secrets_dir``.
+    written from ``secrets_dir``. Both bundles are signed with the install's key and OPA
+    verifies them (``opa_bundles``): it refuses to start on a bundle signed otherwise.
     """
     write_bundle_manifest(policies)
     tokens = write_tokens_bundle(secrets_dir)
+    signing_key, verification_key = ensure_signing_key(secrets_dir)
+    built = secrets_dir.parent / "opa-bundles" / name
+    bundles = [build_signed(tool_path("opa"), source, built / f"{source.name}.tar.gz",
+                            signing_key) for source in (policies, tokens)]
     argv = [
         tool_path("opa"),
         "run",
@@ -120,9 +126,10 @@ def start_opa(
         "decision_logs.console=true",
         "--authentication=token",
         "--authorization=basic",
+        "--verification-key",
+        str(verification_key),
         "--bundle",
-        str(policies),
-        str(tokens),
+        *(str(bundle) for bundle in bundles),
     ]
     proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir)
     wait_until(

@@ -48,6 +48,11 @@ def _deny(reason: str, decision_id: str | None = None, revision: str | None = No
     return Decision(False, (f"failed closed: {reason}",), decision_id, revision)
 
 
+def _is_tokens_bundle(name: str) -> bool:
+    """The tokens bundle, as a folder or as the signed tarball built from it."""
+    return Path(name).name in (TOKENS_BUNDLE, f"{TOKENS_BUNDLE}.tar.gz")
+
+
 def _revision(provenance: Any) -> str | None:
     """The bundle revision(s) from OPA's provenance, ``None`` when OPA reports none."""
     if not isinstance(provenance, dict):
@@ -57,7 +62,7 @@ def _revision(provenance: Any) -> str | None:
         revisions = {
             name: str(info.get("revision", ""))
             for name, info in bundles.items()
-            if isinstance(info, dict) and Path(name).name != TOKENS_BUNDLE
+            if isinstance(info, dict) and not _is_tokens_bundle(name)
         }
         if len(revisions) == 1:
             return next(iter(revisions.values())) or None
