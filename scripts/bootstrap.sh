@@ -131,7 +131,7 @@ install_temporal_server() {
     phase_note="temporal server $temporal_server_version (cached)"
   else
     printf '[bootstrap] %-13s building %s with go install (once per machine, about 10 min)\n' \
-      temporal-server "$temporal_server_version" >&3
+      temporal-srv "$temporal_server_version" >&3
     local partial="$dir.partial" build_log="$root/.triloop/logs/temporal-server-build.log"
     rm -rf "$partial"
     GOTOOLCHAIN="$temporal_server_go" GOBIN="$partial" go install -v \
@@ -142,7 +142,7 @@ install_temporal_server() {
       if [ $((SECONDS - last)) -ge 30 ]; then
         last=$SECONDS
         printf '[bootstrap] %-13s still building: %s packages compiled, %ds so far\n' \
-          temporal-server "$(grep -vc '^go: downloading' "$build_log")" \
+          temporal-srv "$(grep -vc '^go: downloading' "$build_log")" \
           "$((SECONDS - phase_started))" >&3
       fi
     done
