@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from tests.factories import insert, uid
+from tests.factories import uid
 from triloop.workflow_api import RolloutBatchInput
 
 
@@ -149,6 +149,7 @@ def request_batch(engine: Engine, batch: RolloutBatchInput) -> RolloutBatchInput
     execution role's trajectories in a batch nobody asked for.
     """
     requested_by = {"training": "learning", "production": "web"}.get(batch.purpose, "governance")
-    insert(engine, "rollout_batch", id=batch.batch_id, purpose=batch.purpose,
-           checkpoint_id=batch.checkpoint_id, run_id=batch.run_id, requested_by=requested_by)
+    _insert_once(engine, "rollout_batch", "id", id=batch.batch_id, purpose=batch.purpose,
+                 checkpoint_id=batch.checkpoint_id, run_id=batch.run_id,
+                 requested_by=requested_by)
     return batch
