@@ -160,7 +160,7 @@ async def test_killed_worker_resumes_promotion_at_the_same_gate(
                 conn.execute(text("UPDATE routing SET checkpoint_id = NULL, share = 0 "
                                   "WHERE slot IN ('canary', 'shadow')"))
     counts = gate_counts()
-    assert counts == {"offline_eval": 1, "shadow": 1, "canary": 1}
+    assert counts == {"stability": 1, "offline_eval": 1, "shadow": 1, "canary": 1}
     # The offline eval was not run again: same episodes as before the kill.
     assert _one(owner_engine, "SELECT count(*) FROM trajectory WHERE batch_id LIKE :b",
                 b=f"{handle.id}-eval-%")[0] == eval_episodes
