@@ -306,7 +306,8 @@ async def test_alarms_reach_the_proposal_and_the_run_ends_completed_with_alarms(
         handle = await start_run(client, own_settings, run_id, config, alice)
         result: RunStatus = await asyncio.wait_for(handle.result(), 300)
         (proposal,) = rows(owner_engine, "SELECT * FROM proposal WHERE run_id = :r", r=run_id)
-        promotion = client.get_workflow_handle(promotion_workflow_id(proposal["id"]))
+        promotion = in_namespace(client, own_settings, "governance").get_workflow_handle(
+            promotion_workflow_id(proposal["id"]))
         opened = await asyncio.wait_for(promotion.result(), 60)
 
     assert (result.status, result.iterations_done, result.alarms_raised) == (
