@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
-from triloop.secrets import read_secret, write_secret
+from triloop.devstack.secrets import ensure_rsa_key
+from triloop.secrets import write_secret
 
 SIGNING_KEY = "opa-bundle-signing-key"
 VERIFICATION_KEY = "opa-bundle-verification-key.pem"
@@ -28,17 +28,10 @@ class BundleBuildError(RuntimeError):
 
 def ensure_signing_key(secrets_dir: Path) -> tuple[Path, Path]:
     """(private key file, public key file), generated the first time."""
-    if read_secret(secrets_dir, SIGNING_KEY) is None:
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        write_secret(secrets_dir, SIGNING_KEY, key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption()).decode())
-    private = secrets_dir / SIGNING_KEY
-    loaded = serialization.load_pem_private_key(private.read_bytes(), password=None)
-    public = secrets_dir / VERIFICATION_KEY
-    write_secret(secrets_dir, VERIFICATION_KEY, loaded.public_key().public_bytes(
+    key = ensure_rsa_key(secrets_dir, SIGNING_KEY)
+    write_secret(secrets_dir, VERIFICATION_KEY, key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode())
-    return private, public
+    return secrets_dir / SIGNING_KEY, secrets_dir / VERIFICATION_KEY
 
 
 def build_signed(opa: str, source: Path, output: Path, signing_key: Path) -> Path:

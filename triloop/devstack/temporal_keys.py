@@ -23,7 +23,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from triloop.config import LOOPS, SERVICES, Settings
-from triloop.secrets import read_secret, temporal_token_name, write_secret
+from triloop.devstack.secrets import ensure_rsa_key
+from triloop.secrets import temporal_token_name, write_secret
 
 SIGNING_KEY = "temporal-signing-key"
 ADMIN = "admin"  # the operator's own token: namespaces and Nexus endpoints, never a service's
@@ -48,17 +49,8 @@ def permissions(settings: Settings, holder: str) -> list[str]:
 
 
 def ensure_signing_key(secrets_dir: Path) -> rsa.RSAPrivateKey:
-    """The install's signing key, generated (RSA 2048) the first time."""
-    pem = read_secret(secrets_dir, SIGNING_KEY)
-    if pem is None:
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
-        write_secret(secrets_dir, SIGNING_KEY, pem)
-    loaded = serialization.load_pem_private_key(pem.encode(), password=None)
-    if not isinstance(loaded, rsa.RSAPrivateKey):
-        raise ValueError(f"{secrets_dir / SIGNING_KEY} is not an RSA private key")
-    return loaded
+    """The install's token signing key, generated the first time."""
+    return ensure_rsa_key(secrets_dir, SIGNING_KEY)
 
 
 def key_id(key: rsa.RSAPrivateKey) -> str:
