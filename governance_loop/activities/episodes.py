@@ -19,6 +19,14 @@ from triloop.models import RolloutBatch
 
 # SQL: the episode was served without an injected fault (or every episode, when not clean).
 _CLEAN = "(NOT CAST(:clean AS boolean) OR (outcome->'injected_fault') IS NULL)"
+
+
+def _requested_traffic(alias: str) -> str:
+    """SQL: the episode belongs to production traffic somebody vouched for, a batch the web
+    service recorded for people or execution recorded for governance (``rollout_batch``);
+    a row slipped in under any other batch id is not evidence."""
+    return (f"EXISTS (SELECT 1 FROM rollout_batch b WHERE b.id = {alias}.batch_id "
+            "AND b.purpose = 'production' AND b.requested_by IN ('web', 'governance'))")
 # SQL on a shadow step ``a``: the execution loop's verdict for it (a missing verdict is false).
 _COMPARED = "(a.feedback #>> '{shadow_agreement,compared}') = 'true'"
 _AGREED = "(a.feedback #>> '{shadow_agreement,agreed}') = 'true'"
@@ -88,7 +96,8 @@ def episode_counts(
         text(
             "SELECT count(*), count(*) FILTER (WHERE success) FROM trajectory "
             "WHERE checkpoint_id = :c AND purpose = ANY(:p) AND created_at >= :s "
-            f"AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) AND {_CLEAN}"
+            f"AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) AND {_CLEAN} "
+            f"AND {_requested_traffic('trajectory')}"
         ),
         {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
     ).one()
@@ -105,7 +114,7 @@ def reward_summary(
             "SELECT count(*), coalesce(avg(total_reward), 0), coalesce(var_samp(total_reward), 0) "
             "FROM trajectory WHERE checkpoint_id = :c AND purpose = ANY(:p) "
             "AND created_at >= :s AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) "
-            f"AND {_CLEAN}"
+            f"AND {_CLEAN} AND {_requested_traffic('trajectory')}"
         ),
         {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
     ).one()
@@ -161,7 +170,7 @@ def shadow_pairs(
             JOIN trajectory p
               ON p.id = COALESCE(s.outcome->>'shadow_of', regexp_replace(s.id, '[:]shadow$', ''))
             WHERE s.purpose = 'shadow' AND s.checkpoint_id = :c AND p.checkpoint_id = :p
-              AND s.created_at >= :s
+              AND s.created_at >= :s AND {_requested_traffic('s')} AND {_requested_traffic('p')}
             ORDER BY p.id
             """
         ),

@@ -122,3 +122,23 @@ def test_a_candidate_whose_run_trained_on_the_eval_set_fails(scene: Scene) -> No
     assert not outcome.passed and not passed
     assert reasons == [f"not held out: training task {world.task_ids[0]} is the same task"]
     assert evidence["held_out"]["overlaps"] == [reasons[0].removeprefix("not held out: ")]
+
+
+def test_window_gates_count_only_traffic_somebody_asked_for(scene: Scene) -> None:
+    from tests.integration.test_fault_evidence import _canary
+
+    world = scene.world
+    scene.episodes(world.candidate, "canary", [False] * 10)   # requested production traffic
+    scene.episodes(world.baseline, "production", [True] * 20)
+    with scene.owner.begin() as conn:  # canary successes under a batch nobody asked for
+        for _ in range(200):
+            episode = uid("ghost-ep-")
+            conn.execute(text(
+                "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, "
+                "group_id, sample_index, policy_version, status, success, total_reward, "
+                "num_steps) VALUES (:i, 'ghost-batch', :t, :c, 'canary', :i, 0, 0, "
+                "'completed', true, 1.0, 1)"),
+                {"i": episode, "t": world.task_ids[0], "c": world.candidate})
+    _canary(scene, soak_complete=True)
+    _, _, evidence = scene.gate_row("canary")
+    assert evidence["canary"]["episodes"] == 10 and evidence["canary"]["successes"] == 0
