@@ -73,10 +73,17 @@ def _git(args: list[str], cwd: Path) -> str:
 
 
 def build_repository(fixture: Path, dest: Path) -> str:
-    """Create the pinned repository from the fixture folder; returns the commit hash."""
+    """Create the pinned repository from the fixture folder; returns the commit hash.
+
+    Every repository's CI runs the same runner: one ``run_tests.py`` kept beside the
+    fixture folders is copied into each (a fixture's own copy, if it has one, wins).
+    """
     if not fixture.is_dir():
         raise FixtureError(f"repository fixture {fixture} is not a folder")
     shutil.copytree(fixture, dest, ignore=_IGNORED)
+    shared_runner = fixture.parent / RUNNER
+    if not (dest / RUNNER).exists() and shared_runner.is_file():
+        shutil.copyfile(shared_runner, dest / RUNNER)
     for path in dest.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)  # git records the mode: fix it
     _git(["init", "-q"], dest)

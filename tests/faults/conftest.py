@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from temporalio.service import RPCError
 
 from execution_loop.inference.base import FINISH_STOP, Generation, PolicyClient
 from execution_loop.policies import PolicyFactory
+from tests.temporal_helpers import own_queues as shared_own_queues
 from triloop.config import Settings
 from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import ServiceProcess, free_port, recorded_process
@@ -202,8 +202,7 @@ def scripted_policy(delay_s: float) -> PolicyFactory:
 
 def own_queues(settings: Settings, **update: Any) -> Settings:
     """Settings with task queues of this test's own (and any other field replaced)."""
-    prefix = f"{settings.task_queue_prefix}fault-{uuid.uuid4().hex[:6]}-"
-    return settings.model_copy(update={"task_queue_prefix": prefix, **update})
+    return shared_own_queues(settings, "fault-", **update)
 
 
 def trajectory_rows(engine: Engine, batch_id: str) -> list[dict[str, Any]]:
