@@ -27,6 +27,8 @@ def _requested_traffic(alias: str) -> str:
     a row slipped in under any other batch id is not evidence."""
     return (f"EXISTS (SELECT 1 FROM rollout_batch b WHERE b.id = {alias}.batch_id "
             "AND b.purpose = 'production' AND b.requested_by IN ('web', 'governance'))")
+# A gate's window: (checkpoint, purposes, since, until; None is open-ended).
+Window = tuple[str, Sequence[str], datetime, datetime | None]
 # SQL on a shadow step ``a``: the execution loop's verdict for it (a missing verdict is false).
 _COMPARED = "(a.feedback #>> '{shadow_agreement,compared}') = 'true'"
 _AGREED = "(a.feedback #>> '{shadow_agreement,agreed}') = 'true'"
@@ -122,7 +124,7 @@ def reward_summary(
 
 
 def fault_summary(
-    *, session: Session, windows: Sequence[tuple[str, Sequence[str], datetime, datetime | None]],
+    *, session: Session, windows: Sequence[Window],
 ) -> FaultSummary:
     """Faulted episodes in these (checkpoint, purposes, since, until) windows, and their faults."""
     episodes, faults = 0, []
@@ -141,6 +143,38 @@ def fault_summary(
             if fault not in faults:
                 faults.append(fault)
     return FaultSummary(episodes, faults)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """Episodes in a gate's windows that no requested batch vouches for (never counted)."""
+
+    episodes: int
+    examples: list[str]
+
+
+def unrequested_episodes(
+    *, session: Session, windows: Sequence[Window],
+    examples: int = 5,
+) -> LeftOut:
+    """Episodes these (checkpoint, purposes, since, until) windows hold outside any batch the
+    web service or governance requested: what every window count above leaves out, so the
+    gate can say how many and audit them."""
+    total, named = 0, []
+    for checkpoint_id, purposes, since, until in windows:
+        rows = session.execute(
+            text(
+                "SELECT id, count(*) OVER () FROM trajectory "
+                "WHERE checkpoint_id = :c AND purpose = ANY(:p) AND created_at >= :s "
+                "AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) "
+                f"AND NOT {_requested_traffic('trajectory')} ORDER BY id LIMIT :n"
+            ),
+            {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "n": examples},
+        ).all()
+        if rows:
+            total += int(rows[0][1])
+            named += [str(r[0]) for r in rows]
+    return LeftOut(total, named[:examples])
 
 
 def shadow_pairs(

@@ -89,6 +89,25 @@ class EvidenceActivities(GovernanceShell):
         return store_gate(session, promotion_id=promotion_id, decision=decision,
                           threshold_id=threshold_id, eval_set_id=eval_set_id)
 
+    def _store_window_gate(
+        self, session: Session, promotion_id: str, decision: GateDecision, *,
+        threshold_id: str, windows: list[episodes.Window],
+    ) -> GateOutcome:
+        """Store a window gate's final verdict, saying how many episodes in its windows no
+        requested batch vouched for: they were never counted, and each such finding is an
+        audited integrity event."""
+        left_out = episodes.unrequested_episodes(session=session, windows=windows)
+        decision.evidence["left_out_unrequested"] = left_out.episodes
+        if left_out.episodes:
+            record_event(self._engine, actor={"service": "governance", "roles": []},
+                         action=INTEGRITY_ACTION,
+                         resource={"kind": "promotion", "id": promotion_id},
+                         payload={"during": decision.gate,
+                                  "problem": f"{left_out.episodes} episodes outside any "
+                                             "requested batch; not counted",
+                                  "examples": left_out.examples})
+        return self._store(session, promotion_id, decision, threshold_id=threshold_id)
+
     @activity.defn(name=DECIDE_OFFLINE_EVAL)
     def decide_offline_eval(self, request: OfflineEvalInput) -> GateOutcome:
         """Judge both eval batches on the frozen eval set against the threshold version."""
@@ -198,8 +217,11 @@ class EvidenceActivities(GovernanceShell):
                 clean_episodes=decide_shadow(clean, spec) if faults else everything,
                 faults=faults, faulted_episodes=len(samples) - len(clean),
             )
-            return self._store(session, request.promotion_id, decision,
-                               threshold_id=request.threshold_id)
+            since = parse_time(request.since)
+            return self._store_window_gate(
+                session, request.promotion_id, decision, threshold_id=request.threshold_id,
+                windows=[(request.candidate_checkpoint_id, ("shadow",), since, None),
+                         (request.production_checkpoint_id, (PRODUCTION,), since, None)])
 
     @activity.defn(name=LOOK_CANARY)
     def look_canary(self, request: CanaryLook) -> GateOutcome:
@@ -233,10 +255,11 @@ class EvidenceActivities(GovernanceShell):
                     look=request.look,
                 ), spec)
 
-            faulted = episodes.fault_summary(session=session, windows=[
+            canary_windows: list[episodes.Window] = [
                 (request.candidate_checkpoint_id, CANARY_PURPOSES, since, None),
                 (request.production_checkpoint_id, (PRODUCTION,), since, None),
-            ])
+            ]
+            faulted = episodes.fault_summary(session=session, windows=canary_windows)
             everything = decide(clean=False)
             decision = without_fault_passes(
                 all_episodes=everything,
@@ -245,8 +268,9 @@ class EvidenceActivities(GovernanceShell):
             )
             if not decision.final:
                 return outcome_of(decision)
-            return self._store(session, request.promotion_id, decision,
-                               threshold_id=request.threshold_id)
+            return self._store_window_gate(session, request.promotion_id, decision,
+                                           threshold_id=request.threshold_id,
+                                           windows=canary_windows)
 
     @activity.defn(name=LOOK_WATCH)
     def look_watch(self, request: WatchLook) -> GateOutcome:
@@ -300,11 +324,12 @@ class EvidenceActivities(GovernanceShell):
                     look=request.look,
                 )
 
-            faulted = episodes.fault_summary(session=session, windows=[
+            watch_windows: list[episodes.Window] = [
                 *((checkpoint, purposes, before, promoted_at)
                   for checkpoint, purposes in windows.values()),
                 (candidate, (PRODUCTION,), promoted_at, None),
-            ])
+            ]
+            faulted = episodes.fault_summary(session=session, windows=watch_windows)
             everything = decide(clean=False)
             decision = without_fault_passes(
                 all_episodes=everything,
@@ -313,5 +338,6 @@ class EvidenceActivities(GovernanceShell):
             )
             if not decision.final:
                 return outcome_of(decision)
-            return self._store(session, request.promotion_id, decision,
-                               threshold_id=request.threshold_id)
+            return self._store_window_gate(session, request.promotion_id, decision,
+                                           threshold_id=request.threshold_id,
+                                           windows=watch_windows)

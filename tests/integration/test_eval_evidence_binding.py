@@ -142,3 +142,18 @@ def test_window_gates_count_only_traffic_somebody_asked_for(scene: Scene) -> Non
     _canary(scene, soak_complete=True)
     _, _, evidence = scene.gate_row("canary")
     assert evidence["canary"]["episodes"] == 10 and evidence["canary"]["successes"] == 0
+    # Left out, and said so: the gate's evidence counts them and the audit log names them.
+    assert evidence["left_out_unrequested"] == 200
+    assert _integrity_events(scene) == ["200 episodes outside any requested batch; not counted"]
+
+
+def test_window_gates_with_only_requested_traffic_audit_nothing(scene: Scene) -> None:
+    from tests.integration.test_fault_evidence import _canary
+
+    world = scene.world
+    scene.episodes(world.candidate, "canary", [True] * 10)
+    scene.episodes(world.baseline, "production", [True] * 20)
+    _canary(scene, soak_complete=True)
+    _, _, evidence = scene.gate_row("canary")
+    assert evidence["left_out_unrequested"] == 0
+    assert _integrity_events(scene) == []
