@@ -1,9 +1,10 @@
 """The main job: one full governed cycle on this machine (``make demo``).
 
 Stack up → environments registered and tasks admitted → frozen eval set and
-thresholds → the ML engineer submits a run on the tiny model → it trains and the
-learning loop proposes a candidate → stability (if the run alarmed lately, an operator
-overrides with a reason, shown) → offline eval, shadow, canary → the auditor
+thresholds → the ML engineer submits two runs on the tiny model: a short one with the
+collapse guard off, whose candidate the stability gate holds on its alarms (shown, and left
+held), and the README's example, whose candidate then passes stability (no alarms lately),
+offline eval, shadow and canary on its own → the auditor
 signs and the operator approves through the API → promotion → an injected
 regression (a game-day serving fault degrades the new checkpoint) → the watch
 gate rolls back automatically → a summary. The stack is left running.
@@ -37,6 +38,14 @@ EXAMPLE_RUN = Path(__file__).resolve().parents[1] / "examples" / "tiny-frozen-la
 RUN_CONFIG: dict[str, Any] = {**yaml.safe_load(EXAMPLE_RUN.read_text()),
                               "name": "frozen-lake demo"}
 RUN_CONFIG["rollout"] = {**RUN_CONFIG["rollout"], "deadline_s": 300}
+# A second, shorter run without the example's guard for randomly initialised models: its
+# detector calls the base model's input-blind answers what they are, template collapse, so
+# governance's stability gate holds its candidate (the demo's blocked candidate).
+UNGUARDED_RUN: dict[str, Any] = {
+    **RUN_CONFIG, "name": "frozen-lake demo, collapse guard off",
+    "stability": {**RUN_CONFIG["stability"], "collapse_requires_prior_discrimination": False},
+    "schedule": {**RUN_CONFIG["schedule"], "iterations": 6, "propose_every": 6},
+}
 
 
 def step(title: str) -> None:
@@ -123,11 +132,17 @@ def main() -> int:
         settings, held_out, people["operator"])
     console.print(f"  eval set {eval_set_id} (sha256 {eval_hash[:16]}…), threshold {threshold_id}")
 
-    step(f"{engineer.person.name} submits a training run through the API")
-    config = {**RUN_CONFIG, "model": {"base": str(base_dir)},
-              "rollout": {**RUN_CONFIG["rollout"], "task_ids": lake}}
-    run = engineer.post("/api/runs", {"config": config})
-    console.print(f"  run {run['id']}: {api_base}/runs/{run['id']}")
+    step(f"{engineer.person.name} submits two training runs through the API: the README's"
+         " example, and a short one with the collapse guard off")
+    def submit(template: dict[str, Any]) -> dict[str, Any]:
+        config = {**template, "model": {"base": str(base_dir)},
+                  "rollout": {**template["rollout"], "task_ids": lake}}
+        run: dict[str, Any] = engineer.post("/api/runs", {"config": config})
+        console.print(f"  {template['name']}: run {run['id']}  {api_base}/runs/{run['id']}")
+        return run
+
+    run = submit(RUN_CONFIG)
+    unguarded = submit(UNGUARDED_RUN)
 
     from learning_loop.checkpoints import saved_weights_digest
 
@@ -145,7 +160,13 @@ def main() -> int:
                          roles=operator.person.roles, replace=True)
     console.print(f"  production serves the base checkpoint {str(base_id)[:16]}…")
 
-    step("Training (GRPO on frozen_lake): rollout on the execution loop, update on learning")
+    step("Training, the short run first (GRPO on frozen_lake): rollout on the execution loop,"
+         " update on learning")
+    _follow_training(engineer, unguarded["id"])
+    step("The short run's candidate meets the stability gate")
+    blocked_id = _show_blocked(operator, unguarded["id"], api_base)
+
+    step("Training, the README's example run")
     detail = _follow_training(engineer, run["id"])
     rewards = [m["reward_mean"] for m in detail["metrics"] if m.get("reward_mean") is not None]
 
@@ -162,6 +183,9 @@ def main() -> int:
         _triloop("faults", "clear", token=operator.person.token, api_url=api_base)
 
     _summary(auditor, run["id"], final, rewards, api_base, traffic)
+    held = operator.get(f"/api/promotions/{blocked_id}")
+    console.print(f"  the short run's candidate: promotion {blocked_id} {held['status']} at "
+                  f"{held.get('current_gate')} ({api_base}/promotions/{blocked_id})")
     console.print("\nThe stack is still running; stop it with [bold]triloop dev down[/bold].")
     return 0 if final["status"] == "rolled_back" else 1
 
@@ -189,6 +213,31 @@ def _follow_training(api: Api, run_id: str) -> dict[str, Any]:
                 raise RuntimeError(f"training run {detail['status']}: {detail['status_reason']}")
             return detail
         time.sleep(3)
+
+
+def _show_blocked(operator: Api, run_id: str, api_base: str) -> str:
+    """Wait until the run's candidate is held at the stability gate; show why, and leave it."""
+    promotion = wait_for(lambda: _promotion_of(operator, run_id), timeout_s=300,
+                         what="the promotion opened for the short run's proposal")
+    detail = wait_for(lambda: _held_at_stability(operator, promotion["id"]), timeout_s=300,
+                      what="the stability gate's verdict on the short run's candidate")
+    named = ", ".join(f"{a['kind']} at iteration {a['iteration']}"
+                      for a in detail.get("alarms") or [])
+    console.print(f"  [red]held[/red]: {detail.get('status_reason') or detail.get('reason')}")
+    console.print(f"  governance read the run's alarms from the database ({named}) and compared "
+                  "them with the proposal's copies; nothing else runs for this candidate")
+    console.print(f"  the evidence is on the console: {api_base}/promotions/{promotion['id']}; "
+                  "an operator who did not submit the run could override it with a written "
+                  "reason. Nobody does: it stays held, and is rejected at its deadline")
+    return str(promotion["id"])
+
+
+def _held_at_stability(api: Api, promotion_id: str) -> dict[str, Any] | None:
+    detail: dict[str, Any] = api.get(f"/api/promotions/{promotion_id}")
+    if detail["status"] != "open":
+        raise RuntimeError(f"the short run's promotion ended {detail['status']} instead of "
+                           "being held at the stability gate")
+    return detail if detail.get("current_gate") == "stability" and detail.get("alarms") else None
 
 
 def _promotion_of(api: Api, run_id: str) -> dict[str, Any] | None:

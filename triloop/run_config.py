@@ -154,6 +154,9 @@ class StabilityConfig(_Section):
     # Alarm only if an earlier iteration discriminated clearly (accuracy above chance +
     # margin): for runs from a randomly initialised model, which never depends on its input.
     collapse_requires_prior_discrimination: bool = False
+    # "Clearly": a one-sided binomial test of the hits against chance must reach this
+    # significance (probability, 0..1), so a lucky reading over few prompts does not count.
+    discrimination_alpha: float = Field(default=0.05, gt=0.0, le=1.0)
     # Fewer distinct prompts than this make retrieval accuracy too noisy to judge (count).
     min_discrimination_prompts: int = Field(default=4, ge=2)
     # Distinct prompts scored against each other per iteration (count; cost grows as n^2).

@@ -146,6 +146,22 @@ def test_template_collapse_can_require_a_prior_discriminating_iteration() -> Non
     assert detect_template_collapse(collapsed, config, history=[was_good]) is not None
 
 
+def test_a_lucky_reading_over_few_prompts_does_not_count_as_discrimination() -> None:
+    config = StabilityConfig(collapse_requires_prior_discrimination=True)
+    collapsed = metrics(5, retrieval_accuracy=0.0, retrieval_chance=0.25, retrieval_prompts=4)
+    # 1.5 of 4 (0.38) is above chance + margin, but an input-blind model does that often:
+    # P(at least 1 hit of 4 at chance 1/4) = 0.68.
+    lucky = replace(collapsed, iteration=1, retrieval_accuracy=0.38)
+    assert detect_template_collapse(collapsed, config, history=[lucky]) is None
+    # 3 of 4 is unlikely by luck (p = 0.051 > 0.05 still is not; 4 of 4 is, p = 0.004).
+    three = replace(lucky, retrieval_accuracy=0.75)
+    assert detect_template_collapse(collapsed, config, history=[three]) is None
+    four = replace(lucky, retrieval_accuracy=1.0)
+    assert detect_template_collapse(collapsed, config, history=[four]) is not None
+    laxer = StabilityConfig(collapse_requires_prior_discrimination=True, discrimination_alpha=0.1)
+    assert detect_template_collapse(collapsed, laxer, history=[three]) is not None
+
+
 @pytest.fixture(scope="module")
 def peaked_model() -> PreTrainedModel:
     # A larger init than usual makes a random model's outputs depend clearly on its input.
