@@ -28,10 +28,9 @@ service_grants := {
 		"environment": {"read"},
 		"environment_version": {"read"},
 		"task": {"read"},
-		# Learning may see which eval sets and bars exist, never their items:
-		# training on the items would let the score buy itself a promotion.
-		"eval_set": {"read"},
-		"threshold": {"read"},
+		# No eval_set, eval_item or threshold, not even read: the database refuses
+		# the learning role those tables too (migration 0002), and a loop that saw the
+		# held-out items or the bars could let its score buy itself a promotion.
 		# Stability monitors may pause their own run without a person.
 		"training_run": {"read", "update", "pause"},
 		"training_step": {"read", "create"},

@@ -188,3 +188,12 @@ test_admins_list_and_revoke_anyones_tokens if {
 test_revoke_applies_to_tokens_only if {
 	denied(person_clean("root", ["admin"], "revoke", "user"))
 }
+
+# The policy says what the database enforces: the learning role cannot SELECT eval
+# sets, their items or thresholds (migration 0002), so the policy grants no read either.
+test_learning_reads_nothing_the_database_hides_from_it if {
+	every kind in {"eval_set", "eval_item", "threshold"} {
+		not granted_to_service("learning", kind, "read")
+		denied(svc_clean("learning", "read", kind))
+	}
+}
