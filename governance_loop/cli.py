@@ -62,10 +62,10 @@ def _fail(error: Exception) -> typer.Exit:
 
 def _run(action: Any) -> Any:
     """Run one command body, turning refusals into a message and exit code 1."""
-    from governance_loop.contract_diff import ContractDiffError
     from governance_loop.evalsets import EvalSetError
     from governance_loop.gates import ThresholdSpecError
     from governance_loop.store import StoreError
+    from triloop.contract_diff import ContractDiffError
 
     try:
         return action()
@@ -97,8 +97,8 @@ def env_diff(
     b: Annotated[str, typer.Argument(help="Version id, NAME@N, NAME, or a contract file.")],
 ) -> None:
     """Show what changed from A to B (contract fields, fixture hashes and code hashes)."""
-    from governance_loop.contract_diff import diff_contracts, render_diff
     from governance_loop.environments import comparable, document_from_file, resolve_version
+    from triloop.contract_diff import diff_contracts, render_diff
     from triloop.db import session_scope
 
     _, engine, _ = _adapters()

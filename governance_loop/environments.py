@@ -21,8 +21,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from governance_loop import store
-from governance_loop.contract_diff import ContractChange, diff_contracts
 from triloop.audit import append_event
+from triloop.contract_diff import ContractChange, diff_contracts
 from triloop.db import session_scope
 from triloop.models import EnvironmentVersion, Task
 from triloop.models._columns import utcnow

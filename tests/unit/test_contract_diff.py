@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from governance_loop.contract_diff import (
+from triloop.contract_diff import (
     ChangeKind,
     ContractChange,
     ContractDiffError,

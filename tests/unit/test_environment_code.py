@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from execution_loop.environments.registry import builtin_contract_path
-from governance_loop.contract_diff import diff_contracts
 from governance_loop.environments import comparable, document_from_file
 from learning_loop.checkpoints import serving_hashes
+from triloop.contract_diff import diff_contracts
 from triloop.contracts import contract_id, load_contract
 from triloop.environment_code import (
     EnvironmentCodeError,

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 import pytest
 from itsdangerous import TimestampSigner, URLSafeTimedSerializer
 
+from triloop.contract_diff import diff_contracts
 from web.auth import ConsoleSession, CookieSigner, bearer_token, hash_token, same_secret
 from web.console.charts import CHARTS, line_chart, run_charts
 from web.console.rendering import flatten, is_sample_size
-from web.contract_diff import diff_contracts
 from web.pagination import decode_cursor, encode_cursor
 from web.problems import ProblemError
 from web.run_submission import RunConfigInvalid, validate_run_config

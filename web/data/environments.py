@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from triloop.contract_diff import ContractChange, diff_contracts
 from triloop.models import Environment, EnvironmentVersion, Task
-from web.contract_diff import ContractChange, diff_contracts
 from web.pagination import Page, keyset, page_of
 
 

@@ -1,4 +1,5 @@
-"""What changed between two environment contracts, for ``triloop env diff A B``.
+"""What changed between two environment contracts: one differ for `triloop env diff A B`, the
+API and the console, so each shows a change the same way.
 
 Both documents are canonical contracts (nested dicts, lists and JSON scalars).
 Mappings are compared key by key. Lists are aligned (``difflib``), so removing
