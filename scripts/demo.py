@@ -182,10 +182,7 @@ def main() -> int:
         traffic.stop()
         _triloop("faults", "clear", token=operator.person.token, api_url=api_base)
 
-    _summary(auditor, run["id"], final, rewards, api_base, traffic)
-    held = operator.get(f"/api/promotions/{blocked_id}")
-    console.print(f"  the short run's candidate: promotion {blocked_id} {held['status']} at "
-                  f"{held.get('current_gate')} ({api_base}/promotions/{blocked_id})")
+    _summary(auditor, run["id"], final, rewards, api_base, traffic, blocked_id)
     console.print("\nThe stack is still running; stop it with [bold]triloop dev down[/bold].")
     return 0 if final["status"] == "rolled_back" else 1
 
@@ -259,8 +256,9 @@ def _walk_gates(operator: Api, auditor: Api, promotion_id: str, api_base: str
                 mark = "[green]passed[/green]" if gate["passed"] else "[red]did not pass[/red]"
                 console.print(f"  gate {gate['gate']:<12} {mark}: {'; '.join(gate['reasons'])}")
         gate_now, status = detail.get("current_gate"), detail["status"]
-        watched = any(g["gate"] == "watch" for g in detail["gates"])
-        if status not in ("open", "promoted") or watched:
+        watch = next((g for g in detail["gates"] if g["gate"] == "watch"), None)
+        # A failed watch is followed by the rollback: wait for the status that records it.
+        if status not in ("open", "promoted") or (watch is not None and watch["passed"]):
             return dict(detail)
         if gate_now == "stability" and status == "open" and not overridden:
             named = ", ".join(f"{a['kind']} at iteration {a['iteration']}"
@@ -309,8 +307,11 @@ def _triloop(*args: str, token: str, api_url: str) -> None:
 
 
 def _summary(api: Api, run_id: str, promotion: dict[str, Any], rewards: list[float],
-             api_base: str, traffic: TrafficGenerator) -> None:
+             api_base: str, traffic: TrafficGenerator, blocked_id: str) -> None:
     step("Summary")
+    held = api.get(f"/api/promotions/{blocked_id}")
+    console.print(f"  the short run's candidate: promotion {blocked_id} {held['status']} at "
+                  f"{held.get('current_gate')} on its run's alarms")
     if rewards:
         console.print(f"  training reward: first iteration {rewards[0]:+.3f} → "
                       f"last {rewards[-1]:+.3f}")
