@@ -21,7 +21,7 @@ demo: bootstrap
 
 lint: bootstrap
 	@echo "== ruff"; .venv/bin/ruff check triloop execution_loop learning_loop governance_loop web tests bench scripts migrations
-	@echo "== mypy (strict)"; .venv/bin/mypy triloop execution_loop learning_loop governance_loop web
+	@echo "== mypy (strict)"; .venv/bin/mypy triloop execution_loop learning_loop governance_loop web bench
 	@echo "== import-linter"; .venv/bin/lint-imports --no-cache
 
 policy-test: bootstrap

@@ -36,6 +36,7 @@ from execution_loop.episode import run_episode
 from execution_loop.inference.torch_backend import TorchPolicyClient
 from learning_loop.activities.training import load_model, save_servable, train_iteration
 from learning_loop.checkpoints import CheckpointRef
+from learning_loop.stability import IterationMetrics
 from learning_loop.tiny_model import create_tiny_model
 from learning_loop.trajectory_reader import StoredStep, StoredTrajectory, to_rollout_data
 from triloop.run_config import RunConfig
@@ -88,7 +89,7 @@ def train(config: RunConfig, base: CheckpointRef, artifacts: Path) -> tuple[Chec
     rollout_cfg = config.rollout
     groups = rollout_cfg.groups_per_iteration
     curve: list[float] = []
-    history = []
+    history: list[IterationMetrics] = []
     latest, previous = base, base
     for k in range(1, config.schedule.iterations + 1):
         # Batch k is sampled with c_{k-2} (the workflow starts it while c_{k-1} trains).
@@ -147,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     data = apply_overrides(yaml.safe_load(EXAMPLE_RUN.read_text()), args.overrides)
     data.update({"name": "spread", "model": {"base": "tiny"},
                  "rollout": {**data.get("rollout", {}), "task_ids": ["frozen_lake"]}})

@@ -33,9 +33,12 @@ ACTION = "approve"
 RESOURCE = Resource(
     "promotion",
     "promo-7f3a",
-    attrs={"submitted_by": "sam", "audited_by": "ada", "checkpoint": "sha256:9c1e"},
+    attrs={"submitted_by": "sam", "audited_by": "ada", "checkpoint": "sha256:9c1e",
+           "promotion_opened_at": "2026-06-02T00:00:00Z"},
 )
+# The operator's role predates the promotion (a role newer than it is refused).
 CONTEXT = acting_for(Actor("web", "olga", ("operator",)), request_id="req-1")
+CONTEXT["on_behalf_of"]["role_since"] = "2026-06-01T00:00:00Z"
 
 
 @dataclass(frozen=True)

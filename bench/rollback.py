@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import Engine, text
 
@@ -55,14 +56,52 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def _checkpoints(owner: Engine) -> tuple[str, str]:
-    # Checkpoints are the learning loop's rows; the benchmark inserts two as the owner.
-    ids = (f"bench-a-{uuid.uuid4().hex[:8]}", f"bench-b-{uuid.uuid4().hex[:8]}")
-    with owner.begin() as conn:
-        for checkpoint in ids:
+    # Checkpoints are the learning loop's rows; the benchmark inserts two as the owner. Their
+    # ids are their weights' sha256 (the database checks the form; governance verifies the
+    # weights before production moves), so each gets a one-tensor weights folder.
+    import tempfile
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from triloop.weights import safetensors_digest
+
+    ids = []
+    root = Path(tempfile.mkdtemp(prefix="triloop-rollback-bench-"))
+    for value in (1.0, 2.0):
+        folder = root / str(value)
+        folder.mkdir()
+        save_file({"w": np.full(4, value, dtype=np.float32)}, str(folder / "model.safetensors"))
+        checkpoint = safetensors_digest(folder)
+        with owner.begin() as conn:
             conn.execute(text(
                 "INSERT INTO checkpoint (id, base_model, artifact_uri, created_by, data) "
-                "VALUES (:i, 'bench', 'file:///bench', 'bench', '{}')"), {"i": checkpoint})
-    return ids
+                "VALUES (:i, 'bench', :u, 'bench', '{}') ON CONFLICT DO NOTHING"),
+                {"i": checkpoint, "u": folder.as_uri()})
+        ids.append(checkpoint)
+    return ids[0], ids[1]
+
+
+def _operator(owner: Engine) -> str:
+    """An operator who held the role before anything here (set-up, as the owner)."""
+    name = f"bench-operator-{uuid.uuid4().hex[:6]}"
+    with owner.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO app_user (name, roles, created_by, disabled, created_at) "
+            "VALUES (:n, ARRAY['operator'], 'bench', false, now() - interval '1 day')"),
+            {"n": name})
+    return name
+
+
+def _decision(web: Engine, operator: str, index: int) -> str:
+    """The operator's rollback decision as the web service records it (its role only)."""
+    decision_id = f"bench-rollback-{uuid.uuid4().hex}"
+    with web.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO human_decision (id, kind, subject, decision, user_name, comment, "
+            "details) VALUES (:i, 'rollback', 'production', 'rollback', :u, :c, '{}')"),
+            {"i": decision_id, "u": operator, "c": f"bench rollback {index}"})
+    return decision_id
 
 
 def _routed(engine: Engine) -> str:
@@ -76,7 +115,9 @@ async def measure(settings: Settings, rollbacks: int) -> RollbackBench:
     gov, reader = role_engine(settings, "governance"), role_engine(settings, "execution")
     authorizer = build_authorizer(settings, "governance")
     first, second = _checkpoints(owner_engine(settings))
-    client = await connect(settings, identity="rollback-bench")
+    client = await connect(settings, identity="rollback-bench", service="governance")
+    operator = _operator(owner_engine(settings))
+    web = role_engine(settings, "web")
     queue = settings.task_queue(GOVERNANCE_QUEUE)
     timings: list[float] = []
     async with build_worker(client, settings, engine=gov, authorizer=authorizer):
@@ -90,8 +131,7 @@ async def measure(settings: Settings, rollbacks: int) -> RollbackBench:
             started = time.perf_counter()
             result: RollbackResult = await client.execute_workflow(
                 ROLLBACK_WORKFLOW,
-                RollbackInput(requested_by="bench-operator", roles=["operator"],
-                              reason=f"bench {index}"),
+                RollbackInput(decision_id=_decision(web, operator, index)),
                 id=f"rollback-bench-{uuid.uuid4().hex}", task_queue=queue,
                 result_type=RollbackResult)
             while await asyncio.to_thread(_routed, reader) != expected:

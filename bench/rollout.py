@@ -166,12 +166,22 @@ def register(owner: Engine) -> tuple[str, str]:
     return task, checkpoint
 
 
+def request(owner: Engine, batch_id: str, checkpoint: str) -> str:
+    """Record the batch as the learning loop's request (what its Nexus call records): the
+    database refuses trajectories of a batch nobody asked for."""
+    with owner.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by) "
+            "VALUES (:b, 'training', :c, 'learning')"), {"b": batch_id, "c": checkpoint})
+    return batch_id
+
+
 def plain_loop(settings: Settings, task: str, checkpoint: str, episodes: int) -> float:
     """Play and store the episodes one after another, as the activity does; wall seconds."""
     engine, authorizer = role_engine(settings, "execution"), build_authorizer(settings, "execution")
     opened = TaskEnvironments(engine=engine, lookup=lambda _name: Counter).task(task)
     policy: PolicyClient = Scripted(checkpoint)
-    batch_id = f"plain-{uuid.uuid4().hex[:8]}"
+    batch_id = request(owner_engine(settings), f"plain-{uuid.uuid4().hex[:8]}", checkpoint)
     started = time.perf_counter()
     for i in range(episodes):
         spec = EpisodeSpec(f"{batch_id}:0:{i}", task, 0, f"{batch_id}:0", i, checkpoint, "training")
@@ -189,12 +199,13 @@ def plain_loop(settings: Settings, task: str, checkpoint: str, episodes: int) ->
 async def temporal_batch(settings: Settings, task: str, checkpoint: str, episodes: int,
                          concurrency: int) -> float:
     """The same episodes as one RolloutWorkflow batch; wall seconds from start to result."""
-    client = await connect(settings, identity="bench-rollout")
+    client = await connect(settings, identity="bench-rollout", service="execution")
     worker = build_worker(client, settings, policy_factory=lambda c, _d: Scripted(c),
                           environment_lookup=lambda _name: Counter,
                           max_concurrent_episodes=concurrency)
     async with worker:
-        batch = RolloutBatchInput(batch_id=f"temporal-{uuid.uuid4().hex[:8]}", purpose="training",
+        batch_id = request(owner_engine(settings), f"temporal-{uuid.uuid4().hex[:8]}", checkpoint)
+        batch = RolloutBatchInput(batch_id=batch_id, purpose="training",
                                   items=[RolloutItem(task, 0, group_size=episodes)],
                                   checkpoint_id=checkpoint, max_concurrency=concurrency)
         started = time.perf_counter()
@@ -207,12 +218,13 @@ async def temporal_batch(settings: Settings, task: str, checkpoint: str, episode
     return wall
 
 
-def synthetic(episodes: int, task: str) -> list[tuple[TrajectoryRow, list[StepRow]]]:
+def synthetic(episodes: int, task: str, checkpoint: str, batch_id: str
+              ) -> list[tuple[TrajectoryRow, list[StepRow]]]:
     """Episodes shaped like real ones: 20 steps, 256 prompt and 32 action tokens each."""
     out = []
     for e in range(episodes):
-        row = TrajectoryRow(id=f"ingest-{uuid.uuid4().hex}", batch_id="ingest", task_id=task,
-                            checkpoint_id="bench", purpose="training", group_id="g",
+        row = TrajectoryRow(id=f"ingest-{uuid.uuid4().hex}", batch_id=batch_id, task_id=task,
+                            checkpoint_id=checkpoint, purpose="training", group_id="g",
                             status="completed", num_steps=STEPS)
         steps = [StepRow(i, list(range(e, e + 256)), list(range(32)), [0] * 256 + [1] * 32,
                          [-0.7] * 32, "observation " * 8, "action", {"i": i}, 0.0, i == STEPS - 1)
@@ -266,7 +278,9 @@ def main() -> None:
         print(f"  per-step overhead {(orchestrated - plain) / steps * 1e3:+.2f} ms; "
               f"wall ratio Temporal/plain {orchestrated / plain:.2f}x (target <= 1.5x)")
         engine = role_engine(settings, "execution")
-        data = synthetic(args.write_episodes, task)
+        data = synthetic(args.write_episodes, task, checkpoint,
+                         request(owner_engine(settings), f"ingest-{uuid.uuid4().hex[:8]}",
+                                 checkpoint))
         ingest(engine, data[:5], "copy", -1)  # warm-up
         methods = ("copy", "insert", "executemany")
         runs = [{how: ingest(engine, data, how, run) for how in methods}

@@ -40,7 +40,7 @@ from typing import Any
 
 import psutil
 
-from bench.rollout import STEPS, Counter, Scripted, register, services
+from bench.rollout import STEPS, Counter, Scripted, register, request, services
 from execution_loop.environments.base import Outcome, StepResult
 from execution_loop.inference.base import Generation
 from triloop.config import Settings
@@ -132,7 +132,7 @@ def serve_worker(concurrency: int) -> None:
     settings = Settings()
 
     async def run() -> None:
-        client = await connect(settings, identity="bench-scale-worker")
+        client = await connect(settings, identity="bench-scale-worker", service="execution")
         worker = build_worker(client, settings, policy_factory=lambda c, _d: WaitingScripted(c),
                               environment_lookup=lambda _name: ShortCounter,
                               max_concurrent_episodes=concurrency)
@@ -208,7 +208,8 @@ def worker_env(settings: Settings, steps: int, think_ms: float) -> dict[str, str
 async def run_batch(client: Any, settings: Settings, task: str, checkpoint: str,
                     episodes: int) -> tuple[float, RolloutBatchResult]:
     """One batch with every episode at once; wall seconds from start to result."""
-    batch = RolloutBatchInput(batch_id=f"scale-{uuid.uuid4().hex[:8]}", purpose="training",
+    batch_id = request(owner_engine(settings), f"scale-{uuid.uuid4().hex[:8]}", checkpoint)
+    batch = RolloutBatchInput(batch_id=batch_id, purpose="training",
                               items=[RolloutItem(task, 0, group_size=episodes)],
                               checkpoint_id=checkpoint, max_concurrency=episodes,
                               deadline_s=900.0)
@@ -232,7 +233,7 @@ async def measure(settings: Settings, task: str, checkpoint: str, size: int, ste
         line = await asyncio.to_thread(child.stdout.readline)
         if line.strip() != READY:
             raise RuntimeError(f"the worker did not start (exit {child.wait()}); see its stderr")
-        client = await connect(settings, identity="bench-scale")
+        client = await connect(settings, identity="bench-scale", service="execution")
         await run_batch(client, settings, task, checkpoint, WARM_UP_EPISODES)
         with RssSampler(child.pid) as sampler:
             idle = sampler.rss_mib()
