@@ -19,6 +19,7 @@ BENCHMARKS: tuple[tuple[str, list[str]], ...] = (
     ("Rollouts: Temporal vs plain loop; trajectory ingest", ["bench/rollout.py"]),
     ("Learner: GRPO update vs unmasked full-sequence loss", ["bench/learner.py"]),
     ("Learner: triloop GRPO iteration vs TRL GRPOTrainer", ["bench/trl_peer.py"]),
+    ("Whole iteration: TrainingRunWorkflow vs TRL GRPOTrainer", ["bench/iteration.py"]),
     ("Rollback: request to effective", ["bench/rollback.py"]),
     ("Scale: concurrent short episodes", ["bench/scale.py"]),
     ("Gates: simulated canary and watch error rates", ["bench/gate_calibration.py"]),
