@@ -7,12 +7,15 @@ returns the same version, as governance's registration does.
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, text
 
+from execution_loop.inference.base import FINISH_STOP, Generation
 from tests.factories import uid
 from triloop.workflow_api import RolloutBatchInput
 
@@ -153,3 +156,23 @@ def request_batch(engine: Engine, batch: RolloutBatchInput) -> RolloutBatchInput
                  checkpoint_id=batch.checkpoint_id, run_id=batch.run_id,
                  requested_by=requested_by)
     return batch
+
+
+class StuckPolicy:
+    """A policy whose every turn takes far longer than the heartbeat timeout."""
+
+    def __init__(self, checkpoint_id: str, model_dir: Path, delay_s: float) -> None:
+        from transformers import AutoTokenizer
+
+        self.checkpoint_id = checkpoint_id
+        self._tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self._delay_s = delay_s
+
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def generate(self, prompt_token_ids: list[int], *, max_new_tokens: int, temperature: float,
+                 seed: int | None, stop_token_ids: Sequence[int] = ()) -> Generation:
+        del prompt_token_ids, max_new_tokens, temperature, seed, stop_token_ids
+        time.sleep(self._delay_s)
+        return Generation(token_ids=[5], logprobs=[-0.1], text="R", finish_reason=FINISH_STOP)

@@ -16,16 +16,19 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, text
 from temporalio import activity, workflow
 from temporalio.worker import Worker
 
+from governance_loop.activities.evidence import EvidenceActivities
+from governance_loop.activities.messages import CanaryLook
 from tests.factories import insert, make_checkpoint, make_run, make_task, uid
 from tests.temporal_helpers import execution_nexus, loop_client
 from triloop.config import Settings
+from triloop.wiring import build_authorizer
 from triloop.workflow_api import (
     EXECUTION_QUEUE,
     ROLLOUT_WORKFLOW,
@@ -265,3 +268,59 @@ async def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str,
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+@dataclass
+class Scene:
+    """A promotion under judgement, the evidence activities, and the window's start."""
+
+    owner: Engine
+    execution: Engine
+    world: PromotionWorld
+    promotion_id: str
+    activities: EvidenceActivities
+    since: datetime
+
+    def fault(self, checkpoint: str) -> dict[str, Any]:
+        return {"checkpoint_id": checkpoint, "temperature": 8.0, "note": "game day"}
+
+    def episodes(self, checkpoint: str, purpose: str, successes: list[bool],
+                 outcome: dict[str, Any] | None = None) -> list[str]:
+        ids = [uid("ep-") for _ in successes]
+        write_episodes(self.execution, [
+            {"id": e, "batch_id": "traffic", "task_id": self.world.task_ids[0],
+             "checkpoint_id": checkpoint, "purpose": purpose, "group_id": e, "success": ok,
+             "outcome": outcome or {}}
+            for e, ok in zip(ids, successes, strict=True)])
+        return ids
+
+    def gate_row(self, gate: str) -> tuple[bool, list[str], dict[str, Any]]:
+        with self.owner.connect() as conn:
+            row = conn.execute(text(
+                "SELECT passed, reasons, evidence FROM gate_result WHERE promotion_id = :p "
+                "AND gate = :g"), {"p": self.promotion_id, "g": gate}).one()
+        return bool(row[0]), list(row[1]), dict(row[2])
+
+
+def make_scene(settings: Settings, owner_engine: Engine, role_engine: Any) -> Scene:
+    """A promotion opened on a fresh world, judged by the real evidence activities."""
+    governance = role_engine("governance")
+    authorizer = build_authorizer(settings, "governance")
+    world = make_world(owner_engine, governance, authorizer, threshold_name=uid("thr-"))
+    promotion_id = uid("promo-")
+    insert(owner_engine, "promotion", id=promotion_id, proposal_id=world.proposal_id,
+           checkpoint_id=world.candidate, run_id=world.run_id, submitted_by=world.submitter,
+           status="open")
+    with owner_engine.connect() as conn:
+        since = conn.execute(text("SELECT now()")).scalar_one()
+    return Scene(owner_engine, role_engine("execution"), world, promotion_id,
+                 EvidenceActivities(governance, authorizer), since)
+
+
+def look_canary(scene: Scene, *, soak_complete: bool) -> Any:
+    """One canary look over the scene's window, as the promotion workflow asks for it."""
+    return scene.activities.look_canary(CanaryLook(
+        promotion_id=scene.promotion_id, threshold_id=scene.world.threshold_id,
+        candidate_checkpoint_id=scene.world.candidate,
+        production_checkpoint_id=scene.world.baseline, since=scene.since.isoformat(),
+        soak_complete=soak_complete))

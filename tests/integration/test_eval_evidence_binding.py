@@ -6,7 +6,6 @@ requested, or episodes another checkpoint served (which only the owner can still
 fail the gate, are left out of its statistics, and are audited as integrity events.
 """
 
-# ruff: noqa: F811  (the ``scene`` fixture is imported, then requested by name)
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +15,7 @@ from sqlalchemy import Engine, text
 
 from governance_loop.activities.messages import OfflineEvalInput
 from tests.factories import uid
-from tests.factories_governance import write_episodes
-from tests.integration.test_fault_evidence import Scene, scene  # noqa: F401  (the fixture)
+from tests.factories_governance import Scene, look_canary, write_episodes
 
 pytestmark = pytest.mark.integration
 
@@ -125,8 +123,6 @@ def test_a_candidate_whose_run_trained_on_the_eval_set_fails(scene: Scene) -> No
 
 
 def test_window_gates_count_only_traffic_somebody_asked_for(scene: Scene) -> None:
-    from tests.integration.test_fault_evidence import _canary
-
     world = scene.world
     scene.episodes(world.candidate, "canary", [False] * 10)   # requested production traffic
     scene.episodes(world.baseline, "production", [True] * 20)
@@ -139,7 +135,7 @@ def test_window_gates_count_only_traffic_somebody_asked_for(scene: Scene) -> Non
                 "num_steps) VALUES (:i, 'ghost-batch', :t, :c, 'canary', :i, 0, 0, "
                 "'completed', true, 1.0, 1)"),
                 {"i": episode, "t": world.task_ids[0], "c": world.candidate})
-    _canary(scene, soak_complete=True)
+    look_canary(scene, soak_complete=True)
     _, _, evidence = scene.gate_row("canary")
     assert evidence["canary"]["episodes"] == 10 and evidence["canary"]["successes"] == 0
     # Left out, and said so: the gate's evidence counts them and the audit log names them.
@@ -148,12 +144,10 @@ def test_window_gates_count_only_traffic_somebody_asked_for(scene: Scene) -> Non
 
 
 def test_window_gates_with_only_requested_traffic_audit_nothing(scene: Scene) -> None:
-    from tests.integration.test_fault_evidence import _canary
-
     world = scene.world
     scene.episodes(world.candidate, "canary", [True] * 10)
     scene.episodes(world.baseline, "production", [True] * 20)
-    _canary(scene, soak_complete=True)
+    look_canary(scene, soak_complete=True)
     _, _, evidence = scene.gate_row("canary")
     assert evidence["left_out_unrequested"] == 0
     assert _integrity_events(scene) == []

@@ -14,12 +14,12 @@ from temporalio.client import Client
 from execution_loop.inference.base import PolicyClient
 from execution_loop.worker import build_worker
 from tests.factories_execution import (
+    StuckPolicy,
     make_builtin_task,
     register_variant,
     request_batch,
     set_routing,
 )
-from tests.integration.test_rollout_workflow import StuckPolicy
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.workflow_api import (

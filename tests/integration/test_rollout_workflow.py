@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +17,12 @@ from sqlalchemy import Engine, text
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Replayer
 
-from execution_loop.inference.base import FINISH_STOP, Generation, PolicyClient
+from execution_loop.inference.base import PolicyClient
 from execution_loop.routing import canary_bucket
 from execution_loop.worker import build_worker
 from execution_loop.workflows import RolloutWorkflow
 from tests.factories_execution import (
+    StuckPolicy,
     make_builtin_task,
     make_task_on,
     register_builtin,
@@ -260,26 +261,6 @@ async def test_production_routing_canary_share_and_shadow(
     # The workflow is deterministic: its recorded history replays without divergence.
     history = await client.get_workflow_handle(f"rollout-{batch.batch_id}").fetch_history()
     await Replayer(workflows=[RolloutWorkflow]).replay_workflow(history)
-
-
-class StuckPolicy:
-    """A policy whose every turn takes far longer than the heartbeat timeout."""
-
-    def __init__(self, checkpoint_id: str, model_dir: Path, delay_s: float) -> None:
-        from transformers import AutoTokenizer
-
-        self.checkpoint_id = checkpoint_id
-        self._tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self._delay_s = delay_s
-
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    def generate(self, prompt_token_ids: list[int], *, max_new_tokens: int, temperature: float,
-                 seed: int | None, stop_token_ids: Sequence[int] = ()) -> Generation:
-        del prompt_token_ids, max_new_tokens, temperature, seed, stop_token_ids
-        time.sleep(self._delay_s)
-        return Generation(token_ids=[5], logprobs=[-0.1], text="R", finish_reason=FINISH_STOP)
 
 
 async def test_stuck_episodes_never_hold_the_batch_past_its_deadline(
