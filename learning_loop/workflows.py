@@ -274,7 +274,8 @@ class TrainingRunWorkflow:
             m.UPDATE_POLICY, m.UpdateInput(
                 run_id=run.run_id, iteration=iteration, parent_checkpoint_id=parent,
                 base_checkpoint_id=base, batch_ids=[batch.batch_id], config=run.config,
-                environment_version_ids=list(plan.environment_version_ids)),
+                environment_version_ids=list(plan.environment_version_ids),
+                task_environments={t.task_id: t.environment for t in plan.tasks}),
             result_type=m.UpdateResult,
             task_queue=sibling_queue(workflow.info().task_queue, LEARNING_GPU_QUEUE),
             start_to_close_timeout=UPDATE_TIMEOUT,

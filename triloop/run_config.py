@@ -76,13 +76,27 @@ class AdvantageConfig(_Section):
 
     # Divide by the group's reward std as in GRPO; False keeps r - mean only (Dr. GRPO).
     scale_by_group_std: bool = True
-    # Also rescale advantages by their std over all groups of the same task (AgentRL style),
-    # so tasks with different reward scales weigh the same in a multi-task batch.
+    # Scale by the std of the group-centred returns of all informative groups of the same
+    # task instead of each group's own std (AgentRL), so tasks with different reward scales
+    # weigh the same in a multi-task batch. (Dividing again after the group std would do
+    # nothing: every group already has std 1.)
     task_normalization: bool = False
     # Added to a std before dividing (reward units); keeps near-constant groups finite.
     eps: float = Field(default=1e-6, gt=0.0)
     # A group whose reward std is at most this (reward units) has zero variance: advantage 0.
     zero_variance_tolerance: float = Field(default=1e-8, ge=0.0)
+    # --- issue 18: turn-level credit and environment-level normalisation ---
+    # Scale by the std of the group-centred returns of every informative group of the same
+    # environment (ERPO, AutoForge); takes precedence over task_normalization.
+    environment_normalization: bool = False
+    # What each turn is credited with: "outcome" = the episode's return on every turn
+    # (GRPO; use with outcome-only rewards and short horizons); "discounted" = the turn's
+    # discounted return-to-go against the group's mean return (use with per-step rewards
+    # on long horizons); "turn_grpo" = returns-to-go normalised against all turns of the
+    # group (turn-level GRPO; dense process rewards whose scale varies over turns).
+    credit: Literal["outcome", "discounted", "turn_grpo"] = "outcome"
+    # Discount per turn for "discounted" and "turn_grpo" (unitless, 0 < gamma <= 1).
+    gamma: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
 class ObjectiveConfig(_Section):

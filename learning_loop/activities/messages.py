@@ -44,6 +44,7 @@ class TaskSeed:
     task_id: str
     seed: int
     environment_version_id: str
+    environment: str = ""  # the environment's name (per-environment metrics, normalisation)
 
 
 @dataclass
@@ -113,6 +114,9 @@ class UpdateInput:
     batch_ids: list[str]
     config: dict[str, Any]
     environment_version_ids: list[str] = field(default_factory=list)
+    # The run's admitted training tasks -> their environment's name. The learner refuses a
+    # trajectory of any other task (empty: an update started before this field existed).
+    task_environments: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -28,6 +28,7 @@ def alarm_record(alarm: Alarm) -> dict[str, Any]:
 def step_columns(
     stability: IterationMetrics, update: UpdateMetrics | None, alarms: Sequence[Alarm],
     zero_variance_groups: int, groups: int, data: RolloutData,
+    series: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The ``training_step`` columns of an iteration (JSON-safe: no NaN or infinity)."""
     columns: dict[str, Any] = finite({
@@ -49,6 +50,9 @@ def step_columns(
                       "groups": groups, "zero_variance_groups": zero_variance_groups,
                       "policy_versions": sorted(set(data.policy_versions))},
             "alarm_messages": [a.message for a in alarms],
+            # Flat name -> number keys (reward/task/<id>, reward/env/<name>, ...): see
+            # learning_loop.batch_metrics.
+            "series": dict(series or {}),
         },
         "alarms": [a.kind for a in alarms],
     })

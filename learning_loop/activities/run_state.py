@@ -86,11 +86,14 @@ class RunActivities:
             f"task {t} is {tasks[t].status}, not admitted" for t in request.task_ids
             if t in tasks and tasks[t].status != "admitted"
         ]
+        environments: dict[str, str] = {}
         with Session(self._engine) as session:
             for task_id in request.task_ids:
                 task = tasks.get(task_id)
                 version = session.get(EnvironmentVersion, task.environment_version_id) if task \
                     else None
+                if version is not None:
+                    environments[task_id] = version.environment_name
                 if version is not None and version.retired_at is not None:
                     problems.append(f"task {task_id} is on retired environment version"
                                     f" {version.id[:12]}")
@@ -103,7 +106,8 @@ class RunActivities:
             )
         ordered = [tasks[t] for t in request.task_ids]
         return RunPlan(
-            tasks=[TaskSeed(t.id, t.seed, t.environment_version_id) for t in ordered],
+            tasks=[TaskSeed(t.id, t.seed, t.environment_version_id, environments.get(t.id, ""))
+                   for t in ordered],
             environment_version_ids=sorted({t.environment_version_id for t in ordered}),
         )
 

@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from learning_loop.activities.records import alarm_record, step_columns
 from learning_loop.batch import TrainingSample, build_training_samples, collate
+from learning_loop.batch_metrics import reward_series
 from learning_loop.checkpoints import (
     CheckpointError,
     CheckpointRef,
@@ -220,7 +221,7 @@ def train_iteration(
         detect_template_collapse(stability, config.stability, history=history),
     ) if a is not None]
     columns = step_columns(stability, update, alarms, advantages.zero_variance_groups,
-                           advantages.groups, data)
+                           advantages.groups, data, series=reward_series(data.returns))
     if update is None:
         return IterationOutcome(parent, False, columns, stability, alarms)
     on_stage("saving")
