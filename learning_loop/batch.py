@@ -13,7 +13,7 @@ refers to token t+1 of `input_ids`, the token predicted by the logits at positio
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -113,6 +113,14 @@ def build_training_samples(
             advantage=result.turn_advantages[s.trajectory_id][index],
         ))
     return samples, result
+
+
+def without_groups(
+    samples: Sequence[TrainingSample], group_ids: Collection[str]
+) -> list[TrainingSample]:
+    """The samples outside these groups (dynamic sampling drops zero-variance groups, so
+    their zero-advantage tokens leave the token-aggregated loss's denominator)."""
+    return [s for s in samples if s.group_id not in group_ids]
 
 
 def trajectory_turns(steps: Sequence[StepRecord]) -> list[TrajectoryTurns]:

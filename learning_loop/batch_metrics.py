@@ -32,6 +32,13 @@ def reward_series(returns: Sequence[TrajectoryReturn]) -> dict[str, float]:
     return dict(sorted(series.items()))
 
 
+def dynamic_sampling_series(dropped_groups: int, groups: int) -> dict[str, float]:
+    """What dynamic sampling dropped: zero-variance groups (count) and their share of all
+    groups the iteration sampled, resampling rounds included (0..1)."""
+    return {"dynamic_sampling/groups_dropped": float(dropped_groups),
+            "dynamic_sampling/drop_rate": dropped_groups / groups if groups else 0.0}
+
+
 def merge_series(*parts: Mapping[str, float] | None) -> dict[str, float]:
     """One series from several; later parts win on a shared key; non-finite values dropped."""
     merged: dict[str, float] = {}

@@ -37,6 +37,14 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from learning_loop.activities import messages as m
+    from learning_loop.dynamic_data import (
+        groups_to_resample,
+        informative_groups,
+        max_turns_at,
+        record_pass_rates,
+        rollout_items,
+        tasks_for_sampling,
+    )
     from triloop.nexus_api import ExecutionService, GovernanceService, endpoint_for
     from triloop.run_config import RunConfig, RunConfigError
     from triloop.workflow_api import (
@@ -57,6 +65,8 @@ with workflow.unsafe.imports_passed_through():
         sibling_queue,
     )
 
+__all__ = ["TrainingRunWorkflow", "completion", "parse_config", "rollout_items"]
+
 T = TypeVar("T")
 LIGHT_TIMEOUT = timedelta(seconds=60)
 LIGHT_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=20))
@@ -65,14 +75,6 @@ UPDATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffi
                            maximum_interval=timedelta(seconds=30), maximum_attempts=20)
 MAX_ROLLOUT_CONCURRENCY = 16
 PROPOSAL_TIMEOUT = timedelta(minutes=10)
-
-
-def rollout_items(tasks: list[m.TaskSeed], iteration: int, groups: int, group_size: int
-                  ) -> list[RolloutItem]:
-    """The iteration's groups, cycling through the run's tasks (pure)."""
-    start = (iteration - 1) * groups
-    return [RolloutItem(tasks[(start + g) % len(tasks)].task_id,
-                        tasks[(start + g) % len(tasks)].seed, group_size) for g in range(groups)]
 
 
 def parse_config(config: dict[str, Any]) -> RunConfig:
@@ -105,6 +107,10 @@ class TrainingRunWorkflow:
         self._state = RunStatus(run_id="", status="starting")
         self._controls: list[tuple[str, RunControl]] = []
         self._cancelled = False
+        # Dynamic data (issue 18): each batch's groups and what the learner should record.
+        self._batch_items: dict[str, list[RolloutItem]] = {}
+        self._batch_series: dict[str, dict[str, float]] = {}
+        self._pass_history: dict[str, list[float]] = {}
 
     @workflow.signal(name=RUN_PAUSE_SIGNAL)
     def pause(self, control: RunControl) -> None:
@@ -135,6 +141,7 @@ class TrainingRunWorkflow:
         state.iterations_done, state.latest_checkpoint_id = run.start_iteration, \
             run.latest_checkpoint_id
         state.alarms_raised = run.alarms_raised
+        self._pass_history = {k: list(v) for k, v in run.task_pass_history.items()}
         if run.paused:
             state.status, state.paused_reason = "paused", "paused before continue-as-new"
         try:
@@ -177,13 +184,16 @@ class TrainingRunWorkflow:
             pending = None
             if batch is None:
                 break
+            batch_ids = await self._resample(run, config, plan, k + 1, latest, k, batch)
+            if batch_ids is None:
+                break
             cycle_end = (k + 1 - run.start_iteration >= run.continue_as_new_every
                          or workflow.info().is_continue_as_new_suggested())
             if k + 1 < total and not (cycle_end or self._cancelled or state.status == "paused"):
                 # Overlap: the next rollout runs with c_k while c_{k+1} is being trained.
                 pending = self._start_rollout(run, config, plan, k + 2, latest, version=k)
             result = await self._await(run.run_id, self._start_update(
-                run, plan, k + 1, latest, base, batch), cancellable=False)
+                run, plan, k + 1, latest, base, batch_ids), cancellable=False)
             if result is None:
                 break
             k, latest = k + 1, result.checkpoint_id
@@ -243,22 +253,63 @@ class TrainingRunWorkflow:
             continue_as_new_every=run.continue_as_new_every,
             update_heartbeat_timeout_s=run.update_heartbeat_timeout_s,
             alarms_raised=self._state.alarms_raised,
+            task_pass_history=self._pass_history,
         ))
 
+    async def _resample(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,
+                        iteration: int, checkpoint_id: str, version: int,
+                        batch: RolloutBatchResult) -> list[str] | None:
+        """The iteration's batch ids, after dynamic sampling topped it up (None: cancelled).
+
+        Extra groups run with the same checkpoint and version as the first batch, within
+        ``sampling.max_resample_rounds`` extra batches.
+        """
+        self._note_pass_rates(config, batch)
+        batch_ids = [batch.batch_id]
+        tolerance = config.advantage.zero_variance_tolerance
+        informative = informative_groups(batch, tolerance)
+        drawn = config.rollout.groups_per_iteration
+        while (missing := groups_to_resample(config, informative, len(batch_ids) - 1)) > 0:
+            extra = await self._await(run.run_id, self._start_rollout(
+                run, config, plan, iteration, checkpoint_id, version=version,
+                groups=missing, offset=drawn, tag=f"r{len(batch_ids)}"))
+            if extra is None:
+                return None
+            self._note_pass_rates(config, extra)
+            batch_ids.append(extra.batch_id)
+            informative += informative_groups(extra, tolerance)
+            drawn += missing
+        return batch_ids
+
+    def _note_pass_rates(self, config: RunConfig, batch: RolloutBatchResult) -> None:
+        items = self._batch_items.get(batch.batch_id, [])
+        self._pass_history = record_pass_rates(self._pass_history, items, batch.batch_id,
+                                               batch, config.sampling.pass_rate_window)
+
     def _start_rollout(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,
-                       iteration: int, checkpoint_id: str, *, version: int
+                       iteration: int, checkpoint_id: str, *, version: int,
+                       groups: int | None = None, offset: int = 0, tag: str = ""
                        ) -> asyncio.Task[RolloutBatchResult]:
         rollout = config.rollout
+        tasks, filtered = tasks_for_sampling(plan.tasks, self._pass_history, config.sampling)
+        count = groups or rollout.groups_per_iteration
+        items = rollout_items(tasks, iteration, rollout.groups_per_iteration, rollout.group_size,
+                              offset=offset, count=count)
+        max_turns = max_turns_at(iteration, config)
         batch = RolloutBatchInput(
             # The nonce (recorded in history) keeps the id from being requested first.
-            batch_id=f"{run.run_id}-{iteration}-{workflow.uuid4().hex[:12]}", purpose="training",
-            items=rollout_items(plan.tasks, iteration, rollout.groups_per_iteration,
-                                rollout.group_size),
+            batch_id=f"{run.run_id}-{iteration}{tag}-{workflow.uuid4().hex[:12]}",
+            purpose="training", items=items,
             checkpoint_id=checkpoint_id, run_id=run.run_id, policy_version=version,
-            max_concurrency=min(MAX_ROLLOUT_CONCURRENCY,
-                                rollout.groups_per_iteration * rollout.group_size),
+            max_concurrency=min(MAX_ROLLOUT_CONCURRENCY, count * rollout.group_size),
             deadline_s=rollout.deadline_s, temperature=rollout.temperature,
+            max_turns=max_turns,
         )
+        self._batch_items[batch.batch_id] = items
+        series = {"data/tasks_filtered": float(len(filtered))}
+        if max_turns is not None:
+            series["curriculum/max_turns"] = float(max_turns)
+        self._batch_series[batch.batch_id] = series
         execution = workflow.create_nexus_client(
             service=ExecutionService, endpoint=endpoint_for(workflow.info().task_queue,
                                                             "execution"))
@@ -268,14 +319,21 @@ class TrainingRunWorkflow:
         ))
 
     def _start_update(self, run: TrainingRunInput, plan: m.RunPlan, iteration: int,
-                      parent: str, base: str, batch: RolloutBatchResult
+                      parent: str, base: str, batch_ids: list[str]
                       ) -> asyncio.Task[m.UpdateResult]:
+        series = dict(self._batch_series.pop(batch_ids[0], {}))
+        for extra in batch_ids[1:]:
+            self._batch_series.pop(extra, None)
+        for batch_id in batch_ids:
+            self._batch_items.pop(batch_id, None)
+        series["dynamic_sampling/resample_rounds"] = float(len(batch_ids) - 1)
         return workflow.start_activity(
             m.UPDATE_POLICY, m.UpdateInput(
                 run_id=run.run_id, iteration=iteration, parent_checkpoint_id=parent,
-                base_checkpoint_id=base, batch_ids=[batch.batch_id], config=run.config,
+                base_checkpoint_id=base, batch_ids=list(batch_ids), config=run.config,
                 environment_version_ids=list(plan.environment_version_ids),
-                task_environments={t.task_id: t.environment for t in plan.tasks}),
+                task_environments={t.task_id: t.environment for t in plan.tasks},
+                series=series),
             result_type=m.UpdateResult,
             task_queue=sibling_queue(workflow.info().task_queue, LEARNING_GPU_QUEUE),
             start_to_close_timeout=UPDATE_TIMEOUT,

@@ -117,6 +117,9 @@ class UpdateInput:
     # The run's admitted training tasks -> their environment's name. The learner refuses a
     # trajectory of any other task (empty: an update started before this field existed).
     task_environments: dict[str, str] = field(default_factory=dict)
+    # Metric keys the workflow knows of the iteration (resample rounds, tasks filtered by
+    # pass rate, the curriculum's max_turns), stored with the iteration's series.
+    series: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

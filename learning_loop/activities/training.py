@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from learning_loop.activities.records import alarm_record, step_columns
-from learning_loop.batch import TrainingSample, build_training_samples, collate
-from learning_loop.batch_metrics import reward_series
+from learning_loop.batch import TrainingSample, build_training_samples, collate, without_groups
+from learning_loop.batch_metrics import dynamic_sampling_series, merge_series, reward_series
 from learning_loop.checkpoints import (
     CheckpointError,
     CheckpointRef,
@@ -169,6 +169,7 @@ def train_iteration(
     history: Sequence[IterationMetrics],
     data_cursor: Mapping[str, Any],
     on_stage: Callable[[str], None] = lambda _stage: None,
+    series: Mapping[str, float] | None = None,
 ) -> IterationOutcome:
     """Update the parent checkpoint (policy version ``iteration - 1``) on ``data``; save.
 
@@ -191,6 +192,10 @@ def train_iteration(
         random.seed(config.schedule.seed)
         torch.manual_seed(config.schedule.seed)
     samples, advantages = build_training_samples(data.steps, config.advantage)
+    sampling: dict[str, float] = {}
+    if config.sampling.dynamic_sampling:
+        samples = without_groups(samples, advantages.zero_variance_group_ids)
+        sampling = dynamic_sampling_series(advantages.zero_variance_groups, advantages.groups)
     on_stage("scoring")
     found = discrimination(
         model, [(s.prompt_token_ids, s.action_token_ids) for s in samples], config, device
@@ -221,7 +226,8 @@ def train_iteration(
         detect_template_collapse(stability, config.stability, history=history),
     ) if a is not None]
     columns = step_columns(stability, update, alarms, advantages.zero_variance_groups,
-                           advantages.groups, data, series=reward_series(data.returns))
+                           advantages.groups, data,
+                           series=merge_series(series, reward_series(data.returns), sampling))
     if update is None:
         return IterationOutcome(parent, False, columns, stability, alarms)
     on_stage("saving")

@@ -225,7 +225,7 @@ class UpdateActivities:
             data_cursor={"run_id": request.run_id, "iteration": request.iteration,
                          "batch_ids": list(request.batch_ids),
                          "next_iteration": request.iteration + 1},
-            on_stage=stage,
+            on_stage=stage, series=request.series,
         )
         if outcome.weights_changed:
             progress.stage, progress.checkpoint_id = "saved", outcome.checkpoint.id
