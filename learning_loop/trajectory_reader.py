@@ -10,7 +10,8 @@ difference is added as a reward-only record (no action tokens) after the last st
 Only ``training`` episodes of the run that played at least one turn and finished
 (``completed`` or ``truncated``) are read. ``failed`` episodes have no trustworthy reward,
 and a truncated episode without steps (the batch deadline came before it started) says
-nothing about the policy; both are left out, and counted.
+nothing about the policy; both are left out, and counted. Truncated episodes with steps
+follow ``asynchrony.truncated_episodes`` (see learning_loop.asynchrony).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy import Engine, text
 from sqlmodel import Session, col, select
 
 from learning_loop.advantages import TrajectoryReturn
+from learning_loop.asynchrony import TruncationRule, learns_from
 from learning_loop.batch import InvalidSampleError, StepRecord
 from triloop.models import Trajectory
 
@@ -69,6 +71,7 @@ class RolloutData:
     lengths: list[int] = field(default_factory=list)  # action tokens per trajectory
     policy_versions: list[int] = field(default_factory=list)  # one per trajectory
     skipped: int = 0  # failed or never-started episodes left out
+    truncated_excluded: int = 0  # truncated episodes left out by asynchrony.truncated_episodes
 
 
 def check_action_mask(step: StoredStep, trajectory_id: str) -> None:
@@ -101,10 +104,19 @@ def check_admitted(trajectories: Sequence[StoredTrajectory], allowed: Mapping[st
         )
 
 
-def to_rollout_data(trajectories: Sequence[StoredTrajectory]) -> RolloutData:
-    """Step records whose per-trajectory reward sums equal each ``total_reward`` (pure)."""
+def to_rollout_data(
+    trajectories: Sequence[StoredTrajectory], truncated_episodes: TruncationRule = "train"
+) -> RolloutData:
+    """Step records whose per-trajectory reward sums equal each ``total_reward`` (pure).
+
+    Truncated episodes the rule leaves out (see learning_loop.asynchrony) yield nothing:
+    no sample, no return in their group's baseline; they are counted.
+    """
     data = RolloutData()
     for trajectory in trajectories:
+        if not learns_from(trajectory.status, trajectory.failure_reason, truncated_episodes):
+            data.truncated_excluded += 1
+            continue
         step_rewards = 0.0
         for step in trajectory.steps:
             check_action_mask(step, trajectory.id)
@@ -138,6 +150,7 @@ def _record(
 def load_rollout_data(
     *, engine: Engine, run_id: str, batch_ids: Sequence[str],
     task_environments: Mapping[str, str] | None = None,
+    truncated_episodes: TruncationRule = "train",
 ) -> RolloutData:
     """Read the run's training episodes of these batches, in a stable order.
 
@@ -172,6 +185,6 @@ def load_rollout_data(
         for t in usable
     ]
     check_admitted(stored, allowed)
-    data = to_rollout_data(stored)
+    data = to_rollout_data(stored, truncated_episodes)
     data.skipped = len(rows) - len(usable)
     return data

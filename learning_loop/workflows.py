@@ -26,6 +26,7 @@ iteration and the latest checkpoint.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from learning_loop.activities import messages as m
+    from learning_loop.asynchrony import rollouts_to_start
     from learning_loop.dynamic_data import (
         groups_to_resample,
         informative_groups,
@@ -173,15 +175,19 @@ class TrainingRunWorkflow:
         if state.status != "paused":
             await self._set_status(run.run_id, "running", None)
         k, total = run.start_iteration, config.schedule.iterations
-        pending: asyncio.Task[RolloutBatchResult] | None = None
+        # Rollouts in flight for iterations k+1, k+2, ... (at most asynchrony.staleness_window
+        # ahead of the update; 1 = the one-step overlap).
+        pending: deque[asyncio.Task[RolloutBatchResult]] = deque()
+        window = config.asynchrony.staleness_window
+        cycle_last = min(total, run.start_iteration + run.continue_as_new_every)
         while k < total and not self._cancelled:
             await self._wait_while_paused(run.run_id)
             if self._cancelled:
                 break
-            if pending is None:
-                pending = self._start_rollout(run, config, plan, k + 1, latest, version=k)
-            batch = await self._await(run.run_id, pending)
-            pending = None
+            if not pending:
+                pending.append(self._start_rollout(run, config, plan, k + 1, latest, version=k))
+            batch = await self._await(run.run_id, pending[0])
+            pending.popleft()
             if batch is None:
                 break
             batch_ids = await self._resample(run, config, plan, k + 1, latest, k, batch)
@@ -189,9 +195,13 @@ class TrainingRunWorkflow:
                 break
             cycle_end = (k + 1 - run.start_iteration >= run.continue_as_new_every
                          or workflow.info().is_continue_as_new_suggested())
-            if k + 1 < total and not (cycle_end or self._cancelled or state.status == "paused"):
-                # Overlap: the next rollout runs with c_k while c_{k+1} is being trained.
-                pending = self._start_rollout(run, config, plan, k + 2, latest, version=k)
+            if not (cycle_end or self._cancelled or state.status == "paused"):
+                # Overlap: the next rollouts run with c_k while c_{k+1} is being trained.
+                for iteration in rollouts_to_start(
+                        next_iteration=k + 2 + len(pending), in_flight=len(pending),
+                        window=window, last_iteration=cycle_last):
+                    pending.append(self._start_rollout(run, config, plan, iteration, latest,
+                                                       version=k))
             result = await self._await(run.run_id, self._start_update(
                 run, plan, k + 1, latest, base, batch_ids), cancellable=False)
             if result is None:
@@ -199,12 +209,11 @@ class TrainingRunWorkflow:
             k, latest = k + 1, result.checkpoint_id
             state.iterations_done, state.latest_checkpoint_id = k, latest
             state.last_reward_mean = result.reward_mean
-            await self._after_update(run, config, result)
+            latest = await self._after_update(run, config, result, latest)
             if cycle_end and k < total and not self._cancelled:
+                await self._cancel_rollouts(pending)  # only with a suggested early end
                 await self._continue_as_new(run, k, latest, base)
-        if pending is not None:
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
+        await self._cancel_rollouts(pending)
         if self._cancelled:
             state.status = "cancelled"
         elif k >= total:
@@ -212,8 +221,16 @@ class TrainingRunWorkflow:
             state.status, state.paused_reason = status, None
             await self._set_status(run.run_id, status, reason[:2000])
 
+    @staticmethod
+    async def _cancel_rollouts(pending: deque[asyncio.Task[RolloutBatchResult]]) -> None:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        pending.clear()
+
     async def _after_update(self, run: TrainingRunInput, config: RunConfig,
-                            result: m.UpdateResult) -> None:
+                            result: m.UpdateResult, latest: str) -> str:
+        """Alarms, mitigations and proposals after an update; the checkpoint to go on from."""
         state = self._state
         if result.alarms:
             messages = [f"iteration {result.iteration}: {a.message}" for a in result.alarms]
@@ -240,6 +257,7 @@ class TrainingRunWorkflow:
                     stability_alarms=proposed.stability_alarms),
                 schedule_to_close_timeout=PROPOSAL_TIMEOUT)
             state.proposals.append(proposed.proposal_id)
+        return latest
 
     async def _continue_as_new(self, run: TrainingRunInput, k: int, latest: str,
                                base: str) -> None:

@@ -47,6 +47,7 @@ def step_columns(
             "stability": stability.as_dict(),
             "update": update.as_dict() if update else None,
             "batch": {"trajectories": len(data.returns), "skipped": data.skipped,
+                      "truncated_excluded": data.truncated_excluded,
                       "groups": groups, "zero_variance_groups": zero_variance_groups,
                       "policy_versions": sorted(set(data.policy_versions))},
             "alarm_messages": [a.message for a in alarms],

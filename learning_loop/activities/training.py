@@ -179,7 +179,9 @@ def train_iteration(
     if not data.returns:
         raise NoTrainableData(
             f"iteration {iteration} has no finished trajectory to learn from"
-            f" ({data.skipped} failed or never started); check the execution loop's episodes"
+            f" ({data.skipped} failed or never started, {data.truncated_excluded} truncated"
+            " episodes left out by asynchrony.truncated_episodes); check the execution loop's"
+            " episodes, or raise rollout.deadline_s"
         )
     device = select_device()
     on_stage("loading")

@@ -204,7 +204,8 @@ class UpdateActivities:
         config = RunConfig.model_validate(request.config)
         data = load_rollout_data(engine=self._engine, run_id=request.run_id,
                                  batch_ids=request.batch_ids,
-                                 task_environments=request.task_environments)
+                                 task_environments=request.task_environments,
+                                 truncated_episodes=config.asynchrony.truncated_episodes)
         history = stability_history(stability_rows(
             engine=self._engine, run_id=request.run_id, before=request.iteration))
         reference_dir = None
