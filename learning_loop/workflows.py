@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         rollout_items,
         tasks_for_sampling,
     )
+    from learning_loop.mitigation import MitigationState, decide_mitigation
     from triloop.nexus_api import ExecutionService, GovernanceService, endpoint_for
     from triloop.run_config import RunConfig, RunConfigError
     from triloop.workflow_api import (
@@ -113,6 +114,7 @@ class TrainingRunWorkflow:
         self._batch_items: dict[str, list[RolloutItem]] = {}
         self._batch_series: dict[str, dict[str, float]] = {}
         self._pass_history: dict[str, list[float]] = {}
+        self._mitigation = MitigationState()
 
     @workflow.signal(name=RUN_PAUSE_SIGNAL)
     def pause(self, control: RunControl) -> None:
@@ -144,6 +146,8 @@ class TrainingRunWorkflow:
             run.latest_checkpoint_id
         state.alarms_raised = run.alarms_raised
         self._pass_history = {k: list(v) for k, v in run.task_pass_history.items()}
+        self._mitigation = MitigationState(run.mitigation_actions, run.entropy_coef_bonus,
+                                           run.learning_rate_scale)
         if run.paused:
             state.status, state.paused_reason = "paused", "paused before continue-as-new"
         try:
@@ -206,10 +210,14 @@ class TrainingRunWorkflow:
                 run, plan, k + 1, latest, base, batch_ids), cancellable=False)
             if result is None:
                 break
+            parent = latest
             k, latest = k + 1, result.checkpoint_id
             state.iterations_done, state.latest_checkpoint_id = k, latest
             state.last_reward_mean = result.reward_mean
-            latest = await self._after_update(run, config, result, latest)
+            rolled_back_to = await self._after_update(run, config, result, parent)
+            if rolled_back_to is not None:  # go on from before the alarm, with fresh rollouts
+                latest = state.latest_checkpoint_id = rolled_back_to
+                await self._cancel_rollouts(pending)
             if cycle_end and k < total and not self._cancelled:
                 await self._cancel_rollouts(pending)  # only with a suggested early end
                 await self._continue_as_new(run, k, latest, base)
@@ -229,13 +237,15 @@ class TrainingRunWorkflow:
         pending.clear()
 
     async def _after_update(self, run: TrainingRunInput, config: RunConfig,
-                            result: m.UpdateResult, latest: str) -> str:
-        """Alarms, mitigations and proposals after an update; the checkpoint to go on from."""
+                            result: m.UpdateResult, parent: str) -> str | None:
+        """Alarms, mitigations and proposals after an update; a checkpoint to roll back to."""
         state = self._state
+        rolled_back_to = None
         if result.alarms:
             messages = [f"iteration {result.iteration}: {a.message}" for a in result.alarms]
             state.alarms.extend(messages)
             state.alarms_raised += len(messages)
+            rolled_back_to = await self._mitigate(run, config, result, parent, messages)
             if config.stability.pause_on_alarm and not self._cancelled:
                 state.status, state.paused_reason = "paused", "; ".join(messages)
                 await self._set_status(run.run_id, "paused", state.paused_reason[:2000],
@@ -257,7 +267,24 @@ class TrainingRunWorkflow:
                     stability_alarms=proposed.stability_alarms),
                 schedule_to_close_timeout=PROPOSAL_TIMEOUT)
             state.proposals.append(proposed.proposal_id)
-        return latest
+        return rolled_back_to
+
+    async def _mitigate(self, run: TrainingRunInput, config: RunConfig, result: m.UpdateResult,
+                        parent: str, messages: list[str]) -> str | None:
+        """Take the configured mitigation (audited first); the rollback target, if any."""
+        if self._cancelled:
+            return None
+        action = decide_mitigation(
+            config.mitigation, self._mitigation, alarmed=True,
+            rollback_to=parent if parent != result.checkpoint_id else None)
+        if action is None:
+            return None
+        await self._light(m.RECORD_MITIGATION, m.MitigationInput(
+            run.run_id, result.iteration, action.kind, messages, dict(action.detail)),
+            m.MitigationRecorded)
+        self._mitigation = action.state
+        self._state.mitigations.append(f"iteration {result.iteration}: {action.kind}")
+        return parent if action.kind == "rollback" else None
 
     async def _continue_as_new(self, run: TrainingRunInput, k: int, latest: str,
                                base: str) -> None:
@@ -272,6 +299,9 @@ class TrainingRunWorkflow:
             update_heartbeat_timeout_s=run.update_heartbeat_timeout_s,
             alarms_raised=self._state.alarms_raised,
             task_pass_history=self._pass_history,
+            mitigation_actions=self._mitigation.actions,
+            entropy_coef_bonus=self._mitigation.entropy_coef_bonus,
+            learning_rate_scale=self._mitigation.learning_rate_scale,
         ))
 
     async def _resample(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,
@@ -345,13 +375,18 @@ class TrainingRunWorkflow:
         for batch_id in batch_ids:
             self._batch_items.pop(batch_id, None)
         series["dynamic_sampling/resample_rounds"] = float(len(batch_ids) - 1)
+        mitigation = self._mitigation
+        if mitigation.actions:
+            series["mitigation/entropy_coef_bonus"] = mitigation.entropy_coef_bonus
+            series["mitigation/learning_rate_scale"] = mitigation.learning_rate_scale
         return workflow.start_activity(
             m.UPDATE_POLICY, m.UpdateInput(
                 run_id=run.run_id, iteration=iteration, parent_checkpoint_id=parent,
                 base_checkpoint_id=base, batch_ids=list(batch_ids), config=run.config,
                 environment_version_ids=list(plan.environment_version_ids),
                 task_environments={t.task_id: t.environment for t in plan.tasks},
-                series=series),
+                series=series, entropy_coef_bonus=mitigation.entropy_coef_bonus,
+                learning_rate_scale=mitigation.learning_rate_scale),
             result_type=m.UpdateResult,
             task_queue=sibling_queue(workflow.info().task_queue, LEARNING_GPU_QUEUE),
             start_to_close_timeout=UPDATE_TIMEOUT,

@@ -113,6 +113,9 @@ class ObjectiveConfig(_Section):
     aggregation: Literal["token", "sequence"] = "token"
     # Weight of the k3 KL penalty to the frozen reference (unitless); 0 disables the reference.
     kl_coef: float = Field(default=0.0, ge=0.0)
+    # issue 18: weight of the entropy bonus (unitless): the loss subtracts entropy_coef times
+    # the policy's entropy per action token (nats). 0 = none; mitigation.on_alarm may raise it.
+    entropy_coef: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class OptimizerConfig(_Section):

@@ -125,6 +125,10 @@ class TrainingRunInput:
     alarms_raised: int = 0
     # Pass-rate filtering: each task's success rate over its last groups (share, 0..1).
     task_pass_history: dict[str, list[float]] = field(default_factory=dict)
+    # Mitigations taken so far and what they changed (learning_loop.mitigation).
+    mitigation_actions: int = 0
+    entropy_coef_bonus: float = 0.0
+    learning_rate_scale: float = 1.0
 
 
 @dataclass
@@ -327,3 +331,5 @@ class RunStatus:
     last_reward_mean: float | None = None
     refused_controls: list[str] = field(default_factory=list)  # why the policy refused them
     alarms_raised: int = 0  # stability alarms over the whole run (count)
+    # Since the last continue-as-new: "iteration N: kind" of each mitigation taken.
+    mitigations: list[str] = field(default_factory=list)

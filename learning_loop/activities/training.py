@@ -44,7 +44,12 @@ from learning_loop.stability import (
     retrieval_accuracy,
 )
 from learning_loop.trajectory_reader import RolloutData
-from learning_loop.update import UpdateSettings, build_optimizer, select_device
+from learning_loop.update import (
+    UpdateSettings,
+    build_optimizer,
+    select_device,
+    set_learning_rate,
+)
 from learning_loop.update import update_policy as grpo_update
 from triloop.run_config import RunConfig
 
@@ -193,6 +198,7 @@ def train_iteration(
         load_checkpoint(parent.path, model, restore_rng=False)
         random.seed(config.schedule.seed)
         torch.manual_seed(config.schedule.seed)
+    set_learning_rate(optimizer, scheduler, config.optimizer.learning_rate)
     samples, advantages = build_training_samples(data.steps, config.advantage)
     sampling: dict[str, float] = {}
     if config.sampling.dynamic_sampling:

@@ -60,6 +60,7 @@ from learning_loop.lineage import (
     register_root,
     stability_rows,
 )
+from learning_loop.mitigation import with_mitigations
 from learning_loop.stability import StabilityInputError
 from learning_loop.trajectory_reader import load_rollout_data
 from learning_loop.update import UpdateError
@@ -201,7 +202,9 @@ class UpdateActivities:
     def _train(
         self, request: UpdateInput, parent: Checkpoint, parent_dir: Path, progress: _Progress
     ) -> dict[str, Any]:
-        config = RunConfig.model_validate(request.config)
+        config = with_mitigations(RunConfig.model_validate(request.config),
+                                  entropy_coef_bonus=request.entropy_coef_bonus,
+                                  learning_rate_scale=request.learning_rate_scale)
         data = load_rollout_data(engine=self._engine, run_id=request.run_id,
                                  batch_ids=request.batch_ids,
                                  task_environments=request.task_environments,
