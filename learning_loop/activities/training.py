@@ -199,14 +199,15 @@ def train_iteration(
         random.seed(config.schedule.seed)
         torch.manual_seed(config.schedule.seed)
     set_learning_rate(optimizer, scheduler, config.optimizer.learning_rate)
-    samples, advantages = build_training_samples(data.steps, config.advantage)
-    sampling: dict[str, float] = {}
+    all_samples, advantages = build_training_samples(data.steps, config.advantage)
+    # The monitors look at everything sampled; the loss only at what dynamic sampling keeps.
+    samples, sampling = all_samples, {}
     if config.sampling.dynamic_sampling:
-        samples = without_groups(samples, advantages.zero_variance_group_ids)
+        samples = without_groups(all_samples, advantages.zero_variance_group_ids)
         sampling = dynamic_sampling_series(advantages.zero_variance_groups, advantages.groups)
     on_stage("scoring")
     found = discrimination(
-        model, [(s.prompt_token_ids, s.action_token_ids) for s in samples], config, device
+        model, [(s.prompt_token_ids, s.action_token_ids) for s in all_samples], config, device
     )
     signal = any(s.advantage != 0.0 for s in samples) or (
         bool(samples) and config.objective.kl_coef > 0)
@@ -225,7 +226,7 @@ def train_iteration(
         )
     stability = iteration_metrics(
         iteration=iteration, returns=data.returns, trajectory_lengths=data.lengths,
-        token_entropy=update.entropy if update else action_entropy(model, samples, device),
+        token_entropy=update.entropy if update else action_entropy(model, all_samples, device),
         grad_norm=update.grad_norm if update else None,
         kl=update.reference_kl if update else None, discrimination=found,
     )

@@ -1,0 +1,111 @@
+"""A short real multi-task run with the issue-18 practices switched on.
+
+Two built-in environments (frozen_lake and tool_arithmetic), the tiny model on CPU, the
+real Temporal, PostgreSQL and OPA: each iteration stores reward per task and per
+environment, the dynamic-sampling drop rate, and the rollouts obey the run's max_turns.
+Template collapse is made to fire so the configured mitigation runs and is audited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session
+from temporalio.client import Client
+
+from tests.factories_execution import make_builtin_task
+from tests.factories_learning import (
+    loops_running,
+    make_run,
+    make_user,
+    queue_settings,
+    rows,
+    run_config,
+    start_run,
+)
+from triloop.config import Settings
+from triloop.temporal import connect
+from triloop.workflow_api import RunStatus
+from web.data.runs import run_metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model, created locally (no download)."""
+    import torch
+
+    from learning_loop.tiny_model import create_tiny_model
+
+    torch.set_num_threads(1)
+    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[Client]:
+    """A Temporal client standing in for the web service."""
+    yield await connect(settings, identity="web-test", service="web", loop="learning")
+
+
+async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop_rate(
+    client: Client, settings: Settings, owner_engine: Engine, tiny_dir: Path,
+) -> None:
+    own_settings = queue_settings(settings)
+    alice = make_user(owner_engine)
+    tasks = [make_builtin_task(owner_engine, "frozen_lake", 71),
+             make_builtin_task(owner_engine, "tool_arithmetic", 72)]
+    config = run_config(
+        tiny_dir, tasks,
+        rollout={"group_size": 3, "groups_per_iteration": 2, "max_turns": 2},
+        advantage={"credit": "discounted", "gamma": 0.9, "environment_normalization": True},
+        sampling={"dynamic_sampling": True, "max_resample_rounds": 1},
+        # Thresholds that make template collapse fire on every iteration, to be mitigated.
+        stability={"pause_on_alarm": False, "retrieval_margin": 1.0,
+                   "collapse_min_entropy": 0.0, "min_discrimination_prompts": 2},
+        mitigation={"on_alarm": "raise_entropy", "entropy_step": 0.01, "max_actions": 1},
+        schedule={"iterations": 2, "propose_every": 2},
+    )
+    run_id = make_run(owner_engine, config, alice)
+    async with loops_running(client, own_settings):
+        handle = await start_run(client, own_settings, run_id, config, alice)
+        result: RunStatus = await asyncio.wait_for(handle.result(), 600)
+
+    assert result.iterations_done == 2
+    assert result.mitigations == ["iteration 1: raise_entropy"]  # one action: max_actions
+    environments = {r["task"]: r["name"] for r in rows(
+        owner_engine, "SELECT t.id AS task, v.environment_name AS name FROM task t JOIN"
+        " environment_version v ON v.id = t.environment_version_id WHERE t.id = ANY(:t)",
+        t=tasks)}
+    assert sorted(environments.values()) == ["frozen_lake", "tool_arithmetic"]
+
+    with Session(owner_engine) as session:
+        metrics = run_metrics(session=session, run_id=run_id, after=None)
+    assert metrics is not None and [p.iteration for p in metrics.metrics] == [1, 2]
+    for point in metrics.metrics:
+        series = point.series
+        for task, name in environments.items():
+            assert math.isfinite(series[f"reward/task/{task}"])
+            assert f"reward/env/{name}" in series
+        assert 0.0 <= series["dynamic_sampling/drop_rate"] <= 1.0
+        assert series["dynamic_sampling/groups_dropped"] >= 0
+        assert series["dynamic_sampling/resample_rounds"] in (0.0, 1.0)
+        assert series["curriculum/max_turns"] == 2.0
+    assert metrics.metrics[1].series["mitigation/entropy_coef_bonus"] == pytest.approx(0.01)
+
+    # The run's max_turns reached the episodes (the contracts allow 10 and 4 turns).
+    lengths = rows(owner_engine, "SELECT max(num_steps) AS n, count(DISTINCT batch_id) AS b"
+                   " FROM trajectory WHERE run_id = :r", r=run_id)[0]
+    assert lengths["n"] <= 2
+    rounds = sum(p.series["dynamic_sampling/resample_rounds"] for p in metrics.metrics)
+    assert lengths["b"] == 2 + rounds  # one batch per iteration plus each resampling round
+
+    (event,) = rows(owner_engine, "SELECT actor, payload FROM audit_event WHERE action ="
+                    " 'stability_mitigation' AND resource->>'id' = :r", r=run_id)
+    assert event["actor"]["service"] == "learning"
+    assert event["payload"]["kind"] == "raise_entropy" and event["payload"]["iteration"] == 1
