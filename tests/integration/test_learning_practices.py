@@ -69,14 +69,17 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
         stability={"pause_on_alarm": False, "retrieval_margin": 1.0,
                    "collapse_min_entropy": 0.0, "min_discrimination_prompts": 2},
         mitigation={"on_alarm": "raise_entropy", "entropy_step": 0.01, "max_actions": 1},
-        schedule={"iterations": 2, "propose_every": 2},
+        # Rollouts run two iterations ahead; the two-versions-old ones are corrected.
+        asynchrony={"staleness_window": 2},
+        update={"stale_samples": "importance_correct"},
+        schedule={"iterations": 3, "propose_every": 3},
     )
     run_id = make_run(owner_engine, config, alice)
     async with loops_running(client, own_settings):
         handle = await start_run(client, own_settings, run_id, config, alice)
         result: RunStatus = await asyncio.wait_for(handle.result(), 600)
 
-    assert result.iterations_done == 2
+    assert result.iterations_done == 3
     assert result.mitigations == ["iteration 1: raise_entropy"]  # one action: max_actions
     environments = {r["task"]: r["name"] for r in rows(
         owner_engine, "SELECT t.id AS task, v.environment_name AS name FROM task t JOIN"
@@ -86,7 +89,7 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
 
     with Session(owner_engine) as session:
         metrics = run_metrics(session=session, run_id=run_id, after=None)
-    assert metrics is not None and [p.iteration for p in metrics.metrics] == [1, 2]
+    assert metrics is not None and [p.iteration for p in metrics.metrics] == [1, 2, 3]
     for point in metrics.metrics:
         series = point.series
         for task, name in environments.items():
@@ -96,14 +99,21 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
         assert series["dynamic_sampling/groups_dropped"] >= 0
         assert series["dynamic_sampling/resample_rounds"] in (0.0, 1.0)
         assert series["curriculum/max_turns"] == 2.0
-    assert metrics.metrics[1].series["mitigation/entropy_coef_bonus"] == pytest.approx(0.01)
+    for point in metrics.metrics[1:]:
+        assert point.series["mitigation/entropy_coef_bonus"] == pytest.approx(0.01)
 
     # The run's max_turns reached the episodes (the contracts allow 10 and 4 turns).
     lengths = rows(owner_engine, "SELECT max(num_steps) AS n, count(DISTINCT batch_id) AS b"
                    " FROM trajectory WHERE run_id = :r", r=run_id)[0]
     assert lengths["n"] <= 2
     rounds = sum(p.series["dynamic_sampling/resample_rounds"] for p in metrics.metrics)
-    assert lengths["b"] == 2 + rounds  # one batch per iteration plus each resampling round
+    assert lengths["b"] == 3 + rounds  # one batch per iteration plus each resampling round
+
+    # Staleness window 2: iterations 2 and 3 were both sampled with the base (version 0)
+    # while iteration 1 trained, so iteration 3 learned from data two versions old.
+    versions = rows(owner_engine, "SELECT DISTINCT policy_version AS v FROM trajectory"
+                    " WHERE run_id = :r AND batch_id LIKE :b", r=run_id, b=f"{run_id}-3-%")
+    assert [v["v"] for v in versions] == [0]
 
     (event,) = rows(owner_engine, "SELECT actor, payload FROM audit_event WHERE action ="
                     " 'stability_mitigation' AND resource->>'id' = :r", r=run_id)
