@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 
 from tests.factories_execution import make_builtin_task
 from tests.factories_learning import (
@@ -28,8 +29,9 @@ from tests.factories_learning import (
     run_config,
     start_run,
 )
-from triloop.config import Settings
+from triloop.config import ServiceName, Settings
 from triloop.temporal import connect
+from triloop.wiring import build_authorizer
 from triloop.workflow_api import RunStatus
 from web.data.runs import run_metrics
 
@@ -119,3 +121,33 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
                     " 'stability_mitigation' AND resource->>'id' = :r", r=run_id)
     assert event["actor"]["service"] == "learning"
     assert event["payload"]["kind"] == "raise_entropy" and event["payload"]["iteration"] == 1
+
+
+def test_a_mitigation_is_audited_and_refused_without_the_policy(
+    settings: Settings, owner_engine: Engine, role_engine: Callable[[ServiceName], Engine],
+    tiny_dir: Path,
+) -> None:
+    from learning_loop.activities.messages import MitigationInput
+    from learning_loop.activities.run_state import RunActivities
+
+    alice = make_user(owner_engine)
+    run_id = make_run(owner_engine, run_config(tiny_dir, ["t"]), alice)
+    request = MitigationInput(run_id, 3, "rollback", ["iteration 3: echo trap"],
+                              {"checkpoint_id": "c2"})
+    learning = RunActivities(engine=role_engine("learning"),
+                             authorizer=build_authorizer(settings, "learning"))
+    assert learning.record_mitigation(request).recorded
+
+    # A token bound to another service cannot speak for learning: OPA refuses, nothing
+    # is recorded, and the workflow would fail rather than change training unrecorded.
+    impostor = RunActivities(engine=role_engine("learning"),
+                             authorizer=build_authorizer(settings, "execution"))
+    with pytest.raises(ApplicationError) as refused:
+        impostor.record_mitigation(MitigationInput(run_id, 4, "raise_entropy"))
+    assert refused.value.type == "PolicyDenied" and refused.value.non_retryable
+
+    events = rows(owner_engine, "SELECT db_role, payload FROM audit_event WHERE action ="
+                  " 'stability_mitigation' AND resource->>'id' = :r", r=run_id)
+    assert [(e["db_role"], e["payload"]["iteration"], e["payload"]["kind"]) for e in events] == [
+        ("triloop_learning", 3, "rollback")]
+    assert events[0]["payload"]["detail"] == {"checkpoint_id": "c2"}
