@@ -105,3 +105,14 @@ def test_an_episode_the_horizon_ended_still_trains_as_a_failure() -> None:
     samples, _ = build_training_samples(data.steps, AdvantageConfig(eps=1e-12))
     assert data.truncated_excluded == 0
     assert [s.advantage for s in samples if s.trajectory_id == "b"] == pytest.approx([-1.0] * 8)
+
+
+def test_the_overlap_model_follows_the_workflow_rule() -> None:
+    from bench.overlap import simulate
+
+    runs = {k: simulate(k, iterations=60, slots=8, episodes=16, update_time=3.0, sigma=1.0,
+                        seed=1) for k in (1, 2, 4)}
+    # A wider window never leaves the learner waiting longer, and the data gets older:
+    # at most k versions, on average more than with k = 1.
+    assert runs[1].learner_idle >= runs[2].learner_idle >= runs[4].learner_idle
+    assert runs[1].mean_staleness < runs[2].mean_staleness < runs[4].mean_staleness <= 4
