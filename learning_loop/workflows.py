@@ -207,7 +207,7 @@ class TrainingRunWorkflow:
                     pending.append(self._start_rollout(run, config, plan, iteration, latest,
                                                        version=k))
             result = await self._await(run.run_id, self._start_update(
-                run, plan, k + 1, latest, base, batch_ids), cancellable=False)
+                run, config, plan, k + 1, latest, base, batch_ids), cancellable=False)
             if result is None:
                 break
             parent = latest
@@ -330,6 +330,8 @@ class TrainingRunWorkflow:
         return batch_ids
 
     def _note_pass_rates(self, config: RunConfig, batch: RolloutBatchResult) -> None:
+        if not config.sampling.pass_rate_filter:
+            return  # nothing reads it: keep the continue-as-new input small
         items = self._batch_items.get(batch.batch_id, [])
         self._pass_history = record_pass_rates(self._pass_history, items, batch.batch_id,
                                                batch, config.sampling.pass_rate_window)
@@ -354,7 +356,10 @@ class TrainingRunWorkflow:
             max_turns=max_turns,
         )
         self._batch_items[batch.batch_id] = items
-        series = {"data/tasks_filtered": float(len(filtered))}
+        # Only the keys of features the run uses: the run page charts every key.
+        series: dict[str, float] = {}
+        if config.sampling.pass_rate_filter:
+            series["data/tasks_filtered"] = float(len(filtered))
         if max_turns is not None:
             series["curriculum/max_turns"] = float(max_turns)
         self._batch_series[batch.batch_id] = series
@@ -366,15 +371,16 @@ class TrainingRunWorkflow:
             cancellation_type=workflow.NexusOperationCancellationType.TRY_CANCEL,
         ))
 
-    def _start_update(self, run: TrainingRunInput, plan: m.RunPlan, iteration: int,
-                      parent: str, base: str, batch_ids: list[str]
+    def _start_update(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,
+                      iteration: int, parent: str, base: str, batch_ids: list[str]
                       ) -> asyncio.Task[m.UpdateResult]:
         series = dict(self._batch_series.pop(batch_ids[0], {}))
         for extra in batch_ids[1:]:
             self._batch_series.pop(extra, None)
         for batch_id in batch_ids:
             self._batch_items.pop(batch_id, None)
-        series["dynamic_sampling/resample_rounds"] = float(len(batch_ids) - 1)
+        if config.sampling.dynamic_sampling:
+            series["dynamic_sampling/resample_rounds"] = float(len(batch_ids) - 1)
         mitigation = self._mitigation
         if mitigation.actions:
             series["mitigation/entropy_coef_bonus"] = mitigation.entropy_coef_bonus

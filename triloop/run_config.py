@@ -341,7 +341,9 @@ def _practice_problems(config: RunConfig) -> list[ConfigProblem]:
             f"stages must start at increasing iterations, got {starts}",
         ))
     window = config.asynchrony.staleness_window
-    if window > config.update.max_staleness and config.update.stale_samples == "drop":
+    # window 1 is the overlap every run always had, whatever max_staleness says.
+    if 1 < window and window > config.update.max_staleness \
+            and config.update.stale_samples == "drop":
         problems.append(ConfigProblem(
             "asynchrony.staleness_window",
             f"{window} is more than update.max_staleness ({config.update.max_staleness}) while"

@@ -49,6 +49,9 @@ def test_a_window_the_off_policy_guard_would_throw_away_is_refused() -> None:
     ok = run_config_from_data({**base, "asynchrony": {"staleness_window": 3},
                                "update": {"max_staleness": 3}})
     assert ok.asynchrony.staleness_window == 3
+    # window 1, the overlap runs always had, stays valid whatever max_staleness says
+    legacy = run_config_from_data({**base, "update": {"max_staleness": 0}})
+    assert legacy.asynchrony.staleness_window == 1
     corrected = run_config_from_data({**base, "asynchrony": {"staleness_window": 2},
                                       "update": {"stale_samples": "importance_correct"}})
     assert corrected.asynchrony.staleness_window == 2
