@@ -64,9 +64,10 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
              make_builtin_task(owner_engine, "tool_arithmetic", 72)]
     config = run_config(
         tiny_dir, tasks,
-        rollout={"group_size": 3, "groups_per_iteration": 2, "max_turns": 2},
+        rollout={"group_size": 3, "groups_per_iteration": 2, "max_turns": 1},
         advantage={"credit": "discounted", "gamma": 0.9, "environment_normalization": True},
-        sampling={"dynamic_sampling": True, "max_resample_rounds": 1},
+        sampling={"dynamic_sampling": True, "max_resample_rounds": 1,
+                  "horizon_schedule": [{"from_iteration": 3, "max_turns": 2}]},
         # Thresholds that make template collapse fire on every iteration, to be mitigated.
         stability={"pause_on_alarm": False, "retrieval_margin": 1.0,
                    "collapse_min_entropy": 0.0, "min_discrimination_prompts": 2},
@@ -100,14 +101,18 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
         assert 0.0 <= series["dynamic_sampling/drop_rate"] <= 1.0
         assert series["dynamic_sampling/groups_dropped"] >= 0
         assert series["dynamic_sampling/resample_rounds"] in (0.0, 1.0)
-        assert series["curriculum/max_turns"] == 2.0
     for point in metrics.metrics[1:]:
         assert point.series["mitigation/entropy_coef_bonus"] == pytest.approx(0.01)
 
-    # The run's max_turns reached the episodes (the contracts allow 10 and 4 turns).
-    lengths = rows(owner_engine, "SELECT max(num_steps) AS n, count(DISTINCT batch_id) AS b"
+    # The run's max_turns, then the curriculum's, reached the episodes (the contracts
+    # allow 10 and 4 turns).
+    assert [p.series["curriculum/max_turns"] for p in metrics.metrics] == [1.0, 1.0, 2.0]
+    longest = {r["i"]: r["n"] for r in rows(
+        owner_engine, "SELECT split_part(substr(batch_id, length(:r) + 2), '-', 1) AS i,"
+        " max(num_steps) AS n FROM trajectory WHERE run_id = :r GROUP BY 1", r=run_id)}
+    assert longest["1"] <= 1 and longest["2"] <= 1 and longest["3"] <= 2
+    lengths = rows(owner_engine, "SELECT count(DISTINCT batch_id) AS b"
                    " FROM trajectory WHERE run_id = :r", r=run_id)[0]
-    assert lengths["n"] <= 2
     rounds = sum(p.series["dynamic_sampling/resample_rounds"] for p in metrics.metrics)
     assert lengths["b"] == 3 + rounds  # one batch per iteration plus each resampling round
 
