@@ -23,6 +23,7 @@ BENCHMARKS: tuple[tuple[str, list[str]], ...] = (
     ("Rollback: request to effective", ["bench/rollback.py"]),
     ("Scale: concurrent short episodes", ["bench/scale.py"]),
     ("Gates: simulated canary and watch error rates", ["bench/gate_calibration.py"]),
+    ("Asynchrony: simulated rollout/update overlap at k = 1, 2, 4", ["bench/overlap.py"]),
 )
 
 

@@ -29,7 +29,13 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from execution_loop.episode import INFRASTRUCTURE_ERRORS, EpisodeRecord, StepRecord, run_episode
+from execution_loop.episode import (
+    INFRASTRUCTURE_ERRORS,
+    EpisodeRecord,
+    StepRecord,
+    episode_limits,
+    run_episode,
+)
 from execution_loop.policies import PolicyCache, TaskEnvironments
 from execution_loop.routing import assign, read_routes, shadow_comparison
 from execution_loop.trajectories import (
@@ -250,7 +256,8 @@ class RolloutActivities:
         try:
             record = run_episode(
                 env, policy, seed=episode_seed(spec.shadow_of or spec.episode_id),
-                task_seed=spec.task_seed, limits=opened.contract.limits,
+                task_seed=spec.task_seed,
+                limits=episode_limits(opened.contract.limits, job.max_turns),
                 context_rule=opened.contract.context, on_step=on_step,
                 deadline=job.deadline_epoch_s, temperature=temperature,
             )

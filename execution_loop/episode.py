@@ -78,6 +78,14 @@ class EpisodeRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def episode_limits(contract_limits: Limits, max_turns: int | None) -> Limits:
+    """The contract's limits, with the caller's turn limit if it is lower (a training run's
+    ``rollout.max_turns`` or horizon curriculum); a caller never raises a contract's limit."""
+    if max_turns is None or max_turns >= contract_limits.max_turns:
+        return contract_limits
+    return contract_limits.model_copy(update={"max_turns": max_turns})
+
+
 def turn_seed(seed: int, index: int) -> int:
     """The sampling seed of turn ``index``: distinct per turn, reproducible per episode."""
     return (seed * _SEED_STRIDE + index) % 2**63

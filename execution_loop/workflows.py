@@ -83,6 +83,7 @@ class EpisodeInput:
     policy_version: int
     temperature: float
     deadline_epoch_s: float  # Unix time; the episode stops at its next turn after it
+    max_turns: int | None = None  # None: the contract's limit; never raises it
 
 
 @dataclass
@@ -188,6 +189,8 @@ def summarize(
         if summary is not None:
             rewards.append(summary.total_reward)
             successes += int(summary.success)
+            result.rewards[spec.episode_id] = summary.total_reward
+            result.successes[spec.episode_id] = summary.success
         if status == COMPLETED:
             result.completed += 1
         elif status == TRUNCATED:
@@ -219,7 +222,7 @@ class RolloutWorkflow:
 
         def episode_input(spec: EpisodeSpec) -> EpisodeInput:
             return EpisodeInput(spec, batch.batch_id, batch.run_id, batch.policy_version,
-                                batch.temperature, deadline_epoch)
+                                batch.temperature, deadline_epoch, batch.max_turns)
 
         async def run_one(spec: EpisodeSpec) -> None:
             left = deadline_epoch - workflow.now().timestamp()

@@ -13,12 +13,12 @@ refers to token t+1 of `input_ids`, the token predicted by the logits at positio
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from learning_loop.advantages import AdvantageResult, TrajectoryReturn, compute_advantages
+from learning_loop.advantages import AdvantageResult, TrajectoryTurns, compute_turn_advantages
 from triloop.run_config import AdvantageConfig
 
 
@@ -38,6 +38,7 @@ class StepRecord:
     action_token_ids: Sequence[int]
     behaviour_logprobs: Sequence[float]
     reward: float
+    environment: str = ""  # the environment's name (environment-level normalisation)
 
 
 @dataclass(frozen=True)
@@ -86,27 +87,22 @@ class TrainingSample:
 def build_training_samples(
     steps: Sequence[StepRecord], config: AdvantageConfig
 ) -> tuple[list[TrainingSample], AdvantageResult]:
-    """Turn stored steps into samples: return = sum of a trajectory's rewards, advantage
-    per trajectory (see learning_loop.advantages), broadcast to each of its steps.
+    """Turn stored steps into samples, one per turn, with the turn's advantage.
 
-    Steps without action tokens add their reward to the return but yield no sample.
+    A turn is a step with action tokens. Steps without action tokens (the outcome
+    reward record the reader appends) add their reward to the turn before them, or to
+    the first turn when none came before; they yield no sample. How a turn's advantage
+    follows from the turn rewards is `config.credit` (see learning_loop.advantages).
     """
-    totals: dict[str, float] = {}
-    first: dict[str, StepRecord] = {}
-    for step in steps:
-        head = first.setdefault(step.trajectory_id, step)
-        if (head.group_id, head.task_id) != (step.group_id, step.task_id):
-            raise InvalidSampleError(
-                f"trajectory {step.trajectory_id!r} has steps in different groups or tasks"
-            )
-        totals[step.trajectory_id] = totals.get(step.trajectory_id, 0.0) + step.reward
-    returns = [
-        TrajectoryReturn(tid, first[tid].group_id, first[tid].task_id, total)
-        for tid, total in totals.items()
-    ]
-    result = compute_advantages(returns, config)
-    samples = [
-        TrainingSample(
+    result = compute_turn_advantages(trajectory_turns(steps), config)
+    turn_of: dict[str, int] = {}
+    samples: list[TrainingSample] = []
+    for s in steps:
+        if not s.action_token_ids:
+            continue
+        index = turn_of.get(s.trajectory_id, 0)
+        turn_of[s.trajectory_id] = index + 1
+        samples.append(TrainingSample(
             trajectory_id=s.trajectory_id,
             group_id=s.group_id,
             task_id=s.task_id,
@@ -114,12 +110,44 @@ def build_training_samples(
             prompt_token_ids=tuple(s.prompt_token_ids),
             action_token_ids=tuple(s.action_token_ids),
             behaviour_logprobs=tuple(float(x) for x in s.behaviour_logprobs),
-            advantage=result.advantages[s.trajectory_id],
-        )
-        for s in steps
-        if s.action_token_ids
-    ]
+            advantage=result.turn_advantages[s.trajectory_id][index],
+        ))
     return samples, result
+
+
+def without_groups(
+    samples: Sequence[TrainingSample], group_ids: Collection[str]
+) -> list[TrainingSample]:
+    """The samples outside these groups (dynamic sampling drops zero-variance groups, so
+    their zero-advantage tokens leave the token-aggregated loss's denominator)."""
+    return [s for s in samples if s.group_id not in group_ids]
+
+
+def trajectory_turns(steps: Sequence[StepRecord]) -> list[TrajectoryTurns]:
+    """Each trajectory's turn rewards, in first-seen order (reward-only records folded in)."""
+    first: dict[str, StepRecord] = {}
+    rewards: dict[str, list[float]] = {}
+    pending: dict[str, float] = {}  # reward-only records before the first turn
+    for step in steps:
+        head = first.setdefault(step.trajectory_id, step)
+        if (head.group_id, head.task_id) != (step.group_id, step.task_id):
+            raise InvalidSampleError(
+                f"trajectory {step.trajectory_id!r} has steps in different groups or tasks"
+            )
+        turns = rewards.setdefault(step.trajectory_id, [])
+        if step.action_token_ids:
+            turns.append(step.reward + pending.pop(step.trajectory_id, 0.0))
+        elif turns:
+            turns[-1] += step.reward
+        else:
+            pending[step.trajectory_id] = pending.get(step.trajectory_id, 0.0) + step.reward
+    for tid, reward in pending.items():  # a trajectory without a single turn
+        rewards[tid].append(reward)
+    return [
+        TrajectoryTurns(tid, first[tid].group_id, first[tid].task_id, tuple(turns),
+                        first[tid].environment)
+        for tid, turns in rewards.items()
+    ]
 
 
 @dataclass(frozen=True)

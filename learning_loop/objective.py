@@ -5,7 +5,8 @@ sample's trajectory and the behaviour logprob stored at rollout:
 
     r_t     = exp(logp_theta(t) - logp_behaviour(t))                  per-token ratio
     l_t     = -min(r_t * A_i, clip(r_t, 1 - eps_low, 1 + eps_high) * A_i) * w_t
-            + beta * k3_t,   k3_t = exp(logp_ref - logp_theta) - (logp_ref - logp_theta) - 1
+            + beta * k3_t - alpha * H_t,
+              k3_t = exp(logp_ref - logp_theta) - (logp_ref - logp_theta) - 1
 
 and the loss aggregates l_t over masked tokens only:
 
@@ -27,6 +28,9 @@ This is GRPO as in Shao et al. (2024), with these departures:
   loss infinite; the clamped token then gets no gradient;
 - the KL penalty is in the loss (as in GRPO), not in the reward, and beta = 0 (default,
   as in DAPO / Dr. GRPO) needs no reference model at all;
+- an optional entropy bonus alpha * H_t (H_t the policy's entropy at token t, nats;
+  alpha = `entropy_coef`, default 0 as in GRPO), which a stability mitigation may raise
+  when an alarm says exploration is collapsing;
 - logp_theta (and logp_ref) are taken at the rollout's sampling temperature T, softmax of
   logits / T, because the behaviour logprobs were: at T != 1 an untempered learner would
   see ratios far from 1 on perfectly on-policy data.
@@ -141,6 +145,11 @@ def token_logprobs(
 @torch.no_grad()
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of the next-token distribution at positions 0..L-2: shape [B, L-1]."""
+    return differentiable_token_entropy(logits)
+
+
+def differentiable_token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """`token_entropy` with its gradient kept, for the entropy bonus."""
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
@@ -229,6 +238,13 @@ def grpo_loss(
         reference_kl = ref_log_ratio.exp() - ref_log_ratio - 1.0
         if config.kl_coef > 0:
             per_token = per_token + config.kl_coef * reference_kl
+    if config.entropy_coef > 0:
+        if entropy is None or not entropy.requires_grad:
+            raise ObjectiveInputError(
+                f"entropy_coef is {config.entropy_coef} but no differentiable entropy was"
+                " given; pass differentiable_token_entropy(logits) or set it to 0"
+            )
+        per_token = per_token - config.entropy_coef * entropy
     loss = _aggregate(per_token, mask, config, normalizer)
     with torch.no_grad():
         on = mask.bool()

@@ -10,18 +10,20 @@ difference is added as a reward-only record (no action tokens) after the last st
 Only ``training`` episodes of the run that played at least one turn and finished
 (``completed`` or ``truncated``) are read. ``failed`` episodes have no trustworthy reward,
 and a truncated episode without steps (the batch deadline came before it started) says
-nothing about the policy; both are left out, and counted.
+nothing about the policy; both are left out, and counted. Truncated episodes with steps
+follow ``asynchrony.truncated_episodes`` (see learning_loop.asynchrony).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, text
 from sqlmodel import Session, col, select
 
 from learning_loop.advantages import TrajectoryReturn
+from learning_loop.asynchrony import TruncationRule, learns_from
 from learning_loop.batch import InvalidSampleError, StepRecord
 from triloop.models import Trajectory
 
@@ -55,6 +57,9 @@ class StoredTrajectory:
     policy_version: int
     total_reward: float
     steps: Sequence[StoredStep]
+    environment: str = ""  # the environment's name
+    status: str = "completed"  # completed | truncated
+    failure_reason: str | None = None  # the limit that truncated it
 
 
 @dataclass
@@ -66,6 +71,7 @@ class RolloutData:
     lengths: list[int] = field(default_factory=list)  # action tokens per trajectory
     policy_versions: list[int] = field(default_factory=list)  # one per trajectory
     skipped: int = 0  # failed or never-started episodes left out
+    truncated_excluded: int = 0  # truncated episodes left out by asynchrony.truncated_episodes
 
 
 def check_action_mask(step: StoredStep, trajectory_id: str) -> None:
@@ -82,10 +88,35 @@ def check_action_mask(step: StoredStep, trajectory_id: str) -> None:
         )
 
 
-def to_rollout_data(trajectories: Sequence[StoredTrajectory]) -> RolloutData:
-    """Step records whose per-trajectory reward sums equal each ``total_reward`` (pure)."""
+class TaskNotInRun(InvalidSampleError):
+    """A trajectory of a task the run was not admitted to train on."""
+
+
+def check_admitted(trajectories: Sequence[StoredTrajectory], allowed: Mapping[str, str]) -> None:
+    """Every trajectory is of one of the run's admitted tasks (``allowed``; empty: no check)."""
+    if not allowed:
+        return
+    stray = sorted({t.task_id for t in trajectories if t.task_id not in allowed})
+    if stray:
+        raise TaskNotInRun(
+            f"trajectories of task(s) {stray[:5]} are not among the run's admitted training"
+            " tasks; the learner trains only on what the run plan admitted"
+        )
+
+
+def to_rollout_data(
+    trajectories: Sequence[StoredTrajectory], truncated_episodes: TruncationRule = "train"
+) -> RolloutData:
+    """Step records whose per-trajectory reward sums equal each ``total_reward`` (pure).
+
+    Truncated episodes the rule leaves out (see learning_loop.asynchrony) yield nothing:
+    no sample, no return in their group's baseline; they are counted.
+    """
     data = RolloutData()
     for trajectory in trajectories:
+        if not learns_from(trajectory.status, trajectory.failure_reason, truncated_episodes):
+            data.truncated_excluded += 1
+            continue
         step_rewards = 0.0
         for step in trajectory.steps:
             check_action_mask(step, trajectory.id)
@@ -96,7 +127,8 @@ def to_rollout_data(trajectories: Sequence[StoredTrajectory]) -> RolloutData:
         # return without producing a sample (see learning_loop.batch).
         data.steps.append(_record(trajectory, (), (), (), trajectory.total_reward - step_rewards))
         data.returns.append(TrajectoryReturn(
-            trajectory.id, trajectory.group_id, trajectory.task_id, trajectory.total_reward
+            trajectory.id, trajectory.group_id, trajectory.task_id, trajectory.total_reward,
+            trajectory.environment,
         ))
         data.lengths.append(sum(len(s.action_token_ids) for s in trajectory.steps))
         data.policy_versions.append(trajectory.policy_version)
@@ -111,13 +143,21 @@ def _record(
         trajectory_id=trajectory.id, group_id=trajectory.group_id, task_id=trajectory.task_id,
         policy_version=trajectory.policy_version, prompt_token_ids=list(prompt),
         action_token_ids=list(action), behaviour_logprobs=list(logprobs), reward=reward,
+        environment=trajectory.environment,
     )
 
 
 def load_rollout_data(
-    *, engine: Engine, run_id: str, batch_ids: Sequence[str]
+    *, engine: Engine, run_id: str, batch_ids: Sequence[str],
+    task_environments: Mapping[str, str] | None = None,
+    truncated_episodes: TruncationRule = "train",
 ) -> RolloutData:
-    """Read the run's training episodes of these batches, in a stable order."""
+    """Read the run's training episodes of these batches, in a stable order.
+
+    ``task_environments`` (the run plan's admitted tasks -> environment name) names each
+    trajectory's environment; a trajectory of a task outside it is refused.
+    """
+    allowed = task_environments or {}
     with Session(engine) as session:
         rows = list(session.exec(
             select(Trajectory)
@@ -138,10 +178,13 @@ def load_rollout_data(
             list(step["action_token_ids"] or []), list(step["action_mask"] or []),
             list(step["behaviour_logprobs"] or []), float(step["reward"]),
         ))
-    data = to_rollout_data([
+    stored = [
         StoredTrajectory(t.id, t.group_id, t.task_id, t.policy_version, t.total_reward,
-                         by_trajectory[t.id])
+                         by_trajectory[t.id], allowed.get(t.task_id, ""), t.status,
+                         t.failure_reason)
         for t in usable
-    ])
+    ]
+    check_admitted(stored, allowed)
+    data = to_rollout_data(stored, truncated_episodes)
     data.skipped = len(rows) - len(usable)
     return data

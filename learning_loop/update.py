@@ -24,6 +24,7 @@ import torch
 from learning_loop.batch import PaddedBatch, TrainingSample, collate
 from learning_loop.objective import (
     ObjectiveStats,
+    differentiable_token_entropy,
     grpo_loss,
     policy_action_logprobs,
     token_entropy,
@@ -118,6 +119,20 @@ def build_optimizer(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
     )
     return optimizer, scheduler
+
+
+def set_learning_rate(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, rate: float
+) -> None:
+    """Make ``rate`` the peak learning rate from now on (warm-up position kept).
+
+    A resumed optimizer and scheduler restore the rate they were saved with; the run's
+    rate (which a mitigation may have lowered) is the one that counts.
+    """
+    scheduler.base_lrs = [rate] * len(optimizer.param_groups)
+    factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+    for group in optimizer.param_groups:
+        group["initial_lr"], group["lr"] = rate, rate * factor
 
 
 def update_policy(
@@ -216,7 +231,8 @@ def _accumulate(
             config.objective,
             reference_logprobs=reference_logprobs,
             importance_weights=batch.importance_weights,
-            entropy=token_entropy(logits),
+            entropy=(differentiable_token_entropy(logits) if config.objective.entropy_coef > 0
+                     else token_entropy(logits)),
             normalizer=normalizer,
         )
         torch.autograd.backward(out.loss)

@@ -58,7 +58,7 @@ def build_workflow_worker(client: Client, settings: Settings) -> Worker:
         task_queue=settings.task_queue(LEARNING_QUEUE),
         workflows=[TrainingRunWorkflow],
         activities=[run_state.validate_run, run_state.set_run_status, run_state.control_run,
-                    run_state.propose_checkpoint],
+                    run_state.propose_checkpoint, run_state.record_mitigation],
         activity_executor=ThreadPoolExecutor(max_workers=8, thread_name_prefix="learning"),
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
         identity=worker_identity(),

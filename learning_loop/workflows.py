@@ -26,6 +26,7 @@ iteration and the latest checkpoint.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -37,6 +38,16 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from learning_loop.activities import messages as m
+    from learning_loop.asynchrony import rollouts_to_start
+    from learning_loop.dynamic_data import (
+        groups_to_resample,
+        informative_groups,
+        max_turns_at,
+        record_pass_rates,
+        rollout_items,
+        tasks_for_sampling,
+    )
+    from learning_loop.mitigation import MitigationState, decide_mitigation
     from triloop.nexus_api import ExecutionService, GovernanceService, endpoint_for
     from triloop.run_config import RunConfig, RunConfigError
     from triloop.workflow_api import (
@@ -57,6 +68,8 @@ with workflow.unsafe.imports_passed_through():
         sibling_queue,
     )
 
+__all__ = ["TrainingRunWorkflow", "completion", "parse_config", "rollout_items"]
+
 T = TypeVar("T")
 LIGHT_TIMEOUT = timedelta(seconds=60)
 LIGHT_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=20))
@@ -65,14 +78,6 @@ UPDATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffi
                            maximum_interval=timedelta(seconds=30), maximum_attempts=20)
 MAX_ROLLOUT_CONCURRENCY = 16
 PROPOSAL_TIMEOUT = timedelta(minutes=10)
-
-
-def rollout_items(tasks: list[m.TaskSeed], iteration: int, groups: int, group_size: int
-                  ) -> list[RolloutItem]:
-    """The iteration's groups, cycling through the run's tasks (pure)."""
-    start = (iteration - 1) * groups
-    return [RolloutItem(tasks[(start + g) % len(tasks)].task_id,
-                        tasks[(start + g) % len(tasks)].seed, group_size) for g in range(groups)]
 
 
 def parse_config(config: dict[str, Any]) -> RunConfig:
@@ -105,6 +110,11 @@ class TrainingRunWorkflow:
         self._state = RunStatus(run_id="", status="starting")
         self._controls: list[tuple[str, RunControl]] = []
         self._cancelled = False
+        # Dynamic data (issue 18): each batch's groups and what the learner should record.
+        self._batch_items: dict[str, list[RolloutItem]] = {}
+        self._batch_series: dict[str, dict[str, float]] = {}
+        self._pass_history: dict[str, list[float]] = {}
+        self._mitigation = MitigationState()
 
     @workflow.signal(name=RUN_PAUSE_SIGNAL)
     def pause(self, control: RunControl) -> None:
@@ -135,6 +145,9 @@ class TrainingRunWorkflow:
         state.iterations_done, state.latest_checkpoint_id = run.start_iteration, \
             run.latest_checkpoint_id
         state.alarms_raised = run.alarms_raised
+        self._pass_history = {k: list(v) for k, v in run.task_pass_history.items()}
+        self._mitigation = MitigationState(run.mitigation_actions, run.entropy_coef_bonus,
+                                           run.learning_rate_scale)
         if run.paused:
             state.status, state.paused_reason = "paused", "paused before continue-as-new"
         try:
@@ -166,35 +179,49 @@ class TrainingRunWorkflow:
         if state.status != "paused":
             await self._set_status(run.run_id, "running", None)
         k, total = run.start_iteration, config.schedule.iterations
-        pending: asyncio.Task[RolloutBatchResult] | None = None
+        # Rollouts in flight for iterations k+1, k+2, ... (at most asynchrony.staleness_window
+        # ahead of the update; 1 = the one-step overlap).
+        pending: deque[asyncio.Task[RolloutBatchResult]] = deque()
+        window = config.asynchrony.staleness_window
+        cycle_last = min(total, run.start_iteration + run.continue_as_new_every)
         while k < total and not self._cancelled:
             await self._wait_while_paused(run.run_id)
             if self._cancelled:
                 break
-            if pending is None:
-                pending = self._start_rollout(run, config, plan, k + 1, latest, version=k)
-            batch = await self._await(run.run_id, pending)
-            pending = None
+            if not pending:
+                pending.append(self._start_rollout(run, config, plan, k + 1, latest, version=k))
+            batch = await self._await(run.run_id, pending[0])
+            pending.popleft()
             if batch is None:
+                break
+            batch_ids = await self._resample(run, config, plan, k + 1, latest, k, batch)
+            if batch_ids is None:
                 break
             cycle_end = (k + 1 - run.start_iteration >= run.continue_as_new_every
                          or workflow.info().is_continue_as_new_suggested())
-            if k + 1 < total and not (cycle_end or self._cancelled or state.status == "paused"):
-                # Overlap: the next rollout runs with c_k while c_{k+1} is being trained.
-                pending = self._start_rollout(run, config, plan, k + 2, latest, version=k)
+            if not (cycle_end or self._cancelled or state.status == "paused"):
+                # Overlap: the next rollouts run with c_k while c_{k+1} is being trained.
+                for iteration in rollouts_to_start(
+                        next_iteration=k + 2 + len(pending), in_flight=len(pending),
+                        window=window, last_iteration=cycle_last):
+                    pending.append(self._start_rollout(run, config, plan, iteration, latest,
+                                                       version=k))
             result = await self._await(run.run_id, self._start_update(
-                run, plan, k + 1, latest, base, batch), cancellable=False)
+                run, config, plan, k + 1, latest, base, batch_ids), cancellable=False)
             if result is None:
                 break
+            parent = latest
             k, latest = k + 1, result.checkpoint_id
             state.iterations_done, state.latest_checkpoint_id = k, latest
             state.last_reward_mean = result.reward_mean
-            await self._after_update(run, config, result)
+            rolled_back_to = await self._after_update(run, config, result, parent)
+            if rolled_back_to is not None:  # go on from before the alarm, with fresh rollouts
+                latest = state.latest_checkpoint_id = rolled_back_to
+                await self._cancel_rollouts(pending)
             if cycle_end and k < total and not self._cancelled:
+                await self._cancel_rollouts(pending)  # only with a suggested early end
                 await self._continue_as_new(run, k, latest, base)
-        if pending is not None:
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
+        await self._cancel_rollouts(pending)
         if self._cancelled:
             state.status = "cancelled"
         elif k >= total:
@@ -202,13 +229,23 @@ class TrainingRunWorkflow:
             state.status, state.paused_reason = status, None
             await self._set_status(run.run_id, status, reason[:2000])
 
+    @staticmethod
+    async def _cancel_rollouts(pending: deque[asyncio.Task[RolloutBatchResult]]) -> None:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        pending.clear()
+
     async def _after_update(self, run: TrainingRunInput, config: RunConfig,
-                            result: m.UpdateResult) -> None:
+                            result: m.UpdateResult, parent: str) -> str | None:
+        """Alarms, mitigations and proposals after an update; a checkpoint to roll back to."""
         state = self._state
+        rolled_back_to = None
         if result.alarms:
             messages = [f"iteration {result.iteration}: {a.message}" for a in result.alarms]
             state.alarms.extend(messages)
             state.alarms_raised += len(messages)
+            rolled_back_to = await self._mitigate(run, config, result, parent, messages)
             if config.stability.pause_on_alarm and not self._cancelled:
                 state.status, state.paused_reason = "paused", "; ".join(messages)
                 await self._set_status(run.run_id, "paused", state.paused_reason[:2000],
@@ -230,6 +267,24 @@ class TrainingRunWorkflow:
                     stability_alarms=proposed.stability_alarms),
                 schedule_to_close_timeout=PROPOSAL_TIMEOUT)
             state.proposals.append(proposed.proposal_id)
+        return rolled_back_to
+
+    async def _mitigate(self, run: TrainingRunInput, config: RunConfig, result: m.UpdateResult,
+                        parent: str, messages: list[str]) -> str | None:
+        """Take the configured mitigation (audited first); the rollback target, if any."""
+        if self._cancelled:
+            return None
+        action = decide_mitigation(
+            config.mitigation, self._mitigation, alarmed=True,
+            rollback_to=parent if parent != result.checkpoint_id else None)
+        if action is None:
+            return None
+        await self._light(m.RECORD_MITIGATION, m.MitigationInput(
+            run.run_id, result.iteration, action.kind, messages, dict(action.detail)),
+            m.MitigationRecorded)
+        self._mitigation = action.state
+        self._state.mitigations.append(f"iteration {result.iteration}: {action.kind}")
+        return parent if action.kind == "rollback" else None
 
     async def _continue_as_new(self, run: TrainingRunInput, k: int, latest: str,
                                base: str) -> None:
@@ -243,22 +298,71 @@ class TrainingRunWorkflow:
             continue_as_new_every=run.continue_as_new_every,
             update_heartbeat_timeout_s=run.update_heartbeat_timeout_s,
             alarms_raised=self._state.alarms_raised,
+            task_pass_history=self._pass_history,
+            mitigation_actions=self._mitigation.actions,
+            entropy_coef_bonus=self._mitigation.entropy_coef_bonus,
+            learning_rate_scale=self._mitigation.learning_rate_scale,
         ))
 
+    async def _resample(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,
+                        iteration: int, checkpoint_id: str, version: int,
+                        batch: RolloutBatchResult) -> list[str] | None:
+        """The iteration's batch ids, after dynamic sampling topped it up (None: cancelled).
+
+        Extra groups run with the same checkpoint and version as the first batch, within
+        ``sampling.max_resample_rounds`` extra batches.
+        """
+        self._note_pass_rates(config, batch)
+        batch_ids = [batch.batch_id]
+        tolerance = config.advantage.zero_variance_tolerance
+        informative = informative_groups(batch, tolerance)
+        drawn = config.rollout.groups_per_iteration
+        while (missing := groups_to_resample(config, informative, len(batch_ids) - 1)) > 0:
+            extra = await self._await(run.run_id, self._start_rollout(
+                run, config, plan, iteration, checkpoint_id, version=version,
+                groups=missing, offset=drawn, tag=f"r{len(batch_ids)}"))
+            if extra is None:
+                return None
+            self._note_pass_rates(config, extra)
+            batch_ids.append(extra.batch_id)
+            informative += informative_groups(extra, tolerance)
+            drawn += missing
+        return batch_ids
+
+    def _note_pass_rates(self, config: RunConfig, batch: RolloutBatchResult) -> None:
+        if not config.sampling.pass_rate_filter:
+            return  # nothing reads it: keep the continue-as-new input small
+        items = self._batch_items.get(batch.batch_id, [])
+        self._pass_history = record_pass_rates(self._pass_history, items, batch.batch_id,
+                                               batch, config.sampling.pass_rate_window)
+
     def _start_rollout(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,
-                       iteration: int, checkpoint_id: str, *, version: int
+                       iteration: int, checkpoint_id: str, *, version: int,
+                       groups: int | None = None, offset: int = 0, tag: str = ""
                        ) -> asyncio.Task[RolloutBatchResult]:
         rollout = config.rollout
+        tasks, filtered = tasks_for_sampling(plan.tasks, self._pass_history, config.sampling)
+        count = groups or rollout.groups_per_iteration
+        items = rollout_items(tasks, iteration, rollout.groups_per_iteration, rollout.group_size,
+                              offset=offset, count=count)
+        max_turns = max_turns_at(iteration, config)
         batch = RolloutBatchInput(
             # The nonce (recorded in history) keeps the id from being requested first.
-            batch_id=f"{run.run_id}-{iteration}-{workflow.uuid4().hex[:12]}", purpose="training",
-            items=rollout_items(plan.tasks, iteration, rollout.groups_per_iteration,
-                                rollout.group_size),
+            batch_id=f"{run.run_id}-{iteration}{tag}-{workflow.uuid4().hex[:12]}",
+            purpose="training", items=items,
             checkpoint_id=checkpoint_id, run_id=run.run_id, policy_version=version,
-            max_concurrency=min(MAX_ROLLOUT_CONCURRENCY,
-                                rollout.groups_per_iteration * rollout.group_size),
+            max_concurrency=min(MAX_ROLLOUT_CONCURRENCY, count * rollout.group_size),
             deadline_s=rollout.deadline_s, temperature=rollout.temperature,
+            max_turns=max_turns,
         )
+        self._batch_items[batch.batch_id] = items
+        # Only the keys of features the run uses: the run page charts every key.
+        series: dict[str, float] = {}
+        if config.sampling.pass_rate_filter:
+            series["data/tasks_filtered"] = float(len(filtered))
+        if max_turns is not None:
+            series["curriculum/max_turns"] = float(max_turns)
+        self._batch_series[batch.batch_id] = series
         execution = workflow.create_nexus_client(
             service=ExecutionService, endpoint=endpoint_for(workflow.info().task_queue,
                                                             "execution"))
@@ -267,14 +371,28 @@ class TrainingRunWorkflow:
             cancellation_type=workflow.NexusOperationCancellationType.TRY_CANCEL,
         ))
 
-    def _start_update(self, run: TrainingRunInput, plan: m.RunPlan, iteration: int,
-                      parent: str, base: str, batch: RolloutBatchResult
+    def _start_update(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,
+                      iteration: int, parent: str, base: str, batch_ids: list[str]
                       ) -> asyncio.Task[m.UpdateResult]:
+        series = dict(self._batch_series.pop(batch_ids[0], {}))
+        for extra in batch_ids[1:]:
+            self._batch_series.pop(extra, None)
+        for batch_id in batch_ids:
+            self._batch_items.pop(batch_id, None)
+        if config.sampling.dynamic_sampling:
+            series["dynamic_sampling/resample_rounds"] = float(len(batch_ids) - 1)
+        mitigation = self._mitigation
+        if mitigation.actions:
+            series["mitigation/entropy_coef_bonus"] = mitigation.entropy_coef_bonus
+            series["mitigation/learning_rate_scale"] = mitigation.learning_rate_scale
         return workflow.start_activity(
             m.UPDATE_POLICY, m.UpdateInput(
                 run_id=run.run_id, iteration=iteration, parent_checkpoint_id=parent,
-                base_checkpoint_id=base, batch_ids=[batch.batch_id], config=run.config,
-                environment_version_ids=list(plan.environment_version_ids)),
+                base_checkpoint_id=base, batch_ids=list(batch_ids), config=run.config,
+                environment_version_ids=list(plan.environment_version_ids),
+                task_environments={t.task_id: t.environment for t in plan.tasks},
+                series=series, entropy_coef_bonus=mitigation.entropy_coef_bonus,
+                learning_rate_scale=mitigation.learning_rate_scale),
             result_type=m.UpdateResult,
             task_queue=sibling_queue(workflow.info().task_queue, LEARNING_GPU_QUEUE),
             start_to_close_timeout=UPDATE_TIMEOUT,

@@ -62,7 +62,9 @@ class RolloutSection(_Section):
     # Groups sampled per iteration (count); samples per iteration = groups * group_size.
     groups_per_iteration: int = Field(default=4, ge=1)
     # Turns (model actions) per episode at most (count); longer episodes are truncated.
-    max_turns: int = Field(default=8, ge=1)
+    # None: the environment contract's limits.max_turns. A run may lower an environment's
+    # limit, never raise it; sampling.horizon_schedule changes it over the run.
+    max_turns: int | None = Field(default=None, ge=1)
     # Tokens the policy may generate per turn at most (tokens).
     max_new_tokens: int = Field(default=64, ge=1)
     # Sampling temperature (unitless, > 0); 1.0 keeps behaviour logprobs of the true policy.
@@ -76,13 +78,27 @@ class AdvantageConfig(_Section):
 
     # Divide by the group's reward std as in GRPO; False keeps r - mean only (Dr. GRPO).
     scale_by_group_std: bool = True
-    # Also rescale advantages by their std over all groups of the same task (AgentRL style),
-    # so tasks with different reward scales weigh the same in a multi-task batch.
+    # Scale by the std of the group-centred returns of all informative groups of the same
+    # task instead of each group's own std (AgentRL), so tasks with different reward scales
+    # weigh the same in a multi-task batch. (Dividing again after the group std would do
+    # nothing: every group already has std 1.)
     task_normalization: bool = False
     # Added to a std before dividing (reward units); keeps near-constant groups finite.
     eps: float = Field(default=1e-6, gt=0.0)
     # A group whose reward std is at most this (reward units) has zero variance: advantage 0.
     zero_variance_tolerance: float = Field(default=1e-8, ge=0.0)
+    # --- issue 18: turn-level credit and environment-level normalisation ---
+    # Scale by the std of the group-centred returns of every informative group of the same
+    # environment (ERPO, AutoForge); takes precedence over task_normalization.
+    environment_normalization: bool = False
+    # What each turn is credited with: "outcome" = the episode's return on every turn
+    # (GRPO; use with outcome-only rewards and short horizons); "discounted" = the turn's
+    # discounted return-to-go against the group's mean return (use with per-step rewards
+    # on long horizons); "turn_grpo" = returns-to-go normalised against all turns of the
+    # group (turn-level GRPO; dense process rewards whose scale varies over turns).
+    credit: Literal["outcome", "discounted", "turn_grpo"] = "outcome"
+    # Discount per turn for "discounted" and "turn_grpo" (unitless, 0 < gamma <= 1).
+    gamma: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
 class ObjectiveConfig(_Section):
@@ -97,6 +113,9 @@ class ObjectiveConfig(_Section):
     aggregation: Literal["token", "sequence"] = "token"
     # Weight of the k3 KL penalty to the frozen reference (unitless); 0 disables the reference.
     kl_coef: float = Field(default=0.0, ge=0.0)
+    # issue 18: weight of the entropy bonus (unitless): the loss subtracts entropy_coef times
+    # the policy's entropy per action token (nats). 0 = none; mitigation.on_alarm may raise it.
+    entropy_coef: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class OptimizerConfig(_Section):
@@ -178,6 +197,72 @@ class ScheduleSection(_Section):
     seed: int = Field(default=0, ge=0)
 
 
+# --- issue 18: the seeds' learning practices (dynamic data, asynchrony, mitigations) ---
+
+
+class HorizonStage(_Section):
+    """From an iteration on, episodes get at most this many turns."""
+
+    # First iteration (1-based) of the stage (count).
+    from_iteration: int = Field(ge=1)
+    # Turns per episode at most from then on (count); still capped by the contract's limit.
+    max_turns: int = Field(ge=1)
+
+
+class SamplingConfig(_Section):
+    """Which tasks and groups an iteration trains on (see learning_loop.dynamic_data)."""
+
+    # Dynamic sampling (DAPO): groups whose rewards do not vary are dropped before the
+    # update (so their zero-advantage tokens leave the loss denominator) and more groups
+    # are sampled until the iteration has min_informative_groups, within the budget.
+    dynamic_sampling: bool = False
+    # Groups with reward variance an iteration aims for (count); None: groups_per_iteration.
+    min_informative_groups: int | None = Field(default=None, ge=1)
+    # Extra rollout batches per iteration at most (count); the budget of the resampling.
+    max_resample_rounds: int = Field(default=2, ge=0, le=16)
+    # Pass-rate filtering: a task whose success rate over its last pass_rate_window groups
+    # is below min_pass_rate or above max_pass_rate is not sampled (always solved or never
+    # solved). If every task is filtered, all are sampled.
+    pass_rate_filter: bool = False
+    # Groups of a task looked at (count); a task with fewer is always sampled.
+    pass_rate_window: int = Field(default=3, ge=1, le=100)
+    # Bounds of the success rate a sampled task keeps (share, 0..1).
+    min_pass_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    max_pass_rate: float = Field(default=0.95, ge=0.0, le=1.0)
+    # Horizon curriculum (ScalingInter-RL, AgentGym-RL): max_turns per stage, in order of
+    # from_iteration; before the first stage rollout.max_turns applies. Empty: no schedule.
+    horizon_schedule: list[HorizonStage] = Field(default_factory=list, max_length=64)
+
+
+class AsynchronyConfig(_Section):
+    """How far rollouts may run ahead of the update, and what a cut episode teaches."""
+
+    # Rollouts in flight ahead of the update (policy versions); 1 = today's one-step overlap.
+    # Samples older than update.max_staleness are dropped or importance-corrected.
+    staleness_window: int = Field(default=1, ge=1, le=8)
+    # Truncated episodes: "exclude_clock" leaves out episodes the clock cut (batch deadline,
+    # episode deadline, wall time), whose partial reward would teach "finish fast", and
+    # trains on episodes the horizon ended (max_turns, tokens: the environment's own rule);
+    # "exclude_all" leaves out every truncated episode; "train" trains on all (before
+    # issue 18). Left-out episodes are neither in the group baseline nor in the loss.
+    truncated_episodes: Literal["exclude_clock", "exclude_all", "train"] = "exclude_clock"
+
+
+class MitigationConfig(_Section):
+    """What the run does itself when a stability alarm fires (see learning_loop.mitigation)."""
+
+    # "none": only alarm (and pause per stability.pause_on_alarm); "raise_entropy": add
+    # entropy_step to the entropy bonus; "lower_learning_rate": multiply the learning rate
+    # by learning_rate_factor; "rollback": continue from the checkpoint before the alarm.
+    on_alarm: Literal["none", "raise_entropy", "lower_learning_rate", "rollback"] = "none"
+    # Added to objective.entropy_coef per alarm (unitless).
+    entropy_step: float = Field(default=0.01, gt=0.0, le=1.0)
+    # Multiplies the learning rate per alarm (unitless, 0 < f < 1).
+    learning_rate_factor: float = Field(default=0.5, gt=0.0, lt=1.0)
+    # Mitigations at most per run (count); later alarms only alarm.
+    max_actions: int = Field(default=3, ge=1, le=100)
+
+
 class RunConfig(_Section):
     """A whole training run, as submitted in RUN.yaml."""
 
@@ -193,6 +278,10 @@ class RunConfig(_Section):
     update: UpdateConfig = UpdateConfig()
     stability: StabilityConfig = StabilityConfig()
     schedule: ScheduleSection = ScheduleSection()
+    # issue 18 sections
+    sampling: SamplingConfig = SamplingConfig()
+    asynchrony: AsynchronyConfig = AsynchronyConfig()
+    mitigation: MitigationConfig = MitigationConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -233,6 +322,36 @@ def cross_field_problems(config: RunConfig) -> list[ConfigProblem]:
             "stability.min_discrimination_prompts",
             f"{stability.min_discrimination_prompts} is more than"
             f" stability.discrimination_prompts ({stability.discrimination_prompts})",
+        ))
+    problems.extend(_practice_problems(config))
+    return problems
+
+
+def _practice_problems(config: RunConfig) -> list[ConfigProblem]:
+    """Cross-field problems of the issue-18 sections."""
+    problems: list[ConfigProblem] = []
+    sampling = config.sampling
+    if sampling.min_pass_rate > sampling.max_pass_rate:
+        problems.append(ConfigProblem(
+            "sampling.min_pass_rate",
+            f"{sampling.min_pass_rate} is more than sampling.max_pass_rate"
+            f" ({sampling.max_pass_rate}): every task would be filtered out",
+        ))
+    starts = [stage.from_iteration for stage in sampling.horizon_schedule]
+    if starts != sorted(set(starts)):
+        problems.append(ConfigProblem(
+            "sampling.horizon_schedule",
+            f"stages must start at increasing iterations, got {starts}",
+        ))
+    window = config.asynchrony.staleness_window
+    # window 1 is the overlap every run always had, whatever max_staleness says.
+    if 1 < window and window > config.update.max_staleness \
+            and config.update.stale_samples == "drop":
+        problems.append(ConfigProblem(
+            "asynchrony.staleness_window",
+            f"{window} is more than update.max_staleness ({config.update.max_staleness}) while"
+            " stale samples are dropped: the oldest rollouts would be thrown away; raise"
+            " max_staleness or set update.stale_samples to importance_correct",
         ))
     return problems
 

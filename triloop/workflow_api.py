@@ -77,6 +77,8 @@ class RolloutBatchInput:
     apply_actions: bool = True  # False for shadow: actions recorded, never applied
     # Seconds without a heartbeat (one per step) before an episode attempt counts as lost.
     heartbeat_timeout_s: float = 60.0
+    # Turns per episode at most (count); None: the contract's limit, which it never raises.
+    max_turns: int | None = None
 
 
 @dataclass
@@ -96,6 +98,10 @@ class RolloutBatchResult:
     statuses: dict[str, str] = field(default_factory=dict)
     # episode id -> checkpoint that served it (production routing resolves it per episode).
     checkpoints: dict[str, str] = field(default_factory=dict)
+    # episode id -> total reward and success, for the episodes that ran (dynamic sampling
+    # and pass-rate filtering read them).
+    rewards: dict[str, float] = field(default_factory=dict)
+    successes: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass
@@ -117,6 +123,12 @@ class TrainingRunInput:
     # Stability alarms raised before this continue-as-new (count): a run that raised any
     # ends ``completed_with_alarms``, never plain ``completed``.
     alarms_raised: int = 0
+    # Pass-rate filtering: each task's success rate over its last groups (share, 0..1).
+    task_pass_history: dict[str, list[float]] = field(default_factory=dict)
+    # Mitigations taken so far and what they changed (learning_loop.mitigation).
+    mitigation_actions: int = 0
+    entropy_coef_bonus: float = 0.0
+    learning_rate_scale: float = 1.0
 
 
 @dataclass
@@ -319,3 +331,5 @@ class RunStatus:
     last_reward_mean: float | None = None
     refused_controls: list[str] = field(default_factory=list)  # why the policy refused them
     alarms_raised: int = 0  # stability alarms over the whole run (count)
+    # Since the last continue-as-new: "iteration N: kind" of each mitigation taken.
+    mitigations: list[str] = field(default_factory=list)

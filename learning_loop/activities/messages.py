@@ -16,6 +16,7 @@ VALIDATE_RUN = "learning.validate_run"
 SET_RUN_STATUS = "learning.set_run_status"
 CONTROL_RUN = "learning.control_run"
 PROPOSE_CHECKPOINT = "learning.propose_checkpoint"
+RECORD_MITIGATION = "learning.record_mitigation"
 # Torch activities on the ``learning-gpu`` queue.
 REGISTER_BASE_CHECKPOINT = "learning.register_base_checkpoint"
 UPDATE_POLICY = "learning.update_policy"
@@ -44,6 +45,7 @@ class TaskSeed:
     task_id: str
     seed: int
     environment_version_id: str
+    environment: str = ""  # the environment's name (per-environment metrics, normalisation)
 
 
 @dataclass
@@ -113,6 +115,16 @@ class UpdateInput:
     batch_ids: list[str]
     config: dict[str, Any]
     environment_version_ids: list[str] = field(default_factory=list)
+    # The run's admitted training tasks -> their environment's name. The learner refuses a
+    # trajectory of any other task (empty: an update started before this field existed).
+    task_environments: dict[str, str] = field(default_factory=dict)
+    # Metric keys the workflow knows of the iteration (resample rounds, tasks filtered by
+    # pass rate, the curriculum's max_turns), stored with the iteration's series.
+    series: dict[str, float] = field(default_factory=dict)
+    # Mitigations so far (learning_loop.mitigation): added to objective.entropy_coef, and
+    # multiplying optimizer.learning_rate (unitless).
+    entropy_coef_bonus: float = 0.0
+    learning_rate_scale: float = 1.0
 
 
 @dataclass
@@ -156,3 +168,21 @@ class ProposeResult:
     proposal_id: str
     promotion_workflow_id: str
     stability_alarms: list[StabilityAlarm] = field(default_factory=list)
+
+
+@dataclass
+class MitigationInput:
+    """A mitigation the run takes on an alarm, to authorize and audit before it acts."""
+
+    run_id: str
+    iteration: int  # the iteration that alarmed
+    kind: str  # raise_entropy | lower_learning_rate | rollback
+    alarms: list[str] = field(default_factory=list)  # the alarms' messages
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MitigationRecorded:
+    """The mitigation was allowed and its audit event written."""
+
+    recorded: bool = True

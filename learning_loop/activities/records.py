@@ -28,6 +28,7 @@ def alarm_record(alarm: Alarm) -> dict[str, Any]:
 def step_columns(
     stability: IterationMetrics, update: UpdateMetrics | None, alarms: Sequence[Alarm],
     zero_variance_groups: int, groups: int, data: RolloutData,
+    series: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The ``training_step`` columns of an iteration (JSON-safe: no NaN or infinity)."""
     columns: dict[str, Any] = finite({
@@ -46,9 +47,13 @@ def step_columns(
             "stability": stability.as_dict(),
             "update": update.as_dict() if update else None,
             "batch": {"trajectories": len(data.returns), "skipped": data.skipped,
+                      "truncated_excluded": data.truncated_excluded,
                       "groups": groups, "zero_variance_groups": zero_variance_groups,
                       "policy_versions": sorted(set(data.policy_versions))},
             "alarm_messages": [a.message for a in alarms],
+            # Flat name -> number keys (reward/task/<id>, reward/env/<name>, ...): see
+            # learning_loop.batch_metrics.
+            "series": dict(series or {}),
         },
         "alarms": [a.kind for a in alarms],
     })

@@ -23,12 +23,15 @@ from temporalio.exceptions import ApplicationError
 from learning_loop.activities.messages import (
     CONTROL_RUN,
     PROPOSE_CHECKPOINT,
+    RECORD_MITIGATION,
     RUN_NOT_FOUND,
     SET_RUN_STATUS,
     TASK_NOT_ADMITTED,
     VALIDATE_RUN,
     ControlDecision,
     ControlInput,
+    MitigationInput,
+    MitigationRecorded,
     ProposeInput,
     ProposeResult,
     RunPlan,
@@ -44,6 +47,7 @@ from learning_loop.lineage import (
     reward_history,
     set_run_status,
 )
+from triloop.audit import record_event
 from triloop.decisions import DecisionRefused, audit_refusal, load_decision
 from triloop.models import DecisionKind, EnvironmentVersion, Proposal
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
@@ -86,11 +90,14 @@ class RunActivities:
             f"task {t} is {tasks[t].status}, not admitted" for t in request.task_ids
             if t in tasks and tasks[t].status != "admitted"
         ]
+        environments: dict[str, str] = {}
         with Session(self._engine) as session:
             for task_id in request.task_ids:
                 task = tasks.get(task_id)
                 version = session.get(EnvironmentVersion, task.environment_version_id) if task \
                     else None
+                if version is not None:
+                    environments[task_id] = version.environment_name
                 if version is not None and version.retired_at is not None:
                     problems.append(f"task {task_id} is on retired environment version"
                                     f" {version.id[:12]}")
@@ -103,7 +110,8 @@ class RunActivities:
             )
         ordered = [tasks[t] for t in request.task_ids]
         return RunPlan(
-            tasks=[TaskSeed(t.id, t.seed, t.environment_version_id) for t in ordered],
+            tasks=[TaskSeed(t.id, t.seed, t.environment_version_id, environments.get(t.id, ""))
+                   for t in ordered],
             environment_version_ids=sorted({t.environment_version_id for t in ordered}),
         )
 
@@ -152,6 +160,28 @@ class RunActivities:
         set_run_status(engine=self._engine, run_id=request.run_id,
                        status=CONTROL_STATUS[request.action], reason=reason)
         return ControlDecision(True, proven.comment, proven.user)
+
+    @activity.defn(name=RECORD_MITIGATION)
+    def record_mitigation(self, request: MitigationInput) -> MitigationRecorded:
+        """Authorize a mitigation as an update of the run, then audit it on the run.
+
+        A refusal (PolicyDenied) is non-retryable: the workflow then fails rather than
+        change its training without a record.
+        """
+        resource = Resource("training_run", id=request.run_id, attrs={
+            "mitigation": request.kind, "iteration": request.iteration})
+        try:
+            self._authorizer.authorize(LEARNING, "update", resource)
+        except PolicyDenied as denied:
+            raise ApplicationError(str(denied), type="PolicyDenied", non_retryable=True) \
+                from denied
+        record_event(
+            self._engine, actor=LEARNING.to_input(), action="stability_mitigation",
+            resource={"kind": "training_run", "id": request.run_id, "attrs": {}},
+            payload={"iteration": request.iteration, "kind": request.kind,
+                     "alarms": list(request.alarms), "detail": dict(request.detail)},
+        )
+        return MitigationRecorded()
 
     @activity.defn(name=PROPOSE_CHECKPOINT)
     async def propose_checkpoint(self, request: ProposeInput) -> ProposeResult:

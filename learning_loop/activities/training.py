@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from learning_loop.activities.records import alarm_record, step_columns
-from learning_loop.batch import TrainingSample, build_training_samples, collate
+from learning_loop.batch import TrainingSample, build_training_samples, collate, without_groups
+from learning_loop.batch_metrics import dynamic_sampling_series, merge_series, reward_series
 from learning_loop.checkpoints import (
     CheckpointError,
     CheckpointRef,
@@ -43,7 +44,12 @@ from learning_loop.stability import (
     retrieval_accuracy,
 )
 from learning_loop.trajectory_reader import RolloutData
-from learning_loop.update import UpdateSettings, build_optimizer, select_device
+from learning_loop.update import (
+    UpdateSettings,
+    build_optimizer,
+    select_device,
+    set_learning_rate,
+)
 from learning_loop.update import update_policy as grpo_update
 from triloop.run_config import RunConfig
 
@@ -168,6 +174,7 @@ def train_iteration(
     history: Sequence[IterationMetrics],
     data_cursor: Mapping[str, Any],
     on_stage: Callable[[str], None] = lambda _stage: None,
+    series: Mapping[str, float] | None = None,
 ) -> IterationOutcome:
     """Update the parent checkpoint (policy version ``iteration - 1``) on ``data``; save.
 
@@ -177,7 +184,9 @@ def train_iteration(
     if not data.returns:
         raise NoTrainableData(
             f"iteration {iteration} has no finished trajectory to learn from"
-            f" ({data.skipped} failed or never started); check the execution loop's episodes"
+            f" ({data.skipped} failed or never started, {data.truncated_excluded} truncated"
+            " episodes left out by asynchrony.truncated_episodes); check the execution loop's"
+            " episodes, or raise rollout.deadline_s"
         )
     device = select_device()
     on_stage("loading")
@@ -189,10 +198,16 @@ def train_iteration(
         load_checkpoint(parent.path, model, restore_rng=False)
         random.seed(config.schedule.seed)
         torch.manual_seed(config.schedule.seed)
-    samples, advantages = build_training_samples(data.steps, config.advantage)
+    set_learning_rate(optimizer, scheduler, config.optimizer.learning_rate)
+    all_samples, advantages = build_training_samples(data.steps, config.advantage)
+    # The monitors look at everything sampled; the loss only at what dynamic sampling keeps.
+    samples, sampling = all_samples, {}
+    if config.sampling.dynamic_sampling:
+        samples = without_groups(all_samples, advantages.zero_variance_group_ids)
+        sampling = dynamic_sampling_series(advantages.zero_variance_groups, advantages.groups)
     on_stage("scoring")
     found = discrimination(
-        model, [(s.prompt_token_ids, s.action_token_ids) for s in samples], config, device
+        model, [(s.prompt_token_ids, s.action_token_ids) for s in all_samples], config, device
     )
     signal = any(s.advantage != 0.0 for s in samples) or (
         bool(samples) and config.objective.kl_coef > 0)
@@ -211,7 +226,7 @@ def train_iteration(
         )
     stability = iteration_metrics(
         iteration=iteration, returns=data.returns, trajectory_lengths=data.lengths,
-        token_entropy=update.entropy if update else action_entropy(model, samples, device),
+        token_entropy=update.entropy if update else action_entropy(model, all_samples, device),
         grad_norm=update.grad_norm if update else None,
         kl=update.reference_kl if update else None, discrimination=found,
     )
@@ -220,7 +235,8 @@ def train_iteration(
         detect_template_collapse(stability, config.stability, history=history),
     ) if a is not None]
     columns = step_columns(stability, update, alarms, advantages.zero_variance_groups,
-                           advantages.groups, data)
+                           advantages.groups, data,
+                           series=merge_series(series, reward_series(data.returns), sampling))
     if update is None:
         return IterationOutcome(parent, False, columns, stability, alarms)
     on_stage("saving")

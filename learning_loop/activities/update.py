@@ -60,6 +60,7 @@ from learning_loop.lineage import (
     register_root,
     stability_rows,
 )
+from learning_loop.mitigation import with_mitigations
 from learning_loop.stability import StabilityInputError
 from learning_loop.trajectory_reader import load_rollout_data
 from learning_loop.update import UpdateError
@@ -201,9 +202,13 @@ class UpdateActivities:
     def _train(
         self, request: UpdateInput, parent: Checkpoint, parent_dir: Path, progress: _Progress
     ) -> dict[str, Any]:
-        config = RunConfig.model_validate(request.config)
+        config = with_mitigations(RunConfig.model_validate(request.config),
+                                  entropy_coef_bonus=request.entropy_coef_bonus,
+                                  learning_rate_scale=request.learning_rate_scale)
         data = load_rollout_data(engine=self._engine, run_id=request.run_id,
-                                 batch_ids=request.batch_ids)
+                                 batch_ids=request.batch_ids,
+                                 task_environments=request.task_environments,
+                                 truncated_episodes=config.asynchrony.truncated_episodes)
         history = stability_history(stability_rows(
             engine=self._engine, run_id=request.run_id, before=request.iteration))
         reference_dir = None
@@ -224,7 +229,7 @@ class UpdateActivities:
             data_cursor={"run_id": request.run_id, "iteration": request.iteration,
                          "batch_ids": list(request.batch_ids),
                          "next_iteration": request.iteration + 1},
-            on_stage=stage,
+            on_stage=stage, series=request.series,
         )
         if outcome.weights_changed:
             progress.stage, progress.checkpoint_id = "saved", outcome.checkpoint.id

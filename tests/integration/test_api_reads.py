@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from tests.factories import make_run
 from tests.factories_web import Person, add_gate, add_steps, assert_problem, make_promotion
@@ -47,6 +49,22 @@ async def test_run_detail_has_metrics_and_alarms(
     metrics = await api.get(f"/api/runs/{run_id}/metrics?after=3",
                             headers=people["engineer"].headers)
     assert [m["iteration"] for m in metrics.json()["metrics"]] == [4, 5]
+
+
+async def test_run_metrics_return_the_keyed_series(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine
+) -> None:
+    run_id = make_run(owner_engine, submitted_by=people["engineer"].name)
+    add_steps(owner_engine, run_id, 2)
+    series = {"reward/task/t1": 0.25, "reward/env/frozen_lake": 0.5,
+              "dynamic_sampling/drop_rate": 0.75}
+    with owner_engine.begin() as conn:
+        conn.execute(text("UPDATE training_step SET metrics = CAST(:m AS jsonb)"
+                          " WHERE run_id = :r AND iteration = 1"),
+                     {"m": json.dumps({"series": series}), "r": run_id})
+    response = await api.get(f"/api/runs/{run_id}/metrics", headers=people["engineer"].headers)
+    assert response.status_code == 200
+    assert [m["series"] for m in response.json()["metrics"]] == [{}, series]
 
 
 @pytest.mark.parametrize("path", [

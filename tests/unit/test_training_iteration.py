@@ -89,3 +89,24 @@ def test_a_batch_without_signal_changes_nothing(root: tuple[Path, CheckpointRef]
     assert outcome.step_columns["loss"] is None and outcome.step_columns["entropy"] is None
     assert outcome.stability.token_entropy > 0
     assert sorted(p.name for p in (artifacts / "checkpoints").iterdir()) == before
+
+
+def test_dynamic_sampling_drops_zero_variance_groups_and_records_the_rate(
+    root: tuple[Path, CheckpointRef],
+) -> None:
+    artifacts, parent = root
+    trajectories = batch(parent.path, [1.0, 0.0, 0.5, 0.5])  # g0 varies, g1 does not
+    data = to_rollout_data(trajectories)
+    on = config().model_copy(update={"sampling": config().sampling.model_copy(
+        update={"dynamic_sampling": True})})
+    outcome = train_iteration(
+        artifact_dir=artifacts, parent=parent, resume_optimizer=False, reference_dir=None,
+        config=on, data=data, iteration=1, history=[], data_cursor={"iteration": 1},
+        series={"dynamic_sampling/resample_rounds": 1.0})
+    series = outcome.step_columns["metrics"]["series"]
+    assert series["dynamic_sampling/groups_dropped"] == 1.0
+    assert series["dynamic_sampling/drop_rate"] == 0.5
+    assert series["dynamic_sampling/resample_rounds"] == 1.0
+    assert series["reward/task/t"] == 0.5
+    update = outcome.step_columns["metrics"]["update"]
+    assert update["samples"] == 2  # the zero-variance group's two samples left the loss

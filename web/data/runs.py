@@ -51,6 +51,9 @@ class MetricPoint(BaseModel):
     alarms: list[str]
     checkpoint_id: str | None = None
     created_at: datetime
+    # Flat name -> number metric keys of the iteration (``reward/task/<task id>``,
+    # ``reward/env/<environment name>``, ``dynamic_sampling/...``): charted by key.
+    series: dict[str, float] = {}
 
 
 class Alarm(BaseModel):
@@ -105,7 +108,17 @@ def _points(session: Session, run_id: str, after: int | None) -> list[MetricPoin
         statement = statement.where(col(TrainingStep.iteration) > after)
     statement = statement.order_by(col(TrainingStep.iteration).desc()).limit(MAX_CHART_POINTS)
     rows = list(session.exec(statement))
-    return [MetricPoint.model_validate(row) for row in reversed(rows)]
+    return [MetricPoint.model_validate(row).model_copy(update={"series": _series(row)})
+            for row in reversed(rows)]
+
+
+def _series(row: TrainingStep) -> dict[str, float]:
+    """The iteration's keyed metrics (numbers only; an older row has none)."""
+    stored = (row.metrics or {}).get("series")
+    if not isinstance(stored, dict):
+        return {}
+    return {str(k): float(v) for k, v in stored.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def run_detail(*, session: Session, run_id: str) -> RunDetail | None:

@@ -1,0 +1,54 @@
+"""Per-iteration metric series of a rollout batch: reward per task and per environment.
+
+Stored under ``training_step.metrics["series"]`` as flat ``name -> number`` keys so that a
+multi-task run can be read: ``reward/task/<task id>`` and ``reward/env/<environment
+name>`` are the mean return of the iteration's trajectories of that task or environment.
+The run page charts every key and overlays keys that share a prefix. Pure python.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+from learning_loop.advantages import TrajectoryReturn
+
+TASK_REWARD_PREFIX = "reward/task/"
+ENVIRONMENT_REWARD_PREFIX = "reward/env/"
+
+
+def reward_series(returns: Sequence[TrajectoryReturn]) -> dict[str, float]:
+    """Mean return per task and per environment (trajectories without an environment name
+    count for their task only)."""
+    by_task: dict[str, list[float]] = defaultdict(list)
+    by_environment: dict[str, list[float]] = defaultdict(list)
+    for r in returns:
+        by_task[r.task_id].append(r.total_reward)
+        if r.environment:
+            by_environment[r.environment].append(r.total_reward)
+    series = {f"{TASK_REWARD_PREFIX}{k}": _mean(v) for k, v in by_task.items()}
+    series.update({f"{ENVIRONMENT_REWARD_PREFIX}{k}": _mean(v) for k, v in by_environment.items()})
+    return dict(sorted(series.items()))
+
+
+def dynamic_sampling_series(dropped_groups: int, groups: int) -> dict[str, float]:
+    """What dynamic sampling dropped: zero-variance groups (count) and their share of all
+    groups the iteration sampled, resampling rounds included (0..1)."""
+    return {"dynamic_sampling/groups_dropped": float(dropped_groups),
+            "dynamic_sampling/drop_rate": dropped_groups / groups if groups else 0.0}
+
+
+def merge_series(*parts: Mapping[str, float] | None) -> dict[str, float]:
+    """One series from several; later parts win on a shared key; non-finite values dropped."""
+    merged: dict[str, float] = {}
+    for part in parts:
+        for key, value in (part or {}).items():
+            if math.isfinite(value):
+                merged[key] = float(value)
+    return merged
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return math.fsum(values) / len(values)
