@@ -8,7 +8,7 @@ prompts it was fed. The tokenizer and chat template are the tiny model's.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,42 +16,8 @@ from transformers import PreTrainedTokenizerBase
 
 from execution_loop.gateway.http_server import GatewayServer
 from execution_loop.gateway.session import AgentSession, Gateway, SessionSettings
-from execution_loop.inference.base import (
-    FINISH_LENGTH,
-    FINISH_STOP,
-    Generation,
-    InferenceServerError,
-    decode_action,
-)
 from learning_loop.tiny_model import build_tokenizer
-
-
-class ScriptedPolicy:
-    """Answers each call with the next scripted text (ids + end-of-turn), logprob -0.25."""
-
-    checkpoint_id = "scripted"
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, script: Sequence[str]) -> None:
-        self._tokenizer = tokenizer
-        self._script = list(script)
-        self.prompts: list[list[int]] = []
-        self.temperatures: list[float] = []
-        self.fail = False
-
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        return self._tokenizer
-
-    def generate(self, prompt_token_ids: list[int], *, max_new_tokens: int, temperature: float,
-                 seed: int | None, stop_token_ids: Sequence[int] = ()) -> Generation:
-        if self.fail:
-            raise InferenceServerError("http://vllm", "unreachable")
-        self.prompts.append(list(prompt_token_ids))
-        self.temperatures.append(temperature)
-        text = self._script.pop(0) if self._script else "done"
-        ids = [*self._tokenizer(text, add_special_tokens=False).input_ids,
-               self._tokenizer.eos_token_id][:max_new_tokens]
-        finish = FINISH_STOP if ids[-1] == self._tokenizer.eos_token_id else FINISH_LENGTH
-        return Generation(ids, [-0.25] * len(ids), decode_action(self._tokenizer, ids), finish)
+from tests.gateway_standins import ScriptedPolicy
 
 
 @pytest.fixture(scope="module")
