@@ -88,6 +88,12 @@ class EpisodeEnvironment:
         """The task as the agent first sees it."""
         return self.initial
 
+    def cancel(self, reason: str) -> None:
+        """Refuse every later action (the episode will not be stored as played)."""
+        with self._lock:
+            if self.end is None:
+                self.end = (TRUNCATED, reason)
+
     def step(self, action: str) -> dict[str, Any]:
         """Apply one action, unless a limit or an earlier end refuses it."""
         with self._lock:
@@ -205,7 +211,7 @@ def run_command_episode(
             server.environments[session.id] = port
             variables = agent_environment(server.session_url(session.id), session.id)
             result = _run_agent(sandbox, agent_argv(agent, python), sandbox_limits, workdir,
-                                initial, variables, session, gateway, on_progress)
+                                initial, variables, session, gateway, port, on_progress)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for failure in (session.infrastructure_error, port.infrastructure_error):
@@ -246,7 +252,7 @@ def run_command_episode(
 def _run_agent(
     sandbox: SandboxBackend, argv: list[str], limits: SandboxLimits, workdir: Path, stdin: str,
     variables: dict[str, str], session: AgentSession, gateway: Gateway,
-    on_progress: Callable[[int], None] | None,
+    port: EpisodeEnvironment, on_progress: Callable[[int], None] | None,
 ) -> SandboxResult:
     """Run the program in a helper thread; report progress from this one (the activity's)."""
     outcome: list[SandboxResult | BaseException] = []
@@ -268,8 +274,10 @@ def _run_agent(
             try:
                 on_progress(calls)
             except BaseException:
-                # Cancelled: refuse the agent's further requests so it ends, then go.
+                # Cancelled: refuse the agent's further model calls and actions so that it
+                # ends (the sandbox's wall clock ends one that does not), then go.
                 gateway.close_session(session.id)
+                port.cancel("cancelled")
                 runner.join(limits.wall_time_s + 5)
                 raise
             reported = calls

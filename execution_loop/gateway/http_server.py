@@ -18,6 +18,7 @@ an event loop would add nothing, and it starts and stops within an activity.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,6 +37,7 @@ from execution_loop.gateway.api_shapes import (
 )
 from execution_loop.gateway.session import Gateway, GatewayError
 
+logger = logging.getLogger(__name__)
 SESSION_HEADER = "x-triloop-session"
 MAX_BODY_BYTES = 16 * 2**20
 _ROUTES = {
@@ -204,6 +206,10 @@ def _handler_for(owner: GatewayServer) -> type[BaseHTTPRequestHandler]:
             except GatewayError as exc:
                 self._send(exc.status, error_body(api, str(exc), kind=exc.kind,
                                                   param=exc.param, code=exc.code))
+            except Exception as exc:  # a bug of ours: the agent still gets an answer
+                logger.exception("gateway request failed")
+                self._send(500, error_body(api, f"gateway error: {type(exc).__name__}: {exc}",
+                                           kind="api_error"))
 
         def do_GET(self) -> None:  # noqa: N802
             session_id, route = _split_session(self.path, self._headers())

@@ -144,10 +144,49 @@ def test_the_agent_section_is_checked_and_left_out_of_old_identities(
     assert contract_id(builtin) != contract_id(contract)
 
 
-def _with_agent(contract: EnvironmentContract, tmp_path: Path, program: str) -> EnvironmentContract:
+def _with_agent(contract: EnvironmentContract, tmp_path: Path, program: str,
+                replaced: dict[str, str] | None = None) -> EnvironmentContract:
     """The same contract with another agent program (loaded from a copy of the folder)."""
     folder = tmp_path / "contract"
     (folder / "fixtures" / "agents").mkdir(parents=True)
     (folder / "fixtures" / "agents" / "arithmetic_agent.py").write_text(textwrap.dedent(program))
-    (folder / "c.yaml").write_text(AGENT_CONTRACT.read_text())
+    text = AGENT_CONTRACT.read_text()
+    for old, new in (replaced or {}).items():
+        text = text.replace(old, new)
+    (folder / "c.yaml").write_text(text)
     return load_contract(folder / "c.yaml")
+
+
+class Cancelled(Exception):
+    """What the activity raises from its progress callback when Temporal cancels it."""
+
+
+def test_a_cancelled_episode_refuses_the_agent_and_raises(
+    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    # The agent calls the model until refused and notes how it was refused (the local
+    # sandbox does not hide the filesystem). No budget could stop it before the cancel.
+    note = tmp_path / "refused"
+    chatty = _with_agent(contract, tmp_path, f"""
+        import json, os, sys, urllib.error, urllib.request
+        sys.stdin.read()
+        body = json.dumps({{"messages": [{{"role": "user", "content": "go"}}]}}).encode()
+        url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+        while True:
+            request = urllib.request.Request(url, data=body, method="POST",
+                                             headers={{"Content-Type": "application/json"}})
+            try:
+                urllib.request.urlopen(request, timeout=30).read()
+            except urllib.error.HTTPError as error:
+                open({str(note)!r}, "w").write(str(error.code))
+                sys.exit(4)
+    """, {"max_total_tokens: 160": "max_total_tokens: 100000000"})
+    policy = ScriptedPolicy(tokenizer, ["x"] * 100000)
+
+    def cancel_after_the_first_call(calls: int) -> None:
+        if calls >= 1:
+            raise Cancelled("the batch deadline passed")
+
+    with pytest.raises(Cancelled):
+        play(chatty, policy, on_progress=cancel_after_the_first_call)
+    assert note.read_text() == "404"  # its session was closed; it had ended before the raise
