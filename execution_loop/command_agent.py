@@ -46,7 +46,13 @@ from execution_loop.episode import (
     _reason,
 )
 from execution_loop.gateway.http_server import GatewayServer
-from execution_loop.gateway.session import AgentSession, Gateway, GatewayError, SessionSettings
+from execution_loop.gateway.session import (
+    AgentSession,
+    CallRecord,
+    Gateway,
+    GatewayError,
+    SessionSettings,
+)
 from execution_loop.harness import step_action_mask
 from execution_loop.inference.base import PolicyClient
 from execution_loop.sandbox import SandboxBackend, SandboxLimits, SandboxResult
@@ -338,16 +344,31 @@ def episode_steps(session: AgentSession, env_steps: list[EnvironmentStep]) -> li
 def gateway_summary(session: AgentSession) -> dict[str, Any]:
     """What the episode's record keeps about its model traffic."""
     rebuilt = session.rebuilt()
+    main_index = {call.index: k for k, call in enumerate(session.main_calls())}
     return {
         "session": session.id, "kinds": session.kinds(), "main_calls": len(session.main_calls()),
         "segments": len(rebuilt.segments), "breaks": [asdict(b) for b in rebuilt.breaks],
         "main_sampled_tokens": rebuilt.sampled_tokens,
         "generated_tokens": session.generated_tokens,
         "context_overflows": session.context_overflows,
-        "calls": [{"index": c.index, "api": c.api, "kind": c.kind, "rule": c.rule,
-                   "prompt_tokens": len(c.prompt_token_ids),
-                   "completion_tokens": len(c.completion_token_ids),
-                   "finish_reason": c.finish_reason,
-                   "requested_temperature": c.requested_temperature}
-                  for c in session.calls],
+        "calls": [_call_summary(c, main_index.get(c.index)) for c in session.calls],
     }
+
+
+def _call_summary(call: CallRecord, step: int | None) -> dict[str, Any]:
+    """A call as the record keeps it: main-loop calls point at their step, which holds the
+    ids; the other kinds keep their sampled ids and logprobs here (not trained on today)."""
+    summary: dict[str, Any] = {
+        "index": call.index, "api": call.api, "kind": call.kind, "rule": call.rule,
+        "prompt_tokens": len(call.prompt_token_ids),
+        "completion_tokens": len(call.completion_token_ids),
+        "finish_reason": call.finish_reason,
+        "requested_temperature": call.requested_temperature,
+        "requested_max_tokens": call.requested_max_tokens,
+    }
+    if step is not None:
+        summary["step"] = step
+    else:
+        summary["sampled_token_ids"] = call.completion_token_ids
+        summary["behaviour_logprobs"] = call.logprobs
+    return summary

@@ -70,6 +70,10 @@ def test_the_agent_solves_the_task_and_every_model_token_is_accounted_for(
     assert gateway["kinds"] == {"main": 3, "compression": 1}
     assert [c["kind"] for c in gateway["calls"]] == ["main", "main", "compression", "main"]
     assert [c["requested_temperature"] for c in gateway["calls"]] == [0.7] * 4
+    assert [c.get("step") for c in gateway["calls"]] == [0, 1, None, 2]
+    compression = gateway["calls"][2]  # not a step: its sampled ids are kept in the record
+    assert len(compression["sampled_token_ids"]) == compression["completion_tokens"]
+    assert compression["behaviour_logprobs"] == [-0.25] * compression["completion_tokens"]
     assert policy.temperatures == [1.0] * 4  # the episode's temperature sampled
     # The compression rewrote the context: the third main call starts a new segment.
     assert gateway["segments"] == 2
