@@ -8,7 +8,10 @@ its metadata. The generated text goes back in the shape of the API that asked.
 
 What is reduced away, on purpose: content parts other than text (images, files) are
 refused; tool calls and tool results are kept as text (a tool call as its JSON, a tool
-result as the text of a ``tool`` message), so the model sees what the agent sent.
+result as the text of a ``tool`` message), so the model sees what the agent sent. Tool
+definitions (``tools``, in each API's form) are appended to the system prompt as one
+line per tool of compact JSON after ``TOOLS_HEADER``; the model's answer comes back as
+text (no tool-call parsing).
 Options that would change what is sampled (``n`` > 1, ``logit_bias``, stop strings) are
 refused rather than ignored, as triloop's own inference server does.
 """
@@ -27,6 +30,7 @@ SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
 _OPENAI_ROLES = {"system": SYSTEM, "developer": SYSTEM, "user": USER, "assistant": ASSISTANT,
                  "tool": TOOL, "function": TOOL}
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+TOOLS_HEADER = "Tools you may call (JSON, one per line):"
 
 
 class RequestShapeError(ValueError):
@@ -128,6 +132,20 @@ def _metadata(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
+def _with_tools(messages: list[ChatMessage], tools: Any) -> list[ChatMessage]:
+    """The tool definitions appended to the (first) system message, so the model sees them."""
+    if not tools:
+        return messages
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise RequestShapeError("tools must be a list of objects", param="tools")
+    lines = [json.dumps(t.get("function", t), sort_keys=True, separators=(",", ":"))
+             for t in tools]
+    text = "\n".join([TOOLS_HEADER, *lines])
+    if messages and messages[0].role == SYSTEM:
+        return [ChatMessage(SYSTEM, f"{messages[0].content}\n\n{text}"), *messages[1:]]
+    return [ChatMessage(SYSTEM, text), *messages]
+
+
 def _refuse_sampling_options(body: Mapping[str, Any]) -> None:
     if body.get("n", 1) not in (1, None):
         raise RequestShapeError("n must be 1: one episode samples one answer", param="n")
@@ -164,7 +182,8 @@ def parse_chat_completions(raw: Any) -> ModelRequest:
         parsed.append(ChatMessage(role, text))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return ModelRequest(
-        api=CHAT_COMPLETIONS, model=str(body.get("model") or ""), messages=tuple(parsed),
+        api=CHAT_COMPLETIONS, model=str(body.get("model") or ""),
+        messages=tuple(_with_tools(parsed, body.get("tools"))),
         max_tokens=_positive_int(max_tokens, "max_completion_tokens"),
         temperature=_temperature(body.get("temperature")),
         metadata=_metadata(body.get("metadata")), stream=bool(body.get("stream")),
@@ -201,7 +220,8 @@ def parse_responses(raw: Any) -> ModelRequest:
         else:
             raise RequestShapeError(f"{where} is a {kind!r} item; not supported", param=where)
     return ModelRequest(
-        api=RESPONSES, model=str(body.get("model") or ""), messages=tuple(parsed),
+        api=RESPONSES, model=str(body.get("model") or ""),
+        messages=tuple(_with_tools(parsed, body.get("tools"))),
         max_tokens=_positive_int(body.get("max_output_tokens"), "max_output_tokens"),
         temperature=_temperature(body.get("temperature")),
         metadata=_metadata(body.get("metadata")), stream=bool(body.get("stream")),
@@ -227,7 +247,8 @@ def parse_anthropic_messages(raw: Any) -> ModelRequest:
     if body.get("max_tokens") is None:
         raise RequestShapeError("max_tokens is required", param="max_tokens")
     return ModelRequest(
-        api=MESSAGES, model=str(body.get("model") or ""), messages=tuple(parsed),
+        api=MESSAGES, model=str(body.get("model") or ""),
+        messages=tuple(_with_tools(parsed, body.get("tools"))),
         max_tokens=_positive_int(body.get("max_tokens"), "max_tokens"),
         temperature=_temperature(body.get("temperature")),
         metadata=_metadata(body.get("metadata")), stream=bool(body.get("stream")),
