@@ -9,7 +9,9 @@ first that matches decides, and its name is recorded with the call):
    ``triloop_request_kind`` metadata field, names one of the five kinds. An unknown
    name is refused (400), never guessed around.
 2. ``agent-header``: the ``X-Triloop-Agent`` header (or ``triloop_agent`` metadata)
-   names an agent other than ``main``: a sub-agent.
+   names an agent other than ``main``: a sub-agent. Named ``main``, the request is the
+   main loop unless rules 3-5 say otherwise (rule 6 is skipped, so an agent whose system
+   prompt changes between its turns can say so).
 3. ``heartbeat``: a liveness probe: a token cap of 1, or a conversation whose only
    non-system message is a short ping (``ping``, ``heartbeat``, ``health check``,
    ``are you there?``, ``hi``, ``test``).
@@ -131,6 +133,8 @@ def classify_request(
         return Classification(COMPRESSION, "compression")
     if _matches(_SUMMARY, last_user, system):
         return Classification(SUMMARY, "summary")
+    if agent == MAIN:  # said to be the main loop: its system prompt may change freely
+        return Classification(MAIN, "agent-header")
     if main_loop_seen and system != main_system_prompt:
         return Classification(SUB_AGENT, "system-prompt")
     return Classification(MAIN, "default")

@@ -54,7 +54,14 @@ def test_an_unknown_named_kind_is_refused_not_guessed() -> None:
 
 def test_an_agent_header_other_than_main_is_a_sub_agent() -> None:
     assert kind(MAIN_TURN, {"x-triloop-agent": "researcher"}) == (SUB_AGENT, "agent-header")
-    assert kind(MAIN_TURN, {"x-triloop-agent": "main"}) == (MAIN, "default")
+    assert kind(MAIN_TURN, {"x-triloop-agent": "main"}) == (MAIN, "agent-header")
+    # Said to be the main loop, a changed system prompt does not make it a sub-agent...
+    dated = request(("system", SYSTEM + " Today is Tuesday."), ("user", "What is 3 + 4?"))
+    assert kind(dated) == (SUB_AGENT, "system-prompt")
+    assert kind(dated, {"x-triloop-agent": "main"}) == (MAIN, "agent-header")
+    # ...but its compression is still a compression.
+    compress = request(("system", SYSTEM), ("user", "Summarize the conversation so far."))
+    assert kind(compress, {"x-triloop-agent": "main"}) == (COMPRESSION, "compression")
 
 
 @pytest.mark.parametrize("text", ["ping", "Are you there?", "  heartbeat ", "hi!"])
