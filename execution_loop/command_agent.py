@@ -143,21 +143,19 @@ def agent_argv(agent: AgentSpec, python: str = sys.executable) -> list[str]:
 
 
 def prepare_workdir(agent: AgentSpec, contract: EnvironmentContract, into: Path) -> None:
-    """Copy the agent's fixture files (or folders) into its work directory."""
+    """Copy the agent's fixture files (or folders) into its work directory.
+
+    The contract's validation made sure each is a listed fixture or lies under one.
+    """
+    if agent.files and contract.source_dir is None:
+        raise ValueError("the contract was not loaded from a folder: its agent files are unknown")
     for relative in agent.files:
-        source = contract.fixture_path(relative) if relative in contract.fixtures else (
-            _under_listed_fixture(contract, relative))
+        source = (contract.source_dir or Path()) / relative
         target = into / Path(relative).name
         if source.is_dir():
             shutil.copytree(source, target)
         else:
             shutil.copy2(source, target)
-
-
-def _under_listed_fixture(contract: EnvironmentContract, relative: str) -> Path:
-    if contract.source_dir is None:
-        raise ValueError("the contract has no source folder to copy agent files from")
-    return contract.source_dir / relative
 
 
 def agent_environment(base_url: str, session_id: str) -> dict[str, str]:

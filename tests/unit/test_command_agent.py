@@ -194,3 +194,22 @@ def test_a_cancelled_episode_refuses_the_agent_and_raises(
     with pytest.raises(Cancelled):
         play(chatty, policy, on_progress=cancel_after_the_first_call)
     assert note.read_text() == "404"  # its session was closed; it had ended before the raise
+
+
+def test_agent_files_may_be_a_listed_folder_or_a_file_under_one(tmp_path: Path) -> None:
+    from execution_loop.command_agent import prepare_workdir
+
+    folder = tmp_path / "contract"
+    (folder / "agent" / "lib").mkdir(parents=True)
+    (folder / "agent" / "main.py").write_text("print('hi')\n")
+    (folder / "agent" / "lib" / "util.py").write_text("X = 1\n")
+    text = AGENT_CONTRACT.read_text().replace(
+        "fixtures: [fixtures/agents/arithmetic_agent.py]", "fixtures: [agent]").replace(
+        "files: [fixtures/agents/arithmetic_agent.py]", "files: [agent/main.py, agent/lib]")
+    (folder / "c.yaml").write_text(text)
+    contract = load_contract(folder / "c.yaml")
+    assert contract.agent is not None
+    work = tmp_path / "work"
+    work.mkdir()
+    prepare_workdir(contract.agent, contract, work)
+    assert (work / "main.py").is_file() and (work / "lib" / "util.py").is_file()
