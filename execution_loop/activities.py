@@ -29,6 +29,7 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
+from execution_loop.command_agent import run_command_episode
 from execution_loop.episode import (
     INFRASTRUCTURE_ERRORS,
     EpisodeRecord,
@@ -38,6 +39,7 @@ from execution_loop.episode import (
 )
 from execution_loop.policies import PolicyCache, TaskEnvironments
 from execution_loop.routing import assign, read_routes, shadow_comparison
+from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend
 from execution_loop.trajectories import (
     StepRow,
     TrajectoryRow,
@@ -174,8 +176,11 @@ class RolloutActivities:
         self, *, engine: Engine, authorizer: Authorizer, policies: PolicyCache,
         environments: TaskEnvironments,
         serving_faults: Callable[[], Mapping[str, ServingFault]] = dict,
+        agent_sandbox: SandboxBackend | None = None,
     ) -> None:
         self._engine = engine
+        # Where a contract's black-box agent program runs (the command harness).
+        self._agent_sandbox = agent_sandbox or LocalProcessSandbox()
         self._authorizer = authorizer
         self._policies = policies
         self._environments = environments
@@ -244,23 +249,32 @@ class RolloutActivities:
         if fault is not None:  # an operator's game day: serve this checkpoint degraded
             temperature = fault.temperature
 
-        def on_step(step: StepRecord) -> None:
+        def progress(steps_done: int) -> None:
             if activity.is_cancelled():
                 raise CancelledError("episode cancelled: the batch deadline passed")
             now = time.monotonic()
             if now - last_beat[0] >= HEARTBEAT_MIN_INTERVAL_S:
-                activity.heartbeat(step.index + 1)  # details: steps done
+                activity.heartbeat(steps_done)  # details: steps (or agent model calls) done
                 last_beat[0] = now
 
         env = opened.open()
+        seed = episode_seed(spec.shadow_of or spec.episode_id)
         try:
-            record = run_episode(
-                env, policy, seed=episode_seed(spec.shadow_of or spec.episode_id),
-                task_seed=spec.task_seed,
-                limits=episode_limits(opened.contract.limits, job.max_turns),
-                context_rule=opened.contract.context, on_step=on_step,
-                deadline=job.deadline_epoch_s, temperature=temperature,
-            )
+            limits = episode_limits(opened.contract.limits, job.max_turns)
+            if opened.contract.agent is not None:  # a black-box agent, through the gateway
+                record = run_command_episode(
+                    env, policy, contract=opened.contract, sandbox=self._agent_sandbox,
+                    seed=seed, task_seed=spec.task_seed, limits=limits,
+                    temperature=temperature, deadline=job.deadline_epoch_s,
+                    on_progress=progress,
+                )
+            else:
+                record = run_episode(
+                    env, policy, seed=seed, task_seed=spec.task_seed,
+                    limits=limits, context_rule=opened.contract.context,
+                    on_step=lambda step: progress(step.index + 1),
+                    deadline=job.deadline_epoch_s, temperature=temperature,
+                )
         finally:
             env.close()
         outcome: dict[str, Any] = {
@@ -271,6 +285,7 @@ class RolloutActivities:
                 record.initial_observation.encode()).hexdigest(),
             "environment_version_id": opened.environment_version_id,
             "attempt": info.attempt, "restarted_after_steps": restarted_after,
+            **record.extra,  # the command harness: the gateway's record and the agent's exit
         }
         if fault is not None:
             outcome["injected_fault"] = describe_fault(fault)

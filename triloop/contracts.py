@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -41,6 +41,7 @@ from triloop.contract_checks import (
 from triloop.environment_code import EnvironmentCodeError, environment_code_hashes
 
 __all__ = [
+    "AgentSpec",
     "Capabilities",
     "ContractError",
     "ContractProblem",
@@ -161,6 +162,30 @@ class SandboxSpec(_Section):
     max_output_bytes: int = Field(default=16384, gt=0)  # per stream, head and tail kept
 
 
+# -- black-box agents (issue 17: the model gateway and the command harness) ----------------
+
+
+class AgentSpec(_Section):
+    """A black-box agent program that plays each episode instead of triloop's chat harness.
+
+    The program runs in the sandbox, in a fresh work directory holding a copy of
+    ``files``, with the task on stdin and its model base URL pointed at the gateway
+    (``execution_loop.command_agent``).
+    """
+
+    harness: Literal["command"] = "command"
+    command: list[str] = Field(min_length=1)  # argv; "{python}" is the worker's interpreter
+    files: list[FixturePath] = Field(default_factory=list)  # fixtures copied into its work dir
+    cpu_time_s: int = Field(default=120, gt=0)  # CPU seconds for the agent process (RLIMIT_CPU)
+    memory_mb: int = Field(default=2048, gt=0)  # address space, MiB (RLIMIT_AS)
+    max_output_bytes: int = Field(default=16384, gt=0)  # per stream kept in the record
+
+
+# Sections a contract may leave out. Unset, they are not part of the canonical form, so
+# every contract written before a section existed keeps its identity.
+OPTIONAL_SECTIONS = ("agent",)
+
+
 class EnvironmentContract(_Section):
     """An immutable environment contract as written in its YAML file."""
 
@@ -176,6 +201,7 @@ class EnvironmentContract(_Section):
     context: ContextRule = Field(default_factory=ContextRule)
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     fixtures: list[FixturePath] = Field(default_factory=list)  # relative to the file
+    agent: AgentSpec | None = None  # a black-box agent program; None: triloop's chat harness
 
     _source_dir: Path | None = PrivateAttr(default=None)
 
@@ -195,6 +221,16 @@ class EnvironmentContract(_Section):
             raise ValueError(f"duplicate entries: {', '.join(sorted(seen))}")
         return value
 
+    @model_validator(mode="after")
+    def _agent_files_are_fixtures(self) -> EnvironmentContract:
+        if self.agent is not None:
+            missing = [f for f in self.agent.files if not _is_listed(f, self.fixtures)]
+            if missing:
+                raise ValueError(
+                    f"agent.files must be listed under fixtures: {', '.join(missing)}"
+                )
+        return self
+
     @property
     def source_dir(self) -> Path | None:
         """Folder of the file this contract was loaded from (fixtures resolve here)."""
@@ -207,6 +243,10 @@ class EnvironmentContract(_Section):
         if _fixture_path(relative) not in self.fixtures:
             raise ContractError([ContractProblem("fixtures", f"{relative!r} is not listed")])
         return self._source_dir / relative
+
+
+def _is_listed(path: str, fixtures: list[str]) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in fixtures)
 
 
 class ContractError(Exception):
@@ -286,8 +326,12 @@ def canonical_form(
     code_hashes: Mapping[str, str] | None = None,
 ) -> bytes:
     """Sorted-key compact JSON of the contract, its fixture hashes and its code's hashes."""
+    dumped = contract.model_dump(mode="json")
+    for section in OPTIONAL_SECTIONS:
+        if dumped.get(section) is None:
+            dumped.pop(section, None)
     document = {
-        "contract": contract.model_dump(mode="json"),
+        "contract": dumped,
         "fixtures": dict(fixture_hashes),
         "code": dict(code_hashes or {}),
     }
