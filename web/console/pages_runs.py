@@ -24,6 +24,7 @@ from web.console.rendering import (
     redirect,
 )
 from web.data import runs
+from web.data.serving import serving_now
 from web.deps import Guard, ServicesDep, SessionDep, principal_for_token
 from web.pagination import CursorParam
 from web.problems import ProblemError, not_found
@@ -95,13 +96,21 @@ async def logout(request: Request, _: CsrfChecked) -> Response:
 
 @router.get("/", response_class=HTMLResponse)
 async def overview(request: Request, guard: ConsoleGuard, db: SessionDep) -> Response:
-    """Runs, candidates waiting for this person, and recent alarms."""
+    """Home: what serves production, what waits for this person, then runs and alarms.
+
+    Operators and auditors see production first; stability alarms are the ML engineers'
+    business, so only they get the alarm list (others see a count and a link)."""
+    waiting = getattr(request.state, "waiting", None)
+    if waiting is None:
+        waiting = await awaiting_me(guard, db)
+    serving = (await db.read(serving_now)
+               if await guard.allows("read", "deployment") else None)
     can_runs = await guard.allows("read", "training_run")
     recent = await db.read(runs.list_runs, limit=10, cursor=None) if can_runs else None
     alarms = await db.read(runs.recent_alarms, limit=8) if can_runs else []
-    waiting = await awaiting_me(guard, db)
-    return page(request, "overview.html", guard.principal, title="Overview", runs=recent,
-                alarms=alarms, waiting=waiting)
+    engineer = "ml_engineer" in guard.principal.roles
+    return page(request, "overview.html", guard.principal, title="Home", runs=recent,
+                alarms=alarms, waiting=waiting, serving=serving, alarms_in_full=engineer)
 
 
 @router.get("/runs", response_class=HTMLResponse)

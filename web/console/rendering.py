@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from web.auth import CSRF_FIELD, FLASH_COOKIE, SESSION_COOKIE, same_secret
+from web.console.decisions import Waiting, awaiting_me
 from web.deps import (
     Guard,
     Principal,
@@ -89,6 +90,8 @@ async def console_user(request: Request, services: ServicesDep, db: SessionDep) 
     if found is None:
         raise unauthenticated("your user is disabled or the token you signed in with expired or "
                               "was revoked; sign in again")
+    # Kept for the error page, so that a 403 or 404 still shows the nav of who is signed in.
+    request.state.principal = found
     return found
 
 
@@ -96,10 +99,14 @@ ConsoleUser = Annotated[Principal, Depends(console_user)]
 
 
 async def console_guard(
-    request: Request, services: ServicesDep, principal: ConsoleUser
+    request: Request, services: ServicesDep, principal: ConsoleUser, db: SessionDep
 ) -> Guard:
-    """The policy guard for the console's person (noting a field that holds a NUL)."""
-    return Guard(services, principal, refused_input=await field_with_nul(request))
+    """The policy guard for the console's person (noting a field that holds a NUL), and the
+    promotions waiting for their decision (the nav shows how many)."""
+    guard = Guard(services, principal, refused_input=await field_with_nul(request))
+    if request.method == "GET":
+        request.state.waiting = await awaiting_me(guard, db)
+    return guard
 
 
 ConsoleGuard = Annotated[Guard, Depends(console_guard)]
@@ -123,10 +130,12 @@ def page(
     """Render a page with the person, their csrf token and any flash notice."""
     services = _services(request)
     flash = services.signer.load_flash(request.cookies.get(FLASH_COOKIE))
+    waiting: list[Waiting] | None = getattr(request.state, "waiting", None)
     response = templates.TemplateResponse(
         request, name,
         {"me": principal, "csrf": principal.csrf if principal else None,
          "csrf_field": CSRF_FIELD, "flash": flash,
+         "pending_count": None if waiting is None else len(waiting),
          "temporal_unauthenticated": services.settings.temporal_mode == "dev", **context},
         status_code=status_code,
     )
@@ -148,7 +157,8 @@ async def render_problem(request: Request, error: ProblemError) -> Response:
     """Console errors: a sign-in redirect for 401, otherwise an error page."""
     if error.status == 401 and request.method == "GET":
         return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
-    response = page(request, "error.html", None, status_code=error.status, error=error.problem(),
-                    title=error.title)
+    signed_in: Principal | None = getattr(request.state, "principal", None)
+    response = page(request, "error.html", signed_in, status_code=error.status,
+                    error=error.problem(), title=error.title)
     response.headers.update(error.headers or {})
     return response

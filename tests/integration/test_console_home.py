@@ -1,0 +1,97 @@
+"""The console's home page: what serves production, canary and shadow, what waits for this
+person (with a count in the nav); alarms are the ML engineers' list. Error pages keep the nav."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import pytest_asyncio
+from fastapi import FastAPI
+from sqlalchemy import Engine, text
+
+from tests.factories import insert
+from tests.factories_execution import set_routing
+from tests.factories_web import Person, add_approval, make_deployment, make_promotion
+from tests.integration.console_client import console_session
+
+pytestmark = pytest.mark.integration
+pytest_plugins = ["tests.factories_web_fixtures"]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def console(web_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """A browser-like client of its own (its own cookie jar)."""
+    transport = httpx.ASGITransport(app=web_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        yield client
+
+
+def production_row(engine: Engine, people: dict[str, Person]) -> tuple[str, str | None]:
+    """(checkpoint, promotion) of the production alias, promoting a seeded one if none."""
+    with engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT checkpoint_id, promotion_id FROM deployment WHERE alias = 'production'"
+        )).one_or_none()
+    if row is not None:
+        return str(row[0]), row[1]
+    seeded = make_promotion(engine, submitted_by=people["engineer"].name, status="promoted",
+                            current_gate="watch")
+    make_deployment(engine, "production", seeded.checkpoint_id, seeded.parent_id)
+    add_approval(engine, seeded.promotion_id, "operator", people["operator2"].name)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE deployment SET promotion_id = :p WHERE alias = 'production'"),
+                     {"p": seeded.promotion_id})
+    return seeded.checkpoint_id, seeded.promotion_id
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_operator_home_shows_production_trials_and_pending_count(
+    console: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+) -> None:
+    checkpoint, promotion = production_row(owner_engine, people)
+    waiting = make_promotion(owner_engine, submitted_by=people["engineer"].name)
+    add_approval(owner_engine, waiting.promotion_id, "audit", people["auditor"].name)
+    in_canary = make_promotion(owner_engine, submitted_by=people["engineer"].name,
+                               current_gate="canary")
+    with owner_engine.connect() as conn:
+        before = conn.execute(text(
+            "SELECT checkpoint_id, share FROM routing WHERE slot = 'canary'")).one_or_none()
+    set_routing(owner_engine, "canary", in_canary.checkpoint_id, 0.1)
+    insert(owner_engine, "training_step", run_id=waiting.run_id, iteration=3,
+           alarms=["echo_trap"], length_stats={}, metrics={})
+    try:
+        await console_session(console, people["operator"])
+        home = (await console.get("/")).text
+    finally:
+        set_routing(owner_engine, "canary", before[0] if before else None,
+                    before[1] if before else 0.0)
+    assert "Production now" in home
+    assert checkpoint[:16] in home
+    if promotion is not None:
+        assert f'href="/promotions/{promotion}"' in home
+    assert in_canary.checkpoint_id[:16] in home and "10% of production episodes" in home
+    waiting_part = home.split('id="waiting-h"', 1)[1]
+    assert f'href="/promotions/{waiting.promotion_id}"' in waiting_part
+    assert 'data-testid="pending-count"' in home
+    # The operator's home has no alarm list: alarms belong to the ML engineers' view.
+    assert "Recent alarms" not in home
+
+    await console_session(console, people["engineer"])
+    engineer_home = (await console.get("/")).text
+    assert "Recent alarms" in engineer_home
+    assert 'data-testid="pending-count"' not in engineer_home or \
+        f'href="/promotions/{waiting.promotion_id}"' not in engineer_home.split(
+            'id="waiting-h"', 1)[1]
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_refused_page_keeps_the_nav_of_who_is_signed_in(
+    console: httpx.AsyncClient, people: dict[str, Person],
+) -> None:
+    engineer = people["engineer"]
+    await console_session(console, engineer)
+    refused = await console.get("/audit", headers={"Accept": "text/html"})
+    assert refused.status_code == 403
+    assert engineer.name in refused.text and 'aria-label="Main"' in refused.text
