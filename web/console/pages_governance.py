@@ -52,8 +52,12 @@ async def promotion_page(
         raise not_found("promotion", promotion_id)
     decisions = await decisions_for(guard, facts)
     production = await db.read(deployments.get_deployment, alias="production")
+    # The button names where a rollback would go, and is offered only when the rules
+    # (triloop.deployment_history) find a target: never a rolled-back candidate.
+    preview = (await db.read(deployments.rollback_preview, alias="production")
+               if production is not None else None)
     can_rollback = (
-        production is not None and production.rollback_target_id is not None
+        preview is not None and preview.target is not None
         and await guard.would_allow("rollback", "deployment", id="production")
     )
     by_gate = {g.gate: g for g in detail.gates}
@@ -61,7 +65,7 @@ async def promotion_page(
     timeline += [(g.gate, g) for g in detail.gates if g.gate not in GATE_ORDER]
     return page(request, "promotion.html", guard.principal, title=f"Promotion {promotion_id}",
                 promotion=detail, timeline=timeline, decisions=decisions,
-                can_rollback=can_rollback, production=production)
+                can_rollback=can_rollback, production=production, preview=preview)
 
 
 @router.post("/promotions/{promotion_id}/{form_action}")
@@ -134,13 +138,16 @@ async def rollback(
 
 @router.get("/deployments", response_class=HTMLResponse)
 async def deployments_page(request: Request, guard: ConsoleGuard, db: SessionDep) -> Response:
-    """Aliases and routing, with rollback for operators."""
+    """Aliases with their history and routing; rollback for operators where a target exists."""
     await guard("read", "deployment")
     listing = await db.read(deployments.list_deployments, limit=50, cursor=None)
     routing = await db.read(deployments.list_routing, limit=50, cursor=None)
     can_rollback = await guard.would_allow("rollback", "deployment")
+    previews = {d.alias: await db.read(deployments.rollback_preview, alias=d.alias)
+                for d in listing.items}
     return page(request, "deployments.html", guard.principal, title="Deployments",
-                listing=listing, routing=routing.items, can_rollback=can_rollback)
+                listing=listing, routing=routing.items, can_rollback=can_rollback,
+                previews=previews)
 
 
 @router.get("/checkpoints/{checkpoint_id}/lineage", response_class=HTMLResponse)
