@@ -248,7 +248,8 @@ def test_operator_signs_in_and_approves_a_promotion(
     shot(page, "overview")
     link.click()
     expect(page.get_by_role("heading", name="Your decision (operator)")).to_be_visible()
-    expect(page.get_by_text("sample size").first).to_be_visible()
+    expect(page.get_by_test_id("verdict-offline_eval")).to_contain_text(
+        "all 3 checks met their bars")
     shot(page, "promotion")
     page.get_by_role("button", name="Approve").click()  # empty comment: the browser refuses
     expect(page).to_have_url(f"{base_url}/promotions/{seeded.promotion_id}")

@@ -10,7 +10,7 @@ from itsdangerous import TimestampSigner, URLSafeTimedSerializer
 
 from web.auth import ConsoleSession, CookieSigner, bearer_token, hash_token, same_secret
 from web.console.charts import CHARTS, line_chart, run_charts
-from web.console.rendering import flatten, is_sample_size
+from web.console.rendering import flatten
 from web.contract_diff import diff_contracts
 from web.pagination import decode_cursor, encode_cursor
 from web.problems import ProblemError
@@ -108,8 +108,6 @@ def test_evidence_flattening_and_sample_sizes() -> None:
                          "note": None}))
     assert rows == {"eval_sets[0].candidate.episodes": "120",
                     "eval_sets[0].candidate.rate": "0.8123", "note": "—"}
-    assert is_sample_size("eval_sets[0].candidate.episodes") and is_sample_size("min_samples")
-    assert not is_sample_size("success_rate")
 
 
 def test_run_config_validation_lists_problems() -> None:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from web import actions
 from web.actions import RollbackRequest
 from web.console.decisions import decisions_for
+from web.console.gate_analysis import analyse_gate, waiting_gate_note
 from web.console.rendering import ConsoleGuard, CsrfChecked, page, redirect
 from web.data import audit, deployments, lineage, promotions
 from web.data.promotions import GATE_ORDER
@@ -63,9 +64,16 @@ async def promotion_page(
     by_gate = {g.gate: g for g in detail.gates}
     timeline = [(gate, by_gate.get(gate)) for gate in GATE_ORDER]
     timeline += [(g.gate, g) for g in detail.gates if g.gate not in GATE_ORDER]
+    analyses = {g.id: analyse_gate(gate=g.gate, passed=g.passed, reasons=g.reasons,
+                                   evidence=g.evidence, threshold_spec=g.threshold_spec)
+                for g in detail.gates}
+    spec = next((g.threshold_spec for g in detail.gates if g.threshold_spec), None)
+    waiting_note = (waiting_gate_note(detail.current_gate, spec)
+                    if detail.status == "open" and detail.current_gate else None)
     return page(request, "promotion.html", guard.principal, title=f"Promotion {promotion_id}",
                 promotion=detail, timeline=timeline, decisions=decisions,
-                can_rollback=can_rollback, production=production, preview=preview)
+                can_rollback=can_rollback, production=production, preview=preview,
+                analyses=analyses, waiting_note=waiting_note)
 
 
 @router.post("/promotions/{promotion_id}/{form_action}")

@@ -64,16 +64,8 @@ def flatten(value: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str,
         yield prefix or "value", json.dumps(value, default=str)[:400]
 
 
-def is_sample_size(key: str) -> bool:
-    """Keys that count samples: the reader should see how much evidence there is."""
-    last = key.rsplit(".", 1)[-1].lower()
-    return any(word in last for word in ("episodes", "samples", "sample_size", "successes")) or (
-        last in {"n", "count"}
-    )
-
-
 templates.env.filters.update(short=_short, when=_when, num=_num)
-templates.env.globals.update(flatten=flatten, is_sample_size=is_sample_size)
+templates.env.globals.update(flatten=flatten)
 
 
 def _services(request: Request) -> WebServices:
