@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
@@ -51,6 +53,30 @@ class MetricPoint(BaseModel):
     alarms: list[str]
     checkpoint_id: str | None = None
     created_at: datetime
+    extra_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="every other number the iteration recorded, by key (for example "
+                    "reward/task/<task> or length/mean)")
+
+    @classmethod
+    def of(cls, step: TrainingStep) -> MetricPoint:
+        """A training step with its free-form metrics and length statistics as numbers."""
+        point = cls.model_validate(step)
+        point.extra_metrics = numeric_metrics(step.metrics, step.length_stats)
+        return point
+
+
+def numeric_metrics(metrics: Mapping[str, Any] | None,
+                    length_stats: Mapping[str, Any] | None) -> dict[str, float]:
+    """The finite numbers among a step's metrics (and its length stats, as ``length/<k>``)."""
+    found: dict[str, float] = {}
+    for prefix, values in (("", metrics or {}), ("length/", length_stats or {})):
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if math.isfinite(value):
+                found[f"{prefix}{key}"] = float(value)
+    return found
 
 
 class Alarm(BaseModel):
@@ -105,7 +131,7 @@ def _points(session: Session, run_id: str, after: int | None) -> list[MetricPoin
         statement = statement.where(col(TrainingStep.iteration) > after)
     statement = statement.order_by(col(TrainingStep.iteration).desc()).limit(MAX_CHART_POINTS)
     rows = list(session.exec(statement))
-    return [MetricPoint.model_validate(row) for row in reversed(rows)]
+    return [MetricPoint.of(row) for row in reversed(rows)]
 
 
 def run_detail(*, session: Session, run_id: str) -> RunDetail | None:
