@@ -11,7 +11,7 @@ import pytest_asyncio
 from fastapi import FastAPI
 from sqlalchemy import Engine, text
 
-from tests.factories import insert
+from tests.factories import insert, uid
 from tests.factories_execution import set_routing
 from tests.factories_web import Person, add_approval, make_deployment, make_promotion
 from tests.integration.console_client import console_session
@@ -95,3 +95,30 @@ async def test_a_refused_page_keeps_the_nav_of_who_is_signed_in(
     refused = await console.get("/audit", headers={"Accept": "text/html"})
     assert refused.status_code == 403
     assert engineer.name in refused.text and 'aria-label="Main"' in refused.text
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_auditors_sign_off_reads_signed_not_approve(
+    console: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+) -> None:
+    seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name)
+    add_approval(owner_engine, seeded.promotion_id, "audit", people["auditor"].name)
+    await console_session(console, people["operator"])
+    page = (await console.get(f"/promotions/{seeded.promotion_id}")).text
+    signed = page.split('data-testid="decision-audit"', 1)[1].split("</li>", 1)[0]
+    assert ">signed</span>" in signed and "approve" not in signed
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_environments_list_shows_the_contracts_description(
+    console: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+) -> None:
+    name = uid("described-")
+    insert(owner_engine, "environment", name=name, description="", created_by="governance")
+    insert(owner_engine, "environment_version", id=uid("sha-"), environment_name=name,
+           version=1, contract={"task": "sort", "description": "Sort a list with swaps"},
+           contract_text="task: sort\n", fixture_hashes={}, created_by="governance")
+    await console_session(console, people["auditor"])
+    listing = (await console.get("/environments")).text
+    row = listing.split(f'href="/environments/{name}"', 1)[1].split("</tr>", 1)[0]
+    assert "Sort a list with swaps" in row
