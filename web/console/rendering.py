@@ -12,6 +12,7 @@ from fastapi import Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from triloop.config import LOOPS
 from web.auth import CSRF_FIELD, FLASH_COOKIE, SESSION_COOKIE, same_secret
 from web.console.decisions import Waiting, awaiting_me
 from web.deps import (
@@ -128,7 +129,10 @@ def page(
         {"me": principal, "csrf": principal.csrf if principal else None,
          "csrf_field": CSRF_FIELD, "flash": flash,
          "pending_count": None if waiting is None else len(waiting),
-         "temporal_unauthenticated": services.settings.temporal_mode == "dev", **context},
+         "temporal_unauthenticated": services.settings.temporal_mode == "dev",
+         "temporal_ui": services.settings.temporal_ui(),
+         "temporal_namespaces": {loop: services.settings.temporal_namespace(loop)
+                                 for loop in LOOPS}, **context},
         status_code=status_code,
     )
     if flash is not None:
