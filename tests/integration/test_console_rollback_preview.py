@@ -66,6 +66,16 @@ async def test_preview_passes_over_a_rolled_back_candidate_and_says_so(
     # The rolled-back candidate is never offered as a target from the history either.
     assert "to_revision=3" not in preview
 
+    # The API's preview (and so `triloop rollback --dry-run`) carries the same warnings.
+    api = await console.get(f"/api/deployments/{alias}/rollback-preview",
+                            headers=people["operator"].headers)
+    assert api.status_code == 200, api.text
+    body = api.json()
+    assert body["target"]["revision"] == 1 and body["skipped"] == [2, 3, 4]
+    assert any("passes over revision 3" in w for w in body["warnings"])
+    assert [r["promotion_id"] for r in body["history"] if r["revision"] == 3] == [
+        seeded.promotion_id]
+
     named = await console.get(f"/rollback?alias={alias}&to_revision=3")
     assert named.status_code == 200
     assert "Refused." in named.text and "Roll back now" not in named.text

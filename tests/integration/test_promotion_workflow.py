@@ -457,6 +457,8 @@ async def test_post_promotion_regression_rolls_back(deps: Deps) -> None:
         await run.decide(PROMOTION_APPROVE_UPDATE, "carol", ["operator"])
         final = await run.result()
         assert final.status == "rolled_back", final.reason
+        found = (await run.handle.describe()).typed_search_attributes
+        assert found.get(search_attributes.OUTCOME) == "rolled_back"
         gates = _gates(deps)
         assert gates["promote"][1] and not gates["watch"][1]
         # The rolled-back candidate is nobody's rollback target: the next one is older.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 from sqlmodel import Session, col, select
 
 from triloop.deployment_history import Revision, RollbackRefused, plan_rollback, revisions
@@ -104,6 +104,7 @@ class RollbackPreview(BaseModel):
                     "serves now or was rolled back")
     history: list[RevisionPublic]
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def warnings(self) -> list[str]:
         """What an operator should know before confirming (the refusal aside)."""
