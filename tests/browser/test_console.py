@@ -277,7 +277,7 @@ def test_owner_controls_a_run_and_operator_rolls_back_with_confirmation(
     alias = uid("console-").lower()
     make_deployment(owner_engine, alias, checkpoint.checkpoint_id, checkpoint.parent_id)
     sign_in(page, base_url, people["operator"], "/deployments")
-    page.locator(f"a[href='/rollback?alias={alias}']").click()
+    page.locator(f"a[href='/rollback?alias={alias}']").first.click()
     expect(page.get_by_role("heading", name=f"Roll back {alias}?")).to_be_visible()
     page.get_by_label("Reason").fill("canary regression seen by on-call")
     page.get_by_role("button", name="Roll back now").click()  # box not ticked: browser refuses

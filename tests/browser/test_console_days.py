@@ -91,16 +91,18 @@ def test_operator_day_production_pending_evidence_and_rollback_with_preview(
     expect(page.locator("pre.code").first).to_contain_text('"paired_episodes": 3')
     shot(page, "day-gate-evidence")
 
+    page.set_viewport_size(PHONE)  # the on-call operator rolls back from a phone
     page.goto(f"{base_url}/deployments")
     history = page.get_by_role("region", name=f"History of {alias}")
     expect(history.get_by_role("row")).to_have_count(5)
     expect(history.locator(f"a[href='/promotions/{rolled_back.promotion_id}']")).to_be_visible()
-    page.locator(f"a[href='/rollback?alias={alias}']").click()
+    history.get_by_role("link", name=f"Roll back {alias}…").click()  # reachable at 390 px
     expect(page.get_by_test_id("target-status")).to_contain_text("bootstrapped")
     expect(page.get_by_test_id("rollback-warning").first).to_contain_text(
         "passes over revision 3")
     expect(page.locator("a[href*='to_revision=3']")).to_have_count(0)
-    shot(page, "day-rollback-preview")
+    assert body_overflow(page) <= 0
+    shot(page, "day-rollback-preview-390")
     page.get_by_label("Reason").fill("on-call: error budget burning")
     page.get_by_label("I confirm rolling back").check()
     page.get_by_role("button", name="Roll back now").click()

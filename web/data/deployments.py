@@ -111,13 +111,13 @@ class RollbackPreview(BaseModel):
         found = []
         rolled = [r for r in self.history if r.revision in self.skipped and r.rolled_back_at]
         if rolled:
-            found.append("passes over " + ", ".join(
+            found.append("This rollback passes over " + ", ".join(
                 f"revision {r.revision} ({r.checkpoint_id[:12]}…, rolled back by revision "
                 f"{r.rolled_back_at})" for r in rolled)
-                + ": a rolled-back checkpoint is never offered again without a new promotion")
+                + ": a rolled-back checkpoint is never offered again without a new promotion.")
         if self.target is not None and self.target.kind == "bootstrap":
-            found.append(f"the target was put in place by a bootstrap "
-                         f"({self.target.actor}), not through the gates")
+            found.append(f"The target was put in place by a bootstrap "
+                         f"({self.target.actor}), not through the gates.")
         return found
 
 
