@@ -23,6 +23,7 @@ from tests.factories_web import (
     Person,
     add_gate,
     add_steps,
+    ensure_production,
     make_promotion,
     make_user,
 )
@@ -69,10 +70,12 @@ def test_operator_day_production_pending_evidence_and_rollback_with_preview(
     add_gate(owner_engine, starved.promotion_id, "shadow", passed=False,
              evidence=decision.evidence)
     alias, rolled_back = alias_history(owner_engine, people)
+    serving, _ = ensure_production(owner_engine, people)
     operator = people["operator"]
 
     sign_in(page, base_url, operator)
-    expect(page.get_by_role("heading", name="Production now")).to_be_visible()
+    production = page.get_by_role("region", name="Production now")
+    expect(production).to_contain_text(serving[:16])
     expect(page.get_by_test_id("pending-count")).to_be_visible()
     waiting_list = page.get_by_role("region", name="Waiting for you")
     expect(waiting_list.locator(f"a[href='/promotions/{waiting.promotion_id}']")).to_be_visible()

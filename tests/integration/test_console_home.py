@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 
 from tests.factories import insert, uid
 from tests.factories_execution import set_routing
-from tests.factories_web import Person, add_approval, make_deployment, make_promotion
+from tests.factories_web import Person, add_approval, ensure_production, make_promotion
 from tests.integration.console_client import console_session
 
 pytestmark = pytest.mark.integration
@@ -28,29 +28,11 @@ async def console(web_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def production_row(engine: Engine, people: dict[str, Person]) -> tuple[str, str | None]:
-    """(checkpoint, promotion) of the production alias, promoting a seeded one if none."""
-    with engine.connect() as conn:
-        row = conn.execute(text(
-            "SELECT checkpoint_id, promotion_id FROM deployment WHERE alias = 'production'"
-        )).one_or_none()
-    if row is not None:
-        return str(row[0]), row[1]
-    seeded = make_promotion(engine, submitted_by=people["engineer"].name, status="promoted",
-                            current_gate="watch")
-    make_deployment(engine, "production", seeded.checkpoint_id, seeded.parent_id)
-    add_approval(engine, seeded.promotion_id, "operator", people["operator2"].name)
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE deployment SET promotion_id = :p WHERE alias = 'production'"),
-                     {"p": seeded.promotion_id})
-    return seeded.checkpoint_id, seeded.promotion_id
-
-
 @pytest.mark.asyncio(loop_scope="session")
 async def test_operator_home_shows_production_trials_and_pending_count(
     console: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
 ) -> None:
-    checkpoint, promotion = production_row(owner_engine, people)
+    checkpoint, promotion = ensure_production(owner_engine, people)
     waiting = make_promotion(owner_engine, submitted_by=people["engineer"].name)
     add_approval(owner_engine, waiting.promotion_id, "audit", people["auditor"].name)
     in_canary = make_promotion(owner_engine, submitted_by=people["engineer"].name,
