@@ -18,6 +18,7 @@ from temporalio import nexus
 
 from execution_loop.batches import BatchConflict, record_requested_batch
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
+from triloop import search_attributes
 from triloop.nexus_api import ExecutionService
 from triloop.nexus_caller import NexusCallerCheck
 from triloop.workflow_api import (
@@ -55,8 +56,10 @@ class ExecutionNexusHandlers:
         except BatchConflict as conflict:
             raise nexusrpc.HandlerError(str(conflict), type=nexusrpc.HandlerErrorType.BAD_REQUEST,
                                         retryable_override=False) from conflict
-        return await ctx.start_workflow(RolloutWorkflow.run, batch,
-                                        id=rollout_workflow_id(batch.batch_id))
+        return await ctx.start_workflow(
+            RolloutWorkflow.run, batch, id=rollout_workflow_id(batch.batch_id),
+            search_attributes=search_attributes.attributes(loop="execution",
+                                                           run_id=batch.run_id))
 
     @nexus.workflow_run_operation
     async def probe_admission(

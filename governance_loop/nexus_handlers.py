@@ -16,6 +16,7 @@ from temporalio import nexus
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from triloop import search_attributes
 from triloop.nexus_api import GovernanceService, ProposalAccepted
 from triloop.nexus_caller import NexusCallerCheck
 from triloop.workflow_api import (
@@ -51,6 +52,10 @@ class GovernanceNexusHandlers:
                 start_signal=PROMOTION_PROPOSED_SIGNAL, start_signal_args=[candidate],
                 # A finished promotion for this proposal is never reopened by a retry.
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                search_attributes=search_attributes.attributes(
+                    loop="governance", run_id=candidate.run_id,
+                    candidate=candidate.checkpoint_id, proposal=candidate.proposal_id,
+                    user=candidate.submitted_by),
             )
         except WorkflowAlreadyStartedError:
             nexus.logger.info("promotion %s already ran; not reopened", workflow_id)

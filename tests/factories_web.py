@@ -168,3 +168,21 @@ def assert_problem(response: httpx.Response, status: int, *needles: str) -> dict
     for needle in needles:
         assert needle.lower() in text_all, body
     return body
+
+
+def ensure_production(engine: Engine, people: dict[str, Person]) -> tuple[str, str | None]:
+    """(checkpoint, promotion) of the production alias, promoting a seeded one if none."""
+    with engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT checkpoint_id, promotion_id FROM deployment WHERE alias = 'production'"
+        )).one_or_none()
+    if row is not None:
+        return str(row[0]), row[1]
+    seeded = make_promotion(engine, submitted_by=people["engineer"].name, status="promoted",
+                            current_gate="watch")
+    make_deployment(engine, "production", seeded.checkpoint_id, seeded.parent_id)
+    add_approval(engine, seeded.promotion_id, "operator", people["operator2"].name)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE deployment SET promotion_id = :p WHERE alias = 'production'"),
+                     {"p": seeded.promotion_id})
+    return seeded.checkpoint_id, seeded.promotion_id

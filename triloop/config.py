@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     temporal_tls_cert: Path | None = Field(None, description="Client certificate (mTLS).")
     temporal_tls_key: Path | None = Field(None, description="Client key (mTLS).")
     temporal_ui_port: int = Field(8233, description="Port of the dev server's web UI (dev mode).")
+    temporal_ui_url: str | None = Field(
+        None, description="Base URL of a Temporal UI for this cluster, for the console's links "
+        "(the real server ships none; dev mode defaults to the dev server's UI).")
     task_queue_prefix: str = Field("", description="Prefix for task queue names (tests).")
 
     secrets_dir: Path | None = Field(
@@ -139,6 +142,15 @@ class Settings(BaseSettings):
             if token is not None:
                 tokens[service] = token
         return tokens
+
+    def temporal_ui(self) -> str | None:
+        """The Temporal UI the console links to: the configured one, else the dev server's."""
+        if self.temporal_ui_url:
+            return self.temporal_ui_url.rstrip("/")
+        if self.temporal_mode == "dev":
+            host = self.temporal_address.rsplit(":", 1)[0]
+            return f"http://{host}:{self.temporal_ui_port}"
+        return None
 
     def temporal_namespace(self, loop: LoopName) -> str:
         """The namespace of one loop's workflows, task queues and Nexus handlers."""

@@ -292,7 +292,8 @@ async def rollback(
         details={"to_revision": body.to_revision, "to_checkpoint_id": body.to_checkpoint_id})
     workflow_id = f"rollback-{body.alias}-{uuid.uuid4().hex[:12]}"
     request = RollbackInput(decision_id=decision_id, alias=body.alias)
-    result = await services.orchestrator.rollback(request, workflow_id)
+    result = await services.orchestrator.rollback(request, workflow_id,
+                                                  user=guard.principal.name)
     return RollbackOutcome(alias=result.alias, checkpoint_id=result.checkpoint_id,
                            previous_checkpoint_id=result.previous_checkpoint_id,
                            workflow_id=workflow_id, target_revision=result.target_revision)

@@ -24,6 +24,7 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError, FailureError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from triloop import search_attributes
 from triloop.config import LoopName, Settings
 from triloop.temporal import connect, in_namespace
 from triloop.workflow_api import (
@@ -88,6 +89,8 @@ class Orchestrator:
         await self._call(client.start_workflow(
             TRAINING_RUN_WORKFLOW, run, id=workflow_id,
             task_queue=self._settings.task_queue(LEARNING_QUEUE),
+            search_attributes=search_attributes.attributes(
+                loop="learning", run_id=run.run_id, user=run.submitted_by),
         ), what=f"start training run {run.run_id}")
 
     async def signal_run(self, workflow_id: str, signal: str, control: RunControl) -> None:
@@ -116,13 +119,15 @@ class Orchestrator:
             rpc_timeout=self._rpc_timeout()), what=f"decide admission of task {task_id}")
         return result
 
-    async def rollback(self, request: RollbackInput, workflow_id: str) -> RollbackResult:
+    async def rollback(self, request: RollbackInput, workflow_id: str,
+                       user: str | None = None) -> RollbackResult:
         """Run governance's rollback workflow to completion and return where the alias points."""
         client = await self.client("governance")
         result: RollbackResult = await self._call(client.execute_workflow(
             ROLLBACK_WORKFLOW, request, id=workflow_id,
             task_queue=self._settings.task_queue(GOVERNANCE_QUEUE),
             result_type=RollbackResult,
+            search_attributes=search_attributes.attributes(loop="governance", user=user),
             execution_timeout=timedelta(seconds=self.timeout_s),
         ), what=f"roll back {request.alias}")
         return result
@@ -133,6 +138,7 @@ class Orchestrator:
         await self._call(client.start_workflow(
             ROLLOUT_WORKFLOW, batch, id=workflow_id,
             task_queue=self._settings.task_queue(EXECUTION_QUEUE),
+            search_attributes=search_attributes.attributes(loop="execution"),
         ), what=f"start episode batch {batch.batch_id}")
 
     def _rpc_timeout(self) -> timedelta:

@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         failure_chain,
         refusal,
     )
+    from triloop import search_attributes
     from triloop.nexus_api import ExecutionService
     from triloop.workflow_api import (
         PROMOTION_APPROVE_UPDATE,
@@ -60,6 +61,9 @@ with workflow.unsafe.imports_passed_through():
         RollbackResult,
         RolloutBatchInput,
     )
+
+# Marks histories recorded before a promotion ended with its TriloopOutcome search attribute.
+OUTCOME_PATCH = "promotion-outcome-search-attribute"
 
 
 @workflow.defn(name=PROMOTION_WORKFLOW)
@@ -122,6 +126,11 @@ class PromotionWorkflow:
         self._plan = plan
         await self._walk(plan)
         await workflow.wait_condition(workflow.all_handlers_finished)
+        # Temporal shows every promotion that returns as COMPLETED; the outcome (promoted,
+        # rolled_back, rejected, ...) is a search attribute too, so a list can filter on it.
+        if workflow.patched(OUTCOME_PATCH):
+            workflow.upsert_search_attributes(
+                [search_attributes.OUTCOME.value_set(self._status)])
         return self.status()
 
     async def _walk(self, plan: m.PromotionPlan) -> None:

@@ -64,7 +64,7 @@ async def test_run_metrics_return_the_keyed_series(
                      {"m": json.dumps({"series": series}), "r": run_id})
     response = await api.get(f"/api/runs/{run_id}/metrics", headers=people["engineer"].headers)
     assert response.status_code == 200
-    assert [m["series"] for m in response.json()["metrics"]] == [{}, series]
+    assert [m["extra_metrics"] for m in response.json()["metrics"]] == [{}, series]
 
 
 @pytest.mark.parametrize("path", [

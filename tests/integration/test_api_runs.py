@@ -20,6 +20,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tests.factories import insert, make_eval_set, make_run, make_task
 from tests.factories_web import Person, assert_problem
+from triloop import search_attributes
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.workflow_api import (
@@ -102,6 +103,11 @@ async def test_submit_inserts_the_run_and_starts_the_learning_workflow(
     assert run["workflow_id"] == f"training-run-{run['id']}"
     assert len(run["environment_version_ids"]) == 1
     handle = learning_stand_in.get_workflow_handle(run["workflow_id"])
+    # Findable in Temporal by the ids the console shows (triloop.search_attributes).
+    found = (await handle.describe()).typed_search_attributes
+    assert found.get(search_attributes.RUN_ID) == run["id"]
+    assert found.get(search_attributes.USER) == engineer.name
+    assert found.get(search_attributes.LOOP) == "learning"
     seen = await handle.query(RUN_STATUS_QUERY)
     assert seen == [f"start {run['id']} by {engineer.name} base tiny-local"]
     with owner_engine.begin() as conn:

@@ -94,7 +94,7 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
         metrics = run_metrics(session=session, run_id=run_id, after=None)
     assert metrics is not None and [p.iteration for p in metrics.metrics] == [1, 2, 3]
     for point in metrics.metrics:
-        series = point.series
+        series = point.extra_metrics
         for task, name in environments.items():
             assert math.isfinite(series[f"reward/task/{task}"])
             assert f"reward/env/{name}" in series
@@ -102,18 +102,18 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
         assert series["dynamic_sampling/groups_dropped"] >= 0
         assert series["dynamic_sampling/resample_rounds"] in (0.0, 1.0)
     for point in metrics.metrics[1:]:
-        assert point.series["mitigation/entropy_coef_bonus"] == pytest.approx(0.01)
+        assert point.extra_metrics["mitigation/entropy_coef_bonus"] == pytest.approx(0.01)
 
     # The run's max_turns, then the curriculum's, reached the episodes (the contracts
     # allow 10 and 4 turns).
-    assert [p.series["curriculum/max_turns"] for p in metrics.metrics] == [1.0, 1.0, 2.0]
+    assert [p.extra_metrics["curriculum/max_turns"] for p in metrics.metrics] == [1.0, 1.0, 2.0]
     longest = {r["i"]: r["n"] for r in rows(
         owner_engine, "SELECT split_part(substr(batch_id, length(:r) + 2), '-', 1) AS i,"
         " max(num_steps) AS n FROM trajectory WHERE run_id = :r GROUP BY 1", r=run_id)}
     assert longest["1"] <= 1 and longest["2"] <= 1 and longest["3"] <= 2
     lengths = rows(owner_engine, "SELECT count(DISTINCT batch_id) AS b"
                    " FROM trajectory WHERE run_id = :r", r=run_id)[0]
-    rounds = sum(p.series["dynamic_sampling/resample_rounds"] for p in metrics.metrics)
+    rounds = sum(p.extra_metrics["dynamic_sampling/resample_rounds"] for p in metrics.metrics)
     assert lengths["b"] == 3 + rounds  # one batch per iteration plus each resampling round
 
     # Staleness window 2: iterations 2 and 3 were both sampled with the base (version 0)

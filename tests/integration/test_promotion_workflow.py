@@ -43,6 +43,7 @@ from tests.factories_governance import (
     wait_for,
 )
 from tests.temporal_helpers import own_queues
+from triloop import search_attributes
 from triloop.config import Settings
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
 from triloop.temporal import connect
@@ -341,6 +342,9 @@ async def test_offline_eval_below_threshold_rejects(deps: Deps) -> None:
     quality.set(deps.world.candidate, 0.25)
     async with running(deps, quality) as run:
         final = await run.result()
+        # Temporal says COMPLETED; the outcome search attribute says what happened.
+        described = await run.handle.describe()
+    assert described.typed_search_attributes.get(search_attributes.OUTCOME) == "rejected"
     assert final.status == "rejected" and final.current_gate == "offline_eval"
     assert "below min_success_rate" in (final.reason or "")
     assert list(_gates(deps)) == ["stability", "offline_eval"]
@@ -453,6 +457,8 @@ async def test_post_promotion_regression_rolls_back(deps: Deps) -> None:
         await run.decide(PROMOTION_APPROVE_UPDATE, "carol", ["operator"])
         final = await run.result()
         assert final.status == "rolled_back", final.reason
+        found = (await run.handle.describe()).typed_search_attributes
+        assert found.get(search_attributes.OUTCOME) == "rolled_back"
         gates = _gates(deps)
         assert gates["promote"][1] and not gates["watch"][1]
         # The rolled-back candidate is nobody's rollback target: the next one is older.

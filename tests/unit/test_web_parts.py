@@ -10,8 +10,8 @@ from itsdangerous import TimestampSigner, URLSafeTimedSerializer
 
 from triloop.contract_diff import diff_contracts
 from web.auth import ConsoleSession, CookieSigner, bearer_token, hash_token, same_secret
-from web.console.charts import CHARTS, line_chart, run_charts
-from web.console.rendering import flatten, is_sample_size
+from web.console.charts import run_chart_data
+from web.console.rendering import flatten
 from web.pagination import decode_cursor, encode_cursor
 from web.problems import ProblemError
 from web.run_submission import RunConfigInvalid, validate_run_config
@@ -31,22 +31,32 @@ def test_contract_diff_aligns_lists_and_compares_types() -> None:
     assert [c.kind for c in diff_contracts({"x": True}, {"x": 1})] == ["changed"]
 
 
-def test_chart_marks_alarms_and_describes_itself() -> None:
-    svg = line_chart(CHARTS[0], [(0, 0.1), (1, 0.2), (2, None), (3, 0.4)], alarms=[1, 99])
-    assert svg.count('class="alarm"') == 1
-    assert 'role="img"' in svg and "last 0.4 at iteration 3" in svg
-    assert "alarms at iterations 1" in svg
-    empty = line_chart(CHARTS[1], [(0, None), (1, float("nan"))], alarms=[])
-    assert "no values yet" in empty and "<path" not in empty
+def test_charts_cover_every_metric_key_and_overlay_reward_prefixes() -> None:
+    points = [{"iteration": i, "reward_mean": i / 10, "kl": None,
+               "alarms": ["echo_trap"] if i == 2 else [],
+               "extra_metrics": {"reward/task/sort": 0.1 * i, "reward/task/count": 0.2,
+                                 "reward/env/grid": 0.3, "tool_calls": float(i)}}
+              for i in range(4)]
+    points[3]["reward_mean"] = float("nan")
+    data = run_chart_data(points)
+    titles = [c.title for c in data.charts]
+    assert titles == ["Reward per task", "Reward per environment", "Reward (mean)",
+                      "tool_calls"]
+    by_title = {c.title: c for c in data.charts}
+    assert [s.label for s in by_title["Reward per task"].series] == ["count", "sort"]
+    assert "kl" not in data.columns  # a key with no value gets no chart
+    assert data.columns["reward_mean"] == [0.0, 0.1, 0.2, None]
+    assert data.alarms == [2] and data.last_iteration == 3
+    summary = by_title["Reward (mean)"].summary
+    assert "3 iterations, last 0.2 at iteration 2" in summary
+    assert "alarms at iterations 2" in summary
+    assert "sort: 4 iterations" in by_title["Reward per task"].summary
 
 
-def test_run_charts_one_per_metric() -> None:
-    metrics = [{"iteration": i, "reward_mean": i / 10, "alarms": ["echo_trap"] if i == 2 else []}
-               for i in range(4)]
-    charts = run_charts(metrics)  # type: ignore[arg-type]
-    assert len(charts) == len(CHARTS)
-    assert all('class="alarm"' not in c for c in charts[1:])  # other metrics have no values
-    assert 'class="alarm"' in charts[0]
+def test_a_run_without_metrics_still_has_a_chart_saying_so() -> None:
+    data = run_chart_data([])
+    assert [c.summary for c in data.charts] == ["Reward (mean): no values yet"]
+    assert data.to_json()["last_iteration"] == -1
 
 
 def test_cursor_round_trip_and_tamper() -> None:
@@ -108,8 +118,6 @@ def test_evidence_flattening_and_sample_sizes() -> None:
                          "note": None}))
     assert rows == {"eval_sets[0].candidate.episodes": "120",
                     "eval_sets[0].candidate.rate": "0.8123", "note": "—"}
-    assert is_sample_size("eval_sets[0].candidate.episodes") and is_sample_size("min_samples")
-    assert not is_sample_size("success_rate")
 
 
 def test_run_config_validation_lists_problems() -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 from temporalio.client import Client
 
+from triloop import search_attributes
 from triloop.config import LOOPS, Settings
 from triloop.devstack.processes import (
     ServiceProcess,
@@ -226,6 +227,7 @@ async def provision_async(settings: Settings, *, timeout_s: float = 60.0) -> lis
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
+    made += await _register_search_attributes(client, settings)
     existing = {e.spec.name for e in (await client.operator_service.list_nexus_endpoints(
         ListNexusEndpointsRequest(page_size=1000))).endpoints}
     for server, queue in ENDPOINT_TARGETS.items():
@@ -237,6 +239,29 @@ async def provision_async(settings: Settings, *, timeout_s: float = 60.0) -> lis
         await client.operator_service.create_nexus_endpoint(CreateNexusEndpointRequest(
             spec=EndpointSpec(name=name, target=target)))
         made.append(f"Nexus endpoint {name}")
+    return made
+
+
+async def _register_search_attributes(client: Client, settings: Settings) -> list[str]:
+    """triloop's search attributes (``triloop.search_attributes``) in each loop's namespace."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import (
+        AddSearchAttributesRequest,
+        ListSearchAttributesRequest,
+    )
+
+    made: list[str] = []
+    for loop in LOOPS:
+        namespace = settings.temporal_namespace(loop)
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace))
+        missing = {key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+                   for key in search_attributes.ALL
+                   if key.name not in listed.custom_attributes}
+        if missing:
+            await client.operator_service.add_search_attributes(AddSearchAttributesRequest(
+                search_attributes=missing, namespace=namespace))
+            made.append(f"search attributes {', '.join(sorted(missing))} in {namespace}")
     return made
 
 

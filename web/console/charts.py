@@ -1,37 +1,74 @@
-"""Line charts as inline SVG, rendered on the server (pure: numbers in, markup out).
+"""What the run page charts: every metric key of the run's iterations (pure: numbers in,
+chart specs out). The browser draws them with uPlot (``static/vendor/uplot``, served
+from the repository), which gives hover values, axis ticks, smoothing and a second run
+overlaid; ``static/charts.js`` reads the specs from the page.
 
-One chart per metric; iterations with a stability alarm get a marked vertical
-line so a reader sees where the echo trap or template collapse was raised.
-Each chart carries a text summary for screen readers.
+Keys sharing the prefix ``reward/task/`` are overlaid in one chart, and so are those
+sharing ``reward/env/``; every other key gets a chart of its own. Iterations that raised
+a stability alarm are marked on every chart. Each chart also carries a one-line text
+summary, for screen readers and for a browser without JavaScript.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from html import escape
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-WIDTH, HEIGHT = 520, 210
-PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 64, 14, 14, 32
+# The named columns of ``training_step``, in the order a reader looks for them.
+NAMED: tuple[tuple[str, str, str], ...] = (
+    ("reward_mean", "Reward (mean)", ""),
+    ("entropy", "Entropy", "nats/token"),
+    ("kl", "KL to reference", ""),
+    ("grad_norm", "Gradient norm", ""),
+    ("discrimination", "Discrimination", "retrieval accuracy"),
+    ("loss", "Loss", ""),
+    ("reward_variance", "Reward variance", ""),
+    ("within_group_reward_variance", "Within-group reward variance", ""),
+    ("trainable_tokens", "Trainable tokens", "tokens"),
+)
+NAMED_KEYS = {key: (title, unit) for key, title, unit in NAMED}
+# Prefixes whose keys share one chart, and that chart's title.
+OVERLAID: tuple[tuple[str, str], ...] = (
+    ("reward/task/", "Reward per task"),
+    ("reward/env/", "Reward per environment"),
+)
 
 
 @dataclass(frozen=True)
-class ChartSpec:
-    """Which metric a chart shows and how to label it."""
+class Series:
+    """One line: the column it reads and its legend label."""
 
     key: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart: its title, unit, lines and a text summary."""
+
+    id: str
     title: str
-    unit: str = ""
+    unit: str
+    series: list[Series]
+    summary: str
 
 
-CHARTS: tuple[ChartSpec, ...] = (
-    ChartSpec("reward_mean", "Reward (mean)"),
-    ChartSpec("entropy", "Entropy", "nats/token"),
-    ChartSpec("kl", "KL to reference"),
-    ChartSpec("grad_norm", "Gradient norm"),
-    ChartSpec("discrimination", "Discrimination", "retrieval accuracy"),
-)
+@dataclass(frozen=True)
+class ChartData:
+    """Everything the page needs: the charts, the x axis, every column, the alarms."""
+
+    charts: list[Chart]
+    iterations: list[int]
+    columns: dict[str, list[float | None]]
+    alarms: list[int]
+    last_iteration: int = -1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON for the page's ``<script type="application/json">``."""
+        return asdict(self)
 
 
 def fmt(value: float) -> str:
@@ -43,85 +80,76 @@ def fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def line_chart(
-    spec: ChartSpec, points: Sequence[tuple[int, float | None]], alarms: Sequence[int]
-) -> str:
-    """An accessible SVG line chart of ``(iteration, value)`` with alarm markers."""
-    finite = [(x, y) for x, y in points if y is not None and math.isfinite(y)]
-    raw_label = spec.title + (f" ({spec.unit})" if spec.unit else "")
-    label = escape(raw_label)
-    chart_id = f"chart-{escape(spec.key)}"
-    if not finite:
-        summary = f"{raw_label}: no values yet"
-        body = (f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" '
-                f'class="chart-empty">no values yet</text>')
-        return _svg(chart_id, label, summary, body)
-    xs = [x for x, _ in finite]
-    ys = [y for _, y in finite]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if x0 == x1:
-        x0, x1 = x0 - 1, x1 + 1
-    if y0 == y1:
-        pad = abs(y0) * 0.1 or 1.0
-        y0, y1 = y0 - pad, y1 + pad
-
-    def sx(x: float) -> float:
-        return PAD_LEFT + (x - x0) / (x1 - x0) * (WIDTH - PAD_LEFT - PAD_RIGHT)
-
-    def sy(y: float) -> float:
-        return PAD_TOP + (y1 - y) / (y1 - y0) * (HEIGHT - PAD_TOP - PAD_BOTTOM)
-
-    path = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}"
-                    for i, (x, y) in enumerate(finite))
-    parts = [
-        f'<line class="axis" x1="{PAD_LEFT}" y1="{HEIGHT - PAD_BOTTOM}" '
-        f'x2="{WIDTH - PAD_RIGHT}" y2="{HEIGHT - PAD_BOTTOM}"/>',
-        f'<line class="axis" x1="{PAD_LEFT}" y1="{PAD_TOP}" x2="{PAD_LEFT}" '
-        f'y2="{HEIGHT - PAD_BOTTOM}"/>',
-        f'<text class="tick" x="{PAD_LEFT - 6}" y="{PAD_TOP + 4}" text-anchor="end">'
-        f"{fmt(y1)}</text>",
-        f'<text class="tick" x="{PAD_LEFT - 6}" y="{HEIGHT - PAD_BOTTOM}" text-anchor="end">'
-        f"{fmt(y0)}</text>",
-        f'<text class="tick" x="{PAD_LEFT}" y="{HEIGHT - 10}" text-anchor="start">it {x0}</text>',
-        f'<text class="tick" x="{WIDTH - PAD_RIGHT}" y="{HEIGHT - 10}" text-anchor="end">'
-        f"it {x1}</text>",
-    ]
-    marked = sorted({a for a in alarms if x0 <= a <= x1})
-    for alarm in marked:
-        x = sx(alarm)
-        parts.append(f'<line class="alarm" x1="{x:.1f}" y1="{PAD_TOP}" x2="{x:.1f}" '
-                     f'y2="{HEIGHT - PAD_BOTTOM}"><title>alarm at iteration {alarm}</title></line>')
-    parts.append(f'<path class="series" d="{path}"/>')
-    if len(finite) <= 60:
-        parts += [f'<circle class="dot" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5">'
-                  f"<title>iteration {x}: {fmt(y)}</title></circle>" for x, y in finite]
-    last_x, last_y = finite[-1]
-    summary = (f"{raw_label}: {len(finite)} iterations, last {fmt(last_y)} at iteration {last_x}, "
-               f"range {fmt(min(ys))} to {fmt(max(ys))}"
-               + (f"; alarms at iterations {', '.join(map(str, marked))}" if marked else ""))
-    return _svg(chart_id, label, summary, "".join(parts))
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
-def _svg(chart_id: str, label: str, summary: str, body: str) -> str:
-    return (
-        f'<figure class="chart" aria-labelledby="{chart_id}-t">'
-        f'<figcaption id="{chart_id}-t">{label}</figcaption>'
-        f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(summary)}" '
-        f'preserveAspectRatio="xMidYMid meet">{body}</svg>'
-        f'<p class="visually-hidden">{escape(summary)}</p></figure>'
-    )
+def columns_of(points: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
+    """Every metric key with one value (or None) per iteration, keys with no value dropped."""
+    keys: list[str] = [key for key, _, _ in NAMED]
+    for point in points:
+        for key in point.get("extra_metrics") or {}:
+            if key not in keys:
+                keys.append(key)
+    columns: dict[str, list[float | None]] = {}
+    for key in keys:
+        values = [_number(p.get(key)) if key in NAMED_KEYS else
+                  _number((p.get("extra_metrics") or {}).get(key)) for p in points]
+        if any(v is not None for v in values):
+            columns[key] = values
+    return columns
 
 
-def run_charts(metrics: Sequence[dict[str, object]]) -> list[str]:
-    """One chart per metric in ``CHARTS`` from metric points (dicts with ``iteration``)."""
-    alarms = [int(str(m["iteration"])) for m in metrics if m.get("alarms")]
-    charts = []
-    for spec in CHARTS:
-        points: list[tuple[int, float | None]] = []
-        for m in metrics:
-            value = m.get(spec.key)
-            points.append((int(str(m["iteration"])),
-                           float(value) if isinstance(value, int | float) else None))
-        charts.append(line_chart(spec, points, alarms))
-    return charts
+def _summary(title: str, series: list[Series], columns: Mapping[str, list[float | None]],
+             iterations: list[int], alarms: list[int]) -> str:
+    parts = []
+    for line in series:
+        pairs = [(x, y) for x, y in zip(iterations, columns[line.key], strict=True)
+                 if y is not None]
+        if not pairs:
+            continue
+        ys = [y for _, y in pairs]
+        last_x, last_y = pairs[-1]
+        name = "" if len(series) == 1 else f"{line.label}: "
+        parts.append(f"{name}{len(pairs)} iterations, last {fmt(last_y)} at iteration "
+                     f"{last_x}, range {fmt(min(ys))} to {fmt(max(ys))}")
+    shown = sorted(set(alarms) & set(iterations))
+    tail = f"; alarms at iterations {', '.join(map(str, shown))}" if shown else ""
+    return f"{title}: " + ("; ".join(parts) or "no values yet") + tail
+
+
+def _chart_id(text: str) -> str:
+    return "chart-" + "".join(c if c.isalnum() else "-" for c in text).strip("-")
+
+
+def run_chart_data(points: Sequence[Mapping[str, Any]]) -> ChartData:
+    """The charts of a run from its metric points (dicts with ``iteration``, oldest first)."""
+    iterations = [int(p["iteration"]) for p in points]
+    alarms = [int(p["iteration"]) for p in points if p.get("alarms")]
+    columns = columns_of(points)
+    charts: list[Chart] = []
+    grouped: set[str] = set()
+    for prefix, title in OVERLAID:
+        keys = sorted(k for k in columns if k.startswith(prefix))
+        if keys:
+            grouped.update(keys)
+            series = [Series(k, k.removeprefix(prefix)) for k in keys]
+            charts.append(Chart(_chart_id(prefix), title, "reward", series,
+                                _summary(title, series, columns, iterations, alarms)))
+    for key in columns:
+        if key in grouped:
+            continue
+        title, unit = NAMED_KEYS.get(key, (key, ""))
+        series = [Series(key, title)]
+        charts.append(Chart(_chart_id(key), title, unit, series,
+                            _summary(title + (f" ({unit})" if unit else ""), series, columns,
+                                     iterations, alarms)))
+    if not charts:
+        title, unit = NAMED_KEYS["reward_mean"]
+        charts.append(Chart(_chart_id("reward_mean"), title, unit,
+                            [Series("reward_mean", title)], f"{title}: no values yet"))
+        columns["reward_mean"] = [None] * len(iterations)
+    return ChartData(charts=charts, iterations=iterations, columns=columns, alarms=alarms,
+                     last_iteration=iterations[-1] if iterations else -1)

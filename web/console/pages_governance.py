@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from web import actions
 from web.actions import RollbackRequest
 from web.console.decisions import decisions_for
+from web.console.gate_analysis import analyse_gate, waiting_gate_note
 from web.console.rendering import ConsoleGuard, CsrfChecked, page, redirect
 from web.data import audit, deployments, lineage, promotions
 from web.data.promotions import GATE_ORDER
@@ -52,16 +53,27 @@ async def promotion_page(
         raise not_found("promotion", promotion_id)
     decisions = await decisions_for(guard, facts)
     production = await db.read(deployments.get_deployment, alias="production")
+    # The button names where a rollback would go, and is offered only when the rules
+    # (triloop.deployment_history) find a target: never a rolled-back candidate.
+    preview = (await db.read(deployments.rollback_preview, alias="production")
+               if production is not None else None)
     can_rollback = (
-        production is not None and production.rollback_target_id is not None
+        preview is not None and preview.target is not None
         and await guard.would_allow("rollback", "deployment", id="production")
     )
     by_gate = {g.gate: g for g in detail.gates}
     timeline = [(gate, by_gate.get(gate)) for gate in GATE_ORDER]
     timeline += [(g.gate, g) for g in detail.gates if g.gate not in GATE_ORDER]
+    analyses = {g.id: analyse_gate(gate=g.gate, passed=g.passed, reasons=g.reasons,
+                                   evidence=g.evidence, threshold_spec=g.threshold_spec)
+                for g in detail.gates}
+    spec = next((g.threshold_spec for g in detail.gates if g.threshold_spec), None)
+    waiting_note = (waiting_gate_note(detail.current_gate, spec)
+                    if detail.status == "open" and detail.current_gate else None)
     return page(request, "promotion.html", guard.principal, title=f"Promotion {promotion_id}",
                 promotion=detail, timeline=timeline, decisions=decisions,
-                can_rollback=can_rollback, production=production)
+                can_rollback=can_rollback, production=production, preview=preview,
+                analyses=analyses, waiting_note=waiting_note)
 
 
 @router.post("/promotions/{promotion_id}/{form_action}")
@@ -134,13 +146,16 @@ async def rollback(
 
 @router.get("/deployments", response_class=HTMLResponse)
 async def deployments_page(request: Request, guard: ConsoleGuard, db: SessionDep) -> Response:
-    """Aliases and routing, with rollback for operators."""
+    """Aliases with their history and routing; rollback for operators where a target exists."""
     await guard("read", "deployment")
     listing = await db.read(deployments.list_deployments, limit=50, cursor=None)
     routing = await db.read(deployments.list_routing, limit=50, cursor=None)
     can_rollback = await guard.would_allow("rollback", "deployment")
+    previews = {d.alias: await db.read(deployments.rollback_preview, alias=d.alias)
+                for d in listing.items}
     return page(request, "deployments.html", guard.principal, title="Deployments",
-                listing=listing, routing=routing.items, can_rollback=can_rollback)
+                listing=listing, routing=routing.items, can_rollback=can_rollback,
+                previews=previews)
 
 
 @router.get("/checkpoints/{checkpoint_id}/lineage", response_class=HTMLResponse)

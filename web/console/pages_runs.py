@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Form, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from web import actions
 from web.auth import (
@@ -15,7 +15,7 @@ from web.auth import (
     new_csrf_token,
     same_secret,
 )
-from web.console.charts import run_charts
+from web.console.charts import run_chart_data
 from web.console.decisions import awaiting_me
 from web.console.rendering import (
     ConsoleGuard,
@@ -24,6 +24,7 @@ from web.console.rendering import (
     redirect,
 )
 from web.data import runs
+from web.data.serving import serving_now
 from web.deps import Guard, ServicesDep, SessionDep, principal_for_token
 from web.pagination import CursorParam
 from web.problems import ProblemError, not_found
@@ -95,13 +96,21 @@ async def logout(request: Request, _: CsrfChecked) -> Response:
 
 @router.get("/", response_class=HTMLResponse)
 async def overview(request: Request, guard: ConsoleGuard, db: SessionDep) -> Response:
-    """Runs, candidates waiting for this person, and recent alarms."""
+    """Home: what serves production, what waits for this person, then runs and alarms.
+
+    Operators and auditors see production first; stability alarms are the ML engineers'
+    business, so only they get the alarm list (others see a count and a link)."""
+    waiting = getattr(request.state, "waiting", None)
+    if waiting is None:
+        waiting = await awaiting_me(guard, db)
+    serving = (await db.read(serving_now)
+               if await guard.allows("read", "deployment") else None)
     can_runs = await guard.allows("read", "training_run")
     recent = await db.read(runs.list_runs, limit=10, cursor=None) if can_runs else None
     alarms = await db.read(runs.recent_alarms, limit=8) if can_runs else []
-    waiting = await awaiting_me(guard, db)
-    return page(request, "overview.html", guard.principal, title="Overview", runs=recent,
-                alarms=alarms, waiting=waiting)
+    engineer = "ml_engineer" in guard.principal.roles
+    return page(request, "overview.html", guard.principal, title="Home", runs=recent,
+                alarms=alarms, waiting=waiting, serving=serving, alarms_in_full=engineer)
 
 
 @router.get("/runs", response_class=HTMLResponse)
@@ -133,19 +142,21 @@ async def run_page(request: Request, run_id: str, guard: ConsoleGuard, db: Sessi
             if await guard.would_allow(action, "training_run", id=run_id,
                                        owner=detail.submitted_by):
                 controls.append(action)
-    charts = run_charts([m.model_dump() for m in detail.metrics])
+    chart_data = run_chart_data([m.model_dump() for m in detail.metrics])
+    recent = await db.read(runs.list_runs, limit=25, cursor=None)
+    others = [r for r in recent.items if r.id != detail.id]
     return page(request, "run.html", guard.principal, title=f"Run {detail.name or detail.id}",
-                run=detail, charts=charts, controls=controls, live=live)
+                run=detail, chart_data=chart_data, controls=controls, live=live,
+                others=others)
 
 
-@router.get("/runs/{run_id}/charts", response_class=HTMLResponse)
-async def run_charts_fragment(
-    request: Request, run_id: str, guard: ConsoleGuard, db: SessionDep
-) -> Response:
-    """The charts alone, for live refresh."""
+@router.get("/runs/{run_id}/charts")
+async def run_charts_json(run_id: str, guard: ConsoleGuard, db: SessionDep) -> Response:
+    """The run's chart data, for live refresh and for overlaying it on another run's page."""
     detail = await _run_view(guard, db, run_id)
-    charts = run_charts([m.model_dump() for m in detail.metrics])
-    return page(request, "_charts.html", guard.principal, run=detail, charts=charts)
+    data = run_chart_data([m.model_dump() for m in detail.metrics]).to_json()
+    data["run"] = {"id": detail.id, "name": detail.name, "status": detail.status}
+    return JSONResponse(data)
 
 
 @router.post("/runs/{run_id}/{action}")

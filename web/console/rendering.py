@@ -12,7 +12,9 @@ from fastapi import Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from triloop.config import LOOPS
 from web.auth import CSRF_FIELD, FLASH_COOKIE, SESSION_COOKIE, same_secret
+from web.console.decisions import Waiting, awaiting_me
 from web.deps import (
     Guard,
     Principal,
@@ -63,16 +65,8 @@ def flatten(value: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str,
         yield prefix or "value", json.dumps(value, default=str)[:400]
 
 
-def is_sample_size(key: str) -> bool:
-    """Keys that count samples: the reader should see how much evidence there is."""
-    last = key.rsplit(".", 1)[-1].lower()
-    return any(word in last for word in ("episodes", "samples", "sample_size", "successes")) or (
-        last in {"n", "count"}
-    )
-
-
 templates.env.filters.update(short=_short, when=_when, num=_num)
-templates.env.globals.update(flatten=flatten, is_sample_size=is_sample_size)
+templates.env.globals.update(flatten=flatten)
 
 
 def _services(request: Request) -> WebServices:
@@ -89,6 +83,8 @@ async def console_user(request: Request, services: ServicesDep, db: SessionDep) 
     if found is None:
         raise unauthenticated("your user is disabled or the token you signed in with expired or "
                               "was revoked; sign in again")
+    # Kept for the error page, so that a 403 or 404 still shows the nav of who is signed in.
+    request.state.principal = found
     return found
 
 
@@ -96,10 +92,15 @@ ConsoleUser = Annotated[Principal, Depends(console_user)]
 
 
 async def console_guard(
-    request: Request, services: ServicesDep, principal: ConsoleUser
+    request: Request, services: ServicesDep, principal: ConsoleUser, db: SessionDep
 ) -> Guard:
-    """The policy guard for the console's person (noting a field that holds a NUL)."""
-    return Guard(services, principal, refused_input=await field_with_nul(request))
+    """The policy guard for the console's person (noting a field that holds a NUL), and the
+    promotions waiting for their decision (the nav shows how many)."""
+    guard = Guard(services, principal, refused_input=await field_with_nul(request))
+    # Pages only: the JSON the run page polls (charts) does not need the nav's count.
+    if request.method == "GET" and "application/json" not in request.headers.get("accept", ""):
+        request.state.waiting = await awaiting_me(guard, db)
+    return guard
 
 
 ConsoleGuard = Annotated[Guard, Depends(console_guard)]
@@ -123,11 +124,16 @@ def page(
     """Render a page with the person, their csrf token and any flash notice."""
     services = _services(request)
     flash = services.signer.load_flash(request.cookies.get(FLASH_COOKIE))
+    waiting: list[Waiting] | None = getattr(request.state, "waiting", None)
     response = templates.TemplateResponse(
         request, name,
         {"me": principal, "csrf": principal.csrf if principal else None,
          "csrf_field": CSRF_FIELD, "flash": flash,
-         "temporal_unauthenticated": services.settings.temporal_mode == "dev", **context},
+         "pending_count": None if waiting is None else len(waiting),
+         "temporal_unauthenticated": services.settings.temporal_mode == "dev",
+         "temporal_ui": services.settings.temporal_ui(),
+         "temporal_namespaces": {loop: services.settings.temporal_namespace(loop)
+                                 for loop in LOOPS}, **context},
         status_code=status_code,
     )
     if flash is not None:
@@ -148,7 +154,8 @@ async def render_problem(request: Request, error: ProblemError) -> Response:
     """Console errors: a sign-in redirect for 401, otherwise an error page."""
     if error.status == 401 and request.method == "GET":
         return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
-    response = page(request, "error.html", None, status_code=error.status, error=error.problem(),
-                    title=error.title)
+    signed_in: Principal | None = getattr(request.state, "principal", None)
+    response = page(request, "error.html", signed_in, status_code=error.status,
+                    error=error.problem(), title=error.title)
     response.headers.update(error.headers or {})
     return response

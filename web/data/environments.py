@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -83,8 +84,26 @@ def _counts(session: Session, names: list[str]) -> dict[str, int]:
     return {name: int(count) for name, count in rows}
 
 
-def _public(env: Environment, count: int) -> EnvironmentPublic:
-    return EnvironmentPublic(name=env.name, description=env.description,
+def _contract_descriptions(session: Session, names: list[str]) -> dict[str, str]:
+    """Each environment's description as its latest contract version states it."""
+    found: dict[str, str] = {}
+    rows = session.exec(
+        select(EnvironmentVersion.environment_name, EnvironmentVersion.contract)
+        .where(col(EnvironmentVersion.environment_name).in_(names))
+        .order_by(col(EnvironmentVersion.version))
+    )
+    for name, contract in rows:
+        text = (contract or {}).get("description") if isinstance(contract, dict) else None
+        if isinstance(text, str) and text.strip():
+            found[name] = text.strip()
+    return found
+
+
+def _public(env: Environment, count: int, described: Mapping[str, str]) -> EnvironmentPublic:
+    # Registration writes the description into the contract, not always onto the
+    # environment row: fall back to the newest contract's, so a list never shows "—" for it.
+    return EnvironmentPublic(name=env.name,
+                             description=env.description or described.get(env.name, ""),
                              created_by=env.created_by, created_at=env.created_at,
                              version_count=count)
 
@@ -96,9 +115,11 @@ def list_environments(
     statement = keyset(select(Environment), [col(Environment.created_at), col(Environment.name)],
                        cursor, (datetime, str), limit)
     rows = list(session.exec(statement))
-    counts = _counts(session, [e.name for e in rows])
+    names = [e.name for e in rows]
+    counts = _counts(session, names)
+    described = _contract_descriptions(session, names)
     return page_of(rows, limit, lambda e: (e.created_at, e.name),
-                   lambda e: _public(e, counts.get(e.name, 0)))
+                   lambda e: _public(e, counts.get(e.name, 0), described))
 
 
 def environment_detail(*, session: Session, name: str) -> EnvironmentDetail | None:
@@ -111,7 +132,7 @@ def environment_detail(*, session: Session, name: str) -> EnvironmentDetail | No
         .order_by(col(EnvironmentVersion.version).desc())
     ))
     return EnvironmentDetail(
-        **_public(env, len(versions)).model_dump(),
+        **_public(env, len(versions), _contract_descriptions(session, [name])).model_dump(),
         versions=[VersionSummary.model_validate(v) for v in versions],
     )
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
@@ -51,9 +53,33 @@ class MetricPoint(BaseModel):
     alarms: list[str]
     checkpoint_id: str | None = None
     created_at: datetime
-    # Flat name -> number metric keys of the iteration (``reward/task/<task id>``,
-    # ``reward/env/<environment name>``, ``dynamic_sampling/...``): charted by key.
-    series: dict[str, float] = {}
+    extra_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="every other number the iteration recorded, by key (for example "
+                    "reward/task/<task>, reward/env/<environment>, dynamic_sampling/drop_rate or "
+                    "length/mean)")
+
+    @classmethod
+    def of(cls, step: TrainingStep) -> MetricPoint:
+        """A training step with its free-form metrics and length statistics as numbers."""
+        point = cls.model_validate(step)
+        point.extra_metrics = numeric_metrics(step.metrics, step.length_stats)
+        return point
+
+
+def numeric_metrics(metrics: Mapping[str, Any] | None,
+                    length_stats: Mapping[str, Any] | None) -> dict[str, float]:
+    """The finite numbers among a step's metrics (and its length stats, as ``length/<k>``)."""
+    found: dict[str, float] = {}
+    keyed = (metrics or {}).get("series")  # the learner's keyed series (reward/task/<id>, ...)
+    for prefix, values in (("", metrics or {}), ("", keyed if isinstance(keyed, Mapping) else {}),
+                           ("length/", length_stats or {})):
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if math.isfinite(value):
+                found[f"{prefix}{key}"] = float(value)
+    return found
 
 
 class Alarm(BaseModel):
@@ -108,17 +134,7 @@ def _points(session: Session, run_id: str, after: int | None) -> list[MetricPoin
         statement = statement.where(col(TrainingStep.iteration) > after)
     statement = statement.order_by(col(TrainingStep.iteration).desc()).limit(MAX_CHART_POINTS)
     rows = list(session.exec(statement))
-    return [MetricPoint.model_validate(row).model_copy(update={"series": _series(row)})
-            for row in reversed(rows)]
-
-
-def _series(row: TrainingStep) -> dict[str, float]:
-    """The iteration's keyed metrics (numbers only; an older row has none)."""
-    stored = (row.metrics or {}).get("series")
-    if not isinstance(stored, dict):
-        return {}
-    return {str(k): float(v) for k, v in stored.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)}
+    return [MetricPoint.of(row) for row in reversed(rows)]
 
 
 def run_detail(*, session: Session, run_id: str) -> RunDetail | None:

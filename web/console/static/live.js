@@ -1,5 +1,5 @@
 // Live run page: poll the JSON metrics endpoint; when a new iteration or status arrives,
-// fetch the server-rendered charts fragment and swap it in. No framework, no CDN.
+// ask charts.js to fetch the run's chart data again and redraw. No framework, no CDN.
 (function () {
   "use strict";
   var script = document.currentScript;
@@ -14,12 +14,7 @@
   }
 
   function refreshCharts() {
-    return fetch("/runs/" + encodeURIComponent(runId) + "/charts", { credentials: "same-origin" })
-      .then(function (r) { return r.ok ? r.text() : null; })
-      .then(function (html) {
-        var charts = document.getElementById("charts");
-        if (html && charts) { charts.outerHTML = html; }
-      });
+    return window.triloopCharts ? window.triloopCharts.refresh() : Promise.resolve();
   }
 
   function tick() {
