@@ -17,7 +17,7 @@ from learning_loop.trajectory_reader import (
     to_rollout_data,
 )
 from triloop.models import TrainingStep
-from web.data.runs import _series
+from web.data.runs import numeric_metrics
 
 
 def test_reward_per_task_and_per_environment() -> None:
@@ -59,5 +59,5 @@ def test_environment_names_reach_returns_and_steps() -> None:
 def test_metric_points_carry_the_stored_series() -> None:
     row = TrainingStep(run_id="r", iteration=1, created_at=datetime.now(UTC), metrics={
         "series": {"reward/task/t": 0.5, "flag": True, "text": "x"}})
-    assert _series(row) == {"reward/task/t": 0.5}
-    assert _series(TrainingStep(run_id="r", iteration=2, metrics={})) == {}
+    assert numeric_metrics(row.metrics, row.length_stats) == {"reward/task/t": 0.5}
+    assert numeric_metrics({}, None) == {}
