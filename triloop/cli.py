@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from triloop.cli_output import plain_error
 from triloop.config import get_settings
 
 app = typer.Typer(
@@ -23,6 +26,8 @@ app = typer.Typer(
     "governance).",
     no_args_is_help=True,
     add_completion=False,
+    # An unexpected error is printed as a sentence by main(), not as a rich traceback.
+    pretty_exceptions_enable=False,
 )
 dev_app = typer.Typer(help="Run the whole stack on this machine.", no_args_is_help=True)
 audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
@@ -38,7 +43,7 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("model", "learning_loop.cli:model_app"),
     ("governance", "governance_loop.cli:governance_app"),
     ("users", "web.cli:users_app"),
-    ("train", "web.cli:train_app"),
+    ("train", "web.cli_runs:train_app"),
     ("promotions", "web.cli:promotions_app"),
     # Game days are an operator's act: through the API with their token, never locally.
     ("faults", "web.cli:faults_app"),
@@ -228,9 +233,19 @@ def _verify_anchors(settings: Any, anchor_file: Path) -> None:
 
 
 def main() -> None:
-    """Entry point of the ``triloop`` command."""
+    """Entry point of the ``triloop`` command.
+
+    Anything a command did not turn into its own message ends as ``error: <message>`` and
+    exit code 1, never a traceback or a class name; ``TRILOOP_DEBUG=1`` shows the traceback.
+    """
     _mount_plugins()
-    app(prog_name="triloop")
+    try:
+        app(prog_name="triloop")
+    except Exception as error:
+        if os.environ.get("TRILOOP_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {plain_error(error)}\n")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -102,10 +102,9 @@ class DecisionOutcome(BaseModel):
     result: Any = Field(default=None, description="the promotion workflow's update result")
 
 
-class RollbackRequest(BaseModel):
-    """Move an alias back to the last revision that was not rolled back, or a named one."""
+class DeploymentRollback(BaseModel):
+    """Move this alias back to the last revision that was not rolled back, or a named one."""
 
-    alias: str = Field(default="production", pattern=ALIAS_PATTERN)
     reason: Comment
     to_revision: int | None = Field(
         default=None, ge=1, le=2**31 - 1,
@@ -115,10 +114,16 @@ class RollbackRequest(BaseModel):
         description="return to this checkpoint's latest revision (refused if rolled back)")
 
     @model_validator(mode="after")
-    def _one_target(self) -> RollbackRequest:
+    def _one_target(self) -> DeploymentRollback:
         if self.to_revision is not None and self.to_checkpoint_id is not None:
             raise ValueError("name to_revision or to_checkpoint_id, not both")
         return self
+
+
+class RollbackRequest(DeploymentRollback):
+    """The deprecated ``POST /api/rollback`` body: the alias is a field, not the path."""
+
+    alias: str = Field(default="production", pattern=ALIAS_PATTERN)
 
 
 class RollbackOutcome(BaseModel):

@@ -175,4 +175,4 @@ def _root_message(error: BaseException) -> str:
         if text and text not in parts:
             parts.append(text)
         current = current.__cause__
-    return ": ".join(parts) or type(error).__name__
+    return ": ".join(parts) or "the workflow gave no reason"

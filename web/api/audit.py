@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from web import actions
-from web.api.common import ERRORS, Short
+from web.api.common import Short
 from web.data import audit
 from web.data.audit import AuditEventPublic, ChainVerification
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 
-router = APIRouter(prefix="/api/audit", tags=["audit"], responses=ERRORS)
+router = APIRouter(prefix="/api/audit", tags=["audit"])
 
 
 @router.get("/events", response_model=Page[AuditEventPublic])
@@ -27,6 +27,6 @@ async def list_events(
 
 
 @router.post("/verify", response_model=ChainVerification)
-async def verify(guard: AuthorizeDep, services: ServicesDep) -> ChainVerification:
+async def verify_audit_chain(guard: AuthorizeDep, services: ServicesDep) -> ChainVerification:
     """Recompute every hash of the chain and report the first broken row, if any."""
     return await actions.verify_audit(guard=guard, services=services)

@@ -6,13 +6,14 @@ from fastapi import APIRouter
 
 from web import actions
 from web.actions import EpisodeRequest, EpisodesStarted
-from web.api.common import ERRORS
+from web.api.documented_errors import WORKFLOW_ERRORS
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 
-router = APIRouter(tags=["episodes"], responses=ERRORS)
+router = APIRouter(tags=["episodes"])
 
 
-@router.post("/api/episodes", status_code=202, response_model=EpisodesStarted)
+@router.post("/api/episodes", status_code=202, response_model=EpisodesStarted,
+             responses=WORKFLOW_ERRORS)
 async def start_episodes(
     body: EpisodeRequest, guard: AuthorizeDep, db: SessionDep, services: ServicesDep
 ) -> EpisodesStarted:
