@@ -371,12 +371,13 @@ def rollback_command(
         return
     if not reason or not reason.strip():
         fail("a rollback needs --reason (or use --dry-run)", code=2)
-    body: dict[str, Any] = {"alias": alias, "reason": reason}
+    body: dict[str, Any] = {"reason": reason}
     if to_revision is not None:
         body["to_revision"] = to_revision
     if to_checkpoint:
         body["to_checkpoint_id"] = to_checkpoint
-    result = api_call("POST", "/api/rollback", token=token, api_url=api_url, body=body)
+    result = api_call("POST", f"/api/deployments/{quoted(alias)}/rollback", token=token,
+                      api_url=api_url, body=body)
     if output is OutputFormat.json:
         print_json(result)
     else:
