@@ -20,6 +20,7 @@ from triloop.wiring import build_authorizer
 from web.api import ROUTERS
 from web.api.documented_errors import document_errors, operation_id
 from web.api_docs import install_api_docs
+from web.audit_outcomes import OutcomeRecorder
 from web.auth import CookieSigner
 from web.console import install_console
 from web.deps import WebServices
@@ -88,6 +89,8 @@ def create_app(settings: Settings, *, temporal_timeout_s: float = 60.0) -> FastA
     install_api_docs(app)
     render_html = install_console(app)
     install_problem_handlers(app, render_html=render_html)
+    # Outside the catch-all, so even a 500 is recorded as the outcome of what was allowed.
+    app.add_middleware(OutcomeRecorder)
     # Outermost: an oversized body is refused before any of it reaches the app.
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     _problem_only_errors(app)
