@@ -260,7 +260,8 @@ class DatabaseAuditSink:
                              resource={"kind": "policy", "id": revision}, decision="record",
                              policy_revision=revision,
                              payload={"old": self._revision, "new": revision})
-            if decision.allow and action in READ_ACTIONS:
+            # A read asked about with context (e.g. a refused NUL input) stays a decision.
+            if decision.allow and action in READ_ACTIONS and not context:
                 append_access(session, actor=actor.to_input(), action=action,
                               resource=resource.to_input(), decision_id=decision.decision_id,
                               policy_revision=decision.policy_revision)
