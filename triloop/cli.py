@@ -47,6 +47,8 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("promotions", "web.cli:promotions_app"),
     # Game days are an operator's act: through the API with their token, never locally.
     ("faults", "web.cli:faults_app"),
+    # An auditor's reads through the API join the server-side `audit verify` and `anchor`.
+    ("audit", "web.cli_audit:audit_app"),
 )
 PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (("rollback", "web.cli:rollback_command"),)
 
@@ -63,7 +65,7 @@ def _load(target: str) -> object | None:
 
 
 def _mount_plugins() -> None:
-    mounted: dict[str, typer.Typer] = {}
+    mounted: dict[str, typer.Typer] = {"audit": audit_app}
     for name, target in PLUGIN_GROUPS:
         group = _load(target)
         if not isinstance(group, typer.Typer):

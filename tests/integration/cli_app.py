@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from triloop.config import Settings
 from web import cli
+from web.cli_audit import audit_app
 
 
 @pytest.fixture
@@ -32,5 +33,6 @@ def app_cli(
     root.add_typer(cli.train_app, name="train")
     root.add_typer(cli.promotions_app, name="promotions")
     root.add_typer(cli.faults_app, name="faults")
+    root.add_typer(audit_app, name="audit")
     root.command("rollback")(cli.rollback_command)
     return root

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -138,3 +139,25 @@ def test_logs_print_one_line_per_iteration(
     unknown = CliRunner().invoke(app_cli, ["train", "logs", run_id + "x", "--token",
                                            engineer.token])
     assert unknown.exit_code == 1 and "no training run has an id starting" in unknown.stderr
+
+
+def test_audit_events_and_export_for_an_auditor(
+    app_cli: typer.Typer, people: dict[str, Person], tmp_path: Path
+) -> None:
+    auditor = ["--token", people["auditor"].token]
+    # An engineer's refused read of the audit log is a decision: it is in the chain.
+    CliRunner().invoke(app_cli, ["audit", "events", "--token", people["engineer"].token])
+    events = CliRunner().invoke(app_cli, ["audit", "events", "--decision", "deny", "--actor",
+                                          people["engineer"].name, "-o", "json", *auditor])
+    assert events.exit_code == 0, events.output
+    assert json.loads(events.stdout)["items"][0]["resource"]["kind"] == "audit_event"
+    out = tmp_path / "audit.csv"
+    exported = CliRunner().invoke(app_cli, ["audit", "export", "--decision", "deny",
+                                            "--out", str(out), *auditor])
+    assert exported.exit_code == 0, exported.output
+    assert out.read_text().splitlines()[0].startswith("seq,at,actor_user")
+    refused = CliRunner().invoke(app_cli, ["audit", "export", "--token",
+                                           people["engineer"].token])
+    assert refused.exit_code == 1 and "403" in refused.stderr
+    bogus = CliRunner().invoke(app_cli, ["audit", "events", "--decision", "maybe", *auditor])
+    assert bogus.exit_code == 2 and "'maybe' is not one of" in bogus.output
