@@ -16,9 +16,16 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from triloop.cli_output import plain_error
+from triloop.cli_output import (
+    OutputFormat,
+    OutputOption,
+    echo,
+    field,
+    plain_error,
+    print_json,
+    print_rows,
+)
 from triloop.config import get_settings
 
 app = typer.Typer(
@@ -103,16 +110,20 @@ def dev_up(
 
 
 @dev_app.command("status")
-def dev_status() -> None:
+def dev_status(output: OutputOption = OutputFormat.table) -> None:
     """Show each service, whether it runs, and its log file."""
     from triloop.devstack.stack import status, urls
 
-    table = Table("service", "state", "log")
-    for name, state, log in status(get_settings()):
-        table.add_row(name, state, log)
-    console.print(table)
-    for line in urls(get_settings()):
-        console.print(line)
+    rows = [{"service": name, "state": state, "log": log}
+            for name, state, log in status(get_settings())]
+    lines = urls(get_settings())
+    if output is OutputFormat.json:
+        print_json({"services": rows, "urls": lines})
+        return
+    print_rows(rows, (field("service", "service"), field("state", "state"),
+                      field("log", "log")), output)
+    for line in lines:
+        echo(line)
 
 
 @dev_app.command("down")

@@ -82,3 +82,13 @@ def test_enum_options_name_the_allowed_values() -> None:
     result = CliRunner().invoke(train_app, ["list", "--status", "bogus", "--token", "t"])
     assert result.exit_code == 2
     assert "'bogus' is not one of" in result.output and "'completed_with_alarms'" in result.output
+
+
+def test_dev_status_prints_json_for_scripts() -> None:
+    from triloop import cli
+
+    result = CliRunner().invoke(cli.app, ["dev", "status", "--output", "json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert {s["service"] for s in shown["services"]} >= {"postgres", "opa", "web"}
+    assert all(s["state"] for s in shown["services"]) and shown["urls"]
