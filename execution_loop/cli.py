@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from execution_loop.environments import registry
+from triloop.cli_output import OutputFormat, OutputOption, field, print_rows
 from triloop.contracts import contract_id, fixture_hashes, parse_contract_text
 from triloop.contracts import validate_contract_text as _validate
 
@@ -53,8 +54,10 @@ def validate(
 
 
 @env_app.command("list")
-def list_builtin() -> None:
+def list_builtin(output: OutputOption = OutputFormat.table) -> None:
     """The built-in environments, their contract files and ids."""
-    for name in registry.list_environments():
-        contract = registry.load_builtin_contract(name)
-        typer.echo(f"{name}\t{contract_id(contract)}\t{registry.builtin_contract_path(name)}")
+    rows = [{"name": name, "id": contract_id(registry.load_builtin_contract(name)),
+             "contract_file": str(registry.builtin_contract_path(name))}
+            for name in registry.list_environments()]
+    print_rows(rows, (field("name", "name"), field("id", "id", is_id=True),
+                      field("contract file", "contract_file")), output)

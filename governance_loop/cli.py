@@ -11,6 +11,7 @@ web service authenticates them and records the decision that governance then rea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import getpass
 import json
 import socket
@@ -21,6 +22,7 @@ from typing import Annotated, Any
 import typer
 from sqlalchemy import Engine
 
+from triloop.cli_output import OutputFormat, OutputOption, print_json
 from triloop.config import Settings, get_settings
 from triloop.policy import Authorizer, PolicyDenied
 
@@ -209,9 +211,12 @@ def admit(
         help="The operator's decision, sent through the web API with --token.")] = None,
     comment: Annotated[str, typer.Option(help="Why (required with --decision).")] = "",
     wait: Annotated[float, typer.Option(help="Seconds to wait for the assessment.")] = 120.0,
+    output: OutputOption = OutputFormat.table,
     token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
 ) -> None:
     """Start (or join) a task's assessment and print the four answers; --decision decides.
+
+    While it waits, a progress line goes to stderr for each answer and every 10 s.
 
     The assessment is governance's own work. A decision is the operator's: it goes to
     POST /api/tasks/TASK/admission with their token, so the web service proves who they are.
@@ -228,6 +233,9 @@ def admit(
         if not comment.strip():
             raise _fail(ValueError("--comment is required with --decision: say why"))
         result = _decide_through_api(task_id, decision.value, comment, token, api_url)
+    if output is OutputFormat.json:
+        print_json(dataclasses.asdict(result))
+        return
     typer.echo(f"task {result.task_id}: {result.status} (admissible={result.admissible})")
     for reason in result.reasons:
         typer.echo(f"  {reason}")
@@ -278,10 +286,43 @@ async def _assess(settings: Settings, task_id: str, user: str, wait: float) -> A
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
+    started = loop.time()
+    report = AssessmentProgress(task_id, every_s=PROGRESS_EVERY_S)
     result: AdmissionResult = await handle.query(ADMISSION_STATUS_QUERY,
                                                  result_type=AdmissionResult)
-    while result.status == "assessing" and loop.time() < deadline:
+    while result.status == "assessing" and loop.time() < started + wait:
+        report.show(result, loop.time() - started)
         await asyncio.sleep(0.5)
         result = await handle.query(ADMISSION_STATUS_QUERY, result_type=AdmissionResult)
+    report.show(result, loop.time() - started, final=True)
     return result
+
+
+# A line at least this often while the assessment runs, so a script's log shows it lives.
+PROGRESS_EVERY_S = 10.0
+
+
+class AssessmentProgress:
+    """Progress lines on stderr: each new answer or status, and a heartbeat in between."""
+
+    def __init__(self, task_id: str, *, every_s: float) -> None:
+        self.task_id, self.every_s = task_id, every_s
+        self.seen_reasons, self.last_status, self.last_line_at = 0, "", -every_s
+
+    def show(self, result: Any, elapsed_s: float, *, final: bool = False) -> None:
+        """Print what changed since the last call (or a heartbeat when it is due)."""
+        from triloop.cli_output import progress
+
+        changed = result.status != self.last_status or len(result.reasons) > self.seen_reasons
+        if not (changed or final or elapsed_s - self.last_line_at >= self.every_s):
+            return
+        for reason in result.reasons[self.seen_reasons:]:
+            progress(f"task {self.task_id}: {reason}")
+        self.seen_reasons = len(result.reasons)
+        if final and result.status == "assessing":
+            progress(f"task {self.task_id}: still assessing after {elapsed_s:.0f} s; run"
+                     " `admit` again to keep waiting (the assessment goes on)")
+        elif changed or not final:
+            progress(f"task {self.task_id}: {result.status} ({elapsed_s:.0f} s,"
+                     f" {self.seen_reasons} answer(s) so far)")
+        self.last_status, self.last_line_at = result.status, elapsed_s

@@ -29,6 +29,7 @@ class TrafficGenerator:
         self._rng = random.Random(7)
         self._thread = threading.Thread(target=self._loop, name="demo-traffic", daemon=True)
         self.batches = 0
+        self.throttled = 0  # 429s: the API bounds production batches in flight
         self.errors: list[str] = []
 
     def start(self) -> None:
@@ -57,6 +58,11 @@ class TrafficGenerator:
                     "items": items, "max_concurrency": 4, "deadline_s": 120})
                 if response.status_code == 202:
                     self.batches += 1
+                elif response.status_code == 429:
+                    # Backpressure: enough production batches run; send again when told.
+                    self.throttled += 1
+                    self._stop.wait(float(response.headers.get("Retry-After", self._period)))
+                    continue
                 else:
                     self.errors.append(f"{response.status_code}: {response.text[:200]}")
             except httpx.HTTPError as error:

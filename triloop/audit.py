@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlmodel import Session, col, select
 
-from triloop.models.audit import AuditEvent
+from triloop.models.audit import AccessEvent, AuditEvent
 
 GENESIS_HASH = "0" * 64
 _HEAD_SQL = text("SELECT seq, hash, db_role FROM triloop_audit_head()")
@@ -213,8 +213,25 @@ def actor_role_mismatch(event: AuditEvent) -> str | None:
     return None
 
 
+# Allowed reads go to the access log (``access_event``), not the chain of decisions: a page
+# view is not a decision an auditor reviews. A denied read is, and stays in the chain.
+READ_ACTIONS = frozenset({"read"})
+
+
+def append_access(
+    session: Session, *, actor: Mapping[str, Any], action: str, resource: Mapping[str, Any],
+    decision_id: str | None, policy_revision: str | None,
+) -> None:
+    """Append one allowed read to the append-only access log (the database stamps the role)."""
+    session.add(AccessEvent(
+        actor=json.loads(json.dumps(dict(actor), allow_nan=False, default=str)), action=action,
+        resource=json.loads(json.dumps(dict(resource), allow_nan=False, default=str)),
+        decision_id=decision_id, policy_revision=policy_revision))
+
+
 class DatabaseAuditSink:
-    """Records every policy decision as an audit event, in its own transaction.
+    """Records every policy decision, in its own transaction: allowed reads in the access
+    log, everything else as an audit event in the chain.
 
     Used as the ``AuditSink`` of ``triloop.policy.Authorizer``; the engine is the
     calling service's own role, so the row also shows which role wrote it.
@@ -243,16 +260,22 @@ class DatabaseAuditSink:
                              resource={"kind": "policy", "id": revision}, decision="record",
                              policy_revision=revision,
                              payload={"old": self._revision, "new": revision})
-            append_event(
-                session,
-                actor=actor.to_input(),
-                action=action,
-                resource=resource.to_input(),
-                decision="allow" if decision.allow else "deny",
-                decision_id=decision.decision_id,
-                policy_revision=decision.policy_revision,
-                payload={"reasons": list(decision.reasons), "context": dict(context or {})},
-            )
+            # A read asked about with context (e.g. a refused NUL input) stays a decision.
+            if decision.allow and action in READ_ACTIONS and not context:
+                append_access(session, actor=actor.to_input(), action=action,
+                              resource=resource.to_input(), decision_id=decision.decision_id,
+                              policy_revision=decision.policy_revision)
+            else:
+                append_event(
+                    session,
+                    actor=actor.to_input(),
+                    action=action,
+                    resource=resource.to_input(),
+                    decision="allow" if decision.allow else "deny",
+                    decision_id=decision.decision_id,
+                    policy_revision=decision.policy_revision,
+                    payload={"reasons": list(decision.reasons), "context": dict(context or {})},
+                )
         if revision is not None:
             self._revision = revision
 
@@ -264,12 +287,14 @@ def record_event(
     action: str,
     resource: Mapping[str, Any],
     payload: Mapping[str, Any] | None = None,
+    decision_id: str | None = None,
 ) -> AuditEvent:
-    """Append a non-decision event (an alarm, a gate verdict) in its own transaction."""
+    """Append a non-decision event (an alarm, a gate verdict, the outcome of an allowed
+    action: ``decision_id`` then names the authorization it follows) in its own transaction."""
     from triloop.db import session_scope
 
     with session_scope(engine) as session:
         return append_event(
             session, actor=actor, action=action, resource=resource, decision="record",
-            payload=payload,
+            payload=payload, decision_id=decision_id,
         )

@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from triloop.cli_output import (
+    OutputFormat,
+    OutputOption,
+    echo,
+    field,
+    plain_error,
+    print_json,
+    print_rows,
+)
 from triloop.config import get_settings
 
 app = typer.Typer(
@@ -23,6 +33,8 @@ app = typer.Typer(
     "governance).",
     no_args_is_help=True,
     add_completion=False,
+    # An unexpected error is printed as a sentence by main(), not as a rich traceback.
+    pretty_exceptions_enable=False,
 )
 dev_app = typer.Typer(help="Run the whole stack on this machine.", no_args_is_help=True)
 audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
@@ -38,10 +50,12 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("model", "learning_loop.cli:model_app"),
     ("governance", "governance_loop.cli:governance_app"),
     ("users", "web.cli:users_app"),
-    ("train", "web.cli:train_app"),
+    ("train", "web.cli_runs:train_app"),
     ("promotions", "web.cli:promotions_app"),
     # Game days are an operator's act: through the API with their token, never locally.
     ("faults", "web.cli:faults_app"),
+    # An auditor's reads through the API join the server-side `audit verify` and `anchor`.
+    ("audit", "web.cli_audit:audit_app"),
 )
 PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (("rollback", "web.cli:rollback_command"),)
 
@@ -58,7 +72,7 @@ def _load(target: str) -> object | None:
 
 
 def _mount_plugins() -> None:
-    mounted: dict[str, typer.Typer] = {}
+    mounted: dict[str, typer.Typer] = {"audit": audit_app}
     for name, target in PLUGIN_GROUPS:
         group = _load(target)
         if not isinstance(group, typer.Typer):
@@ -96,16 +110,20 @@ def dev_up(
 
 
 @dev_app.command("status")
-def dev_status() -> None:
+def dev_status(output: OutputOption = OutputFormat.table) -> None:
     """Show each service, whether it runs, and its log file."""
     from triloop.devstack.stack import status, urls
 
-    table = Table("service", "state", "log")
-    for name, state, log in status(get_settings()):
-        table.add_row(name, state, log)
-    console.print(table)
-    for line in urls(get_settings()):
-        console.print(line)
+    rows = [{"service": name, "state": state, "log": log}
+            for name, state, log in status(get_settings())]
+    lines = urls(get_settings())
+    if output is OutputFormat.json:
+        print_json({"services": rows, "urls": lines})
+        return
+    print_rows(rows, (field("service", "service"), field("state", "state"),
+                      field("log", "log")), output)
+    for line in lines:
+        echo(line)
 
 
 @dev_app.command("down")
@@ -228,9 +246,19 @@ def _verify_anchors(settings: Any, anchor_file: Path) -> None:
 
 
 def main() -> None:
-    """Entry point of the ``triloop`` command."""
+    """Entry point of the ``triloop`` command.
+
+    Anything a command did not turn into its own message ends as ``error: <message>`` and
+    exit code 1, never a traceback or a class name; ``TRILOOP_DEBUG=1`` shows the traceback.
+    """
     _mount_plugins()
-    app(prog_name="triloop")
+    try:
+        app(prog_name="triloop")
+    except Exception as error:
+        if os.environ.get("TRILOOP_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {plain_error(error)}\n")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,13 @@ class Settings(BaseSettings):
     validation_timeout_s: float = Field(
         5.0, gt=0, description="Time limit of one run-config validation off the event loop, s."
     )
+    max_production_batches_in_flight: int = Field(
+        16, gt=0, description="Production episode batches (POST /api/episodes) that may run at"
+        " once; beyond it the API answers 429 with Retry-After (batches)."
+    )
+    production_retry_after_s: int = Field(
+        10, gt=0, description="The Retry-After a 429 for production traffic names, s."
+    )
 
     inference_backend: Literal["torch", "openai"] = Field(
         "torch", description="torch: in-process; openai: a vLLM (OpenAI-compatible) server."

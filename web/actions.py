@@ -41,6 +41,7 @@ from web.data.audit import ChainVerification
 from web.data.deployments import RollbackPreview
 from web.data.runs import RunSummary
 from web.deps import Guard, Sessions, WebServices
+from web.orchestration import PRODUCTION_BATCH_PREFIX
 from web.problems import ProblemError, conflict, invalid, not_found
 from web.run_submission import RunConfigInvalid, validate_run_config
 
@@ -102,10 +103,9 @@ class DecisionOutcome(BaseModel):
     result: Any = Field(default=None, description="the promotion workflow's update result")
 
 
-class RollbackRequest(BaseModel):
-    """Move an alias back to the last revision that was not rolled back, or a named one."""
+class DeploymentRollback(BaseModel):
+    """Move this alias back to the last revision that was not rolled back, or a named one."""
 
-    alias: str = Field(default="production", pattern=ALIAS_PATTERN)
     reason: Comment
     to_revision: int | None = Field(
         default=None, ge=1, le=2**31 - 1,
@@ -115,10 +115,16 @@ class RollbackRequest(BaseModel):
         description="return to this checkpoint's latest revision (refused if rolled back)")
 
     @model_validator(mode="after")
-    def _one_target(self) -> RollbackRequest:
+    def _one_target(self) -> DeploymentRollback:
         if self.to_revision is not None and self.to_checkpoint_id is not None:
             raise ValueError("name to_revision or to_checkpoint_id, not both")
         return self
+
+
+class RollbackRequest(DeploymentRollback):
+    """The deprecated ``POST /api/rollback`` body: the alias is a field, not the path."""
+
+    alias: str = Field(default="production", pattern=ALIAS_PATTERN)
 
 
 class RollbackOutcome(BaseModel):
@@ -358,8 +364,9 @@ async def start_episodes(
     """Production episodes on the execution queue, served by governance's routing."""
     await guard("create", "trajectory", attrs={"purpose": "production"})
     await _admitted(db, list(dict.fromkeys(item.task_id for item in body.items)))
+    await _room_for_production(services)
     batch_id = new_id()
-    workflow_id = f"episodes-{batch_id}"
+    workflow_id = f"{PRODUCTION_BATCH_PREFIX}{batch_id}"
     batch = RolloutBatchInput(
         batch_id=batch_id, purpose="production",
         items=[RolloutItem(task_id=i.task_id, seed=i.seed, group_size=i.group_size)
@@ -371,6 +378,20 @@ async def start_episodes(
     await services.orchestrator.start_episodes(batch, workflow_id)
     return EpisodesStarted(batch_id=batch_id, workflow_id=workflow_id, purpose="production",
                            episodes=sum(i.group_size for i in body.items))
+
+
+async def _room_for_production(services: WebServices) -> None:
+    """Backpressure: refuse (429) a batch while the bound of batches in flight is reached, so
+    production traffic cannot pile up workflows ahead of governance's eval batches."""
+    limit = services.settings.max_production_batches_in_flight
+    running = await services.orchestrator.production_batches_in_flight()
+    if running >= limit:
+        retry = services.settings.production_retry_after_s
+        raise ProblemError(
+            429, "Too many requests",
+            f"{running} production batches are running and the bound is {limit}"
+            " (TRILOOP_MAX_PRODUCTION_BATCHES_IN_FLIGHT); send this batch again in"
+            f" {retry} s", headers={"Retry-After": str(retry)})
 
 
 async def verify_audit(*, guard: Guard, services: WebServices) -> ChainVerification:

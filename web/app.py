@@ -18,6 +18,9 @@ from triloop.db import role_engine
 from triloop.policy import OpaClient
 from triloop.wiring import build_authorizer
 from web.api import ROUTERS
+from web.api.documented_errors import document_errors, operation_id
+from web.api_docs import install_api_docs
+from web.audit_outcomes import OutcomeRecorder
 from web.auth import CookieSigner
 from web.console import install_console
 from web.deps import WebServices
@@ -78,12 +81,16 @@ def build_services(settings: Settings, *, temporal_timeout_s: float = 60.0) -> W
 def create_app(settings: Settings, *, temporal_timeout_s: float = 60.0) -> FastAPI:
     """The FastAPI app for these settings; refuses an unsafe session secret."""
     check_session_secret(settings)
-    app = FastAPI(title="triloop", version="0.1.0", description=DESCRIPTION)
+    app = FastAPI(title="triloop", version="0.1.0", description=DESCRIPTION,
+                  generate_unique_id_function=operation_id, docs_url=None, redoc_url=None)
     app.state.services = build_services(settings, temporal_timeout_s=temporal_timeout_s)
     for router in ROUTERS:
         app.include_router(router)
+    install_api_docs(app)
     render_html = install_console(app)
     install_problem_handlers(app, render_html=render_html)
+    # Outside the catch-all, so even a 500 is recorded as the outcome of what was allowed.
+    app.add_middleware(OutcomeRecorder)
     # Outermost: an oversized body is refused before any of it reaches the app.
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     _problem_only_errors(app)
@@ -102,6 +109,7 @@ def _problem_only_errors(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version,
                                  description=app.description, routes=app.routes)
+            document_errors(schema, [r for router in ROUTERS for r in router.routes])
             for path in schema.get("paths", {}).values():
                 for operation in path.values():
                     for status, response in operation.get("responses", {}).items():

@@ -1,4 +1,5 @@
-"""Command groups the ``triloop`` CLI mounts: users, train, promotions, rollback, faults.
+"""Command groups the ``triloop`` CLI mounts: users, promotions, rollback, faults (``train``
+lives in ``web.cli_runs``; the HTTP helper in ``web.cli_api``).
 
 ``users create`` runs on this machine with the web service's database role: it is how the
 two founding admins come to exist on a fresh install (a privileged role needs one admin to
@@ -10,24 +11,33 @@ Everything else calls the HTTP API with a token (``--token`` or ``TRILOOP_TOKEN`
 from __future__ import annotations
 
 import getpass
-import json
-from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
-import httpx
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from triloop.cli_output import (
+    Column,
+    OutputFormat,
+    OutputOption,
+    echo,
+    fail,
+    field,
+    out,
+    print_json,
+    print_rows,
+)
 from triloop.config import get_settings
+from triloop.statuses import GrantStatus, PromotionStatus
+from web.cli_api import DEFAULT_API, ApiOption, TokenOption, api_call, quoted, resolve_id
+from web.cli_runs import train_app
 
-console = Console()
-err = Console(stderr=True)
+__all__ = ["api_call", "train_app"]
+
+# Never wraps when piped (see triloop.cli_output).
+console = out()
 
 users_app = typer.Typer(help="People and their API tokens (on the server machine).",
-                        no_args_is_help=True)
-train_app = typer.Typer(help="Submit and follow training runs (ML engineers).",
                         no_args_is_help=True)
 promotions_app = typer.Typer(help="Candidates on their way through the gates.",
                              no_args_is_help=True)
@@ -37,13 +47,6 @@ faults_app = typer.Typer(
     no_args_is_help=True,
 )
 
-TokenOption = Annotated[
-    str | None, typer.Option("--token", envvar="TRILOOP_TOKEN", help="API token.")
-]
-ApiOption = Annotated[
-    str, typer.Option("--api-url", envvar="TRILOOP_API_URL", help="Base URL of the web API.")
-]
-DEFAULT_API = "http://127.0.0.1:8000"
 
 
 def _local_actor() -> str:
@@ -85,8 +88,7 @@ def users_create(
                                           created_by=_local_actor(),
                                           token_lifetime_s=settings.api_token_lifetime_s)
     except (UserError, PolicyDenied) as error:
-        err.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from error
+        fail(str(error))
     console.print(f"created {name} ({', '.join(roles)}). API token (shown once, keep it safe):")
     console.print(token, markup=False, highlight=False, soft_wrap=True)
 
@@ -123,7 +125,7 @@ def users_grant(
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """An admin asks for a privileged role for a person; another admin confirms it."""
-    grant = api_call("POST", f"/api/users/{quote(name, safe='')}/roles", token=token,
+    grant = api_call("POST", f"/api/users/{quoted(name)}/roles", token=token,
                      api_url=api_url, body={"role": role})
     _print_grant(grant)
 
@@ -134,7 +136,7 @@ def users_confirm(
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """A second admin confirms a pending grant: the role becomes active now."""
-    _print_grant(api_call("POST", f"/api/role-grants/{quote(grant_id, safe='')}/confirm",
+    _print_grant(api_call("POST", f"/api/role-grants/{quoted(grant_id)}/confirm",
                           token=token, api_url=api_url))
 
 
@@ -144,21 +146,27 @@ def users_refuse_grant(
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """A second admin refuses a pending grant: the role never becomes active."""
-    _print_grant(api_call("POST", f"/api/role-grants/{quote(grant_id, safe='')}/refuse",
+    _print_grant(api_call("POST", f"/api/role-grants/{quoted(grant_id)}/refuse",
                           token=token, api_url=api_url))
 
 
 @users_app.command("grants")
 def users_grants(
-    status: Annotated[str | None, typer.Option("--status", help="pending, active or refused."
-                                               )] = "pending",
+    status: Annotated[GrantStatus | None, typer.Option(
+        "--status", case_sensitive=False, help="Only grants in this status.")
+    ] = GrantStatus.pending,
+    output: OutputOption = OutputFormat.table,
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """List role grants, newest first (pending ones by default)."""
-    query = "?" + urlencode({"limit": 200, **({"status": status} if status else {})})
+    query = "?" + urlencode({"limit": 200, **({"status": status.value} if status else {})})
     page = api_call("GET", f"/api/role-grants{query}", token=token, api_url=api_url)
-    for grant in page["items"]:
-        _print_grant(grant)
+    print_rows(page["items"], GRANT_COLUMNS, output, json_data=page)
+
+
+GRANT_COLUMNS = (field("id", "id"), field("user", "user_name"), field("role", "role"),
+                 field("status", "status"), field("requested by", "requested_by"),
+                 field("confirmed by", "confirmed_by"))
 
 
 def _authorize_locally(action: str, resource: Any) -> None:
@@ -170,8 +178,7 @@ def _authorize_locally(action: str, resource: Any) -> None:
     try:
         build_authorizer(get_settings(), "web").authorize(actor, action, resource)
     except PolicyDenied as error:
-        err.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from error
+        fail(str(error))
 
 
 @users_app.command("token")
@@ -189,8 +196,7 @@ def users_token(
     _authorize_locally("create", Resource(kind="api_token", owner=name, attrs={"via": "cli"}))
     with session_scope(role_engine(settings, "web")) as session:
         if get_user(session=session, name=name) is None:
-            err.print(f"[red]error:[/red] no enabled user {name!r}")
-            raise typer.Exit(1)
+            fail(f"no enabled user {name!r}")
         row, token = issue_token(session=session, user_name=name, created_by=_local_actor(),
                                  lifetime_s=settings.api_token_lifetime_s, label=label)
     expires = row.expires_at.isoformat(timespec="seconds")
@@ -202,6 +208,7 @@ def users_token(
 @users_app.command("tokens")
 def users_tokens(
     name: Annotated[str, typer.Argument(help="Whose tokens to list.")],
+    output: OutputOption = OutputFormat.table,
 ) -> None:
     """List a person's API tokens: id, state, expiry (never the token or its hash)."""
     from triloop.db import role_engine, session_scope
@@ -212,11 +219,10 @@ def users_tokens(
     _authorize_locally("read", Resource(kind="api_token", owner=name, attrs={"via": "cli"}))
     with session_scope(role_engine(get_settings(), "web")) as session:
         page = list_tokens(session=session, limit=MAX_LIMIT, cursor=None, user_name=name)
-    for t in page.items:
-        revoked = f" by {t.revoked_by}" if t.revoked_by else ""
-        expires = t.expires_at.isoformat(timespec="seconds")
-        console.print(f"{t.id}\t{t.state}{revoked}\texpires {expires}\t{t.label}",
-                      markup=False, highlight=False, soft_wrap=True)
+    rows = [t.model_dump(mode="json") for t in page.items]
+    print_rows(rows, (field("id", "id"), field("state", "state"),
+                      field("revoked by", "revoked_by"), field("expires", "expires_at"),
+                      field("label", "label")), output)
 
 
 @users_app.command("revoke-token")
@@ -232,21 +238,19 @@ def users_revoke_token(
     with session_scope(engine) as session:
         row = get_token(session=session, token_id=token_id)
     if row is None:
-        err.print(f"[red]error:[/red] no API token with id {token_id!r}")
-        raise typer.Exit(1)
+        fail(f"no API token with id {token_id!r}")
     _authorize_locally("revoke", Resource(kind="api_token", id=token_id, owner=row.user_name,
                                           attrs={"via": "cli"}))
     try:
         with session_scope(engine) as session:
             revoked = revoke_token(session=session, token_id=token_id, revoked_by=_local_actor())
     except TokenError as error:
-        err.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from error
+        fail(str(error))
     console.print(f"revoked token {revoked.id} of {revoked.user}", markup=False, highlight=False)
 
 
 @users_app.command("list")
-def users_list() -> None:
+def users_list(output: OutputOption = OutputFormat.table) -> None:
     """List users and their roles (never tokens)."""
     from sqlmodel import Session, col, select
 
@@ -262,156 +266,64 @@ def users_list() -> None:
             Resource(kind="user", attrs={"via": "cli"}),
         )
     except PolicyDenied as error:
-        err.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from error
+        fail(str(error))
     with Session(role_engine(settings, "web")) as session:
-        rows = list(session.exec(select(User).order_by(col(User.created_at))))
-    for user in rows:
-        state = " (disabled)" if user.disabled else ""
-        console.print(f"{user.name}\t{','.join(user.roles)}{state}\tcreated by {user.created_by} "
-                      f"at {user.created_at.isoformat(timespec='seconds')}",
-                      markup=False, highlight=False, soft_wrap=True)
+        rows = [{"name": u.name, "roles": ",".join(u.roles), "disabled": u.disabled,
+                 "created_by": u.created_by, "created_at": u.created_at.isoformat()}
+                for u in session.exec(select(User).order_by(col(User.created_at)))]
+    print_rows(rows, (field("name", "name"), field("roles", "roles"),
+                      field("disabled", "disabled"), field("created by", "created_by"),
+                      field("created", "created_at")), output)
 
 
-def api_call(
-    method: str, path: str, *, token: str | None, api_url: str, body: Any = None
-) -> Any:
-    """Call the API; print the problem and exit 1 on any error."""
-    if not token:
-        err.print("[red]error:[/red] no API token: pass --token or set TRILOOP_TOKEN")
-        raise typer.Exit(2)
-    try:
-        response = httpx.request(
-            method, api_url.rstrip("/") + path, json=body, timeout=120,
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
-        )
-    except httpx.HTTPError as error:
-        err.print(f"[red]error:[/red] cannot reach the API at {api_url}: {error}")
-        raise typer.Exit(1) from error
-    if response.status_code >= 400:
-        _print_problem(response)
-        raise typer.Exit(1)
-    return response.json()
-
-
-def _print_problem(response: httpx.Response) -> None:
-    try:
-        problem = response.json()
-    except ValueError:
-        err.print(f"[red]error {response.status_code}:[/red] {response.text[:500]}")
-        return
-    err.print(f"[red]error {response.status_code} {problem.get('title', '')}:[/red] "
-              f"{problem.get('detail', '')}", markup=True, highlight=False)
-    for reason in problem.get("reasons") or []:
-        err.print(f"  - {reason}", markup=False, highlight=False)
-
-
-@train_app.command("submit")
-def train_submit(
-    run_file: Annotated[Path, typer.Argument(help="RUN.yaml", exists=True, dir_okay=False)],
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
-) -> None:
-    """Submit RUN.yaml; prints the run id to follow with `triloop train status`."""
-    run = api_call("POST", "/api/runs", token=token, api_url=api_url,
-                   body={"config_yaml": run_file.read_text()})
-    console.print(f"submitted run [bold]{run['id']}[/bold] ({run['name']}), "
-                  f"workflow {run['workflow_id']}")
-    console.print(f"console: {api_url.rstrip('/')}/runs/{run['id']}")
-
-
-@train_app.command("status")
-def train_status(
-    run_id: str, token: TokenOption = None, api_url: ApiOption = DEFAULT_API
-) -> None:
-    """A run's status, latest metrics and alarms."""
-    run = api_call("GET", f"/api/runs/{run_id}", token=token, api_url=api_url)
-    console.print(f"run {run['id']} ({run['name']}) by {run['submitted_by']}: "
-                  f"[bold]{run['status']}[/bold], {run['iterations_done']} iterations")
-    if run.get("status_reason"):
-        console.print(f"  reason: {run['status_reason']}")
-    if run["metrics"]:
-        last = run["metrics"][-1]
-        keys = ("reward_mean", "entropy", "kl", "grad_norm", "discrimination")
-        values = ", ".join(f"{k}={last[k]:.4g}" for k in keys if last.get(k) is not None)
-        console.print(f"  iteration {last['iteration']}: {values}")
-    for alarm in run["alarms"]:
-        console.print(f"  [red]alarm[/red] {alarm['name']} at iteration {alarm['iteration']}")
-    if run["status"] == "paused":
-        console.print(f"  paused: `triloop train resume {run['id']}` goes on, "
-                      f"`triloop train cancel {run['id']}` stops it")
-    elif run["status"] == "completed_with_alarms":
-        console.print("  [yellow]completed with stability alarms[/yellow]: a candidate proposed"
-                      " within the threshold's alarm window waits at the stability gate for an"
-                      " operator's `triloop promotions override-alarms` (or is rejected)")
-
-
-def _control_run(action: str, run_id: str, reason: str | None, token: str | None,
-                 api_url: str) -> None:
-    run = api_call("POST", f"/api/runs/{run_id}/{action}", token=token, api_url=api_url,
-                   body={"reason": reason} if reason else {})
-    console.print(f"asked to {action} run {run['id']} ({run['name']}); it is"
-                  f" [bold]{run['status']}[/bold]. The learning loop checks the request with"
-                  " the policy and applies it between steps: see `triloop train status`.")
-
-
-ReasonOption = Annotated[str | None, typer.Option("--reason", help="Why, for the record.")]
-
-
-@train_app.command("pause")
-def train_pause(run_id: str, reason: ReasonOption = None, token: TokenOption = None,
-                api_url: ApiOption = DEFAULT_API) -> None:
-    """Pause one of your runs after its current iteration."""
-    _control_run("pause", run_id, reason, token, api_url)
-
-
-@train_app.command("resume")
-def train_resume(run_id: str, reason: ReasonOption = None, token: TokenOption = None,
-                 api_url: ApiOption = DEFAULT_API) -> None:
-    """Resume one of your paused runs, e.g. one an alarm paused (stability.pause_on_alarm)."""
-    _control_run("resume", run_id, reason, token, api_url)
-
-
-@train_app.command("cancel")
-def train_cancel(run_id: str, reason: ReasonOption = None, token: TokenOption = None,
-                 api_url: ApiOption = DEFAULT_API) -> None:
-    """Cancel one of your runs; checkpoints already written stay in its lineage."""
-    _control_run("cancel", run_id, reason, token, api_url)
+PROMOTION_COLUMNS = (
+    field("id", "id", is_id=True), field("candidate", "checkpoint_id", is_id=True),
+    field("submitted by", "submitted_by"), field("status", "status"),
+    Column("gate", lambda p: p.get("current_gate") or ""), field("created", "created_at"),
+)
 
 
 @promotions_app.command("list")
 def promotions_list(
-    status: Annotated[str | None, typer.Option(help="open, promoted, rejected, ...")] = None,
+    status: Annotated[PromotionStatus | None, typer.Option(
+        "--status", case_sensitive=False, help="Only promotions in this status.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
+    output: OutputOption = OutputFormat.table,
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """Promotions, newest first."""
-    query = f"?status={status}" if status else ""
-    page = api_call("GET", f"/api/promotions{query}", token=token, api_url=api_url)
-    table = Table("id", "candidate", "submitted by", "status", "gate")
-    for p in page["items"]:
-        table.add_row(p["id"], p["checkpoint_id"][:16], p["submitted_by"], p["status"],
-                      p.get("current_gate") or "")
-    console.print(table)
+    query = urlencode({"limit": limit, **({"status": status.value} if status else {})})
+    page = api_call("GET", f"/api/promotions?{query}", token=token, api_url=api_url)
+    print_rows(page["items"], PROMOTION_COLUMNS, output, json_data=page)
+
+
+def _resolve_promotion(ref: str, token: str | None, api_url: str) -> str:
+    return resolve_id("promotions", ref, "promotion", token=token, api_url=api_url)
 
 
 @promotions_app.command("show")
 def promotions_show(
-    promotion_id: str, token: TokenOption = None, api_url: ApiOption = DEFAULT_API
+    promotion_ref: Annotated[str, typer.Argument(help="Promotion id or a unique prefix.")],
+    output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """A promotion's gates with reasons, and its human decisions."""
-    p = api_call("GET", f"/api/promotions/{promotion_id}", token=token, api_url=api_url)
-    console.print(f"promotion {p['id']}: candidate {p['checkpoint_id']} "
-                  f"[bold]{p['status']}[/bold] at {p.get('current_gate') or '-'}")
+    promotion_id = _resolve_promotion(promotion_ref, token, api_url)
+    p = api_call("GET", f"/api/promotions/{quoted(promotion_id)}", token=token,
+                 api_url=api_url)
+    if output is OutputFormat.json:
+        print_json(p)
+        return
+    echo(f"promotion {p['id']}: candidate {p['checkpoint_id']} {p['status']} at "
+         f"{p.get('current_gate') or '-'}")
     for alarm in p.get("alarms") or []:
-        console.print(f"  [red]alarm[/red] {alarm['kind']} at iteration {alarm['iteration']}"
-                      f" of run {p['run_id']}")
+        echo(f"  alarm {alarm['kind']} at iteration {alarm['iteration']} of run {p['run_id']}")
     for gate in p["gates"]:
-        mark = "[green]passed[/green]" if gate["passed"] else "[red]failed[/red]"
-        console.print(f"  {gate['gate']}: {mark}")
+        echo(f"  {gate['gate']}: {'passed' if gate['passed'] else 'failed'}")
         for reason in gate["reasons"]:
-            console.print(f"    - {reason}", markup=False, highlight=False)
+            echo(f"    - {reason}")
     for a in p.get("approvals") or []:
-        console.print(f"  {a['kind']} by {a['user_name']}: {a['decision']} ({a['comment']})",
-                      markup=False, highlight=False)
+        echo(f"  {a['kind']} by {a['user_name']}: {a['decision']} ({a['comment']})")
 
 
 @promotions_app.command("override-alarms")
@@ -422,9 +334,10 @@ def promotions_override_alarms(
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """Let a candidate past its run's stability alarms (operators; not the run's submitter)."""
-    result = api_call("POST", f"/api/promotions/{quote(promotion_id)}/override-alarms",
+    promotion_id = _resolve_promotion(promotion_id, token, api_url)
+    result = api_call("POST", f"/api/promotions/{quoted(promotion_id)}/override-alarms",
                       token=token, api_url=api_url, body={"comment": reason})
-    console.print(json.dumps(result, indent=2), markup=False, highlight=False)
+    print_json(result)
 
 
 def rollback_command(
@@ -437,6 +350,7 @@ def rollback_command(
         "--to-checkpoint", help="Return to this checkpoint's latest revision.")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Show where the rollback would go; change nothing.")] = False,
+    output: OutputOption = OutputFormat.table,
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """Roll an alias back to the last revision that was not rolled back (operators).
@@ -444,43 +358,51 @@ def rollback_command(
     A rolled-back checkpoint is never served again without a new promotion.
     """
     if to_revision is not None and to_checkpoint:
-        err.print("[red]error:[/red] pass --to-revision or --to-checkpoint, not both")
-        raise typer.Exit(2)
+        fail("pass --to-revision or --to-checkpoint, not both", code=2)
     if dry_run:
         query = urlencode({k: v for k, v in (("to_revision", to_revision),
                                              ("to_checkpoint_id", to_checkpoint)) if v})
-        preview = api_call("GET", f"/api/deployments/{quote(alias)}/rollback-preview"
+        preview = api_call("GET", f"/api/deployments/{quoted(alias)}/rollback-preview"
                            + (f"?{query}" if query else ""), token=token, api_url=api_url)
-        _print_preview(preview)
+        if output is OutputFormat.json:
+            print_json(preview)
+        else:
+            _print_preview(preview)
         return
     if not reason or not reason.strip():
-        err.print("[red]error:[/red] a rollback needs --reason (or use --dry-run)")
-        raise typer.Exit(2)
-    body: dict[str, Any] = {"alias": alias, "reason": reason}
+        fail("a rollback needs --reason (or use --dry-run)", code=2)
+    body: dict[str, Any] = {"reason": reason}
     if to_revision is not None:
         body["to_revision"] = to_revision
     if to_checkpoint:
         body["to_checkpoint_id"] = to_checkpoint
-    result = api_call("POST", "/api/rollback", token=token, api_url=api_url, body=body)
-    console.print(json.dumps(result, indent=2), markup=False, highlight=False)
+    result = api_call("POST", f"/api/deployments/{quoted(alias)}/rollback", token=token,
+                      api_url=api_url, body=body)
+    if output is OutputFormat.json:
+        print_json(result)
+    else:
+        echo(f"{result['alias']} rolled back from {result['previous_checkpoint_id']} to "
+             f"{result['checkpoint_id']} (revision {result['target_revision']}), workflow "
+             f"{result['workflow_id']}")
 
 
 def _print_preview(preview: dict[str, Any]) -> None:
     target = preview["target"]
-    console.print(f"dry run: nothing changed. {preview['alias']} serves "
-                  f"{preview['current_checkpoint_id']}", markup=False, highlight=False)
-    console.print(f"a rollback would return to revision {target['revision']}: checkpoint "
-                  f"{target['checkpoint_id']}, moved there by {target['actor']} "
-                  f"({target['kind']}: {target['reason']}) at {target['created_at']}",
-                  markup=False, highlight=False, soft_wrap=True)
-    table = Table("revision", "checkpoint", "kind", "by", "reason", "state")
-    for r in preview["history"]:
-        state = ("serving" if r["serving"] else
-                 f"rolled back at {r['rolled_back_at']}" if r["rolled_back_at"] else
-                 "target" if r["revision"] == target["revision"] else "")
-        table.add_row(str(r["revision"]), r["checkpoint_id"][:16], r["kind"], r["actor"],
-                      r["reason"][:40], state)
-    console.print(table)
+    echo(f"dry run: nothing changed. {preview['alias']} serves "
+         f"{preview['current_checkpoint_id']}")
+    echo(f"a rollback would return to revision {target['revision']}: checkpoint "
+         f"{target['checkpoint_id']}, moved there by {target['actor']} "
+         f"({target['kind']}: {target['reason']}) at {target['created_at']}")
+
+    def state(r: dict[str, Any]) -> str:
+        return ("serving" if r["serving"] else
+                f"rolled back at {r['rolled_back_at']}" if r["rolled_back_at"] else
+                "target" if r["revision"] == target["revision"] else "")
+
+    print_rows(preview["history"], (
+        field("revision", "revision"), field("checkpoint", "checkpoint_id", is_id=True),
+        field("kind", "kind"), field("by", "actor"), field("reason", "reason"),
+        Column("state", state)), OutputFormat.table)
 
 
 @faults_app.command("inject")
@@ -511,8 +433,9 @@ def faults_clear(token: TokenOption = None, api_url: ApiOption = DEFAULT_API) ->
 
 
 @faults_app.command("list")
-def faults_list(token: TokenOption = None, api_url: ApiOption = DEFAULT_API) -> None:
+def faults_list(output: OutputOption = OutputFormat.table, token: TokenOption = None,
+                api_url: ApiOption = DEFAULT_API) -> None:
     """The serving faults in force."""
-    for fault in api_call("GET", "/api/faults", token=token, api_url=api_url):
-        console.print(f"{fault['checkpoint_id']}\ttemperature {fault['temperature']}\t"
-                      f"{fault['note']}", markup=False, highlight=False, soft_wrap=True)
+    faults = api_call("GET", "/api/faults", token=token, api_url=api_url)
+    print_rows(faults, (field("checkpoint", "checkpoint_id", is_id=True),
+                        field("temperature", "temperature"), field("note", "note")), output)

@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlmodel import Session
 
+from triloop.audit import READ_ACTIONS
 from triloop.config import Settings
 from triloop.db import session_scope
 from triloop.policy import Actor, Authorizer, OpaClient, PolicyDenied, Resource
@@ -158,6 +159,15 @@ async def current_user(
 CurrentUser = Annotated[Principal, Depends(current_user)]
 
 
+@dataclass(frozen=True)
+class AuthorizedAction:
+    """One allowed action of this request, with OPA's id for the decision."""
+
+    action: str
+    resource: Resource
+    decision_id: str | None
+
+
 class Guard:
     """Asks the policy for the current person; every route goes through it.
 
@@ -172,6 +182,14 @@ class Guard:
         self._services = services
         self.principal = principal
         self.refused_input = refused_input
+        # Allowed actions other than reads: their outcome is audited next to them
+        # (web.audit_outcomes), so an allowed approve that then got 409 reads as refused.
+        self.authorized: list[AuthorizedAction] = []
+
+    @property
+    def engine(self) -> Engine:
+        """The web role's engine (the outcome recorder appends with it)."""
+        return self._services.engine
 
     async def __call__(
         self,
@@ -186,7 +204,10 @@ class Guard:
         resource = Resource(kind=kind, id=id, owner=owner, attrs=dict(attrs or {}))
         if self.refused_input is not None:
             await self._refuse(action, resource)
-        await self._services.authorizer.authorize_async(self.principal.actor, action, resource)
+        decision = await self._services.authorizer.authorize_async(
+            self.principal.actor, action, resource)
+        if action not in READ_ACTIONS:
+            self.authorized.append(AuthorizedAction(action, resource, decision.decision_id))
 
     async def screen(self, action: str, kind: str, *, id: str | None = None) -> None:
         """Before reading the facts a decision needs: refuse (audited) a request with a NUL."""
@@ -225,7 +246,9 @@ class Guard:
 
 async def get_guard(request: Request, services: ServicesDep, principal: CurrentUser) -> Guard:
     """The guard for this request's person (noting a field that holds a NUL character)."""
-    return Guard(services, principal, refused_input=await field_with_nul(request))
+    guard = Guard(services, principal, refused_input=await field_with_nul(request))
+    request.state.guard = guard  # the outcome recorder reads what it authorized
+    return guard
 
 
 AuthorizeDep = Annotated[Guard, Depends(get_guard)]

@@ -48,6 +48,9 @@ from web.problems import ProblemError, conflict
 
 T = TypeVar("T")
 
+# Production batches started for people (POST /api/episodes) have workflow ids with this prefix.
+PRODUCTION_BATCH_PREFIX = "episodes-"
+
 
 def web_identity() -> str:
     """The Temporal identity of this web process."""
@@ -141,6 +144,20 @@ class Orchestrator:
             search_attributes=search_attributes.attributes(loop="execution"),
         ), what=f"start episode batch {batch.batch_id}")
 
+    async def production_batches_in_flight(self) -> int:
+        """Production episode batches still running on this deployment's execution queue.
+
+        Read from Temporal's visibility store, which may lag a start by a moment: the bound
+        it serves is a guard against a pile-up, not an exact count.
+        """
+        client = await self.client("execution")
+        query = (f'WorkflowType = "{ROLLOUT_WORKFLOW}" AND ExecutionStatus = "Running" AND '
+                 f'TaskQueue = "{self._settings.task_queue(EXECUTION_QUEUE)}" AND '
+                 f'WorkflowId STARTS_WITH "{PRODUCTION_BATCH_PREFIX}"')
+        counted = await self._call(client.count_workflows(query),
+                                   what="count production batches in flight")
+        return int(counted.count)
+
     def _rpc_timeout(self) -> timedelta:
         return timedelta(seconds=self.timeout_s)
 
@@ -181,4 +198,4 @@ def _root_message(error: BaseException) -> str:
         if text and text not in parts:
             parts.append(text)
         current = current.__cause__
-    return ": ".join(parts) or type(error).__name__
+    return ": ".join(parts) or "the workflow gave no reason"

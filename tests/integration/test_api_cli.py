@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 import typer
 from fastapi import FastAPI
@@ -22,31 +20,9 @@ from tests.factories_web import (
     make_user,
 )
 from triloop.config import Settings
-from web import cli
 
 pytestmark = pytest.mark.integration
-pytest_plugins = ["tests.factories_web_fixtures"]
-
-
-@pytest.fixture
-def app_cli(
-    monkeypatch: pytest.MonkeyPatch, web_settings: Settings, web_app: FastAPI
-) -> typer.Typer:
-    """The CLI groups mounted as in triloop, talking to the test database and app."""
-    monkeypatch.setattr(cli, "get_settings", lambda: web_settings)
-    client = TestClient(web_app)
-
-    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
-        kwargs.pop("timeout", None)
-        return client.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
-
-    monkeypatch.setattr(cli.httpx, "request", request)
-    root = typer.Typer()
-    root.add_typer(cli.users_app, name="users")
-    root.add_typer(cli.train_app, name="train")
-    root.add_typer(cli.promotions_app, name="promotions")
-    root.command("rollback")(cli.rollback_command)
-    return root
+pytest_plugins = ["tests.factories_web_fixtures", "tests.integration.cli_app"]
 
 
 def test_users_add_through_the_api_prints_a_token_that_signs_in(

@@ -69,8 +69,10 @@ async def test_only_an_operator_injects_a_fault_and_every_try_is_audited(
     injected = await api.post("/api/faults", headers=operator.headers, json=body)
     assert injected.status_code == 201, injected.text
     assert read_serving_faults(home)[checkpoint].temperature == 8.0
-    assert _events(owner_engine, checkpoint)[-2:] == [
-        ("inject_fault", "allow", operator.name), ("inject_fault", "record", operator.name)]
+    # The decision, the fault's own record, then the outcome of the allowed action.
+    assert _events(owner_engine, checkpoint)[-3:] == [
+        ("inject_fault", "allow", operator.name), ("inject_fault", "record", operator.name),
+        ("inject_fault", "record", operator.name)]
     listed = await api.get("/api/faults", headers=people["auditor"].headers)
     assert [f["checkpoint_id"] for f in listed.json()] == [checkpoint]
 
@@ -106,7 +108,7 @@ def test_the_cli_acts_through_the_api_with_the_operators_token(
         kwargs.pop("timeout", None)
         return client.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
 
-    monkeypatch.setattr(cli.httpx, "request", request)
+    monkeypatch.setattr(httpx, "request", request)
     monkeypatch.delenv("TRILOOP_TOKEN", raising=False)
     root = typer.Typer()
     root.add_typer(cli.faults_app, name="faults")

@@ -112,6 +112,8 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
         ("POST", "/api/promotions/{promotion_id}/override-alarms"):
             (f"/api/promotions/{promo}/override-alarms", comment),
         ("POST", "/api/rollback"): ("/api/rollback", {"reason": "game day"}),
+        ("POST", "/api/deployments/{alias}/rollback"):
+            ("/api/deployments/production/rollback", {"reason": "game day"}),
         ("POST", "/api/episodes"):
             ("/api/episodes", {"items": [{"task_id": admitted_task(owner_engine), "seed": 1}]}),
         ("POST", "/api/audit/verify"): ("/api/audit/verify", {}),

@@ -250,7 +250,9 @@ def test_a_single_file_fixture_is_hashed_under_its_own_path(folder: Path) -> Non
 def test_cli_lists_the_builtin_environments() -> None:
     result = CliRunner().invoke(env_app, ["list"])
     assert result.exit_code == 0
+    # Piped: a header line, then one tab-separated line per environment with its full id.
     assert [line.split("\t")[0] for line in result.output.splitlines()] == [
+        "name",
         "fix_ci_failure",
         "frozen_lake",
         "tool_arithmetic",

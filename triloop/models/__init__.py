@@ -1,6 +1,6 @@
 """All tables; importing this module registers them on ``SQLModel.metadata``."""
 
-from triloop.models.audit import AuditEvent
+from triloop.models.audit import AccessEvent, AuditEvent
 from triloop.models.decisions import DecisionKind, HumanDecision
 from triloop.models.environments import Environment, EnvironmentVersion, Task
 from triloop.models.evaluation import EvalItem, EvalSet, Threshold
@@ -19,6 +19,7 @@ from triloop.models.users import ApiToken, RoleGrant, User
 __all__ = [
     "ApiToken",
     "Approval",
+    "AccessEvent",
     "AuditEvent",
     "Checkpoint",
     "DecisionKind",

@@ -30,3 +30,17 @@ class AuditEvent(SQLModel, table=True):
     hash: str = Field(sa_column=Column(Text, nullable=False, unique=True))
     db_role: str | None = Field(default=None, description="the database role that wrote it"
                                 " (stated by the database; NULL before it was recorded)")
+
+
+class AccessEvent(SQLModel, table=True):
+    """An allowed read: kept apart from the chain of decisions, append-only (0014)."""
+
+    __tablename__ = "access_event"
+    id: int | None = Field(default=None, sa_column=Column(BigInteger, primary_key=True))
+    at: datetime = created_at_field()
+    actor: dict[str, Any] = json_field()
+    action: str
+    resource: dict[str, Any] = json_field()
+    decision_id: str | None = None
+    policy_revision: str | None = None
+    db_role: str | None = Field(default=None, description="stamped by the database")

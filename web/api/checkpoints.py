@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from web.api.common import ERRORS, Short
+from web.api.common import Short
 from web.data import lineage
 from web.data.lineage import CheckpointPublic, Lineage
 from web.deps import AuthorizeDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
 
-router = APIRouter(prefix="/api/checkpoints", tags=["checkpoints"], responses=ERRORS)
+router = APIRouter(prefix="/api/checkpoints", tags=["checkpoints"])
 
 
 @router.get("", response_model=Page[CheckpointPublic])

@@ -16,6 +16,7 @@ _MEANINGS = {
     409: "The resource's state does not allow this (or the workflow refused it)",
     413: "The request body is larger than TRILOOP_MAX_BODY_BYTES",
     422: "The input does not match the schema or is not acceptable",
+    429: "Too many production batches in flight; retry after Retry-After seconds",
     503: "Temporal or PostgreSQL is unreachable",
     504: "The loop's worker did not answer in time",
 }
@@ -34,3 +35,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 Short = Annotated[str, Query(min_length=1, max_length=200)]
+
+IdPrefix = Annotated[str, Query(min_length=1, max_length=64, pattern="^[0-9A-Za-z_-]+$",
+                                description="only ids that start with this (CLIs resolve "
+                                "a prefix to one id with it)")]

@@ -1,14 +1,17 @@
-"""``/api/deployments``, ``/api/routing``, ``POST /api/rollback`` and its preview."""
+"""``/api/deployments``, ``/api/routing``, and rollback as a deployment's sub-resource
+(``POST /api/deployments/{alias}/rollback``, with its preview); ``POST /api/rollback`` is
+kept as a deprecated alias."""
 
 from __future__ import annotations
 
 from typing import Annotated
+from urllib.parse import quote
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from web import actions
-from web.actions import RollbackOutcome, RollbackRequest
-from web.api.common import ERRORS
+from web.actions import ALIAS_PATTERN, DeploymentRollback, RollbackOutcome, RollbackRequest
+from web.api.documented_errors import WORKFLOW_ERRORS, errors
 from web.data import deployments
 from web.data.deployments import (
     DeploymentDetail,
@@ -20,7 +23,7 @@ from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import conflict, invalid, not_found
 
-router = APIRouter(tags=["deployments"], responses=ERRORS)
+router = APIRouter(tags=["deployments"])
 
 
 @router.get("/api/deployments", response_model=Page[DeploymentPublic])
@@ -42,7 +45,8 @@ async def get_deployment(alias: str, guard: AuthorizeDep, db: SessionDep) -> Dep
     return found
 
 
-@router.get("/api/deployments/{alias}/rollback-preview", response_model=RollbackPreview)
+@router.get("/api/deployments/{alias}/rollback-preview", response_model=RollbackPreview,
+            responses=errors(409))
 async def rollback_preview(
     alias: str, guard: AuthorizeDep, db: SessionDep,
     to_revision: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
@@ -69,9 +73,27 @@ async def list_routing(
     return await db.read(deployments.list_routing, limit=limit, cursor=cursor)
 
 
-@router.post("/api/rollback", response_model=RollbackOutcome)
-async def rollback(
-    body: RollbackRequest, guard: AuthorizeDep, db: SessionDep, services: ServicesDep
+@router.post("/api/deployments/{alias}/rollback", response_model=RollbackOutcome,
+             responses=WORKFLOW_ERRORS)
+async def rollback_deployment(
+    alias: Annotated[str, Path(pattern=ALIAS_PATTERN, max_length=200)],
+    body: DeploymentRollback, guard: AuthorizeDep, db: SessionDep, services: ServicesDep,
 ) -> RollbackOutcome:
-    """Roll an alias back to its target through governance; waits for the result."""
+    """Roll this alias back through governance (see the rollback preview first); waits for
+    the result."""
+    request = RollbackRequest(alias=alias, **body.model_dump())
+    return await actions.rollback(guard=guard, db=db, services=services, body=request)
+
+
+@router.post("/api/rollback", response_model=RollbackOutcome, deprecated=True,
+             responses={**WORKFLOW_ERRORS, **errors(404)})
+async def rollback_legacy(
+    body: RollbackRequest, guard: AuthorizeDep, db: SessionDep, services: ServicesDep,
+    response: Response,
+) -> RollbackOutcome:
+    """Deprecated: use ``POST /api/deployments/{alias}/rollback``. Same effect, with the
+    alias in the body; answers with a ``Deprecation`` header and a ``Link`` to the new path."""
+    response.headers["Deprecation"] = "true"
+    response.headers["Link"] = (f'</api/deployments/{quote(body.alias)}/rollback>; '
+                                'rel="successor-version"')
     return await actions.rollback(guard=guard, db=db, services=services, body=body)

@@ -6,9 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from triloop.statuses import TaskStatus
 from web import actions
 from web.actions import AdmissionOutcome, AdmissionRequest
-from web.api.common import ERRORS, Short
+from web.api.common import Short
+from web.api.documented_errors import WORKFLOW_ERRORS
 from web.data import environments as envs
 from web.data.environments import (
     ContractDiff,
@@ -22,7 +24,7 @@ from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
 from web.query import DIGITS_ONLY
 
-router = APIRouter(tags=["environments"], responses=ERRORS)
+router = APIRouter(tags=["environments"])
 VersionNumber = Annotated[
     int, Query(ge=1, le=2**31 - 1, description="a version number"), DIGITS_ONLY
 ]
@@ -75,7 +77,7 @@ async def get_version(version_id: str, guard: AuthorizeDep, db: SessionDep) -> V
 @router.get("/api/tasks", response_model=Page[TaskPublic])
 async def list_tasks(
     guard: AuthorizeDep, db: SessionDep, limit: LimitParam = 50, cursor: CursorParam = None,
-    environment_version_id: Short | None = None, status: Short | None = None,
+    environment_version_id: Short | None = None, status: TaskStatus | None = None,
 ) -> Page[TaskPublic]:
     """Tasks, newest first, with their admission status."""
     await guard("read", "task")
@@ -93,7 +95,8 @@ async def get_task(task_id: str, guard: AuthorizeDep, db: SessionDep) -> TaskPub
     return found
 
 
-@router.post("/api/tasks/{task_id}/admission", response_model=AdmissionOutcome)
+@router.post("/api/tasks/{task_id}/admission", response_model=AdmissionOutcome,
+             responses=WORKFLOW_ERRORS)
 async def decide_admission(
     task_id: str, body: AdmissionRequest, guard: AuthorizeDep, db: SessionDep,
     services: ServicesDep,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from web.api.common import ERRORS, Short
+from web.api.common import Short
 from web.data import evaluation
 from web.data.evaluation import EvalSetDetail, EvalSetPublic, ThresholdPublic
 from web.deps import AuthorizeDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
 
-router = APIRouter(tags=["evaluation"], responses=ERRORS)
+router = APIRouter(tags=["evaluation"])
 
 
 @router.get("/api/eval-sets", response_model=Page[EvalSetPublic])

@@ -5,11 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from web import faults
-from web.api.common import ERRORS
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.faults import FaultPublic, FaultRequest, FaultsCleared
 
-router = APIRouter(tags=["faults"], responses=ERRORS)
+router = APIRouter(tags=["faults"])
 
 
 @router.get("/api/faults", response_model=list[FaultPublic])

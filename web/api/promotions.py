@@ -4,27 +4,30 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from triloop.statuses import PromotionStatus
 from web import actions
 from web.actions import DecisionOutcome, DecisionRequest, PromotionAction
-from web.api.common import ERRORS, Short
+from web.api.common import IdPrefix, Short
+from web.api.documented_errors import WORKFLOW_ERRORS
 from web.data import promotions
 from web.data.promotions import PromotionDetail, PromotionSummary
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
 
-router = APIRouter(prefix="/api/promotions", tags=["promotions"], responses=ERRORS)
+router = APIRouter(prefix="/api/promotions", tags=["promotions"])
 
 
 @router.get("", response_model=Page[PromotionSummary])
 async def list_promotions(
     guard: AuthorizeDep, db: SessionDep, limit: LimitParam = 50, cursor: CursorParam = None,
-    status: Short | None = None, checkpoint_id: Short | None = None,
+    status: PromotionStatus | None = None, checkpoint_id: Short | None = None,
+    id_prefix: IdPrefix | None = None,
 ) -> Page[PromotionSummary]:
     """Promotions, newest first."""
     await guard("read", "promotion")
     return await db.read(promotions.list_promotions, limit=limit, cursor=cursor, status=status,
-                         checkpoint_id=checkpoint_id)
+                         checkpoint_id=checkpoint_id, id_prefix=id_prefix)
 
 
 @router.get("/{promotion_id}", response_model=PromotionDetail)
@@ -51,7 +54,8 @@ async def _decide(
     )
 
 
-@router.post("/{promotion_id}/sign-audit", response_model=DecisionOutcome)
+@router.post("/{promotion_id}/sign-audit", response_model=DecisionOutcome,
+             responses=WORKFLOW_ERRORS)
 async def sign_audit(
     promotion_id: str, body: DecisionRequest, guard: AuthorizeDep, db: SessionDep,
     services: ServicesDep,
@@ -60,7 +64,8 @@ async def sign_audit(
     return await _decide("sign_audit", promotion_id, body, guard, db, services)
 
 
-@router.post("/{promotion_id}/reject-audit", response_model=DecisionOutcome)
+@router.post("/{promotion_id}/reject-audit", response_model=DecisionOutcome,
+             responses=WORKFLOW_ERRORS)
 async def reject_audit(
     promotion_id: str, body: DecisionRequest, guard: AuthorizeDep, db: SessionDep,
     services: ServicesDep,
@@ -69,8 +74,9 @@ async def reject_audit(
     return await _decide("reject_audit", promotion_id, body, guard, db, services)
 
 
-@router.post("/{promotion_id}/approve", response_model=DecisionOutcome)
-async def approve(
+@router.post("/{promotion_id}/approve", response_model=DecisionOutcome,
+             responses=WORKFLOW_ERRORS)
+async def approve_promotion(
     promotion_id: str, body: DecisionRequest, guard: AuthorizeDep, db: SessionDep,
     services: ServicesDep,
 ) -> DecisionOutcome:
@@ -78,8 +84,9 @@ async def approve(
     return await _decide("approve", promotion_id, body, guard, db, services)
 
 
-@router.post("/{promotion_id}/reject", response_model=DecisionOutcome)
-async def reject(
+@router.post("/{promotion_id}/reject", response_model=DecisionOutcome,
+             responses=WORKFLOW_ERRORS)
+async def reject_promotion(
     promotion_id: str, body: DecisionRequest, guard: AuthorizeDep, db: SessionDep,
     services: ServicesDep,
 ) -> DecisionOutcome:
@@ -87,7 +94,8 @@ async def reject(
     return await _decide("reject", promotion_id, body, guard, db, services)
 
 
-@router.post("/{promotion_id}/override-alarms", response_model=DecisionOutcome)
+@router.post("/{promotion_id}/override-alarms", response_model=DecisionOutcome,
+             responses=WORKFLOW_ERRORS)
 async def override_alarms(
     promotion_id: str, body: DecisionRequest, guard: AuthorizeDep, db: SessionDep,
     services: ServicesDep,

@@ -7,20 +7,20 @@ request, and so does the database. ``GET /api/role-grants`` lists them (admins).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from triloop.statuses import GrantStatus
 from web import role_grants
-from web.api.common import ERRORS
 from web.deps import AuthorizeDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import conflict, invalid, not_found
 from web.role_grants import GrantConflict, GrantError, RoleGrantPublic, RoleGrantRequest
 
-router = APIRouter(prefix="/api", tags=["users"], responses=ERRORS)
+router = APIRouter(prefix="/api", tags=["users"])
 
-StatusParam = Annotated[Literal["pending", "active", "refused"] | None, Query()]
+StatusParam = Annotated[GrantStatus | None, Query()]
 
 
 @router.post("/users/{name}/roles", status_code=201, response_model=RoleGrantPublic)

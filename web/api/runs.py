@@ -6,9 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from triloop.statuses import RunStatus
 from web import actions
 from web.actions import RunControlRequest, RunSubmit
-from web.api.common import ERRORS, Short
+from web.api.common import IdPrefix, Short
+from web.api.documented_errors import WORKFLOW_ERRORS
 from web.data import runs
 from web.data.runs import RunDetail, RunMetrics, RunSummary
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
@@ -16,10 +18,11 @@ from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
 from web.query import DIGITS_ONLY
 
-router = APIRouter(prefix="/api/runs", tags=["runs"], responses=ERRORS)
+router = APIRouter(prefix="/api/runs", tags=["runs"])
 
 
-@router.post("", status_code=201, response_model=RunSummary)
+@router.post("", status_code=201, response_model=RunSummary,
+             responses=WORKFLOW_ERRORS)
 async def submit_run(
     body: RunSubmit, guard: AuthorizeDep, db: SessionDep, services: ServicesDep
 ) -> RunSummary:
@@ -30,12 +33,13 @@ async def submit_run(
 @router.get("", response_model=Page[RunSummary])
 async def list_runs(
     guard: AuthorizeDep, db: SessionDep, limit: LimitParam = 50, cursor: CursorParam = None,
-    submitted_by: Short | None = None, status: Short | None = None,
+    submitted_by: Short | None = None, status: RunStatus | None = None,
+    id_prefix: IdPrefix | None = None,
 ) -> Page[RunSummary]:
     """Training runs, newest first."""
     await guard("read", "training_run")
     return await db.read(runs.list_runs, limit=limit, cursor=cursor,
-                         submitted_by=submitted_by, status=status)
+                         submitted_by=submitted_by, status=status, id_prefix=id_prefix)
 
 
 @router.get("/{run_id}", response_model=RunDetail)
@@ -73,7 +77,8 @@ async def _control(
                                      action=action, reason=reason)
 
 
-@router.post("/{run_id}/pause", status_code=202, response_model=RunSummary)
+@router.post("/{run_id}/pause", status_code=202, response_model=RunSummary,
+             responses=WORKFLOW_ERRORS)
 async def pause_run(
     run_id: str, guard: AuthorizeDep, db: SessionDep, services: ServicesDep,
     body: RunControlRequest | None = None,
@@ -82,7 +87,8 @@ async def pause_run(
     return await _control("pause", run_id, body, guard, db, services)
 
 
-@router.post("/{run_id}/resume", status_code=202, response_model=RunSummary)
+@router.post("/{run_id}/resume", status_code=202, response_model=RunSummary,
+             responses=WORKFLOW_ERRORS)
 async def resume_run(
     run_id: str, guard: AuthorizeDep, db: SessionDep, services: ServicesDep,
     body: RunControlRequest | None = None,
@@ -91,7 +97,8 @@ async def resume_run(
     return await _control("resume", run_id, body, guard, db, services)
 
 
-@router.post("/{run_id}/cancel", status_code=202, response_model=RunSummary)
+@router.post("/{run_id}/cancel", status_code=202, response_model=RunSummary,
+             responses=WORKFLOW_ERRORS)
 async def cancel_run(
     run_id: str, guard: AuthorizeDep, db: SessionDep, services: ServicesDep,
     body: RunControlRequest | None = None,

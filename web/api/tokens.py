@@ -11,13 +11,13 @@ from fastapi import APIRouter
 from sqlmodel import Session
 
 from web import tokens
-from web.api.common import ERRORS, Short
+from web.api.common import Short
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import conflict, not_found
 from web.tokens import TokenCreate, TokenIssued, TokenPublic
 
-router = APIRouter(prefix="/api/tokens", tags=["tokens"], responses=ERRORS)
+router = APIRouter(prefix="/api/tokens", tags=["tokens"])
 
 
 @router.get("", response_model=Page[TokenPublic])

@@ -6,17 +6,16 @@ from fastapi import APIRouter
 from sqlmodel import Session
 
 from web import role_grants, users
-from web.api.common import ERRORS
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import ProblemError, invalid, not_found
 from web.users import UserCreate, UserCreated, UserError, UserPublic
 
-router = APIRouter(prefix="/api", tags=["users"], responses=ERRORS)
+router = APIRouter(prefix="/api", tags=["users"])
 
 
 @router.get("/me", response_model=UserPublic)
-async def me(guard: AuthorizeDep, db: SessionDep) -> UserPublic:
+async def get_me(guard: AuthorizeDep, db: SessionDep) -> UserPublic:
     """The signed-in person and their roles."""
     name = guard.principal.name
     await guard("read", "user", id=name)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Literal
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
@@ -172,18 +174,40 @@ async def lineage_page(
                 can_verify=can_verify)
 
 
+AUDIT_DECISIONS = ("allow", "deny", "record")
+
+
+def _moment(value: str | None, name: str) -> datetime | None:
+    """A filter's date or date-time (what <input type=datetime-local> sends), in UTC."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise invalid(f"{name} must be a date or date-time such as 2026-12-01T09:30") from exc
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
 @router.get("/audit", response_class=HTMLResponse)
 async def audit_page(
     request: Request, guard: ConsoleGuard, db: SessionDep, cursor: CursorParam = None,
-    action: str | None = None, actor: str | None = None,
+    action: str | None = None, actor: str | None = None, kind: str | None = None,
+    decision: str | None = None, since: str | None = None, until: str | None = None,
 ) -> Response:
-    """Recent audit events with filters, and the chain check."""
+    """Audit events filtered by kind, decision, actor and time range, with export links."""
     await guard("read", "audit_event")
-    listing = await db.read(audit.list_events, limit=30, cursor=cursor,
-                            action=action or None, actor=actor or None)
+    if decision and decision not in AUDIT_DECISIONS:
+        raise invalid(f"decision must be one of {', '.join(AUDIT_DECISIONS)}")
+    where = audit.AuditFilter(action=action or None, actor=actor or None, kind=kind or None,
+                              decision=decision or None, since=_moment(since, "since"),
+                              until=_moment(until, "until"))
+    listing = await db.read(audit.list_events, limit=30, cursor=cursor, where=where)
     can_verify = await guard.would_allow("verify", "audit_event")
+    filters = {k: v for k, v in (("action", action), ("actor", actor), ("kind", kind),
+                                 ("decision", decision), ("since", since), ("until", until)) if v}
     return page(request, "audit.html", guard.principal, title="Audit log", listing=listing,
-                can_verify=can_verify, action=action or "", actor=actor or "")
+                can_verify=can_verify, filters=filters, decisions=AUDIT_DECISIONS,
+                query=urlencode(filters))
 
 
 @router.post("/audit/verify")

@@ -101,10 +101,12 @@ class DecisionFacts(BaseModel):
 
 def list_promotions(
     *, session: Session, limit: int, cursor: str | None, status: str | None = None,
-    checkpoint_id: str | None = None,
+    checkpoint_id: str | None = None, id_prefix: str | None = None,
 ) -> Page[PromotionSummary]:
-    """Promotions, newest first, optionally by status or candidate."""
+    """Promotions, newest first, optionally by status, candidate or id prefix."""
     statement = select(Promotion)
+    if id_prefix is not None:
+        statement = statement.where(col(Promotion.id).startswith(id_prefix, autoescape=True))
     if status is not None:
         statement = statement.where(Promotion.status == status)
     if checkpoint_id is not None:

@@ -13,9 +13,10 @@ from sqlmodel import Session, col, select
 
 from triloop.models import Checkpoint, Task, TrainingRun, TrainingStep
 from triloop.models._columns import utcnow
+from triloop.statuses import FINISHED_RUN_STATUSES
 from web.pagination import Page, keyset, page_of
 
-TERMINAL_STATUSES = frozenset({"completed", "completed_with_alarms", "cancelled", "failed"})
+TERMINAL_STATUSES = FINISHED_RUN_STATUSES
 MAX_CHART_POINTS = 500
 
 
@@ -109,10 +110,12 @@ class RunMetrics(BaseModel):
 
 def list_runs(
     *, session: Session, limit: int, cursor: str | None, submitted_by: str | None = None,
-    status: str | None = None,
+    status: str | None = None, id_prefix: str | None = None,
 ) -> Page[RunSummary]:
-    """Runs, newest first, optionally of one submitter or status."""
+    """Runs, newest first, optionally of one submitter or status, or whose id starts so."""
     statement = select(TrainingRun)
+    if id_prefix is not None:
+        statement = statement.where(col(TrainingRun.id).startswith(id_prefix, autoescape=True))
     if submitted_by is not None:
         statement = statement.where(TrainingRun.submitted_by == submitted_by)
     if status is not None:
