@@ -54,7 +54,10 @@ def validate(
 
 @env_app.command("list")
 def list_builtin() -> None:
-    """The built-in environments, their contract files and ids."""
+    """The built-in environments (contract files and ids) and the installed plugins."""
     for name in registry.list_environments():
+        if not registry.is_builtin(name):
+            typer.echo(f"{name}\tplugin\t{registry.plugin_source(name)}")
+            continue
         contract = registry.load_builtin_contract(name)
         typer.echo(f"{name}\t{contract_id(contract)}\t{registry.builtin_contract_path(name)}")
