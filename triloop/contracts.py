@@ -1,10 +1,10 @@
 """Environment contracts: the schema, validation that reports every problem, identity.
 
 A contract is a YAML document (task, initial_state, observations, allowed_actions,
-success_criteria, reward, limits, context, sandbox, fixtures). Its identity is the
-sha256 of a canonical form: the parsed contract as sorted-key compact JSON together
-with the sha256 of every fixture file, so key order, whitespace and spelling variants
-such as ``0.50%`` never change it, while any fixture edit does.
+success_criteria, reward, limits, context, sandbox, fixtures, and optionally service).
+Its identity is the sha256 of a canonical form: the parsed contract as sorted-key
+compact JSON together with the sha256 of every fixture file, so key order, whitespace
+and spelling variants such as ``0.50%`` never change it, while any fixture edit does.
 """
 
 from __future__ import annotations
@@ -161,6 +161,24 @@ class SandboxSpec(_Section):
     max_output_bytes: int = Field(default=16384, gt=0)  # per stream, head and tail kept
 
 
+class ServiceSpec(_Section):
+    """An environment that runs as its own HTTP service (``docs/environment-service.md``).
+
+    The service verifies episodes on its side; ``verifier_digest`` pins the verifier it
+    declares in ``GET /info``, and triloop's verifier process refuses a verdict from a
+    service declaring any other (so a redeployed verifier is a new contract version).
+    """
+
+    url: str = Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")  # base URL of the service
+    verifier_digest: str = Field(pattern=r"^[0-9a-f]{64}$")  # sha256 the service declares
+    timeout_s: float = Field(default=30.0, gt=0)  # seconds per request
+
+
+# Sections a contract may leave out. Unset, they are not part of the canonical form, so
+# every contract written before a section existed keeps its identity.
+OPTIONAL_SECTIONS = ("service",)
+
+
 class EnvironmentContract(_Section):
     """An immutable environment contract as written in its YAML file."""
 
@@ -176,6 +194,7 @@ class EnvironmentContract(_Section):
     context: ContextRule = Field(default_factory=ContextRule)
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     fixtures: list[FixturePath] = Field(default_factory=list)  # relative to the file
+    service: ServiceSpec | None = None  # an environment served over HTTP; None: in-process
 
     _source_dir: Path | None = PrivateAttr(default=None)
 
@@ -286,8 +305,12 @@ def canonical_form(
     code_hashes: Mapping[str, str] | None = None,
 ) -> bytes:
     """Sorted-key compact JSON of the contract, its fixture hashes and its code's hashes."""
+    dumped = contract.model_dump(mode="json")
+    for section in OPTIONAL_SECTIONS:
+        if dumped.get(section) is None:
+            dumped.pop(section, None)
     document = {
-        "contract": contract.model_dump(mode="json"),
+        "contract": dumped,
         "fixtures": dict(fixture_hashes),
         "code": dict(code_hashes or {}),
     }
@@ -302,14 +325,15 @@ def contract_id(
 ) -> str:
     """sha256 hex of the canonical form: contract, fixtures and the environment's code.
 
-    Fixtures and code are hashed from disk when not given; a task without a built-in
-    implementation module has no code to hash (registration refuses those).
+    Fixtures and code are hashed from disk when not given; a task without an
+    implementation module has no code to hash (registration refuses those). A served
+    environment's code is triloop's client and verifier for the protocol.
     """
     if hashes is None:
         hashes = fixture_hashes(contract)
     if code is None:
         try:
-            code = environment_code_hashes(contract.task)
+            code = environment_code_hashes(contract.task, service=contract.service is not None)
         except EnvironmentCodeError:
             code = {}
     return hashlib.sha256(canonical_form(contract, hashes, code)).hexdigest()
@@ -327,7 +351,8 @@ def _parse(
     except ValidationError as exc:
         problems.extend(schema_problems(exc, EnvironmentContract, locate))
     problems.extend(fixture_problems(data, base_dir, _fixture_path, locate))
-    if capabilities is not None:
+    if capabilities is not None and data.get("service") is None:
+        # A served environment states its capabilities in GET /info: checked when opened.
         criteria = frozenset(SuccessCriteria.model_fields)
         problems.extend(capability_problems(data, capabilities, criteria, locate))
     problems.sort(key=lambda p: p.line or 0)  # document order; stable within a line

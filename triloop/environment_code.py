@@ -32,6 +32,7 @@ from pathlib import Path
 
 ENVIRONMENTS_PACKAGE = "execution_loop.environments"
 PLUGIN_GROUP = "triloop.environments"  # entry points: name = "package.module:Class"
+SERVICE_MODULE = f"{ENVIRONMENTS_PACKAGE}.service"  # the client of a served environment
 _OWN = "execution_loop"
 _REFERENCE = re.compile(r"^(\w+(?:\.\w+)+):\w+$")
 
@@ -87,8 +88,15 @@ def plugin_search_path(module: str) -> list[str]:
     return []
 
 
-def environment_module(task: str, search: Sequence[str] | None = None) -> str:
-    """The module implementing ``task``: a built-in one, else an installed plugin's."""
+def environment_module(
+    task: str, search: Sequence[str] | None = None, *, service: bool = False
+) -> str:
+    """The module implementing ``task``: a built-in one, else an installed plugin's.
+
+    A served environment (``service`` in its contract) runs behind triloop's HTTP client.
+    """
+    if service:
+        return SERVICE_MODULE
     builtin = f"{ENVIRONMENTS_PACKAGE}.{task}"
     if module_file(builtin, search) is not None:
         return builtin
@@ -158,9 +166,11 @@ def code_hashes(roots: Sequence[str], search: Sequence[str] | None = None) -> di
     return dict(sorted(found.items()))
 
 
-def environment_code_hashes(task: str, search: Sequence[str] | None = None) -> dict[str, str]:
-    """The code of the environment ``task`` (built-in or plugin) and of its verifier."""
-    return code_hashes([environment_module(task, search)], search)
+def environment_code_hashes(
+    task: str, search: Sequence[str] | None = None, *, service: bool = False
+) -> dict[str, str]:
+    """The code of the environment ``task`` (built-in, plugin or service client) and verifier."""
+    return code_hashes([environment_module(task, search, service=service)], search)
 
 
 def digest(hashes: dict[str, str]) -> str:
@@ -175,9 +185,11 @@ def verifier_hash(references: Sequence[str], search: Sequence[str] | None = None
     return digest(code_hashes(modules, search)) if modules else None
 
 
-def environment_verifier_hash(task: str, search: Sequence[str] | None = None) -> str | None:
+def environment_verifier_hash(
+    task: str, search: Sequence[str] | None = None, *, service: bool = False
+) -> str | None:
     """The verifier hash of an environment, from its module's ``VERIFIER`` reference."""
-    module = environment_module(task, search)
+    module = environment_module(task, search, service=service)
     path = module_file(module, [*(search or sys.path), *plugin_search_path(module)])
     if path is None:
         raise EnvironmentCodeError(f"environment {task!r}: module {module} has no source file")

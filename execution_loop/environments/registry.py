@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from execution_loop.environments import fix_ci_failure, frozen_lake, tool_arithmetic
+from execution_loop.environments import fix_ci_failure, frozen_lake, service, tool_arithmetic
 from execution_loop.environments.base import Environment, EnvironmentFactory, TaskCapabilities
 from execution_loop.environments.plugins import PluginError, installed_plugins, load_plugin
+from execution_loop.environments.service import ServiceEnvironment
 from execution_loop.sandbox import SandboxBackend
 from triloop.contract_checks import capability_problems
 from triloop.contracts import ContractError, EnvironmentContract, load_contract
@@ -134,8 +135,12 @@ def check_contract(contract: EnvironmentContract) -> None:
 
 
 def get_environment(name: str) -> EnvironmentFactory:
-    """A factory for the named environment (the shipped contract when none is given)."""
-    entry = _builtin(name)
+    """A factory for the named environment (the shipped contract when none is given).
+
+    A contract with a ``service`` section is served over HTTP: the factory opens
+    triloop's client of the protocol, which checks the service (``served_environment``
+    is that factory for a served task no installed environment is named after).
+    """
 
     def factory(
         contract: EnvironmentContract | None = None, *, sandbox: SandboxBackend | None = None
@@ -143,16 +148,31 @@ def get_environment(name: str) -> EnvironmentFactory:
         bound = contract or load_builtin_contract(name)
         if bound.task != name:
             raise ValueError(f"contract is for {bound.task!r}, not {name!r}")
+        if bound.service is not None:
+            return ServiceEnvironment(bound, sandbox=sandbox)
+        entry = _builtin(name)
         check_contract(bound)
         return entry.build(bound, sandbox=sandbox)
 
+    _builtin(name)  # an unknown name or a broken plugin says so now, not at the first episode
     return factory
+
+
+def served_environment(
+    contract: EnvironmentContract | None = None, *, sandbox: SandboxBackend | None = None
+) -> Environment:
+    """The environment of a contract with a ``service`` section (``EnvironmentFactory``)."""
+    if contract is None or contract.service is None:
+        raise ValueError("served_environment needs a contract with a service section")
+    return ServiceEnvironment(contract, sandbox=sandbox)
 
 
 def make_environment(
     contract: EnvironmentContract, *, sandbox: SandboxBackend | None = None
 ) -> Environment:
     """The environment a contract names, bound to it."""
+    if contract.service is not None:
+        return ServiceEnvironment(contract, sandbox=sandbox)
     return get_environment(contract.task)(contract, sandbox=sandbox)
 
 
@@ -160,5 +180,7 @@ def reference_solution(
     env_name: str, seed: int, contract: EnvironmentContract | None = None
 ) -> list[str]:
     """Scripted optimal actions for the seed (admission's k-of-k check, tests)."""
+    if contract is not None and contract.service is not None:
+        return service.reference_solution(seed, contract)
     entry = _builtin(env_name)
     return entry.reference(seed, contract or load_builtin_contract(env_name))

@@ -9,22 +9,12 @@ import pytest
 from sqlalchemy import Engine
 
 from tests.environment_plugins import install_example, on_path
-from tests.factories_byo import admit, register, train_briefly
+from tests.factories_byo import admit, register, tiny_dir, train_briefly
 from tests.factories_learning import rows
 from triloop.config import ServiceName, Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model, created locally (no download)."""
-    import torch
-
-    from learning_loop.tiny_model import create_tiny_model
-
-    torch.set_num_threads(1)
-    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+__all__ = ["tiny_dir"]  # a fixture this module uses
 
 
 @pytest.fixture
