@@ -174,9 +174,31 @@ class ServiceSpec(_Section):
     timeout_s: float = Field(default=30.0, gt=0)  # seconds per request
 
 
+class ToolSpec(_Section):
+    """A tool the agent may call, as a JSON-schema function (OpenAI's ``function`` shape)."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+    @field_validator("parameters")
+    @classmethod
+    def _an_object_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type") != "object":
+            raise ValueError("parameters must be a JSON schema with type: object")
+        properties = value.get("properties", {})
+        required = value.get("required", [])
+        if not isinstance(properties, dict) or not isinstance(required, list):
+            raise ValueError("properties must be a mapping and required a list")
+        missing = [r for r in required if r not in properties]
+        if missing:
+            raise ValueError(f"required names no property: {', '.join(map(str, missing))}")
+        return value
+
+
 # Sections a contract may leave out. Unset, they are not part of the canonical form, so
 # every contract written before a section existed keeps its identity.
-OPTIONAL_SECTIONS = ("service",)
+OPTIONAL_SECTIONS = ("service", "tools")
 
 
 class EnvironmentContract(_Section):
@@ -195,6 +217,7 @@ class EnvironmentContract(_Section):
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     fixtures: list[FixturePath] = Field(default_factory=list)  # relative to the file
     service: ServiceSpec | None = None  # an environment served over HTTP; None: in-process
+    tools: list[ToolSpec] | None = None  # functions the agent may call; None: plain text turns
 
     _source_dir: Path | None = PrivateAttr(default=None)
 
@@ -204,6 +227,15 @@ class EnvironmentContract(_Section):
         bad = [k for k, v in value.items() if not isinstance(v, str | int | float | bool)]
         if bad:
             raise ValueError(f"values must be strings, numbers or booleans: {', '.join(bad)}")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct_tools(cls, value: list[ToolSpec] | None) -> list[ToolSpec] | None:
+        names = [t.name for t in value or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"duplicate tool names: {', '.join(twice)}")
         return value
 
     @field_validator("observations", "allowed_actions")

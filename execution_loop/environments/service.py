@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from execution_loop.environments.base import (
     EnvironmentStateError,
+    EnvironmentUnavailable,
     Outcome,
     StepResult,
     TaskCapabilities,
@@ -46,7 +47,7 @@ VERIFIER = "execution_loop.environments.service_verifier:verify"
 _Reply = TypeVar("_Reply", bound=BaseModel)
 
 
-class ServiceUnavailable(RuntimeError):
+class ServiceUnavailable(EnvironmentUnavailable):
     """The environment service could not be reached or failed: infrastructure, retried."""
 
 
