@@ -32,6 +32,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from execution_loop.episode import INFRASTRUCTURE_ERRORS, EpisodeRecord, StepRecord, run_episode
 from execution_loop.policies import PolicyCache, TaskEnvironments
 from execution_loop.routing import assign, read_routes, shadow_comparison
+from execution_loop.sandboxes import describe_environment_sandbox
 from execution_loop.trajectories import (
     StepRow,
     TrajectoryRow,
@@ -265,6 +266,7 @@ class RolloutActivities:
             "environment_version_id": opened.environment_version_id,
             "attempt": info.attempt, "restarted_after_steps": restarted_after,
         }
+        outcome["sandbox"] = describe_environment_sandbox(env)
         if fault is not None:
             outcome["injected_fault"] = describe_fault(fault)
         if rerouted_from is not None:

@@ -80,7 +80,9 @@ def run_verifiers(
     document = {"requests": [dataclasses.asdict(r) for r in requests]}
     runner = sandbox or LocalProcessSandbox()
     command = [sys.executable, "-I", "-S", "-B", "-c", _BOOT, *search]
-    result = runner.run(command, limits=limits, stdin=json.dumps(document))
+    # A sandbox that hides the filesystem shows the verifier its own code, read-only.
+    exposed = [Path(folder) for folder in search]
+    result = runner.run(command, limits=limits, stdin=json.dumps(document), expose=exposed)
     names = sorted({r.verifier for r in requests})
     if result.limit_exceeded or result.exit_code != 0:
         why = result.limit_exceeded or f"exit code {result.exit_code}"
