@@ -24,6 +24,10 @@ environment without it, to ``step`` as the call's canonical JSON); the step reco
 ``feedback["tool_call"]`` and ``feedback["tool_result"]``. A malformed call, or one that
 does not fit its schema, never reaches the environment: the step records
 ``feedback["tool_error"]`` and the model reads the error as its observation.
+
+Hooks: the contract's lifecycle hooks (``execution_loop.hooks``) run before the reset,
+after each step and before the verdict; a refusal ends the episode ``failed`` with the
+hook's reason.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from execution_loop.environments.base import (
     StepResult,
 )
 from execution_loop.harness import ChatHarness, Turn, step_action_mask
+from execution_loop.hooks import EpisodeHooks, HookFailed
 from execution_loop.inference.base import InferenceError, PolicyClient, PromptTooLongError
 from execution_loop.sandbox import SandboxError
 from execution_loop.tool_calls import ToolCallError, parse_tool_call
@@ -176,8 +181,12 @@ def run_episode(
             wall_time_s=clock() - started,
         )
 
+    hooks = EpisodeHooks.of(getattr(env, "contract", None))
     try:
+        hooks.run_before_reset(task_seed)
         initial = env.reset(task_seed)
+    except HookFailed as refused:
+        return record(FAILED, refused.reason, "", None)
     except INFRASTRUCTURE_ERRORS:
         raise
     except Exception as exc:  # the environment's own fault: record it, keep the batch going
@@ -222,6 +231,19 @@ def run_episode(
         except Exception as exc:  # the environment's own fault: record it
             status, reason = FAILED, _reason(exc)
             break
+        refusal: str | None = None
+        try:
+            notes = hooks.run_after_step(len(steps), generation.text, result)
+        except HookFailed as refused:
+            notes, refusal = {}, refused.reason
+        if notes or refusal:
+            extra = {"hooks": notes} if notes else {}
+            result = StepResult(
+                result.observation,
+                result.reward,
+                result.done or bool(refusal),
+                {**result.feedback, **extra, **({"failure": refusal} if refusal else {})},
+            )
         step = StepRecord(
             index=len(steps),
             prompt_token_ids=prompt,
@@ -252,8 +274,22 @@ def run_episode(
 
     if status == FAILED:  # no verdict on an episode the environment could not carry out
         return record(status, reason, initial, None)
+    summary = {
+        "status": status,
+        "failure_reason": reason,
+        "steps": len(steps),
+        "actions": [s.action_text for s in steps],
+    }
+    try:
+        episode_notes = hooks.run_after_episode(summary)
+    except HookFailed as refused:
+        return record(FAILED, refused.reason, initial, None)
     try:
         outcome = env.outcome()
+        if episode_notes:
+            outcome = Outcome(
+                outcome.success, outcome.reward, {**outcome.details, "hooks": episode_notes}
+            )
     except INFRASTRUCTURE_ERRORS:
         raise
     except Exception as exc:

@@ -75,7 +75,8 @@ def document_from_file(path: Path, *, name: str | None = None) -> ContractDocume
     contract = load_contract(path)
     hashes = fixture_hashes(contract)
     served = contract.service is not None
-    code = environment_code_hashes(contract.task, service=served)
+    hooks = contract.hooks.modules() if contract.hooks else []
+    code = environment_code_hashes(contract.task, service=served, hooks=hooks)
     return ContractDocument(
         name=name or contract.task, contract=contract.model_dump(mode="json"),
         contract_text=path.read_text(encoding="utf-8"), fixture_hashes=dict(hashes),

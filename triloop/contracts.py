@@ -196,9 +196,30 @@ class ToolSpec(_Section):
         return value
 
 
+class HooksSpec(_Section):
+    """Lifecycle hooks (``execution_loop.hooks``): ``module:function`` references."""
+
+    before_reset: list[str] = Field(default_factory=list)
+    after_step: list[str] = Field(default_factory=list)
+    after_episode: list[str] = Field(default_factory=list)
+
+    @field_validator("before_reset", "after_step", "after_episode")
+    @classmethod
+    def _references(cls, value: list[str]) -> list[str]:
+        bad = [r for r in value if not re.fullmatch(r"\w+(\.\w+)*:\w+", r)]
+        if bad:
+            raise ValueError(f"expected 'module:function' references, got {', '.join(bad)}")
+        return value
+
+    def modules(self) -> list[str]:
+        """Every module a hook lives in (their code is part of the version)."""
+        refs = [*self.before_reset, *self.after_step, *self.after_episode]
+        return sorted({r.partition(":")[0] for r in refs})
+
+
 # Sections a contract may leave out. Unset, they are not part of the canonical form, so
 # every contract written before a section existed keeps its identity.
-OPTIONAL_SECTIONS = ("service", "tools")
+OPTIONAL_SECTIONS = ("service", "tools", "hooks")
 
 
 class EnvironmentContract(_Section):
@@ -218,6 +239,7 @@ class EnvironmentContract(_Section):
     fixtures: list[FixturePath] = Field(default_factory=list)  # relative to the file
     service: ServiceSpec | None = None  # an environment served over HTTP; None: in-process
     tools: list[ToolSpec] | None = None  # functions the agent may call; None: plain text turns
+    hooks: HooksSpec | None = None  # checks run before reset, after each step, after the episode
 
     _source_dir: Path | None = PrivateAttr(default=None)
 
@@ -365,7 +387,10 @@ def contract_id(
         hashes = fixture_hashes(contract)
     if code is None:
         try:
-            code = environment_code_hashes(contract.task, service=contract.service is not None)
+            code = environment_code_hashes(
+                contract.task, service=contract.service is not None,
+                hooks=contract.hooks.modules() if contract.hooks else (),
+            )
         except EnvironmentCodeError:
             code = {}
     return hashlib.sha256(canonical_form(contract, hashes, code)).hexdigest()

@@ -167,10 +167,15 @@ def code_hashes(roots: Sequence[str], search: Sequence[str] | None = None) -> di
 
 
 def environment_code_hashes(
-    task: str, search: Sequence[str] | None = None, *, service: bool = False
+    task: str,
+    search: Sequence[str] | None = None,
+    *,
+    service: bool = False,
+    hooks: Sequence[str] = (),
 ) -> dict[str, str]:
-    """The code of the environment ``task`` (built-in, plugin or service client) and verifier."""
-    return code_hashes([environment_module(task, search, service=service)], search)
+    """The code of the environment ``task`` (built-in, plugin or service client), its
+    verifier, and the modules of its contract's lifecycle ``hooks``."""
+    return code_hashes([environment_module(task, search, service=service), *hooks], search)
 
 
 def digest(hashes: dict[str, str]) -> str:
