@@ -49,6 +49,9 @@ async def test_an_installed_environment_is_admitted_and_trained_on(
     played = rows(owner_engine, "SELECT count(*) AS n FROM trajectory WHERE run_id = :r "
                   "AND task_id = :t", r=run_id, t=task["id"])
     assert played[0]["n"] >= 16
+    recorded = rows(owner_engine, "SELECT DISTINCT outcome->'sandbox'->>'backend' AS backend "
+                    "FROM trajectory WHERE run_id = :r", r=run_id)
+    assert recorded == [{"backend": "none"}]  # letter_count runs no agent code
     steps = rows(owner_engine, "SELECT trainable_tokens FROM training_step WHERE run_id = :r",
                  r=run_id)
     # Four groups of four: a group whose rewards all match teaches nothing, but with the

@@ -24,6 +24,7 @@ from execution_loop.sandboxes import (
     bubblewrap_problem,
     default_sandbox,
     describe,
+    describe_environment_sandbox,
     docker_reachable,
 )
 
@@ -217,3 +218,15 @@ def test_docker_backend_runs_where_a_daemon_answers(tmp_path: Path) -> None:
         ["python", "-c", "import socket; socket.create_connection(('1.1.1.1', 53), 2)"],
         limits=LIMITS, workdir=tmp_path)
     assert result.exit_code != 0
+
+
+def test_each_environment_says_where_agent_code_ran() -> None:
+    lake = make_environment(load_builtin_contract("frozen_lake"))
+    assert describe_environment_sandbox(lake) == {
+        "backend": "none", "isolation": "the environment runs no agent code"}
+    local = make_environment(load_builtin_contract("tool_arithmetic"),
+                             sandbox=LocalProcessSandbox())
+    assert describe_environment_sandbox(local)["backend"] == "local"
+    arithmetic = make_environment(load_builtin_contract("tool_arithmetic"))
+    expected = "local" if bubblewrap_problem() else "bubblewrap"
+    assert describe_environment_sandbox(arithmetic)["backend"] == expected
