@@ -28,6 +28,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import cache
@@ -41,6 +43,7 @@ from execution_loop.sandbox import (
     SandboxResult,
     _which_limit,
 )
+from execution_loop.sandbox_endpoints import ENDPOINTS_DIR, EndpointRelay, parse_endpoint
 
 NOBODY = 65534
 _SYSTEM = ("/usr", "/etc")
@@ -62,8 +65,13 @@ class BubblewrapSandbox(LocalProcessSandbox):
                  "private work directory; rlimits with a process count")
 
     def __init__(self, *, bwrap: str | None = None, sandbox_uid: int = NOBODY,
-                 python: str | None = None) -> None:
+                 python: str | None = None, endpoints: Mapping[str, str] | None = None) -> None:
         super().__init__(python)
+        self._endpoints = dict(endpoints or {})
+        for value in self._endpoints.values():
+            parse_endpoint(value)  # refuse a malformed endpoint now, not at the first command
+        self._relay_dir: Path | None = None  # the running command's relay folder
+        self._one_at_a_time = threading.Lock()  # _wrap reads the running command's folder
         found = bwrap or shutil.which("bwrap")
         if found is None:
             raise FileNotFoundError("bwrap is not installed (Debian: apt-get install bubblewrap)")
@@ -83,9 +91,41 @@ class BubblewrapSandbox(LocalProcessSandbox):
         extra_env: Mapping[str, str] | None = None,
         expose: Sequence[Path] = (),
     ) -> SandboxResult:
-        """As the local backend; a command killed by a signal reads as such again."""
-        result = super().run(argv, limits=limits, workdir=workdir, stdin=stdin,
-                             extra_env=extra_env, expose=expose)
+        """As the local backend; a command killed by a signal reads as such again.
+
+        With named endpoints, a relay listens for this command only (see
+        ``sandbox_endpoints``); the sandbox finds each socket in its variable.
+        """
+        with self._one_at_a_time:
+            return self._run_with_endpoints(argv, limits, workdir, stdin, extra_env, expose)
+
+    def _run_with_endpoints(
+        self,
+        argv: Sequence[str],
+        limits: SandboxLimits,
+        workdir: Path | None,
+        stdin: str,
+        extra_env: Mapping[str, str] | None,
+        expose: Sequence[Path],
+    ) -> SandboxResult:
+        relay: EndpointRelay | None = None
+        folder: Path | None = None
+        if self._endpoints:
+            folder = Path(tempfile.mkdtemp(prefix="triloop-endpoints-"))
+            if self._uid >= 0:
+                os.chown(folder, self._uid, self._uid)
+            relay = EndpointRelay(folder, self._endpoints, self._uid)
+            extra_env = {**(extra_env or {}), **relay.variables}
+        self._relay_dir = folder
+        try:
+            result = super().run(argv, limits=limits, workdir=workdir, stdin=stdin,
+                                 extra_env=extra_env, expose=expose)
+        finally:
+            self._relay_dir = None
+            if relay is not None:
+                relay.close()
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
         # bwrap exits with 128 + the signal that killed the command; report -signal.
         if 128 < result.exit_code <= 128 + 64:
             code = 128 - result.exit_code
@@ -117,6 +157,8 @@ class BubblewrapSandbox(LocalProcessSandbox):
             binds += ["--ro-bind-try", str(folder), str(folder)]
         # bwrap runs as the sandbox user, who must be able to reach the work directory:
         # folders made by tempfile.mkdtemp() under /tmp are (their parent is world-searchable).
+        if self._relay_dir is not None:
+            binds += ["--bind", str(self._relay_dir), ENDPOINTS_DIR]
         work = str(workdir.resolve())
         return [
             self._bwrap, "--unshare-all", "--die-with-parent", "--new-session",
@@ -190,11 +232,14 @@ def bubblewrap_problem() -> str | None:
     return None
 
 
-def default_sandbox() -> SandboxBackend:
-    """Bubblewrap where it works, else the local backend (which says what it lacks)."""
+def default_sandbox(endpoints: Mapping[str, str] | None = None) -> SandboxBackend:
+    """Bubblewrap where it works, else the local backend (which says what it lacks).
+
+    ``endpoints``: the contract's named network endpoints, the only ones reachable.
+    """
     if os.environ.get("TRILOOP_SANDBOX") == "local" or bubblewrap_problem() is not None:
         return LocalProcessSandbox()
-    return BubblewrapSandbox()
+    return BubblewrapSandbox(endpoints=endpoints)
 
 
 def describe(sandbox: SandboxBackend) -> dict[str, str]:

@@ -196,6 +196,22 @@ class ToolSpec(_Section):
         return value
 
 
+class NetworkSpec(_Section):
+    """Named endpoints agent code may reach from its network-less sandbox (nothing else)."""
+
+    endpoints: dict[str, str] = Field(default_factory=dict)  # name -> "host:port"
+
+    @field_validator("endpoints")
+    @classmethod
+    def _named_host_ports(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, address in value.items():
+            if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", name):
+                raise ValueError(f"endpoint name {name!r}: lower-case letters, digits and _")
+            if not re.fullmatch(r"\[?[A-Za-z0-9.:-]+\]?:\d{1,5}", address):
+                raise ValueError(f"endpoint {name}: expected 'host:port', got {address!r}")
+        return value
+
+
 class HooksSpec(_Section):
     """Lifecycle hooks (``execution_loop.hooks``): ``module:function`` references."""
 
@@ -219,7 +235,7 @@ class HooksSpec(_Section):
 
 # Sections a contract may leave out. Unset, they are not part of the canonical form, so
 # every contract written before a section existed keeps its identity.
-OPTIONAL_SECTIONS = ("service", "tools", "hooks")
+OPTIONAL_SECTIONS = ("service", "tools", "hooks", "network")
 
 
 class EnvironmentContract(_Section):
@@ -240,6 +256,7 @@ class EnvironmentContract(_Section):
     service: ServiceSpec | None = None  # an environment served over HTTP; None: in-process
     tools: list[ToolSpec] | None = None  # functions the agent may call; None: plain text turns
     hooks: HooksSpec | None = None  # checks run before reset, after each step, after the episode
+    network: NetworkSpec | None = None  # endpoints agent code may reach; None: no network
 
     _source_dir: Path | None = PrivateAttr(default=None)
 

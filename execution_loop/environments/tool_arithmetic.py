@@ -125,7 +125,8 @@ class ToolArithmetic:
     ) -> None:
         self.contract = contract
         # Bubblewrap where it works: the agent's code sees no network, host or verifier files.
-        self._sandbox = sandbox or default_sandbox()
+        allowed = contract.network.endpoints if contract.network else None
+        self._sandbox = sandbox or default_sandbox(endpoints=allowed)
         self._digits = int(contract.initial_state.get("digits", 3))
         spec = contract.sandbox
         self._limits = SandboxLimits(

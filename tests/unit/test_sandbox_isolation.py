@@ -230,3 +230,60 @@ def test_each_environment_says_where_agent_code_ran() -> None:
     arithmetic = make_environment(load_builtin_contract("tool_arithmetic"))
     expected = "local" if bubblewrap_problem() else "bubblewrap"
     assert describe_environment_sandbox(arithmetic)["backend"] == expected
+
+
+@needs_bwrap
+def test_a_named_endpoint_is_the_only_address_reachable() -> None:
+    """The host's HTTP server is reachable through its named socket; nothing else is."""
+    import http.server
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"hello from the allowed endpoint")
+
+        def log_message(self, *args: object) -> None:
+            del args
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        sandbox = BubblewrapSandbox(endpoints={"gateway": f"127.0.0.1:{port}"})
+        code, out, err = run_python(sandbox, f"""
+import os, socket
+path = os.environ["TRILOOP_ENDPOINT_GATEWAY"]
+unix = socket.socket(socket.AF_UNIX)
+unix.connect(path)
+unix.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+reply = b""
+while chunk := unix.recv(4096):
+    reply += chunk
+print(reply.decode().splitlines()[-1])
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    print("direct: connected")
+except OSError:
+    print("direct: refused")
+""")
+    finally:
+        server.shutdown()
+    assert code == 0, err
+    assert out.splitlines() == ["hello from the allowed endpoint", "direct: refused"]
+
+
+def test_contracts_name_endpoints_and_others_keep_their_identity() -> None:
+    from pydantic import ValidationError
+
+    from triloop.contracts import EnvironmentContract, canonical_form
+
+    base = load_builtin_contract("tool_arithmetic")
+    assert b'"network"' not in canonical_form(base, {})
+    data = base.model_dump(mode="json")
+    allowed = EnvironmentContract.model_validate(
+        {**data, "network": {"endpoints": {"gateway": "127.0.0.1:8000"}}})
+    assert b'"network"' in canonical_form(allowed, {})
+    with pytest.raises(ValidationError, match="expected 'host:port'"):
+        EnvironmentContract.model_validate(
+            {**data, "network": {"endpoints": {"gateway": "anywhere"}}})
