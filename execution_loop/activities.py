@@ -40,6 +40,7 @@ from execution_loop.episode import (
 from execution_loop.policies import PolicyCache, TaskEnvironments
 from execution_loop.routing import assign, read_routes, shadow_comparison
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend
+from execution_loop.sandboxes import describe_environment_sandbox
 from execution_loop.trajectories import (
     StepRow,
     TrajectoryRow,
@@ -287,6 +288,7 @@ class RolloutActivities:
             "attempt": info.attempt, "restarted_after_steps": restarted_after,
             **record.extra,  # the command harness: the gateway's record and the agent's exit
         }
+        outcome["sandbox"] = describe_environment_sandbox(env)
         if fault is not None:
             outcome["injected_fault"] = describe_fault(fault)
         if rerouted_from is not None:

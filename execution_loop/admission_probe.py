@@ -47,6 +47,7 @@ class RecordingSandbox:
 
     def __init__(self, inner: SandboxBackend | None = None) -> None:
         self._inner = inner or LocalProcessSandbox()
+        self.name = self._inner.name
         self.verifier_references: list[str] = []
 
     def run(
@@ -57,6 +58,7 @@ class RecordingSandbox:
         workdir: Path | None = None,
         stdin: str = "",
         extra_env: Mapping[str, str] | None = None,
+        expose: Sequence[Path] = (),
     ) -> SandboxResult:
         """Run the command; note which verifiers it asked for when it is a verifier."""
         if any(_VERIFIER_ENTRY in part for part in argv):
@@ -66,7 +68,7 @@ class RecordingSandbox:
             except (ValueError, AttributeError, KeyError, TypeError):
                 self.verifier_references.append("<unreadable request>")
         return self._inner.run(
-            argv, limits=limits, workdir=workdir, stdin=stdin, extra_env=extra_env
+            argv, limits=limits, workdir=workdir, stdin=stdin, extra_env=extra_env, expose=expose
         )
 
 

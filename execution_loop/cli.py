@@ -55,9 +55,14 @@ def validate(
 
 @env_app.command("list")
 def list_builtin(output: OutputOption = OutputFormat.table) -> None:
-    """The built-in environments, their contract files and ids."""
-    rows = [{"name": name, "id": contract_id(registry.load_builtin_contract(name)),
-             "contract_file": str(registry.builtin_contract_path(name))}
-            for name in registry.list_environments()]
+    """The built-in environments (contract files and ids) and the installed plugins."""
+    rows = []
+    for name in registry.list_environments():
+        if registry.is_builtin(name):
+            rows.append({"name": name, "id": contract_id(registry.load_builtin_contract(name)),
+                         "contract_file": str(registry.builtin_contract_path(name))})
+        else:
+            rows.append({"name": name, "id": "plugin",
+                         "contract_file": str(registry.plugin_source(name))})
     print_rows(rows, (field("name", "name"), field("id", "id", is_id=True),
                       field("contract file", "contract_file")), output)

@@ -14,8 +14,20 @@ How an episode ends:
 - ``failed``: the environment raised (other than an infrastructure error) or reported
   ``feedback["failure"]`` (e.g. ``sandbox_limit``); ``failure_reason`` says why, and no
   outcome is asked for (success is False, outcome reward 0).
-Infrastructure errors (inference, sandbox, verifier) propagate so the caller can retry.
-Limits are checked between turns; a turn in progress is never interrupted.
+Infrastructure errors (inference, sandbox, verifier, an unreachable environment service)
+propagate so the caller can retry. Limits are checked between turns; a turn in progress
+is never interrupted.
+
+Tools: when the contract declares tools, a turn whose text holds a tool call is a call.
+A valid one goes to the environment's ``call_tool(name, arguments)`` (or, for an
+environment without it, to ``step`` as the call's canonical JSON); the step records
+``feedback["tool_call"]`` and ``feedback["tool_result"]``. A malformed call, or one that
+does not fit its schema, never reaches the environment: the step records
+``feedback["tool_error"]`` and the model reads the error as its observation.
+
+Hooks: the contract's lifecycle hooks (``execution_loop.hooks``) run before the reset,
+after each step and before the verdict; a refusal ends the episode ``failed`` with the
+hook's reason.
 """
 
 from __future__ import annotations
@@ -25,18 +37,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from execution_loop.environments.base import Environment, Outcome
+from execution_loop.environments.base import (
+    Environment,
+    EnvironmentUnavailable,
+    Outcome,
+    StepResult,
+)
 from execution_loop.harness import ChatHarness, Turn, step_action_mask
+from execution_loop.hooks import EpisodeHooks, HookFailed
 from execution_loop.inference.base import InferenceError, PolicyClient, PromptTooLongError
 from execution_loop.sandbox import SandboxError
+from execution_loop.tool_calls import ToolCallError, parse_tool_call
 from execution_loop.verification import VerificationError
-from triloop.contracts import ContextRule, Limits
+from triloop.contracts import ContextRule, Limits, ToolSpec
 
 COMPLETED, TRUNCATED, FAILED = "completed", "truncated", "failed"
 INFRASTRUCTURE_ERRORS: tuple[type[Exception], ...] = (
     InferenceError,
     SandboxError,
     VerificationError,
+    EnvironmentUnavailable,
 )
 _SEED_STRIDE = 1_000_003  # > any max_turns, so (seed, turn) pairs never share a turn seed
 
@@ -98,6 +118,30 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
+def contract_tools(env: Environment) -> list[ToolSpec]:
+    """The tools the environment's contract declares (none for a bare test double)."""
+    tools = getattr(getattr(env, "contract", None), "tools", None)
+    return list(tools) if tools else []
+
+
+def act(env: Environment, text: str, tools: list[ToolSpec]) -> StepResult:
+    """One turn: a tool call when the text holds one and tools are declared, else a step."""
+    if not tools:
+        return env.step(text)
+    try:
+        call = parse_tool_call(text, tools)
+    except ToolCallError as exc:
+        return StepResult(f"tool call error: {exc}", 0.0, False, {"tool_error": str(exc)})
+    if call is None:
+        return env.step(text)
+    call_tool = getattr(env, "call_tool", None)
+    result: StepResult = (
+        call_tool(call.name, call.arguments) if callable(call_tool) else env.step(call.as_action())
+    )
+    feedback = {**result.feedback, "tool_call": call.as_json(), "tool_result": result.observation}
+    return StepResult(result.observation, result.reward, result.done, feedback)
+
+
 def run_episode(
     env: Environment,
     policy: PolicyClient,
@@ -116,7 +160,8 @@ def run_episode(
     """Play one episode of ``env`` with ``policy``; ``deadline`` is a ``clock()`` time."""
     started = clock()
     wall_deadline = started + limits.wall_time_s
-    harness = harness or ChatHarness(policy.tokenizer())
+    tools = contract_tools(env)
+    harness = harness or ChatHarness(policy.tokenizer(), tools=tools)
     steps: list[StepRecord] = []
     turns: list[Turn] = []
     generated = 0
@@ -144,8 +189,12 @@ def run_episode(
             wall_time_s=clock() - started,
         )
 
+    hooks = EpisodeHooks.of(getattr(env, "contract", None))
     try:
+        hooks.run_before_reset(task_seed)
         initial = env.reset(task_seed)
+    except HookFailed as refused:
+        return record(FAILED, refused.reason, "", None)
     except INFRASTRUCTURE_ERRORS:
         raise
     except Exception as exc:  # the environment's own fault: record it, keep the batch going
@@ -184,12 +233,25 @@ def run_episode(
             break
         generated += len(generation.token_ids)
         try:
-            result = env.step(generation.text)
+            result = act(env, generation.text, tools)
         except INFRASTRUCTURE_ERRORS:
             raise
         except Exception as exc:  # the environment's own fault: record it
             status, reason = FAILED, _reason(exc)
             break
+        refusal: str | None = None
+        try:
+            notes = hooks.run_after_step(len(steps), generation.text, result)
+        except HookFailed as refused:
+            notes, refusal = {}, refused.reason
+        if notes or refusal:
+            extra = {"hooks": notes} if notes else {}
+            result = StepResult(
+                result.observation,
+                result.reward,
+                result.done or bool(refusal),
+                {**result.feedback, **extra, **({"failure": refusal} if refusal else {})},
+            )
         step = StepRecord(
             index=len(steps),
             prompt_token_ids=prompt,
@@ -220,8 +282,22 @@ def run_episode(
 
     if status == FAILED:  # no verdict on an episode the environment could not carry out
         return record(status, reason, initial, None)
+    summary = {
+        "status": status,
+        "failure_reason": reason,
+        "steps": len(steps),
+        "actions": [s.action_text for s in steps],
+    }
+    try:
+        episode_notes = hooks.run_after_episode(summary)
+    except HookFailed as refused:
+        return record(FAILED, refused.reason, initial, None)
     try:
         outcome = env.outcome()
+        if episode_notes:
+            outcome = Outcome(
+                outcome.success, outcome.reward, {**outcome.details, "hooks": episode_notes}
+            )
     except INFRASTRUCTURE_ERRORS:
         raise
     except Exception as exc:

@@ -11,16 +11,23 @@ model's actions are the stored sampled ids, never re-tokenized. The action mask 
 exactly on those stored ids and 0 on everything the template or the environment wrote.
 If an action ends with the token the footer starts with (the model's own end-of-turn),
 that token is not added a second time.
+
+Tools (a contract's JSON-schema functions, ``execution_loop.tool_calls``) go to every
+``apply_chat_template`` call as ``tools=`` when the template renders them; a template
+that ignores them gets them as text at the head of the system message instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
+
+from execution_loop.tool_calls import function_schemas, tools_system_text
+from triloop.contracts import ToolSpec
 
 SYSTEM, USER, ASSISTANT = "system", "user", "assistant"
 _SENTINEL = "TRILOOPSENTINELCONTENT"
@@ -60,13 +67,25 @@ def step_action_mask(prompt_length: int, action_length: int) -> list[int]:
 class ChatHarness:
     """Renders conversations for one tokenizer; caches template segments by role sequence."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, observation_role: str = USER):
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        observation_role: str = USER,
+        tools: Sequence[ToolSpec] = (),
+    ):
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateError(
                 "the tokenizer has no chat_template; set one (triloop's tiny model has one)"
             )
         self.tokenizer = tokenizer
         self.observation_role = observation_role
+        self._tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
+            list(function_schemas(tools)) if tools else None
+        )
+        self._tools_text = ""
+        if self._tools is not None and not self._template_renders_tools():
+            self._tools, self._tools_text = None, tools_system_text(tools)
         self._segments: dict[tuple[str, ...], _Segment] = {}
         self._footers: dict[str, tuple[int, ...]] = {}
         self._preamble: tuple[int, ...] | None = None
@@ -83,6 +102,7 @@ class ChatHarness:
         keep_last_turns: int = 0,
     ) -> list[int]:
         """Token ids to feed the policy for its next action under the context rule."""
+        system = self._system(system)
         ids, _ = self._render(system, initial_observation, kept_turns(turns, keep_last_turns))
         roles = self._roles(system, kept_turns(turns, keep_last_turns)) + (ASSISTANT,)
         ids.extend(self._segment(roles).header)
@@ -97,9 +117,32 @@ class ChatHarness:
         keep_last_turns: int = 0,
     ) -> tuple[list[int], list[int]]:
         """The whole conversation as ids and its action mask (1 on sampled ids only)."""
-        return self._render(system, initial_observation, kept_turns(turns, keep_last_turns))
+        kept = kept_turns(turns, keep_last_turns)
+        return self._render(self._system(system), initial_observation, kept)
+
+    @property
+    def tools_in_template(self) -> bool:
+        """Whether the chat template itself renders the tools (else the system message does)."""
+        return self._tools is not None
 
     # -- rendering --------------------------------------------------------------------------
+
+    def _template_renders_tools(self) -> bool:
+        probe = [{"role": USER, "content": _PLACEHOLDER}]
+        try:
+            with_tools = self._apply(probe, generation_prompt=False)
+            self._tools, tools = None, self._tools
+            without = self._apply(probe, generation_prompt=False)
+            self._tools = tools
+        except (TemplateError, ValueError, TypeError):
+            return False
+        return with_tools != without
+
+    def _system(self, system: str | None) -> str | None:
+        """The system message, led by the tools' text when the template does not show them."""
+        if not self._tools_text:
+            return system
+        return self._tools_text if system is None else f"{self._tools_text}\n\n{system}"
 
     def _roles(self, system: str | None, turns: Sequence[Turn]) -> tuple[str, ...]:
         roles: list[str] = [SYSTEM] if system is not None else []
@@ -150,7 +193,7 @@ class ChatHarness:
 
     def _apply(self, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
         text: Any = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
+            messages, tools=self._tools, tokenize=False, add_generation_prompt=generation_prompt
         )
         if not isinstance(text, str):
             raise ChatTemplateError("apply_chat_template(tokenize=False) did not return text")

@@ -208,11 +208,19 @@ class TaskEnvironments:
         if version is None:
             raise LookupError(f"environment version {task.environment_version_id!r} is missing")
         contract = self._parse(version)
-        opened = OpenedTask(task.id, version.id, task.seed, contract, self._lookup(contract.task))
+        opened = OpenedTask(task.id, version.id, task.seed, contract, self._factory(contract))
         if task.status == "admitted":
             with self._lock:
                 self._tasks[task_id] = opened
         return opened
+
+    def _factory(self, contract: EnvironmentContract) -> EnvironmentFactory:
+        """A served contract opens the protocol's client; any other, its named environment."""
+        if contract.service is not None:
+            from execution_loop.environments.registry import served_environment
+
+            return served_environment
+        return self._lookup(contract.task)
 
     def _parse(self, version: EnvironmentVersion) -> EnvironmentContract:
         from execution_loop.environments import registry

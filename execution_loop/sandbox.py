@@ -7,9 +7,11 @@ by a tiny launcher that then execs the command, rather than by ``preexec_fn``, w
 unsafe in the threaded worker that runs activities. A limit that trips is reported in
 ``SandboxResult.limit_exceeded``; it never raises into the caller.
 
-What it does not do: hide the filesystem or the network, or stop a process that calls
-``setsid`` to leave its group. A container backend behind ``SandboxBackend`` closes
-those gaps; the interface is the seam.
+What it does not do: hide the filesystem or the network, limit the process count when
+it runs as root, or stop a process that calls ``setsid`` to leave its group.
+``execution_loop.sandboxes`` has the backends that isolate (bubblewrap, Docker) and
+picks the default: this one only where user namespaces do not work, and the episode's
+record says so.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from typing import IO, Protocol
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 
-# Runs as `python -I -S -B -c _LAUNCHER cpu mem fsize nofile argv...`: sets the limits
-# on itself and becomes the command, which inherits them.
+# Runs as `python -I -S -B -c _LAUNCHER cpu mem fsize nofile nproc uid argv...`: sets the
+# limits on itself (nproc 0: unset), drops to `uid` (-1: stays) and becomes the command.
 _LAUNCHER = """
 import os, resource as r, sys
 def cap(res, soft, hard):
@@ -39,16 +41,22 @@ def cap(res, soft, hard):
     if old_hard != r.RLIM_INFINITY:
         soft, hard = min(soft, old_hard), min(hard, old_hard)
     r.setrlimit(res, (soft, hard))
-cpu, mem, fsize, nofile = (int(v) for v in sys.argv[1:5])
+cpu, mem, fsize, nofile, nproc, uid = (int(v) for v in sys.argv[1:7])
 cap(r.RLIMIT_CPU, cpu, cpu + 1)
 cap(r.RLIMIT_AS, mem, mem)
 cap(r.RLIMIT_FSIZE, fsize, fsize)
 cap(r.RLIMIT_NOFILE, nofile, nofile)
 cap(r.RLIMIT_CORE, 0, 0)
+if nproc > 0:
+    cap(r.RLIMIT_NPROC, nproc, nproc)
+if uid >= 0:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
 try:
-    os.execvp(sys.argv[5], sys.argv[5:])
+    os.execvp(sys.argv[7], sys.argv[7:])
 except OSError as exc:
-    sys.stderr.write(f"sandbox: cannot start {sys.argv[5]!r}: {exc}\\n")
+    sys.stderr.write(f"sandbox: cannot start {sys.argv[7]!r}: {exc}\\n")
     os._exit(127)
 """
 
@@ -63,6 +71,7 @@ class SandboxLimits:
     max_output_bytes: int = 64 * 1024  # per stream; the head and the tail are kept
     max_file_bytes: int = 64 * 2**20  # largest file it may write (RLIMIT_FSIZE)
     max_open_files: int = 256  # RLIMIT_NOFILE
+    max_processes: int = 64  # RLIMIT_NPROC, where the backend enforces it (not as root)
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,13 @@ class SandboxError(RuntimeError):
 
 
 class SandboxBackend(Protocol):
-    """Runs one command under limits; ``workdir=None`` means a fresh, removed folder."""
+    """Runs one command under limits; ``workdir=None`` means a fresh, removed folder.
+
+    ``expose``: host folders the command may read beyond the system (a verifier's code);
+    a backend that hides the filesystem binds them read-only, the local one sees all.
+    """
+
+    name: str  # "local" | "bubblewrap" | "docker", recorded with each episode
 
     def run(
         self,
@@ -93,6 +108,7 @@ class SandboxBackend(Protocol):
         workdir: Path | None = None,
         stdin: str = "",
         extra_env: Mapping[str, str] | None = None,
+        expose: Sequence[Path] = (),
     ) -> SandboxResult: ...
 
 
@@ -166,6 +182,9 @@ def clean_environment(workdir: Path, extra: Mapping[str, str] | None = None) -> 
 class LocalProcessSandbox:
     """A process per command, in its own process group, under rlimits."""
 
+    name = "local"
+    isolation = "none: rlimits and a process group only (no user namespaces here)"
+
     def __init__(self, python: str | None = None) -> None:
         self._python = python or sys.executable
 
@@ -177,6 +196,7 @@ class LocalProcessSandbox:
         workdir: Path | None = None,
         stdin: str = "",
         extra_env: Mapping[str, str] | None = None,
+        expose: Sequence[Path] = (),
     ) -> SandboxResult:
         """Run ``argv`` and report how it ended; limits never raise."""
         if not argv:
@@ -185,10 +205,27 @@ class LocalProcessSandbox:
             raise SandboxError(f"working folder {workdir} does not exist")
         folder = workdir or Path(tempfile.mkdtemp(prefix="triloop-sandbox-"))
         try:
-            return self._run(list(argv), folder, limits, stdin, extra_env)
+            command = self._wrap(list(argv), folder, limits, expose)
+            return self._run(command, folder, limits, stdin, extra_env)
         finally:
             if workdir is None:
                 shutil.rmtree(folder, ignore_errors=True)
+
+    def _wrap(
+        self,
+        argv: list[str],
+        workdir: Path,
+        limits: SandboxLimits,
+        expose: Sequence[Path],
+    ) -> list[str]:
+        """The command as started (a backend that isolates puts its wrapper in front)."""
+        del workdir, limits, expose
+        return argv
+
+    def _identity(self, limits: SandboxLimits) -> tuple[int, int]:
+        """(RLIMIT_NPROC, uid to drop to): none here; the local backend changes no user."""
+        del limits
+        return 0, -1
 
     def _run(
         self,
@@ -198,9 +235,11 @@ class LocalProcessSandbox:
         stdin: str,
         extra_env: Mapping[str, str] | None,
     ) -> SandboxResult:
-        numbers = (limits.cpu_time_s, limits.memory_bytes, limits.max_file_bytes)
+        nproc, uid = self._identity(limits)
+        numbers = (limits.cpu_time_s, limits.memory_bytes, limits.max_file_bytes,
+                   limits.max_open_files, nproc, uid)
         launcher = [self._python, "-I", "-S", "-B", "-c", _LAUNCHER]
-        command = [*launcher, *map(str, numbers), str(limits.max_open_files), *argv]
+        command = [*launcher, *map(str, numbers), *argv]
         started = time.monotonic()
         try:
             proc = subprocess.Popen(

@@ -7,6 +7,10 @@ rebuilds what it needs from the seed and the pinned fixtures and trusts nothing 
 agent printed. The interpreter starts without site-packages (``-I -S``), so verifier
 modules import only the standard library; that keeps a verification to tens of
 milliseconds, which matters when every RL episode needs one.
+
+A verifier is ``execution_loop.environments.<module>:<function>`` or lives in the
+package of an installed environment plugin (``triloop.environments`` entry point);
+the plugin's installation folder is then added to the verifier interpreter's path.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from execution_loop.environments.base import Outcome
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits
+from triloop.environment_code import plugin_search_path
 
 VERIFIER_PACKAGE = "execution_loop.environments."
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +36,7 @@ DEFAULT_LIMITS = SandboxLimits(
 )
 
 _BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "import sys; sys.path[:0] = sys.argv[1:]; "
     "from execution_loop.verification import child_main; child_main()"
 )
 
@@ -67,12 +72,17 @@ def run_verifiers(
     """Verify a batch of episodes in one fresh interpreter (one start-up for all)."""
     if not requests:
         return []
+    search = [str(PROJECT_ROOT)]
     for request in requests:
-        _check_reference(request.verifier)
+        for folder in _check_reference(request.verifier):
+            if folder not in search:
+                search.append(folder)
     document = {"requests": [dataclasses.asdict(r) for r in requests]}
     runner = sandbox or LocalProcessSandbox()
-    command = [sys.executable, "-I", "-S", "-B", "-c", _BOOT, str(PROJECT_ROOT)]
-    result = runner.run(command, limits=limits, stdin=json.dumps(document))
+    command = [sys.executable, "-I", "-S", "-B", "-c", _BOOT, *search]
+    # A sandbox that hides the filesystem shows the verifier its own code, read-only.
+    exposed = [Path(folder) for folder in search]
+    result = runner.run(command, limits=limits, stdin=json.dumps(document), expose=exposed)
     names = sorted({r.verifier for r in requests})
     if result.limit_exceeded or result.exit_code != 0:
         why = result.limit_exceeded or f"exit code {result.exit_code}"
@@ -92,17 +102,26 @@ def run_verifiers(
     return outcomes
 
 
-def _check_reference(verifier: str) -> None:
+def _check_reference(verifier: str) -> list[str]:
+    """Refuse a verifier outside our environments and installed plugins; its extra path."""
     module, _, function = verifier.partition(":")
-    if not module.startswith(VERIFIER_PACKAGE) or not function.isidentifier():
-        raise ValueError(
-            f"verifier must be 'execution_loop.environments.<module>:<fn>', got {verifier!r}"
-        )
+    if function.isidentifier():
+        if module.startswith(VERIFIER_PACKAGE):
+            return []
+        folders = plugin_search_path(module)
+        if folders:
+            return folders
+    raise ValueError(
+        "verifier must be 'execution_loop.environments.<module>:<fn>' or live in an installed "
+        f"environment plugin's package, got {verifier!r}"
+    )
 
 
 def resolve(verifier: str) -> Callable[[dict[str, Any]], Outcome]:
-    """Import a verifier function from its ``module:function`` reference."""
-    _check_reference(verifier)
+    """Import a verifier function from its ``module:function`` reference.
+
+    Inside the verifier interpreter the parent already checked the reference.
+    """
     module_name, _, function = verifier.partition(":")
     target = getattr(importlib.import_module(module_name), function)
     if not callable(target):

@@ -74,12 +74,14 @@ def document_from_file(path: Path, *, name: str | None = None) -> ContractDocume
 
     contract = load_contract(path)
     hashes = fixture_hashes(contract)
-    code = environment_code_hashes(contract.task)
+    served = contract.service is not None
+    hooks = contract.hooks.modules() if contract.hooks else []
+    code = environment_code_hashes(contract.task, service=served, hooks=hooks)
     return ContractDocument(
         name=name or contract.task, contract=contract.model_dump(mode="json"),
         contract_text=path.read_text(encoding="utf-8"), fixture_hashes=dict(hashes),
         version_id=contract_id(contract, hashes, code), code_hashes=code,
-        verifier_hash=environment_verifier_hash(contract.task),
+        verifier_hash=environment_verifier_hash(contract.task, service=served),
     )
 
 

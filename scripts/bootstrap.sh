@@ -173,6 +173,20 @@ install_chromium() {
   phase_note="Debian chromium installed"
 }
 
+# Debian's bubblewrap: the default sandbox for agent code where user namespaces work.
+# Without it (and not root to install it) agent code runs in the local backend, which
+# isolates nothing and says so in each episode's record; that is not a failure here.
+install_bubblewrap() {
+  if command -v bwrap >/dev/null 2>&1; then phase_note="bubblewrap present"; return; fi
+  if [ "$(id -u)" != "0" ]; then
+    phase_note="bubblewrap missing, not root: sudo apt-get install bubblewrap (local sandbox until then)"
+    return
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap
+  phase_note="Debian bubblewrap installed"
+}
+
 phase_note=""
 phase uv install_uv
 phase dependencies install_dependencies
@@ -180,4 +194,5 @@ phase venv link_venv
 phase opa install_opa
 phase temporal link_temporal
 phase temporal-srv install_temporal_server
+phase bubblewrap install_bubblewrap
 if [ "$want_browser" = "1" ]; then phase chromium install_chromium; fi

@@ -1,10 +1,10 @@
 """Environment contracts: the schema, validation that reports every problem, identity.
 
 A contract is a YAML document (task, initial_state, observations, allowed_actions,
-success_criteria, reward, limits, context, sandbox, fixtures). Its identity is the
-sha256 of a canonical form: the parsed contract as sorted-key compact JSON together
-with the sha256 of every fixture file, so key order, whitespace and spelling variants
-such as ``0.50%`` never change it, while any fixture edit does.
+success_criteria, reward, limits, context, sandbox, fixtures, and optionally service).
+Its identity is the sha256 of a canonical form: the parsed contract as sorted-key
+compact JSON together with the sha256 of every fixture file, so key order, whitespace
+and spelling variants such as ``0.50%`` never change it, while any fixture edit does.
 """
 
 from __future__ import annotations
@@ -181,9 +181,81 @@ class AgentSpec(_Section):
     max_output_bytes: int = Field(default=16384, gt=0)  # per stream kept in the record
 
 
+class ServiceSpec(_Section):
+    """An environment that runs as its own HTTP service (``docs/environment-service.md``).
+
+    The service verifies episodes on its side; ``verifier_digest`` pins the verifier it
+    declares in ``GET /info``, and triloop's verifier process refuses a verdict from a
+    service declaring any other (so a redeployed verifier is a new contract version).
+    """
+
+    url: str = Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")  # base URL of the service
+    verifier_digest: str = Field(pattern=r"^[0-9a-f]{64}$")  # sha256 the service declares
+    timeout_s: float = Field(default=30.0, gt=0)  # seconds per request
+
+
+class ToolSpec(_Section):
+    """A tool the agent may call, as a JSON-schema function (OpenAI's ``function`` shape)."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+    @field_validator("parameters")
+    @classmethod
+    def _an_object_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type") != "object":
+            raise ValueError("parameters must be a JSON schema with type: object")
+        properties = value.get("properties", {})
+        required = value.get("required", [])
+        if not isinstance(properties, dict) or not isinstance(required, list):
+            raise ValueError("properties must be a mapping and required a list")
+        missing = [r for r in required if r not in properties]
+        if missing:
+            raise ValueError(f"required names no property: {', '.join(map(str, missing))}")
+        return value
+
+
+class NetworkSpec(_Section):
+    """Named endpoints agent code may reach from its network-less sandbox (nothing else)."""
+
+    endpoints: dict[str, str] = Field(default_factory=dict)  # name -> "host:port"
+
+    @field_validator("endpoints")
+    @classmethod
+    def _named_host_ports(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, address in value.items():
+            if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", name):
+                raise ValueError(f"endpoint name {name!r}: lower-case letters, digits and _")
+            if not re.fullmatch(r"\[?[A-Za-z0-9.:-]+\]?:\d{1,5}", address):
+                raise ValueError(f"endpoint {name}: expected 'host:port', got {address!r}")
+        return value
+
+
+class HooksSpec(_Section):
+    """Lifecycle hooks (``execution_loop.hooks``): ``module:function`` references."""
+
+    before_reset: list[str] = Field(default_factory=list)
+    after_step: list[str] = Field(default_factory=list)
+    after_episode: list[str] = Field(default_factory=list)
+
+    @field_validator("before_reset", "after_step", "after_episode")
+    @classmethod
+    def _references(cls, value: list[str]) -> list[str]:
+        bad = [r for r in value if not re.fullmatch(r"\w+(\.\w+)*:\w+", r)]
+        if bad:
+            raise ValueError(f"expected 'module:function' references, got {', '.join(bad)}")
+        return value
+
+    def modules(self) -> list[str]:
+        """Every module a hook lives in (their code is part of the version)."""
+        refs = [*self.before_reset, *self.after_step, *self.after_episode]
+        return sorted({r.partition(":")[0] for r in refs})
+
+
 # Sections a contract may leave out. Unset, they are not part of the canonical form, so
 # every contract written before a section existed keeps its identity.
-OPTIONAL_SECTIONS = ("agent",)
+OPTIONAL_SECTIONS = ("agent", "service", "tools", "hooks", "network")
 
 
 class EnvironmentContract(_Section):
@@ -202,6 +274,10 @@ class EnvironmentContract(_Section):
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     fixtures: list[FixturePath] = Field(default_factory=list)  # relative to the file
     agent: AgentSpec | None = None  # a black-box agent program; None: triloop's chat harness
+    service: ServiceSpec | None = None  # an environment served over HTTP; None: in-process
+    tools: list[ToolSpec] | None = None  # functions the agent may call; None: plain text turns
+    hooks: HooksSpec | None = None  # checks run before reset, after each step, after the episode
+    network: NetworkSpec | None = None  # endpoints agent code may reach; None: no network
 
     _source_dir: Path | None = PrivateAttr(default=None)
 
@@ -211,6 +287,15 @@ class EnvironmentContract(_Section):
         bad = [k for k, v in value.items() if not isinstance(v, str | int | float | bool)]
         if bad:
             raise ValueError(f"values must be strings, numbers or booleans: {', '.join(bad)}")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct_tools(cls, value: list[ToolSpec] | None) -> list[ToolSpec] | None:
+        names = [t.name for t in value or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"duplicate tool names: {', '.join(twice)}")
         return value
 
     @field_validator("observations", "allowed_actions")
@@ -346,14 +431,18 @@ def contract_id(
 ) -> str:
     """sha256 hex of the canonical form: contract, fixtures and the environment's code.
 
-    Fixtures and code are hashed from disk when not given; a task without a built-in
-    implementation module has no code to hash (registration refuses those).
+    Fixtures and code are hashed from disk when not given; a task without an
+    implementation module has no code to hash (registration refuses those). A served
+    environment's code is triloop's client and verifier for the protocol.
     """
     if hashes is None:
         hashes = fixture_hashes(contract)
     if code is None:
         try:
-            code = environment_code_hashes(contract.task)
+            code = environment_code_hashes(
+                contract.task, service=contract.service is not None,
+                hooks=contract.hooks.modules() if contract.hooks else (),
+            )
         except EnvironmentCodeError:
             code = {}
     return hashlib.sha256(canonical_form(contract, hashes, code)).hexdigest()
@@ -371,7 +460,8 @@ def _parse(
     except ValidationError as exc:
         problems.extend(schema_problems(exc, EnvironmentContract, locate))
     problems.extend(fixture_problems(data, base_dir, _fixture_path, locate))
-    if capabilities is not None:
+    if capabilities is not None and data.get("service") is None:
+        # A served environment states its capabilities in GET /info: checked when opened.
         criteria = frozenset(SuccessCriteria.model_fields)
         problems.extend(capability_problems(data, capabilities, criteria, locate))
     problems.sort(key=lambda p: p.line or 0)  # document order; stable within a line

@@ -13,6 +13,11 @@ anything (the kernel imports no loop): starting from ``execution_loop.environmen
   source the verifier sends to the process it starts).
 
 The verifier hash admission pins is the same walk started from the verifier module.
+
+An environment from outside triloop (a package declaring an entry point in the
+``triloop.environments`` group, ``name = "package.module:Class"``) is walked the same
+way from its module, following its own top-level package as well as ours; the entry
+point is read from the installed distribution's metadata, never imported here.
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ import hashlib
 import re
 import sys
 from collections.abc import Iterable, Sequence
+from importlib import metadata
 from pathlib import Path
 
 ENVIRONMENTS_PACKAGE = "execution_loop.environments"
+PLUGIN_GROUP = "triloop.environments"  # entry points: name = "package.module:Class"
+SERVICE_MODULE = f"{ENVIRONMENTS_PACKAGE}.service"  # the client of a served environment
 _OWN = "execution_loop"
-_REFERENCE = re.compile(r"^(execution_loop(?:\.\w+)+):\w+$")
+_REFERENCE = re.compile(r"^(\w+(?:\.\w+)+):\w+$")
 
 
 class EnvironmentCodeError(LookupError):
@@ -63,7 +71,54 @@ def _nodes(tree: ast.AST) -> Iterable[ast.AST]:
                 stack.append(child)
 
 
-def _references(name: str, path: Path) -> tuple[set[str], set[Path]]:
+def plugin_entry_point(task: str) -> metadata.EntryPoint | None:
+    """The installed ``triloop.environments`` entry point named ``task`` (not imported)."""
+    for entry in metadata.entry_points(group=PLUGIN_GROUP):
+        if entry.name == task:
+            return entry
+    return None
+
+
+def plugin_search_path(module: str) -> list[str]:
+    """Folders an out-of-tree module needs on the path: where its distribution lives."""
+    top = module.split(".")[0]
+    for entry in metadata.entry_points(group=PLUGIN_GROUP):
+        if entry.module.split(".")[0] == top and entry.dist is not None:
+            return [str(Path(str(entry.dist.locate_file(""))).resolve())]
+    return []
+
+
+def environment_module(
+    task: str, search: Sequence[str] | None = None, *, service: bool = False
+) -> str:
+    """The module implementing ``task``: a built-in one, else an installed plugin's.
+
+    A served environment (``service`` in its contract) runs behind triloop's HTTP client.
+    """
+    if service:
+        return SERVICE_MODULE
+    builtin = f"{ENVIRONMENTS_PACKAGE}.{task}"
+    if module_file(builtin, search) is not None:
+        return builtin
+    entry = plugin_entry_point(task)
+    if entry is None:
+        raise EnvironmentCodeError(
+            f"environment {task!r} has no module {builtin} and no installed "
+            f"{PLUGIN_GROUP!r} entry point"
+        )
+    return entry.module
+
+
+def _own_packages(roots: Iterable[str]) -> frozenset[str]:
+    """Packages whose modules a walk follows: ours and each root's top-level package."""
+    return frozenset({_OWN, *(r.split(".")[0] for r in roots)})
+
+
+def _is_own(module: str, own: frozenset[str]) -> bool:
+    return module.split(".")[0] in own
+
+
+def _references(name: str, path: Path, own: frozenset[str]) -> tuple[set[str], set[Path]]:
     """Modules and sibling ``.py`` files a module's source names."""
     modules: set[str] = set()
     files: set[Path] = set()
@@ -75,12 +130,12 @@ def _references(name: str, path: Path) -> tuple[set[str], set[Path]]:
             modules.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             match = _REFERENCE.match(node.value)
-            if match:
+            if match and _is_own(match.group(1), own):
                 modules.add(match.group(1))
             elif re.fullmatch(r"\w+\.py", node.value) and (path.parent / node.value).is_file():
                 files.add((path.parent / node.value).resolve())
     del name
-    return {m for m in modules if m == _OWN or m.startswith(_OWN + ".")}, files
+    return {m for m in modules if _is_own(m, own)}, files
 
 
 def code_hashes(roots: Sequence[str], search: Sequence[str] | None = None) -> dict[str, str]:
@@ -88,6 +143,9 @@ def code_hashes(roots: Sequence[str], search: Sequence[str] | None = None) -> di
     found: dict[str, str] = {}
     pending = list(roots)
     seen: set[str] = set()
+    own = _own_packages(roots)
+    if search is None:
+        search = [*sys.path, *(p for r in roots for p in plugin_search_path(r))]
     for root in roots:
         if module_file(root, search) is None:
             raise EnvironmentCodeError(f"module {root!r} has no source file on the path")
@@ -100,7 +158,7 @@ def code_hashes(roots: Sequence[str], search: Sequence[str] | None = None) -> di
         if path is None:
             continue  # `from package import function`: the package was added on its own
         found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-        modules, files = _references(name, path)
+        modules, files = _references(name, path, own)
         pending.extend(sorted(modules - seen))
         package = name.rpartition(".")[0]
         for file in sorted(files):
@@ -108,9 +166,16 @@ def code_hashes(roots: Sequence[str], search: Sequence[str] | None = None) -> di
     return dict(sorted(found.items()))
 
 
-def environment_code_hashes(task: str, search: Sequence[str] | None = None) -> dict[str, str]:
-    """The code of the built-in environment ``task`` and of its verifier."""
-    return code_hashes([f"{ENVIRONMENTS_PACKAGE}.{task}"], search)
+def environment_code_hashes(
+    task: str,
+    search: Sequence[str] | None = None,
+    *,
+    service: bool = False,
+    hooks: Sequence[str] = (),
+) -> dict[str, str]:
+    """The code of the environment ``task`` (built-in, plugin or service client), its
+    verifier, and the modules of its contract's lifecycle ``hooks``."""
+    return code_hashes([environment_module(task, search, service=service), *hooks], search)
 
 
 def digest(hashes: dict[str, str]) -> str:
@@ -125,13 +190,14 @@ def verifier_hash(references: Sequence[str], search: Sequence[str] | None = None
     return digest(code_hashes(modules, search)) if modules else None
 
 
-def environment_verifier_hash(task: str, search: Sequence[str] | None = None) -> str | None:
-    """The verifier hash of a built-in environment, from its ``VERIFIER`` reference."""
-    path = module_file(f"{ENVIRONMENTS_PACKAGE}.{task}", search)
+def environment_verifier_hash(
+    task: str, search: Sequence[str] | None = None, *, service: bool = False
+) -> str | None:
+    """The verifier hash of an environment, from its module's ``VERIFIER`` reference."""
+    module = environment_module(task, search, service=service)
+    path = module_file(module, [*(search or sys.path), *plugin_search_path(module)])
     if path is None:
-        raise EnvironmentCodeError(
-            f"environment {task!r} has no module {ENVIRONMENTS_PACKAGE}.{task}"
-        )
+        raise EnvironmentCodeError(f"environment {task!r}: module {module} has no source file")
     for node in ast.parse(path.read_bytes()).body:
         if (
             isinstance(node, ast.Assign)

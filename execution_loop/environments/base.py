@@ -89,6 +89,10 @@ class TaskCapabilities:
     required_state: frozenset[str] = frozenset()
 
 
+class EnvironmentUnavailable(RuntimeError):
+    """What backs an environment (its service) cannot be reached: infrastructure, retried."""
+
+
 class EnvironmentStateError(RuntimeError):
     """An environment was used out of order (step before reset, step after done)."""
 

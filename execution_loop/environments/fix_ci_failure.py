@@ -77,6 +77,8 @@ class FixCiFailure:
         self, contract: EnvironmentContract, *, sandbox: SandboxBackend | None = None
     ) -> None:
         self.contract = contract
+        # Local by default: its runner writes the report beside the working copy, and the
+        # agent's pytest needs the dependency set; moving it to bubblewrap is future work.
         self._sandbox = sandbox or LocalProcessSandbox()
         self._repositories = contract.fixture_path(
             str(contract.initial_state["repository_fixture"])
@@ -103,6 +105,11 @@ class FixCiFailure:
         if self._tmp is None:
             raise EnvironmentStateError("call reset(seed) first")
         return self._tmp / "repo"
+
+    @property
+    def sandbox_backend(self) -> SandboxBackend:
+        """Where the agent's commands run (recorded with each episode)."""
+        return self._sandbox
 
     def reset(self, seed: int) -> str:
         """A fresh working copy of the seed's repository at its pinned commit, and its CI run."""

@@ -1,8 +1,10 @@
-"""The built-in environments by name: factories, contract files, reference solutions.
+"""Environments by name: factories, contract files, reference solutions.
 
-Each environment ships a contract YAML in ``contracts/`` and declares what it supports
-(``TaskCapabilities``), so a contract naming an action, observation, criterion or reward
-term its environment does not implement is refused before any episode runs.
+The built-in ones ship a contract YAML in ``contracts/``; installed packages add more
+through the ``triloop.environments`` entry-point group (``plugins``). Each declares
+what it supports (``TaskCapabilities``), so a contract naming an action, observation,
+criterion or reward term its environment does not implement is refused before any
+episode runs.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from execution_loop.environments import fix_ci_failure, frozen_lake, tool_arithmetic
+from execution_loop.environments import fix_ci_failure, frozen_lake, service, tool_arithmetic
 from execution_loop.environments.base import Environment, EnvironmentFactory, TaskCapabilities
+from execution_loop.environments.plugins import PluginError, installed_plugins, load_plugin
+from execution_loop.environments.service import ServiceEnvironment
 from execution_loop.sandbox import SandboxBackend
 from triloop.contract_checks import capability_problems
 from triloop.contracts import ContractError, EnvironmentContract, load_contract
@@ -44,30 +48,70 @@ _BUILTINS: dict[str, _Builtin] = {
 
 
 class UnknownEnvironmentError(LookupError):
-    """No built-in environment has that name."""
+    """No built-in or installed environment has that name."""
+
+
+@cache
+def _plugin(name: str) -> _Builtin | None:
+    """An installed plugin's entry, loaded once per process (None when none is installed)."""
+    entry = installed_plugins().get(name)
+    if entry is None:
+        return None
+    if name in _BUILTINS:
+        raise PluginError(f"environment plugin {entry.value} takes the built-in name {name!r}")
+    plugin = load_plugin(entry)
+    return _Builtin(plugin.build, plugin.capabilities, plugin.reference)
+
+
+def ensure_plugins_load() -> None:
+    """Load every installed plugin now, raising ``PluginError`` for the first broken one."""
+    names = installed_plugins()
+    for name in sorted(names.keys() & _BUILTINS.keys()):
+        _plugin(name)  # raises: a plugin may not shadow a built-in
+    for name in sorted(names):
+        _builtin(name)
+
+
+def forget_plugins() -> None:
+    """Drop loaded plugins, so packages installed since are found (tests, long shells)."""
+    _plugin.cache_clear()
+    load_builtin_contract.cache_clear()
 
 
 def _builtin(name: str) -> _Builtin:
-    try:
-        return _BUILTINS[name]
-    except KeyError:
-        known = ", ".join(sorted(_BUILTINS))
+    entry = _BUILTINS.get(name) or _plugin(name)
+    if entry is None:
+        known = ", ".join(list_environments())
         raise UnknownEnvironmentError(f"no environment {name!r} (known: {known})") from None
+    return entry
 
 
 def list_environments() -> list[str]:
-    """Names of the built-in environments."""
-    return sorted(_BUILTINS)
+    """Names of the built-in environments and of the installed plugins."""
+    return sorted({*_BUILTINS, *installed_plugins()})
 
 
 def capabilities() -> dict[str, TaskCapabilities]:
     """What each environment supports, for ``validate_contract_text(capabilities=...)``."""
-    return {name: entry.capabilities for name, entry in _BUILTINS.items()}
+    return {name: _builtin(name).capabilities for name in list_environments()}
+
+
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is compiled into triloop (not an installed plugin)."""
+    return name in _BUILTINS
+
+
+def plugin_source(name: str) -> str:
+    """``distribution: module:Class`` of an installed plugin."""
+    entry = installed_plugins()[name]
+    return f"{entry.dist.name if entry.dist else '?'}: {entry.value}"
 
 
 def builtin_contract_path(name: str) -> Path:
-    """The contract file shipped with an environment."""
-    _builtin(name)
+    """The contract file shipped with a built-in environment."""
+    if name not in _BUILTINS:
+        _builtin(name)  # unknown: say so; a plugin ships its contract in its own package
+        raise UnknownEnvironmentError(f"{name!r} is a plugin: its contract ships with it")
     return CONTRACTS_DIR / f"{name}.yaml"
 
 
@@ -91,8 +135,12 @@ def check_contract(contract: EnvironmentContract) -> None:
 
 
 def get_environment(name: str) -> EnvironmentFactory:
-    """A factory for the named environment (the shipped contract when none is given)."""
-    entry = _builtin(name)
+    """A factory for the named environment (the shipped contract when none is given).
+
+    A contract with a ``service`` section is served over HTTP: the factory opens
+    triloop's client of the protocol, which checks the service (``served_environment``
+    is that factory for a served task no installed environment is named after).
+    """
 
     def factory(
         contract: EnvironmentContract | None = None, *, sandbox: SandboxBackend | None = None
@@ -100,16 +148,31 @@ def get_environment(name: str) -> EnvironmentFactory:
         bound = contract or load_builtin_contract(name)
         if bound.task != name:
             raise ValueError(f"contract is for {bound.task!r}, not {name!r}")
+        if bound.service is not None:
+            return ServiceEnvironment(bound, sandbox=sandbox)
+        entry = _builtin(name)
         check_contract(bound)
         return entry.build(bound, sandbox=sandbox)
 
+    _builtin(name)  # an unknown name or a broken plugin says so now, not at the first episode
     return factory
+
+
+def served_environment(
+    contract: EnvironmentContract | None = None, *, sandbox: SandboxBackend | None = None
+) -> Environment:
+    """The environment of a contract with a ``service`` section (``EnvironmentFactory``)."""
+    if contract is None or contract.service is None:
+        raise ValueError("served_environment needs a contract with a service section")
+    return ServiceEnvironment(contract, sandbox=sandbox)
 
 
 def make_environment(
     contract: EnvironmentContract, *, sandbox: SandboxBackend | None = None
 ) -> Environment:
     """The environment a contract names, bound to it."""
+    if contract.service is not None:
+        return ServiceEnvironment(contract, sandbox=sandbox)
     return get_environment(contract.task)(contract, sandbox=sandbox)
 
 
@@ -117,5 +180,7 @@ def reference_solution(
     env_name: str, seed: int, contract: EnvironmentContract | None = None
 ) -> list[str]:
     """Scripted optimal actions for the seed (admission's k-of-k check, tests)."""
+    if contract is not None and contract.service is not None:
+        return service.reference_solution(seed, contract)
     entry = _builtin(env_name)
     return entry.reference(seed, contract or load_builtin_contract(env_name))

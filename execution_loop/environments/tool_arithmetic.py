@@ -27,7 +27,8 @@ from execution_loop.environments.base import (
     TaskCapabilities,
     fingerprint,
 )
-from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits
+from execution_loop.sandbox import SandboxBackend, SandboxLimits
+from execution_loop.sandboxes import default_sandbox
 from execution_loop.verification import VerifierRequest, run_verifier
 
 if TYPE_CHECKING:
@@ -123,7 +124,9 @@ class ToolArithmetic:
         self, contract: EnvironmentContract, *, sandbox: SandboxBackend | None = None
     ) -> None:
         self.contract = contract
-        self._sandbox = sandbox or LocalProcessSandbox()
+        # Bubblewrap where it works: the agent's code sees no network, host or verifier files.
+        allowed = contract.network.endpoints if contract.network else None
+        self._sandbox = sandbox or default_sandbox(endpoints=allowed)
         self._digits = int(contract.initial_state.get("digits", 3))
         spec = contract.sandbox
         self._limits = SandboxLimits(
@@ -140,6 +143,11 @@ class ToolArithmetic:
         self._ended_by: str | None = None
         self._observation = ""
         self._deadline = 0.0
+
+    @property
+    def sandbox_backend(self) -> SandboxBackend:
+        """Where the agent's code runs (recorded with each episode)."""
+        return self._sandbox
 
     def reset(self, seed: int) -> str:
         """Start an episode on the seed's problem."""

@@ -1,0 +1,1 @@
+"""A tiny environment that lives outside triloop (see ``environment.py``)."""

@@ -1,0 +1,259 @@
+"""Sandbox backends that isolate agent code, and which one a worker uses by default.
+
+``BubblewrapSandbox`` (Debian's ``bubblewrap``) runs each command in its own user, mount,
+PID, IPC, UTS and network namespaces:
+
+- no network: only a loopback of its own (the host's services are unreachable);
+- a read-only system: ``/usr`` (and its ``/bin``, ``/lib`` links), ``/etc`` and the
+  Python installation, nothing else of the host: not the project, not the verifier's
+  files, not other episodes' folders; ``expose`` adds read-only folders a triloop
+  verifier needs;
+- a private writable work directory (the command's ``workdir``), a private ``/tmp``;
+- its own ``/proc``: host processes are invisible;
+- the rlimits of ``SandboxLimits`` plus ``RLIMIT_NPROC``. A limit on processes holds only
+  for an unprivileged user, so a worker running as root starts bubblewrap as
+  ``sandbox_uid`` (nobody by default), which also makes the work directory that user's.
+
+``DockerSandbox`` runs the command in a container (``--network none``, read-only root,
+``--pids-limit``) when a Docker daemon answers; it is never the default.
+
+``default_sandbox()`` is bubblewrap where it works (checked once per process by running
+``true`` in it), else the local backend, whose ``isolation`` says what it lacks; the
+episode's record carries ``describe(sandbox)``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from execution_loop.sandbox import (
+    LocalProcessSandbox,
+    SandboxBackend,
+    SandboxLimits,
+    SandboxResult,
+    _which_limit,
+)
+from execution_loop.sandbox_endpoints import ENDPOINTS_DIR, EndpointRelay, parse_endpoint
+
+NOBODY = 65534
+_SYSTEM = ("/usr", "/etc")
+_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"))
+
+
+def python_installation() -> list[Path]:
+    """Folders the worker's interpreter needs (the venv's and the base installation)."""
+    folders = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable))
+               .parent.parent}
+    return sorted(f for f in folders if not str(f).startswith(_SYSTEM))
+
+
+class BubblewrapSandbox(LocalProcessSandbox):
+    """Each command in fresh namespaces under bubblewrap, with the local backend's limits."""
+
+    name = "bubblewrap"
+    isolation = ("user, mount, pid, ipc, uts and network namespaces; read-only system; "
+                 "private work directory; rlimits with a process count")
+
+    def __init__(self, *, bwrap: str | None = None, sandbox_uid: int = NOBODY,
+                 python: str | None = None, endpoints: Mapping[str, str] | None = None) -> None:
+        super().__init__(python)
+        self._endpoints = dict(endpoints or {})
+        for value in self._endpoints.values():
+            parse_endpoint(value)  # refuse a malformed endpoint now, not at the first command
+        self._relay_dir: Path | None = None  # the running command's relay folder
+        self._one_at_a_time = threading.Lock()  # _wrap reads the running command's folder
+        found = bwrap or shutil.which("bwrap")
+        if found is None:
+            raise FileNotFoundError("bwrap is not installed (Debian: apt-get install bubblewrap)")
+        self._bwrap = found
+        self._uid = sandbox_uid if os.geteuid() == 0 else -1
+
+    def _identity(self, limits: SandboxLimits) -> tuple[int, int]:
+        return limits.max_processes, self._uid
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        limits: SandboxLimits,
+        workdir: Path | None = None,
+        stdin: str = "",
+        extra_env: Mapping[str, str] | None = None,
+        expose: Sequence[Path] = (),
+    ) -> SandboxResult:
+        """As the local backend; a command killed by a signal reads as such again.
+
+        With named endpoints, a relay listens for this command only (see
+        ``sandbox_endpoints``); the sandbox finds each socket in its variable.
+        """
+        with self._one_at_a_time:
+            return self._run_with_endpoints(argv, limits, workdir, stdin, extra_env, expose)
+
+    def _run_with_endpoints(
+        self,
+        argv: Sequence[str],
+        limits: SandboxLimits,
+        workdir: Path | None,
+        stdin: str,
+        extra_env: Mapping[str, str] | None,
+        expose: Sequence[Path],
+    ) -> SandboxResult:
+        relay: EndpointRelay | None = None
+        folder: Path | None = None
+        if self._endpoints:
+            folder = Path(tempfile.mkdtemp(prefix="triloop-endpoints-"))
+            if self._uid >= 0:
+                os.chown(folder, self._uid, self._uid)
+            relay = EndpointRelay(folder, self._endpoints, self._uid)
+            extra_env = {**(extra_env or {}), **relay.variables}
+        self._relay_dir = folder
+        try:
+            result = super().run(argv, limits=limits, workdir=workdir, stdin=stdin,
+                                 extra_env=extra_env, expose=expose)
+        finally:
+            self._relay_dir = None
+            if relay is not None:
+                relay.close()
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        # bwrap exits with 128 + the signal that killed the command; report -signal.
+        if 128 < result.exit_code <= 128 + 64:
+            code = 128 - result.exit_code
+            limit = result.limit_exceeded or _which_limit(
+                code, result.timed_out, 0.0, limits, result.stderr)
+            return replace(result, exit_code=code, limit_exceeded=limit)
+        return result
+
+    def _wrap(
+        self,
+        argv: list[str],
+        workdir: Path,
+        limits: SandboxLimits,
+        expose: Sequence[Path],
+    ) -> list[str]:
+        del limits
+        if self._uid >= 0:
+            _give(workdir, self._uid)
+
+        binds: list[str] = []
+        for system in _SYSTEM:
+            binds += ["--ro-bind", system, system]
+        for target, link in _LINKS:
+            if Path(link).is_symlink():
+                binds += ["--symlink", target, link]
+            elif Path(link).is_dir():
+                binds += ["--ro-bind", link, link]
+        for folder in [*python_installation(), *expose]:
+            binds += ["--ro-bind-try", str(folder), str(folder)]
+        # bwrap runs as the sandbox user, who must be able to reach the work directory:
+        # folders made by tempfile.mkdtemp() under /tmp are (their parent is world-searchable).
+        if self._relay_dir is not None:
+            binds += ["--bind", str(self._relay_dir), ENDPOINTS_DIR]
+        work = str(workdir.resolve())
+        return [
+            self._bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", *binds,
+            "--bind", work, work, "--remount-ro", "/", "--chdir", work, "--", *argv,
+        ]
+
+
+def _give(folder: Path, uid: int) -> None:
+    """Make the work directory the sandbox user's, so the command can write only there."""
+    for root, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            os.lchown(os.path.join(root, name), uid, uid)
+    os.chown(folder, uid, uid)
+
+
+class DockerSandbox:
+    """A command in a throwaway container; used only where a Docker daemon answers."""
+
+    name = "docker"
+    isolation = "container: no network, read-only root, pids limit, private work directory"
+
+    def __init__(self, image: str, *, docker: str | None = None) -> None:
+        found = docker or shutil.which("docker")
+        if found is None:
+            raise FileNotFoundError("the docker client is not installed")
+        self._docker, self._image = found, image
+        self._local = LocalProcessSandbox()
+
+    def run(self, argv: Sequence[str], *, limits: SandboxLimits, workdir: Path | None = None,
+            stdin: str = "", extra_env: Any = None, expose: Sequence[Path] = ()) -> Any:
+        """``docker run`` under the local backend's wall-clock and output limits."""
+        mounts: list[str] = []
+        for folder in expose:
+            mounts += ["-v", f"{folder}:{folder}:ro"]
+        folder = workdir or Path("/tmp")
+        command = [
+            self._docker, "run", "--rm", "-i", "--network", "none", "--read-only",
+            "--tmpfs", "/tmp", "--pids-limit", str(limits.max_processes),
+            "--memory", str(limits.memory_bytes), "--cpus", "1", "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges", "-v", f"{folder}:/work", "-w", "/work",
+            *mounts, self._image, *argv,
+        ]
+        return self._local.run(command, limits=limits, workdir=workdir, stdin=stdin,
+                               extra_env=extra_env)
+
+
+def docker_reachable(docker: str | None = None) -> str | None:
+    """None when a Docker daemon answers; otherwise why not (for a skip or a log line)."""
+    found = docker or shutil.which("docker")
+    if found is None:
+        return "the docker client is not installed"
+    try:
+        done = subprocess.run([found, "info", "--format", "{{.ServerVersion}}"],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"docker info failed: {exc}"
+    return None if done.returncode == 0 else f"no Docker daemon: {done.stderr.strip()[:200]}"
+
+
+@cache
+def bubblewrap_problem() -> str | None:
+    """None when bubblewrap can run a command here; otherwise why it cannot."""
+    try:
+        sandbox = BubblewrapSandbox()
+    except FileNotFoundError as exc:
+        return str(exc)
+    result = sandbox.run(["true"], limits=SandboxLimits(cpu_time_s=5, wall_time_s=20.0))
+    if result.exit_code != 0:
+        return f"bwrap cannot create namespaces here: {result.stderr.strip()[:300]}"
+    return None
+
+
+def default_sandbox(endpoints: Mapping[str, str] | None = None) -> SandboxBackend:
+    """Bubblewrap where it works, else the local backend (which says what it lacks).
+
+    ``endpoints``: the contract's named network endpoints, the only ones reachable.
+    """
+    if os.environ.get("TRILOOP_SANDBOX") == "local" or bubblewrap_problem() is not None:
+        return LocalProcessSandbox()
+    return BubblewrapSandbox(endpoints=endpoints)
+
+
+def describe(sandbox: SandboxBackend) -> dict[str, str]:
+    """What an episode's record says about the sandbox it ran in."""
+    described = {"backend": sandbox.name,
+                 "isolation": str(getattr(sandbox, "isolation", "unknown"))}
+    if sandbox.name == "local":
+        described["why"] = bubblewrap_problem() or "TRILOOP_SANDBOX=local"
+    return described
+
+
+def describe_environment_sandbox(env: object) -> dict[str, str]:
+    """The record of where an environment ran agent code (none for text-only ones)."""
+    backend = getattr(env, "sandbox_backend", None)
+    if backend is None:
+        return {"backend": "none", "isolation": "the environment runs no agent code"}
+    return describe(backend)

@@ -1,0 +1,126 @@
+"""Tools as function calls: what the model is shown, how its calls are read and checked.
+
+A contract may declare tools as JSON-schema functions (``contract.tools``). The harness
+passes them to the model's chat template (``apply_chat_template(tools=...)``) when the
+template renders them, and otherwise writes ``tools_system_text`` into the system
+message, so every model sees them. The model calls a tool by writing
+
+    <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>
+
+(the Hermes/Qwen convention). ``parse_tool_call`` finds the first such block and checks
+its arguments against the tool's schema: required properties, no unknown ones when
+``additionalProperties`` is false, and JSON types of each. The episode runner gives a
+valid call to the environment and records the call and its result on the step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from triloop.contracts import ToolSpec
+
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "null": (type(None),),
+}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model wrote, checked against the declared tool."""
+
+    name: str
+    arguments: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments}
+
+    def as_action(self) -> str:
+        """The canonical text an environment without ``call_tool`` receives in ``step``."""
+        return json.dumps({"tool_call": self.as_json()}, sort_keys=True)
+
+
+class ToolCallError(ValueError):
+    """The model tried to call a tool, but the call is malformed or does not fit its schema."""
+
+
+def function_schemas(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """The tools in the shape chat templates take (OpenAI's ``{"type": "function", ...}``)."""
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
+        for t in tools
+    ]
+
+
+def tools_system_text(tools: Sequence[ToolSpec]) -> str:
+    """The tools as text, for templates that do not render ``tools`` themselves."""
+    lines = [json.dumps(schema["function"], sort_keys=True) for schema in function_schemas(tools)]
+    return (
+        "You may call these tools, one per turn, by writing "
+        '<tool_call>{"name": ..., "arguments": {...}}</tool_call>:\n' + "\n".join(lines)
+    )
+
+
+def _type_ok(value: Any, expected: Any) -> bool:
+    names = expected if isinstance(expected, list) else [expected]
+    for name in names:
+        kinds = _TYPES.get(str(name))
+        if kinds is None:
+            return True  # a type we do not check
+        if isinstance(value, bool) and name in ("integer", "number"):
+            continue  # JSON's true is not a number
+        if isinstance(value, kinds):
+            return True
+    return False
+
+
+def check_arguments(tool: ToolSpec, arguments: Any) -> dict[str, Any]:
+    """The arguments if they fit the tool's schema; else ``ToolCallError`` saying why."""
+    if not isinstance(arguments, dict):
+        raise ToolCallError(f"{tool.name}: arguments must be a JSON object")
+    schema = tool.parameters
+    properties: dict[str, Any] = schema.get("properties", {})
+    missing = [name for name in schema.get("required", []) if name not in arguments]
+    if missing:
+        raise ToolCallError(f"{tool.name}: missing required argument(s) {', '.join(missing)}")
+    if schema.get("additionalProperties") is False:
+        extra = sorted(set(arguments) - set(properties))
+        if extra:
+            raise ToolCallError(f"{tool.name}: unknown argument(s) {', '.join(extra)}")
+    for name, value in arguments.items():
+        expected = properties.get(name, {}).get("type")
+        if expected is not None and not _type_ok(value, expected):
+            raise ToolCallError(f"{tool.name}: argument {name} must be {expected}")
+    return arguments
+
+
+def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall | None:
+    """The tool call in the model's text; None when it wrote none; ``ToolCallError`` if bad."""
+    match = _CALL.search(text)
+    if match is None:
+        return None
+    try:
+        document = json.loads(match.group(1))
+    except ValueError as exc:
+        raise ToolCallError(f"the tool call is not JSON: {exc}") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("name"), str):
+        raise ToolCallError('a tool call is {"name": ..., "arguments": {...}}')
+    by_name = {t.name: t for t in tools}
+    tool = by_name.get(document["name"])
+    if tool is None:
+        known = ", ".join(sorted(by_name)) or "none"
+        raise ToolCallError(f"no tool {document['name']!r} (tools: {known})")
+    return ToolCall(tool.name, check_arguments(tool, document.get("arguments", {})))

@@ -1,0 +1,60 @@
+"""Start the reference environment service for a test, and write its contract."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICE_DIR = ROOT / "examples" / "letter-count-service"
+SERVER = SERVICE_DIR / "letter_service.py"
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def reference_service() -> Iterator[str]:
+    """The reference server as its own process; yields its base URL."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            if process.poll() is not None:
+                raise RuntimeError(f"the reference service exited: {process.stderr!r}")
+            try:
+                httpx.get(f"{url}/info", timeout=1.0).raise_for_status()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def write_contract(into: Path, url: str, *, digest: str | None = None,
+                   replace: tuple[str, str] | None = None) -> Path:
+    """The served contract for ``url`` (pinning the server's own digest unless told)."""
+    text = (SERVICE_DIR / "contract.template.yaml").read_text()
+    pinned = digest or hashlib.sha256(SERVER.read_bytes()).hexdigest()
+    text = text.replace("{url}", url).replace("{verifier_digest}", pinned)
+    if replace:
+        text = text.replace(*replace)
+    path = into / "letter_count_service.yaml"
+    path.write_text(text)
+    return path
