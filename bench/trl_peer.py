@@ -9,8 +9,10 @@ group-normalised advantages, one optimizer step over all completions in micro-ba
 
 - triloop, batched generate: `model.generate` over the whole batch (as TRL samples), then
   `learning_loop.batch.build_training_samples` and `learning_loop.update.update_policy`.
-- triloop, TorchPolicyClient: the execution loop's in-process sampler, one request at a
-  time (how a rollout worker samples), then the same update.
+- triloop, TorchPolicyClient: the execution loop's in-process sampler as a rollout worker
+  uses it: every completion is its own request from its own thread (one episode activity
+  each), and the client's batching engine decodes them in padded micro-batches; then the
+  same update.
 - TRL GRPOTrainer: `use_vllm=False`, fp32 and no gradient checkpointing (TRL defaults to
   bf16 and checkpointing; both are switched off so the arithmetic matches ours).
 
@@ -47,7 +49,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SKIP_MESSAGE = "skipped: trl not installed (pip install 'triloop[bench]')"
 VARIANTS = {
     "generate": "triloop GRPO, batched generate",
-    "client": "triloop GRPO, TorchPolicyClient",
+    "client": "triloop GRPO, TorchPolicyClient",  # the shipped path: engine, one thread each
     "trl": "TRL GRPOTrainer",
 }
 ACTIONS = frozenset("LRUD")
@@ -145,11 +147,16 @@ def run_triloop(args: argparse.Namespace, sampler: str) -> Result:
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir, padding_side="left")
     client = None
+    episodes = None
     if sampler == "client":
+        from concurrent.futures import ThreadPoolExecutor
+
         from execution_loop.inference.torch_backend import TorchPolicyClient
 
         client = TorchPolicyClient(args.model_dir, device=args.device)
         model = client.model
+        # One thread per concurrent episode, as the execution worker's activity executor.
+        episodes = ThreadPoolExecutor(max_workers=args.prompts * args.group_size)
     else:
         model = AutoModelForCausalLM.from_pretrained(args.model_dir).to(args.device)
     device = torch.device(args.device)
@@ -166,9 +173,11 @@ def run_triloop(args: argparse.Namespace, sampler: str) -> Result:
     rewards: list[float] = []
 
     def sample(batch: list[list[int]], seed: int) -> list[tuple[list[int], list[float]]]:
-        if client is not None:
-            out = [client.sample(p, max_new_tokens=args.completion_tokens, temperature=1.0,
-                                 seed=seed + k) for k, p in enumerate(batch)]
+        if client is not None and episodes is not None:
+            futures = [episodes.submit(client.sample, p, max_new_tokens=args.completion_tokens,
+                                       temperature=1.0, seed=seed + k)
+                       for k, p in enumerate(batch)]
+            out = [f.result() for f in futures]
             return [(s.token_ids, s.logprobs) for s in out]
         return batched_generate(model, tokenizer, batch, args.completion_tokens, eos, device)
 
@@ -394,7 +403,10 @@ def report(args: argparse.Namespace, parameters: int, results: dict[str, Result]
     if args.json:
         print(json.dumps({"device": args.device, "parameters": parameters, "config": vars(args),
                           "results": [asdict(r) for r in results.values()],
-                          "ratios_trl_over_triloop_generate": ratios}, indent=2))
+                          "ratios_trl_over_triloop_generate": ratios,
+                          "sampling_tokens_per_s": {
+                              name: r.completion_tokens / r.sample_seconds
+                              for name, r in results.items()}}, indent=2))
         return
     unit = "CUDA alloc" if args.device.startswith("cuda") else "RSS"
     print(f"device {args.device}; tiny model {parameters / 1e3:.0f}k parameters; {args.prompts}"
@@ -412,6 +424,14 @@ def report(args: argparse.Namespace, parameters: int, results: dict[str, Result]
               f" {r.update_seconds:7.3f} {r.completion_tokens:7.0f} {r.mean_reward:6.3f}"
               f" {peak:>9} {loop:>9}")
     shown = {k: f"{v:.2f}x" if v is not None else "n/a" for k, v in ratios.items()}
+    shipped = results["client"]
+    rates = {name: r.completion_tokens / r.sample_seconds for name, r in results.items()}
+    print(f"sampling tokens/s: batched generate {rates['generate']:.0f}, TorchPolicyClient"
+          f" (shipped: batching engine, {args.prompts * args.group_size} concurrent requests)"
+          f" {rates['client']:.0f}, TRL {rates['trl']:.0f}; shipped / batched generate"
+          f" {rates['client'] / rates['generate']:.2f}x (goal >= 0.8x), shipped / TRL"
+          f" {rates['client'] / rates['trl']:.2f}x (goal >= 1x); time per iteration TRL /"
+          f" shipped {theirs.seconds_per_iteration / shipped.seconds_per_iteration:.2f}x")
     print(f"ratio TRL / triloop (batched generate): time per iteration"
           f" {shown['seconds_per_iteration']} (CPU time {shown['cpu_seconds_per_iteration']}),"
           f" sampling {shown['sample_seconds']}, update"

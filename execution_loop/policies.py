@@ -4,7 +4,9 @@
 from its ``checkpoint.artifact_uri`` row; the backend (in-process torch, or an
 OpenAI-compatible vLLM server) from settings. Loading a model is slow and holds
 memory, so each worker keeps the few it serves (production, canary, shadow, or a
-run's current policy) and evicts the least recently used beyond ``capacity``. Every
+run's current policy) and evicts the least recently used beyond ``capacity``. An
+in-process client owns its checkpoint's batching engine, so concurrent episodes on one
+checkpoint share micro-batches; eviction closes it. Every
 load first checks that the directory's weights hash to the checkpoint id (and again
 once loaded, so a file swapped while it was read is caught too); a mismatch refuses
 to serve with ``WeightsIntegrityError`` and is recorded as an integrity event.
