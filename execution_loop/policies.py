@@ -67,9 +67,15 @@ def backend_factory(settings: Settings) -> PolicyFactory:
             from execution_loop.inference.openai_backend import OpenAICompatiblePolicyClient
 
             # The server serves the checkpoint under its id; the tokenizer is read locally.
-            return OpenAICompatiblePolicyClient(
+            client = OpenAICompatiblePolicyClient(
                 base_url, checkpoint_id, model_dir, checkpoint_id=checkpoint_id
             )
+            try:  # before the first request: the server loads it, or the batch is refused
+                client.ensure_served(model_dir)
+            except BaseException:
+                client.close()
+                raise
+            return client
 
         return remote
 
@@ -106,7 +112,12 @@ class PolicyCache:
             # Loading under the lock: two episodes of a new checkpoint load it once.
             model_dir = self.model_dir(checkpoint_id)
             self._verify(model_dir, checkpoint_id)
-            client = self._factory(checkpoint_id, model_dir)
+            try:
+                client = self._factory(checkpoint_id, model_dir)
+            except WeightsIntegrityError as error:  # an inference server serving other weights
+                record_integrity_event(self._engine, service="execution", error=error,
+                                       during="loading into the inference server")
+                raise
             try:
                 self._verify(model_dir, checkpoint_id)
             except WeightsIntegrityError:
