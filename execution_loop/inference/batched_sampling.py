@@ -56,10 +56,10 @@ class SampleRequest:
         """The finished sample."""
         return Sample(self.ids, self.logprobs, self.finish_reason, self.stop_reason, self.tops)
 
-    def take(self, token: int, logp: torch.Tensor) -> bool:
-        """Record the drawn token; True when the request is finished."""
+    def take(self, token: int, logprob: float, logp: torch.Tensor) -> bool:
+        """Record the drawn token and its logprob; True when the request is finished."""
         self.ids.append(token)
-        self.logprobs.append(float(logp[token].item()))
+        self.logprobs.append(logprob)
         if self.top_logprobs > 0:
             values, indices = torch.topk(logp, min(self.top_logprobs, logp.numel()))
             self.tops.append(list(zip(indices.tolist(), values.tolist(), strict=True)))
@@ -76,14 +76,31 @@ def next_token_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tenso
     return torch.log_softmax(scaled, dim=-1)
 
 
-def draw(request: SampleRequest, logits: torch.Tensor) -> bool:
-    """Draw one token for ``request`` from its row of logits; True when it is finished."""
-    logp = next_token_logprobs(logits, request.temperature)
-    if request.temperature == 0:
-        token = int(torch.argmax(logp).item())
-    else:
-        token = int(torch.multinomial(logp.exp(), 1, generator=request.generator).item())
-    return request.take(token, logp)
+def draw(requests: Sequence[SampleRequest], logits: torch.Tensor) -> list[bool]:
+    """Draw one token per request from its row of ``logits``; True where it is finished.
+
+    The log-softmax, the draw and the logprob lookup run on the whole batch (the same
+    element-wise operations a single row gets); only the random noise is drawn per row,
+    from the request's own generator, so a seed gives the same tokens batched or alone.
+    """
+    temperatures = torch.tensor([[r.temperature if r.temperature > 0 else 1.0]
+                                 for r in requests], device=logits.device)
+    # x / 1.0 == x exactly, so greedy rows keep the untempered distribution.
+    logp = torch.log_softmax(logits.float() / temperatures, dim=-1)
+    tokens = logp.argmax(dim=-1)
+    sampled = [row for row, r in enumerate(requests) if r.temperature > 0]
+    if sampled:
+        # torch.multinomial's own one-sample method (exponential race: argmax p / q with
+        # q ~ Exp(1), exact), with each row's noise from that request's generator and the
+        # division and argmax done once for all rows.
+        probs = logp[sampled].exp()
+        noise = torch.stack([torch.empty_like(probs[0]).exponential_(
+            1, generator=requests[row].generator) for row in sampled])
+        tokens[sampled] = (probs / noise).argmax(dim=-1)
+    chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).tolist()
+    return [request.take(token, logprob, logp[row])
+            for row, (request, token, logprob)
+            in enumerate(zip(requests, tokens.tolist(), chosen, strict=True))]
 
 
 @torch.inference_mode()
@@ -105,8 +122,8 @@ def sample_batch(
     active = list(range(len(requests)))  # request index of each row still in the batch
     next_position = positions[:, -1] + 1
     while True:
-        logits = out.logits[:, -1]
-        kept = [row for row, index in enumerate(active) if not draw(requests[index], logits[row])]
+        finished = draw([requests[index] for index in active], out.logits[:, -1])
+        kept = [row for row, done in enumerate(finished) if not done]
         if not kept:
             return
         cache = getattr(out, cache_name)

@@ -3,52 +3,24 @@ stale policy under a new id (triloop's server, through vLLM's runtime-loading en
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import torch
-import uvicorn
 
 from execution_loop.inference.base import InferenceResponseError
 from execution_loop.inference.openai_backend import (
     OpenAICompatiblePolicyClient,
     ServedWeightsMismatch,
 )
-from execution_loop.inference.server import create_app
 from execution_loop.inference.torch_backend import TorchPolicyClient
 from tests.factories_execution import weights_variant
+from tests.model_servers import serving
 from triloop.weights import WeightsIntegrityError, safetensors_digest
 
 torch.set_num_threads(1)
-
-
-@contextmanager
-def serving(model_dir: Path, name: str, *, runtime_loading: bool) -> Iterator[str]:
-    """triloop's server in a thread; yields its base URL."""
-    app = create_app(model_dir, served_model_name=name, device="cpu",
-                     allow_runtime_loading=runtime_loading, max_loaded=2)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the model server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
