@@ -29,6 +29,7 @@ from sqlmodel import Session
 
 from execution_loop.environments.base import Environment, EnvironmentFactory
 from execution_loop.inference.base import PolicyClient
+from triloop.artifacts import ArtifactCorrupted, ArtifactStore
 from triloop.config import Settings
 from triloop.contracts import EnvironmentContract, parse_contract_text
 from triloop.models import Checkpoint, EnvironmentVersion, Task
@@ -91,13 +92,15 @@ class PolicyCache:
     """Thread-safe LRU of policy clients keyed by checkpoint id."""
 
     def __init__(
-        self, *, engine: Engine, factory: PolicyFactory, home: Path, capacity: int = 4
+        self, *, engine: Engine, factory: PolicyFactory, home: Path, capacity: int = 4,
+        store: ArtifactStore | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self._engine = engine
         self._factory = factory
         self._home = home
+        self._store = store  # the shared artifact store, for artifact:// checkpoints
         self._capacity = capacity
         self._clients: OrderedDict[str, PolicyClient] = OrderedDict()
         self._lock = threading.Lock()
@@ -147,7 +150,14 @@ class PolicyCache:
                 f"checkpoint {checkpoint_id!r} is not registered; the learning loop registers "
                 "checkpoints, and routing may only name registered ones"
             )
-        return checkpoint_dir(row.artifact_uri, home=self._home)
+        try:
+            return checkpoint_dir(row.artifact_uri, home=self._home, store=self._store)
+        except ArtifactCorrupted as corrupted:
+            error = WeightsIntegrityError(checkpoint_id, Path(row.artifact_uri),
+                                          f"a stored file is corrupt ({corrupted})")
+            record_integrity_event(self._engine, service="execution", error=error,
+                                   during="reading from the artifact store")
+            raise error from corrupted
 
     def cached(self) -> list[str]:
         """Checkpoint ids currently loaded, least recently used first."""
