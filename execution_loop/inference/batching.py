@@ -1,8 +1,9 @@
 """One batching engine per loaded checkpoint: concurrent episodes share padded micro-batches.
 
 Episodes run in their own threads (one activity each) and ask for one turn at a time. The
-engine's thread takes every request that is waiting, plus those that arrive within
-``gather_wait_s`` of the first, up to ``max_batch_size``, and decodes them together
+engine's thread takes every request that is waiting, plus those that keep arriving within
+``gather_wait_s`` of the previous one (at most ``GATHER_CAP`` waits), up to
+``max_batch_size``, and decodes them together
 (``batched_sampling.sample_batch``); requests that arrive meanwhile form the next
 micro-batch. Each request keeps its own seed, stop ids and temperature, so what it gets back
 (ids, behaviour logprobs, stop reason) is what it would get alone, to float rounding.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from execution_loop.inference.base import InferenceError
 from execution_loop.inference.batched_sampling import Sample, SampleRequest
 
+GATHER_CAP = 10  # the longest a micro-batch waits to form, in gather_wait_s
 BatchSampler = Callable[[Sequence[SampleRequest]], None]
 """Decodes a micro-batch in place (``sample_batch`` bound to one model)."""
 
@@ -117,12 +119,15 @@ class BatchingEngine:
             if first is None:
                 return
             batch = [first]
-            deadline = time.monotonic() + self.gather_wait_s
-            # Everything already waiting joins; then wait briefly for the stragglers of
-            # the same wave (episodes whose environment step just ended).
+            # Everything already waiting joins; then the stragglers of the same wave
+            # (episodes whose environment step just ended) for as long as they keep coming
+            # within gather_wait_s of each other, up to GATHER_CAP waits in all: on a busy
+            # machine a wave arrives spread out, and splitting it doubles its decode time.
+            cap = time.monotonic() + GATHER_CAP * self.gather_wait_s
             while len(batch) < self.max_batch_size:
+                wait = min(self.gather_wait_s, cap - time.monotonic())
                 try:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    item = self._queue.get(timeout=max(0.0, wait))
                 except queue.Empty:
                     break
                 if item is None:
