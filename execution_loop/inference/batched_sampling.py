@@ -56,11 +56,11 @@ class SampleRequest:
         """The finished sample."""
         return Sample(self.ids, self.logprobs, self.finish_reason, self.stop_reason, self.tops)
 
-    def take(self, token: int, logprob: float, logp: torch.Tensor) -> bool:
-        """Record the drawn token and its logprob; True when the request is finished."""
+    def take(self, token: int, logprob: float, logp: torch.Tensor | None) -> bool:
+        """Record the drawn token and its logprob (``logp``: the row, for top logprobs)."""
         self.ids.append(token)
         self.logprobs.append(logprob)
-        if self.top_logprobs > 0:
+        if self.top_logprobs > 0 and logp is not None:
             values, indices = torch.topk(logp, min(self.top_logprobs, logp.numel()))
             self.tops.append(list(zip(indices.tolist(), values.tolist(), strict=True)))
         if token in self.ends:
@@ -76,31 +76,45 @@ def next_token_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tenso
     return torch.log_softmax(scaled, dim=-1)
 
 
-def draw(requests: Sequence[SampleRequest], logits: torch.Tensor) -> list[bool]:
-    """Draw one token per request from its row of ``logits``; True where it is finished.
+def draw(
+    requests: Sequence[SampleRequest], logits: torch.Tensor
+) -> tuple[list[bool], torch.Tensor]:
+    """Draw one token per request from its row of ``logits``: (finished per row, tokens).
 
     The log-softmax, the draw and the logprob lookup run on the whole batch (the same
     element-wise operations a single row gets); only the random noise is drawn per row,
     from the request's own generator, so a seed gives the same tokens batched or alone.
     """
-    temperatures = torch.tensor([[r.temperature if r.temperature > 0 else 1.0]
-                                 for r in requests], device=logits.device)
-    # x / 1.0 == x exactly, so greedy rows keep the untempered distribution.
-    logp = torch.log_softmax(logits.float() / temperatures, dim=-1)
+    temps = {r.temperature for r in requests}
+    scaled = logits.float()
+    if len(temps) > 1:
+        # x / 1.0 == x exactly, so greedy rows keep the untempered distribution.
+        scaled = scaled / torch.tensor([[t if t > 0 else 1.0] for t in
+                                        (r.temperature for r in requests)], device=logits.device)
+    elif (temperature := temps.pop()) > 0:
+        scaled = scaled / temperature
+    logp = torch.log_softmax(scaled, dim=-1)
     tokens = logp.argmax(dim=-1)
     sampled = [row for row, r in enumerate(requests) if r.temperature > 0]
     if sampled:
         # torch.multinomial's own one-sample method (exponential race: argmax p / q with
         # q ~ Exp(1), exact), with each row's noise from that request's generator and the
         # division and argmax done once for all rows.
-        probs = logp[sampled].exp()
-        noise = torch.stack([torch.empty_like(probs[0]).exponential_(
-            1, generator=requests[row].generator) for row in sampled])
-        tokens[sampled] = (probs / noise).argmax(dim=-1)
+        every = len(sampled) == len(requests)
+        probs = (logp if every else logp[sampled]).exp()
+        noise = torch.empty_like(probs)
+        for i, row in enumerate(sampled):
+            noise[i].exponential_(1, generator=requests[row].generator)
+        drawn = (probs / noise).argmax(dim=-1)
+        if every:
+            tokens = drawn
+        else:
+            tokens[sampled] = drawn
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).tolist()
-    return [request.take(token, logprob, logp[row])
-            for row, (request, token, logprob)
-            in enumerate(zip(requests, tokens.tolist(), chosen, strict=True))]
+    finished = [request.take(token, logprob, logp[row] if request.top_logprobs else None)
+                for row, (request, token, logprob)
+                in enumerate(zip(requests, tokens.tolist(), chosen, strict=True))]
+    return finished, tokens
 
 
 @torch.inference_mode()
@@ -122,7 +136,7 @@ def sample_batch(
     active = list(range(len(requests)))  # request index of each row still in the batch
     next_position = positions[:, -1] + 1
     while True:
-        finished = draw([requests[index] for index in active], out.logits[:, -1])
+        finished, drawn = draw([requests[index] for index in active], out.logits[:, -1])
         kept = [row for row, done in enumerate(finished) if not done]
         if not kept:
             return
@@ -132,7 +146,8 @@ def sample_batch(
             cache.batch_select_indices(torch.tensor(kept, device=device))
             attention, next_position = attention[kept], next_position[kept]
             active = [active[row] for row in kept]
-        tokens = torch.tensor([[requests[i].ids[-1]] for i in active], device=device)
+            drawn = drawn[kept]
+        tokens = drawn[:, None]
         attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=-1)
         out = model(input_ids=tokens, attention_mask=attention,
                     position_ids=next_position[:, None], use_cache=True, **{cache_name: cache})
