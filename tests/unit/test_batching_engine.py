@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from collections import Counter
@@ -68,6 +69,45 @@ def _concurrently(count: int, sample: Callable[[int], Sample]) -> list[Sample]:
         thread.join()
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+@torch.inference_mode()
+def _single_sequence_loop(
+    client: TorchPolicyClient, prompt: list[int], max_new_tokens: int, temperature: float,
+    seed: int,
+) -> tuple[list[int], list[float]]:
+    """The sampler as it was before the engine: one sequence, torch.multinomial per token."""
+    model = client.model
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    generator = torch.Generator().manual_seed(seed)
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for _ in range(max_new_tokens):
+        logits = out.logits[0, -1].float()
+        logp = torch.log_softmax(logits if temperature == 0 else logits / temperature, dim=-1)
+        token = (int(torch.argmax(logp)) if temperature == 0
+                 else int(torch.multinomial(logp.exp(), 1, generator=generator)))
+        ids.append(token)
+        logprobs.append(float(logp[token]))
+        if token in client.eos_token_ids:
+            break
+        out = model(input_ids=torch.tensor([[token]]), use_cache=True,
+                    **{name: getattr(out, name)})
+    return ids, logprobs
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_micro_batch_matches_the_single_sequence_sampler_it_replaced(
+    client: TorchPolicyClient, temperature: float
+) -> None:
+    prompts = _prompts(client)
+    batched = _concurrently(len(prompts), lambda i: client.sample(
+        prompts[i], max_new_tokens=10, temperature=temperature, seed=100 + i))
+    for i, ours in enumerate(batched):
+        ids, logprobs = _single_sequence_loop(client, prompts[i], 10, temperature, 100 + i)
+        assert ours.token_ids == ids
+        assert ours.logprobs == pytest.approx(logprobs, abs=TOLERANCE)
 
 
 def _assert_same(batched: Sample, alone: Sample) -> None:
