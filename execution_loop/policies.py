@@ -151,7 +151,8 @@ class PolicyCache:
                 "checkpoints, and routing may only name registered ones"
             )
         try:
-            return checkpoint_dir(row.artifact_uri, home=self._home, store=self._store)
+            return checkpoint_dir(row.artifact_uri, home=self._home, store=self._store,
+                                  checkpoint_id=checkpoint_id)
         except ArtifactCorrupted as corrupted:
             error = WeightsIntegrityError(checkpoint_id, Path(row.artifact_uri),
                                           f"a stored file is corrupt ({corrupted})")

@@ -9,7 +9,7 @@ hashes what it got and refuses bytes that do not hash to the digest asked for
 A directory (a checkpoint: ``save_pretrained`` files plus trainer state) is stored as its
 files' blobs plus a manifest blob, canonical JSON mapping each relative path to its file's
 digest. Its URI is ``artifact://sha256/<manifest digest>``: immutable, and enough for any
-worker to fetch it. ``materialize`` writes it into a local cache folder named by that
+worker to fetch it. ``materialize`` writes it into a local cache folder keyed by that
 digest (staged, then renamed), verifying every file on the way; the caller then verifies
 the weights against the checkpoint id as for any local checkpoint.
 """
@@ -178,17 +178,23 @@ def publish_directory(store: ArtifactStore, directory: Path) -> str:
     return directory_uri(store.put_bytes(manifest))
 
 
-def materialize(store: ArtifactStore, uri: str, cache: Path) -> Path:
-    """A local copy of the stored directory ``uri`` under ``cache`` (fetched once, verified)."""
+def materialize(store: ArtifactStore, uri: str, cache: Path, name: str = "content") -> Path:
+    """A local copy of the stored directory ``uri``: ``cache/<manifest digest>/<name>``.
+
+    Fetched once and verified file by file. ``name`` is what the directory must be called
+    (a checkpoint's id: the learner checks that its directory is named by its weights).
+    """
     digest = manifest_digest_of(uri)
-    target = cache / digest
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"not a directory name: {name!r}")
+    target = cache / digest / name
     if target.is_dir():
         return target
     manifest = json.loads(store.get_bytes(digest))
     if not isinstance(manifest, dict) or manifest.get("kind") != MANIFEST_KIND:
         raise ValueError(f"artifact {digest} in {store.location} is not a directory manifest")
-    cache.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=cache, prefix=f".{digest[:12]}-"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".incoming-"))
     try:
         for relative, file_digest in manifest["files"].items():
             path = (staging / relative).resolve()

@@ -59,6 +59,7 @@ class UnsupportedArtifactUri(ValueError):
 
 def checkpoint_dir(
     artifact_uri: str, *, home: Path, store: ArtifactStore | None = None,
+    checkpoint_id: str = "content",
 ) -> Path:
     """The local directory of a checkpoint: ``file://`` URIs, paths (relative to home), or
     ``artifact://sha256/<manifest>`` fetched from the shared ``store`` into
@@ -69,7 +70,7 @@ def checkpoint_dir(
             raise UnsupportedArtifactUri(
                 f"checkpoint artifact_uri {artifact_uri!r} is in the shared artifact store, "
                 "which this process has not been given: set TRILOOP_ARTIFACT_URL")
-        return materialize(store, artifact_uri, home / "artifact-cache")
+        return materialize(store, artifact_uri, home / "artifact-cache", checkpoint_id)
     if parsed.scheme == "file":
         return Path(unquote(parsed.path))
     if parsed.scheme == "":

@@ -464,8 +464,8 @@ class PromotionActivities(GovernanceShell):
         if row is None:
             return f"integrity: checkpoint {checkpoint_id} has no row; nothing to verify"
         try:
-            verify_weights(checkpoint_dir(row.artifact_uri, home=self._home, store=self._store),
-                           checkpoint_id)
+            verify_weights(checkpoint_dir(row.artifact_uri, home=self._home, store=self._store,
+                                          checkpoint_id=checkpoint_id), checkpoint_id)
         except (UnsupportedArtifactUri, ArtifactCorrupted) as error:
             return f"integrity: {error}"
         except WeightsIntegrityError as error:

@@ -78,7 +78,8 @@ class UpdateCancelled(RuntimeError):
 
 
 def local_dir(
-    artifact_uri: str, *, store: ArtifactStore | None = None, cache: Path | None = None
+    artifact_uri: str, *, store: ArtifactStore | None = None, cache: Path | None = None,
+    checkpoint_id: str = "content",
 ) -> Path:
     """The directory of a ``file://`` (or plain path) checkpoint artifact, or a verified
     local copy of an ``artifact://`` one from the shared store."""
@@ -86,7 +87,7 @@ def local_dir(
     if parsed.scheme in ("file", ""):
         return Path(unquote(parsed.path))
     if parsed.scheme == ARTIFACT_SCHEME and store is not None and cache is not None:
-        return materialize(store, artifact_uri, cache)
+        return materialize(store, artifact_uri, cache, checkpoint_id)
     raise CheckpointError(
         f"artifact {artifact_uri!r} is not a local directory and no shared artifact store is "
         "configured (TRILOOP_ARTIFACT_URL)"
@@ -191,7 +192,7 @@ class UpdateActivities:
         parent = get_checkpoint(engine=self._engine, checkpoint_id=request.parent_checkpoint_id)
         if parent is None:
             raise CheckpointError(f"parent checkpoint {request.parent_checkpoint_id} has no row")
-        parent_dir = self._local_dir(parent.artifact_uri)
+        parent_dir = self._local_dir(parent)
         record = self._saved(resume, request)
         if record is None:
             record = self._train(request, parent, parent_dir, progress)
@@ -205,8 +206,9 @@ class UpdateActivities:
             return directory.resolve().as_uri()
         return publish_directory(self._shared_store, directory)
 
-    def _local_dir(self, artifact_uri: str) -> Path:
-        return local_dir(artifact_uri, store=self._shared_store, cache=self._cache_dir)
+    def _local_dir(self, checkpoint: Checkpoint) -> Path:
+        return local_dir(checkpoint.artifact_uri, store=self._shared_store,
+                         cache=self._cache_dir, checkpoint_id=checkpoint.id)
 
     def _saved(self, resume: dict[str, Any], request: UpdateInput) -> dict[str, Any] | None:
         """A previous attempt's saved checkpoint for this iteration, if it got that far."""
@@ -234,7 +236,7 @@ class UpdateActivities:
             base = get_checkpoint(engine=self._engine, checkpoint_id=request.base_checkpoint_id)
             if base is None:
                 raise CheckpointError(f"base checkpoint {request.base_checkpoint_id} has no row")
-            reference_dir = self._local_dir(base.artifact_uri)
+            reference_dir = self._local_dir(base)
 
         def stage(name: str) -> None:
             progress.stage = name

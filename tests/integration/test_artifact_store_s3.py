@@ -116,7 +116,7 @@ def test_another_machine_serves_a_checkpoint_by_id_from_the_bucket(
     cache = PolicyCache(engine=execution, factory=factory,  # type: ignore[arg-type]
                         home=worker_home, store=store)
     cache.get(checkpoint)
-    assert loaded == [worker_home / "artifact-cache" / manifest_digest_of(uri)]
+    assert loaded == [worker_home / "artifact-cache" / manifest_digest_of(uri) / checkpoint]
     assert safetensors_digest(loaded[0]) == checkpoint
 
     # A worker without a cached copy reading a tampered file refuses, and it is audited.

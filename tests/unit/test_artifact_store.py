@@ -52,18 +52,21 @@ def test_a_directory_is_published_once_and_read_back_verified(tmp_path: Path) ->
     source = _tree(tmp_path / "ckpt")
     uri = publish_directory(store, source)
     assert publish_directory(store, source) == uri  # content-addressed: same files, same URI
-    copy = materialize(store, uri, tmp_path / "cache")
-    assert copy.name == manifest_digest_of(uri)
+    copy = materialize(store, uri, tmp_path / "cache", "ckpt-id")
+    assert copy == tmp_path / "cache" / manifest_digest_of(uri) / "ckpt-id"
     assert (copy / "nested" / "weights.bin").read_bytes() == (
         source / "nested" / "weights.bin").read_bytes()
-    assert materialize(store, uri, tmp_path / "cache") == copy  # fetched once
+    assert materialize(store, uri, tmp_path / "cache", "ckpt-id") == copy  # fetched once
 
     # A corrupted file in the store fails the fetch and leaves no partial copy.
     manifest = json.loads(store.get_bytes(manifest_digest_of(uri)))
     store.path_of(manifest["files"]["config.json"]).write_text('{"a": 2}')
     with pytest.raises(ArtifactCorrupted):
         materialize(store, uri, tmp_path / "other-cache")
-    assert [p.name for p in (tmp_path / "other-cache").iterdir()] == []
+    assert list((tmp_path / "other-cache").rglob("*")) == [
+        tmp_path / "other-cache" / manifest_digest_of(uri)]  # no partial copy
+    with pytest.raises(ValueError, match="not a directory name"):
+        materialize(store, uri, tmp_path / "cache", "../up")
 
 
 def test_a_manifest_cannot_write_outside_the_cache(tmp_path: Path) -> None:
@@ -82,8 +85,9 @@ def test_checkpoint_dir_reads_artifact_uris_only_with_a_store(tmp_path: Path) ->
     uri = publish_directory(store, _tree(tmp_path / "ckpt"))
     with pytest.raises(UnsupportedArtifactUri, match="TRILOOP_ARTIFACT_URL"):
         checkpoint_dir(uri, home=tmp_path)
-    local = checkpoint_dir(uri, home=tmp_path, store=store)
-    assert local.parent == tmp_path / "artifact-cache" and (local / "config.json").is_file()
+    local = checkpoint_dir(uri, home=tmp_path, store=store, checkpoint_id="c" * 64)
+    assert local == tmp_path / "artifact-cache" / manifest_digest_of(uri) / ("c" * 64)
+    assert (local / "config.json").is_file()
 
 
 def test_the_shared_store_is_opened_from_settings(tmp_path: Path) -> None:
@@ -124,6 +128,7 @@ def test_the_learner_reads_a_parent_from_the_shared_store(tmp_path: Path) -> Non
     uri = publish_directory(store, _tree(tmp_path / "ckpt"))
     with pytest.raises(CheckpointError, match="TRILOOP_ARTIFACT_URL"):
         local_dir(uri)
-    parent = local_dir(uri, store=store, cache=tmp_path / "cache")
+    parent = local_dir(uri, store=store, cache=tmp_path / "cache", checkpoint_id="p" * 64)
+    assert parent.name == "p" * 64  # the learner checks a checkpoint's directory name
     assert (parent / "nested" / "weights.bin").is_file()
     assert local_dir((tmp_path / "ckpt").as_uri()) == tmp_path / "ckpt"
