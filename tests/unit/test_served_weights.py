@@ -107,3 +107,22 @@ def test_a_completion_answered_by_another_model_is_refused(new_checkpoint: Path)
                                           transport=httpx.MockTransport(answer))
     with pytest.raises(InferenceResponseError, match="answered by 'someone-else'"):
         client.generate([1, 2], max_new_tokens=1, temperature=1.0, seed=0)
+
+
+def test_the_server_holds_at_most_max_loaded_checkpoints(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from execution_loop.inference.served_models import LoadRefused, ServedModels
+
+    models = ServedModels(TorchPolicyClient(tiny_model_dir, device="cpu"), "base", device="cpu",
+                          max_loaded=2)
+    variants = [weights_variant(tiny_model_dir, tmp_path) for _ in range(3)]
+    names = [safetensors_digest(v) for v in variants]
+    for name, variant in zip(names, variants, strict=True):
+        models.load(name, variant)
+    # The least recently used one was unloaded; the start-up model always stays.
+    assert [c["id"] for c in models.cards()] == ["base", names[1], names[2]]
+    with pytest.raises(LoadRefused, match="already been loaded"):
+        models.load(names[2], variants[2])
+    models.unload(names[1])
+    assert models.get(names[1]) is None and models.get("base") is not None
