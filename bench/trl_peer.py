@@ -9,8 +9,10 @@ group-normalised advantages, one optimizer step over all completions in micro-ba
 
 - triloop, batched generate: `model.generate` over the whole batch (as TRL samples), then
   `learning_loop.batch.build_training_samples` and `learning_loop.update.update_policy`.
-- triloop, TorchPolicyClient: the execution loop's in-process sampler, one request at a
-  time (how a rollout worker samples), then the same update.
+- triloop, TorchPolicyClient: the execution loop's in-process sampler as a rollout worker
+  uses it: every completion is its own request from its own thread (one episode activity
+  each), and the client's batching engine decodes them in padded micro-batches; then the
+  same update.
 - TRL GRPOTrainer: `use_vllm=False`, fp32 and no gradient checkpointing (TRL defaults to
   bf16 and checkpointing; both are switched off so the arithmetic matches ours).
 
@@ -47,7 +49,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SKIP_MESSAGE = "skipped: trl not installed (pip install 'triloop[bench]')"
 VARIANTS = {
     "generate": "triloop GRPO, batched generate",
-    "client": "triloop GRPO, TorchPolicyClient",
+    "client": "triloop GRPO, TorchPolicyClient",  # the shipped path: engine, one thread each
     "trl": "TRL GRPOTrainer",
 }
 ACTIONS = frozenset("LRUD")
@@ -60,6 +62,7 @@ class Result:
     seconds_per_iteration: float  # wall clock
     cpu_seconds_per_iteration: float  # process CPU time: less sensitive to a busy machine
     sample_seconds: float  # generation, decoding, reward and advantages
+    sample_cpu_seconds: float  # the same, in process CPU time (steadier on a shared machine)
     update_seconds: float  # forward/backward over the batch and the optimizer step
     completion_tokens: float  # per iteration, mean
     mean_reward: float
@@ -145,11 +148,16 @@ def run_triloop(args: argparse.Namespace, sampler: str) -> Result:
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir, padding_side="left")
     client = None
+    episodes = None
     if sampler == "client":
+        from concurrent.futures import ThreadPoolExecutor
+
         from execution_loop.inference.torch_backend import TorchPolicyClient
 
         client = TorchPolicyClient(args.model_dir, device=args.device)
         model = client.model
+        # One thread per concurrent episode, as the execution worker's activity executor.
+        episodes = ThreadPoolExecutor(max_workers=args.prompts * args.group_size)
     else:
         model = AutoModelForCausalLM.from_pretrained(args.model_dir).to(args.device)
     device = torch.device(args.device)
@@ -161,14 +169,16 @@ def run_triloop(args: argparse.Namespace, sampler: str) -> Result:
     declared = model.generation_config.eos_token_id
     eos = {tokenizer.eos_token_id, *([declared] if isinstance(declared, int) else declared or [])}
     meter = Meter(args.device)
-    timings: list[tuple[float, float, float]] = []  # sample s, update s, CPU s
+    timings: list[tuple[float, float, float, float]] = []  # sample s, update s, CPU s, sample CPU
     tokens: list[int] = []
     rewards: list[float] = []
 
     def sample(batch: list[list[int]], seed: int) -> list[tuple[list[int], list[float]]]:
-        if client is not None:
-            out = [client.sample(p, max_new_tokens=args.completion_tokens, temperature=1.0,
-                                 seed=seed + k) for k, p in enumerate(batch)]
+        if client is not None and episodes is not None:
+            futures = [episodes.submit(client.sample, p, max_new_tokens=args.completion_tokens,
+                                       temperature=1.0, seed=seed + k)
+                       for k, p in enumerate(batch)]
+            out = [f.result() for f in futures]
             return [(s.token_ids, s.logprobs) for s in out]
         return batched_generate(model, tokenizer, batch, args.completion_tokens, eos, device)
 
@@ -185,21 +195,22 @@ def run_triloop(args: argparse.Namespace, sampler: str) -> Result:
             steps.append(StepRecord(f"t{it}-{k}", f"g{it}-{k // args.group_size}", "lake", it,
                                     prompt, ids, logprobs, reward))
         samples, _ = build_training_samples(steps, AdvantageConfig())
-        sampled = time.perf_counter()
+        sampled, sampled_cpu = time.perf_counter(), time.process_time()
         update_policy(model, optimizer, samples, settings, policy_version=it, device=device,
                       pad_token_id=tokenizer.pad_token_id)
         if device.type == "cuda":
             torch.cuda.synchronize()
         if it >= args.warmup:
             timings.append((sampled - started, time.perf_counter() - sampled,
-                            time.process_time() - cpu))
+                            time.process_time() - cpu, sampled_cpu - cpu))
             tokens.append(sum(len(ids) for ids, _ in completions))
             rewards.extend(s.reward for s in steps)
     peak, loop = meter.result()
-    return Result(VARIANTS[sampler], statistics.median(a + b for a, b, _ in timings),
-                  statistics.median(c for _, _, c in timings),
-                  statistics.median(a for a, _, _ in timings),
-                  statistics.median(b for _, b, _ in timings),
+    return Result(VARIANTS[sampler], statistics.median(t[0] + t[1] for t in timings),
+                  statistics.median(t[2] for t in timings),
+                  statistics.median(t[0] for t in timings),
+                  statistics.median(t[3] for t in timings),
+                  statistics.median(t[1] for t in timings),
                   statistics.mean(tokens), statistics.mean(rewards), peak, loop)
 
 
@@ -267,30 +278,32 @@ def run_trl(args: argparse.Namespace) -> Result:
     )
     dataset = Dataset.from_dict({"prompt": prompt_texts(tokenizer, args.prompts * iterations)})
     meter = Meter(args.device)
-    marks: list[tuple[float, float, float]] = []  # wall s, CPU s, generation s per step
-    generation = [0.0]
+    marks: list[tuple[float, float, float, float]] = []  # wall, CPU, generation, its CPU
+    generation = [0.0, 0.0]
 
     class Clock(TrainerCallback):
         def on_step_begin(self, *_: object, **__: object) -> None:
             if len(marks) == args.warmup:
                 meter.start()
-            generation[0] = 0.0
-            marks.append((time.perf_counter(), time.process_time(), 0.0))
+            generation[0] = generation[1] = 0.0
+            marks.append((time.perf_counter(), time.process_time(), 0.0, 0.0))
 
         def on_step_end(self, *_: object, **__: object) -> None:
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            begun, cpu, _generated = marks[-1]
-            marks[-1] = (time.perf_counter() - begun, time.process_time() - cpu, generation[0])
+            begun, cpu, _generated, _generated_cpu = marks[-1]
+            marks[-1] = (time.perf_counter() - begun, time.process_time() - cpu, generation[0],
+                         generation[1])
 
     class TimedTrainer(GRPOTrainer):
         # Generation and scoring happen inside the training step; time them to split it.
         def _generate_and_score_completions(self, inputs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             try:
                 return super()._generate_and_score_completions(inputs)
             finally:
                 generation[0] += time.perf_counter() - started
+                generation[1] += time.process_time() - cpu
 
     trainer = TimedTrainer(model=model, reward_funcs=reward_fn, args=config,
                            train_dataset=dataset, processing_class=tokenizer, callbacks=[Clock()])
@@ -298,10 +311,11 @@ def run_trl(args: argparse.Namespace) -> Result:
     peak, loop = meter.result()
     measured = marks[args.warmup :]
     return Result(f"{VARIANTS['trl']} {version('trl')}",
-                  statistics.median(s for s, _, _ in measured),
-                  statistics.median(c for _, c, _ in measured),
-                  statistics.median(g for _, _, g in measured),
-                  statistics.median(s - g for s, _, g in measured),
+                  statistics.median(m[0] for m in measured),
+                  statistics.median(m[1] for m in measured),
+                  statistics.median(m[2] for m in measured),
+                  statistics.median(m[3] for m in measured),
+                  statistics.median(m[0] - m[2] for m in measured),
                   statistics.mean(tokens[args.warmup :]), statistics.mean(rewards[args.warmup :]),
                   peak, loop)
 
@@ -394,7 +408,13 @@ def report(args: argparse.Namespace, parameters: int, results: dict[str, Result]
     if args.json:
         print(json.dumps({"device": args.device, "parameters": parameters, "config": vars(args),
                           "results": [asdict(r) for r in results.values()],
-                          "ratios_trl_over_triloop_generate": ratios}, indent=2))
+                          "ratios_trl_over_triloop_generate": ratios,
+                          "sampling_tokens_per_s": {
+                              name: r.completion_tokens / r.sample_seconds
+                              for name, r in results.items()},
+                          "sampling_tokens_per_cpu_s": {
+                              name: r.completion_tokens / r.sample_cpu_seconds
+                              for name, r in results.items()}}, indent=2))
         return
     unit = "CUDA alloc" if args.device.startswith("cuda") else "RSS"
     print(f"device {args.device}; tiny model {parameters / 1e3:.0f}k parameters; {args.prompts}"
@@ -412,6 +432,17 @@ def report(args: argparse.Namespace, parameters: int, results: dict[str, Result]
               f" {r.update_seconds:7.3f} {r.completion_tokens:7.0f} {r.mean_reward:6.3f}"
               f" {peak:>9} {loop:>9}")
     shown = {k: f"{v:.2f}x" if v is not None else "n/a" for k, v in ratios.items()}
+    shipped = results["client"]
+    for label, seconds in (("wall", "sample_seconds"), ("CPU", "sample_cpu_seconds")):
+        rates = {name: r.completion_tokens / getattr(r, seconds) for name, r in results.items()}
+        print(f"sampling tokens per {label} s: batched generate {rates['generate']:.0f},"
+              f" TorchPolicyClient (shipped: batching engine, {args.prompts * args.group_size}"
+              f" concurrent requests) {rates['client']:.0f}, TRL {rates['trl']:.0f}; shipped /"
+              f" batched generate {rates['client'] / rates['generate']:.2f}x (goal >= 0.8x),"
+              f" shipped / TRL {rates['client'] / rates['trl']:.2f}x (goal >= 1x)")
+    wall = theirs.seconds_per_iteration / shipped.seconds_per_iteration
+    cpu = theirs.cpu_seconds_per_iteration / shipped.cpu_seconds_per_iteration
+    print(f"time per iteration TRL / shipped {wall:.2f}x (CPU {cpu:.2f}x)")
     print(f"ratio TRL / triloop (batched generate): time per iteration"
           f" {shown['seconds_per_iteration']} (CPU time {shown['cpu_seconds_per_iteration']}),"
           f" sampling {shown['sample_seconds']}, update"

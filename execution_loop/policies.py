@@ -4,7 +4,9 @@
 from its ``checkpoint.artifact_uri`` row; the backend (in-process torch, or an
 OpenAI-compatible vLLM server) from settings. Loading a model is slow and holds
 memory, so each worker keeps the few it serves (production, canary, shadow, or a
-run's current policy) and evicts the least recently used beyond ``capacity``. Every
+run's current policy) and evicts the least recently used beyond ``capacity``. An
+in-process client owns its checkpoint's batching engine, so concurrent episodes on one
+checkpoint share micro-batches; eviction closes it. Every
 load first checks that the directory's weights hash to the checkpoint id (and again
 once loaded, so a file swapped while it was read is caught too); a mismatch refuses
 to serve with ``WeightsIntegrityError`` and is recorded as an integrity event.
@@ -27,6 +29,7 @@ from sqlmodel import Session
 
 from execution_loop.environments.base import Environment, EnvironmentFactory
 from execution_loop.inference.base import PolicyClient
+from triloop.artifacts import ArtifactCorrupted, ArtifactStore
 from triloop.config import Settings
 from triloop.contracts import EnvironmentContract, parse_contract_text
 from triloop.models import Checkpoint, EnvironmentVersion, Task
@@ -65,9 +68,15 @@ def backend_factory(settings: Settings) -> PolicyFactory:
             from execution_loop.inference.openai_backend import OpenAICompatiblePolicyClient
 
             # The server serves the checkpoint under its id; the tokenizer is read locally.
-            return OpenAICompatiblePolicyClient(
+            client = OpenAICompatiblePolicyClient(
                 base_url, checkpoint_id, model_dir, checkpoint_id=checkpoint_id
             )
+            try:  # before the first request: the server loads it, or the batch is refused
+                client.ensure_served(model_dir)
+            except BaseException:
+                client.close()
+                raise
+            return client
 
         return remote
 
@@ -83,13 +92,15 @@ class PolicyCache:
     """Thread-safe LRU of policy clients keyed by checkpoint id."""
 
     def __init__(
-        self, *, engine: Engine, factory: PolicyFactory, home: Path, capacity: int = 4
+        self, *, engine: Engine, factory: PolicyFactory, home: Path, capacity: int = 4,
+        store: ArtifactStore | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self._engine = engine
         self._factory = factory
         self._home = home
+        self._store = store  # the shared artifact store, for artifact:// checkpoints
         self._capacity = capacity
         self._clients: OrderedDict[str, PolicyClient] = OrderedDict()
         self._lock = threading.Lock()
@@ -104,7 +115,12 @@ class PolicyCache:
             # Loading under the lock: two episodes of a new checkpoint load it once.
             model_dir = self.model_dir(checkpoint_id)
             self._verify(model_dir, checkpoint_id)
-            client = self._factory(checkpoint_id, model_dir)
+            try:
+                client = self._factory(checkpoint_id, model_dir)
+            except WeightsIntegrityError as error:  # an inference server serving other weights
+                record_integrity_event(self._engine, service="execution", error=error,
+                                       during="loading into the inference server")
+                raise
             try:
                 self._verify(model_dir, checkpoint_id)
             except WeightsIntegrityError:
@@ -134,7 +150,15 @@ class PolicyCache:
                 f"checkpoint {checkpoint_id!r} is not registered; the learning loop registers "
                 "checkpoints, and routing may only name registered ones"
             )
-        return checkpoint_dir(row.artifact_uri, home=self._home)
+        try:
+            return checkpoint_dir(row.artifact_uri, home=self._home, store=self._store,
+                                  checkpoint_id=checkpoint_id)
+        except ArtifactCorrupted as corrupted:
+            error = WeightsIntegrityError(checkpoint_id, Path(row.artifact_uri),
+                                          f"a stored file is corrupt ({corrupted})")
+            record_integrity_event(self._engine, service="execution", error=error,
+                                   during="reading from the artifact store")
+            raise error from corrupted
 
     def cached(self) -> list[str]:
         """Checkpoint ids currently loaded, least recently used first."""

@@ -33,6 +33,7 @@ from execution_loop.policies import (
 )
 from execution_loop.trajectories import EXECUTION
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
+from triloop.artifact_backends import open_shared_store
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.faults import read_serving_faults
@@ -63,7 +64,8 @@ def build_worker(
     engine = role_engine(settings, "execution")
     authorizer = build_authorizer(settings, "execution")
     policies = PolicyCache(
-        engine=engine, factory=policy_factory or backend_factory(settings), home=settings.home
+        engine=engine, factory=policy_factory or backend_factory(settings), home=settings.home,
+        store=open_shared_store(settings),
     )
     environments = TaskEnvironments(engine=engine, lookup=environment_lookup)
     rollout = RolloutActivities(

@@ -30,6 +30,7 @@ from governance_loop.admission import AdmissionBudgets
 from governance_loop.durations import GateDurations
 from governance_loop.nexus_handlers import GovernanceNexusHandlers
 from governance_loop.workflows import AdmissionWorkflow, PromotionWorkflow, RollbackWorkflow
+from triloop.artifact_backends import open_shared_store
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.nexus_caller import NexusCallerCheck
@@ -90,7 +91,8 @@ def build_worker(
     authorizer = authorizer or build_authorizer(settings, "governance")
     timing = timing or promotion_timing(settings.gate_profile)
     promotion = PromotionActivities(engine, authorizer, timing=timing,
-                                    threshold_name=threshold_name, home=settings.home)
+                                    threshold_name=threshold_name, home=settings.home,
+                                    store=open_shared_store(settings))
     evidence = EvidenceActivities(engine, authorizer)
     rollback = RollbackActivities(engine, authorizer)
     admission = AdmissionActivities(engine, authorizer, budgets=budgets,

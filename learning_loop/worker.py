@@ -68,10 +68,12 @@ def build_workflow_worker(client: Client, settings: Settings) -> Worker:
 def build_update_worker(client: Client, settings: Settings) -> Worker:
     """The ``learning-gpu`` queue: policy updates and base registration (torch)."""
     from learning_loop.activities.update import UpdateActivities
+    from triloop.artifact_backends import open_shared_store
 
     updates = UpdateActivities(
         engine=role_engine(settings, "learning"),
         authorizer=build_authorizer(settings, "learning"), artifact_dir=settings.artifacts,
+        store=open_shared_store(settings), cache_dir=settings.artifact_cache,
     )
     return Worker(
         client,

@@ -4,6 +4,7 @@
 #   $TRILOOP_CACHE/tools/uv-<version>/               uv, the installer
 #   $TRILOOP_CACHE/venvs/<hash of requirements.lock>/ the locked third-party dependencies
 #   $TRILOOP_CACHE/opa-<version>/opa                  the OPA server, built with go install
+#   $TRILOOP_CACHE/gofakes3-<version>/gofakes3        an S3-compatible test server, likewise
 #   $TRILOOP_CACHE/temporal-server-<version>/server   the real Temporal server, built with go
 #                                                      install (about 10 minutes on 2 cores)
 # The clone's own .venv is a thin venv whose site-packages points at the cached
@@ -20,6 +21,7 @@ cache="${TRILOOP_CACHE:-$HOME/.cache/triloop}"
 python="${PYTHON:-python3}"
 uv_version="0.13.9"
 opa_version="v1.22.3"
+gofakes3_version="v1.2.0"  # a small S3-compatible server: the shared artifact store's tests
 temporal_server_version="v1.32.2"
 temporal_server_go="go1.27.3"  # the toolchain the server's go.mod asks for
 lock_file="requirements.lock"
@@ -123,6 +125,18 @@ install_opa() {
   ln -sf "$opa_dir/opa" .triloop/bin/opa
 }
 
+# gofakes3: an S3-compatible server the artifact-store tests run against, built once.
+install_gofakes3() {
+  local dir="$cache/gofakes3-$gofakes3_version"
+  if [ -x "$dir/gofakes3" ]; then
+    phase_note="gofakes3 $gofakes3_version (cached)"
+  else
+    GOBIN="$dir" go install "github.com/johannesboyne/gofakes3/cmd/gofakes3@$gofakes3_version"
+    phase_note="gofakes3 $gofakes3_version built"
+  fi
+  ln -sf "$dir/gofakes3" .triloop/bin/gofakes3
+}
+
 # The real Temporal server (authorization, namespaces, Nexus): built once per version into
 # the cache, with a progress line every 30 s while go compiles (about 10 minutes here).
 install_temporal_server() {
@@ -192,6 +206,7 @@ phase uv install_uv
 phase dependencies install_dependencies
 phase venv link_venv
 phase opa install_opa
+phase gofakes3 install_gofakes3
 phase temporal link_temporal
 phase temporal-srv install_temporal_server
 phase bubblewrap install_bubblewrap

@@ -75,6 +75,17 @@ class Settings(BaseSettings):
     opa_timeout_s: float = Field(2.0, description="Timeout of one policy query, seconds.")
 
     artifact_dir: Path | None = Field(None, description="Artifact store; default home/artifacts.")
+    artifact_url: str | None = Field(
+        None,
+        description="Shared artifact store for workers on several machines: s3://bucket/prefix"
+        " (checkpoints are published there and read by id); unset: artifact_dir only.",
+    )
+    artifact_s3_endpoint: str | None = Field(
+        None, description="S3-compatible endpoint URL of artifact_url (e.g. http://minio:9000)."
+    )
+    artifact_s3_region: str = Field("us-east-1", description="Region the S3 signature names.")
+    artifact_s3_access_key_id: str | None = Field(None, description="S3 access key id.")
+    artifact_s3_secret_access_key: str | None = Field(None, description="S3 secret access key.")
     web_host: str = Field("127.0.0.1", description="Web app bind address.")
     web_port: int = Field(8000, description="Web app port.")
     session_secret: str = Field(
@@ -114,6 +125,11 @@ class Settings(BaseSettings):
     def artifacts(self) -> Path:
         """Where content-addressed artifacts live."""
         return self.artifact_dir or self.home / "artifacts"
+
+    @property
+    def artifact_cache(self) -> Path:
+        """Where this machine keeps verified copies of checkpoints read from the shared store."""
+        return self.home / "artifact-cache"
 
     @property
     def secrets(self) -> Path:

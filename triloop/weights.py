@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlparse
 
 from sqlalchemy import Engine
 
+from triloop.artifacts import ARTIFACT_SCHEME, ArtifactStore, materialize
 from triloop.audit import record_event
 
 INTEGRITY_ACTION = "integrity_violation"
@@ -56,9 +57,20 @@ class UnsupportedArtifactUri(ValueError):
     """A checkpoint's artifact_uri this process cannot open as a local directory."""
 
 
-def checkpoint_dir(artifact_uri: str, *, home: Path) -> Path:
-    """The local directory of a checkpoint: ``file://`` URIs and paths (relative to home)."""
+def checkpoint_dir(
+    artifact_uri: str, *, home: Path, store: ArtifactStore | None = None,
+    checkpoint_id: str = "content",
+) -> Path:
+    """The local directory of a checkpoint: ``file://`` URIs, paths (relative to home), or
+    ``artifact://sha256/<manifest>`` fetched from the shared ``store`` into
+    ``home/artifact-cache`` (every file verified against its sha256 on the way)."""
     parsed = urlparse(artifact_uri)
+    if parsed.scheme == ARTIFACT_SCHEME:
+        if store is None:
+            raise UnsupportedArtifactUri(
+                f"checkpoint artifact_uri {artifact_uri!r} is in the shared artifact store, "
+                "which this process has not been given: set TRILOOP_ARTIFACT_URL")
+        return materialize(store, artifact_uri, home / "artifact-cache", checkpoint_id)
     if parsed.scheme == "file":
         return Path(unquote(parsed.path))
     if parsed.scheme == "":
@@ -66,7 +78,7 @@ def checkpoint_dir(artifact_uri: str, *, home: Path) -> Path:
         return path if path.is_absolute() else home / path
     raise UnsupportedArtifactUri(
         f"checkpoint artifact_uri {artifact_uri!r} has scheme {parsed.scheme!r}; this worker "
-        "opens file:// URIs and local paths only (sync remote checkpoints to a local folder)"
+        "opens file:// URIs, local paths and artifact:// URIs of the shared store"
     )
 
 

@@ -30,8 +30,26 @@ from execution_loop.inference.base import (
     decode_action,
     validate_request,
 )
+from triloop.weights import WeightsIntegrityError
 
 TOKEN_ID_PREFIX = "token_id:"
+
+
+class ServedWeightsMismatch(WeightsIntegrityError):
+    """The inference server does not serve the checkpoint's weights under its id."""
+
+    def __init__(self, checkpoint_id: str, model_dir: Path, server: str, problem: str) -> None:
+        super().__init__(checkpoint_id, model_dir, f"inference server {server}: {problem}")
+        self.server = server
+        self.args = (
+            f"checkpoint {checkpoint_id} refused: the inference server {server} {problem}; "
+            "no request was sent. Start the server with runtime loading (vLLM: "
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora) on storage that holds "
+            f"{model_dir}, or serve the checkpoint under its id",
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def normalise_base_url(base_url: str) -> str:
@@ -136,6 +154,59 @@ class OpenAICompatiblePolicyClient:
             self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
         return self._tokenizer
 
+    def served_models(self) -> list[dict[str, Any]]:
+        """The server's ``/v1/models`` cards."""
+        url = f"{self.base_url}/v1/models"
+        try:
+            response = self._http.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise InferenceServerError(url, f"unreachable: {exc}") from exc
+        if response.status_code != 200:
+            raise InferenceServerError(url, _error_message(response),
+                                       status_code=response.status_code)
+        try:
+            data = response.json().get("data")
+        except (ValueError, AttributeError) as exc:
+            raise InferenceResponseError(url, "/v1/models is not a JSON object") from exc
+        if not isinstance(data, list) or not all(isinstance(c, dict) for c in data):
+            raise InferenceResponseError(url, "/v1/models has no 'data' list of models")
+        return data
+
+    def ensure_served(self, model_dir: Path) -> dict[str, Any]:
+        """Make the server hold this checkpoint (loading it if needed); its model card."""
+        card = self._card()
+        if card is None:
+            self._load(model_dir)
+            card = self._card()
+        if card is None:
+            raise ServedWeightsMismatch(self.checkpoint_id, model_dir, self.base_url,
+                                        f"does not list '{self.model}' after loading it")
+        served = card.get("weights_sha256")
+        if served is not None and served != self.checkpoint_id:
+            raise ServedWeightsMismatch(
+                self.checkpoint_id, model_dir, self.base_url,
+                f"serves '{self.model}' with weights that hash to {served}")
+        return card
+
+    def _card(self) -> dict[str, Any] | None:
+        return next((c for c in self.served_models() if c.get("id") == self.model), None)
+
+    def _load(self, model_dir: Path) -> None:
+        url = f"{self.base_url}/v1/load_lora_adapter"
+        body = {"lora_name": self.model, "lora_path": str(model_dir)}
+        try:
+            response = self._http.post("/v1/load_lora_adapter", json=body)
+        except httpx.HTTPError as exc:
+            raise InferenceServerError(url, f"unreachable: {exc}") from exc
+        if response.status_code >= 500:  # the server's trouble: worth retrying
+            raise InferenceServerError(url, _error_message(response),
+                                       status_code=response.status_code)
+        if response.status_code != 200:
+            raise ServedWeightsMismatch(
+                self.checkpoint_id, model_dir, self.base_url,
+                f"does not serve '{self.model}' and refused to load it "
+                f"(HTTP {response.status_code}: {_error_message(response)})")
+
     def completion_request(
         self,
         prompt_token_ids: list[int],
@@ -200,6 +271,10 @@ class OpenAICompatiblePolicyClient:
             payload = response.json()
         except ValueError as exc:
             raise InferenceResponseError(url, "the body is not JSON") from exc
+        answered_by = payload.get("model") if isinstance(payload, dict) else None
+        if answered_by is not None and answered_by != self.model:
+            raise InferenceResponseError(
+                url, f"asked for model '{self.model}', answered by '{answered_by}'")
         token_ids, logprobs, finish_reason = parse_completion_choice(url, payload)
         # Decode here rather than trust choices[0].text: the action text is then the same
         # function of the ids whichever backend sampled them.

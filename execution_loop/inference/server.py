@@ -5,6 +5,15 @@ vLLM's field names and shapes (token-id prompts, ``logprobs``, ``return_token_id
 ``return_tokens_as_token_ids``, ``stop_token_ids``, ``seed``; ``choices[0].token_ids``,
 ``logprobs.tokens``/``token_logprobs``, ``finish_reason``/``stop_reason``; errors as
 ``{"error": {"message", "type", "param", "code"}}``), plus ``/v1/models`` and ``/health``.
+
+New checkpoints are loaded at run time through vLLM's documented runtime-loading endpoints,
+``POST /v1/load_lora_adapter`` (``{"lora_name", "lora_path"}``) and
+``POST /v1/unload_lora_adapter`` (``{"lora_name"}``), which exist only when the server is
+started with ``--allow-runtime-loading`` (vLLM: ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``
+and ``--enable-lora``). Here ``lora_path`` may be a full checkpoint directory. Every served
+model's ``/v1/models`` card names the sha256 of the weights it actually holds
+(``weights_sha256``, triloop's checkpoint id), and a load under a 64-hex name whose weights
+hash to something else is refused: the server never answers under an id it does not hold.
 Sampling is ``TorchPolicyClient.sample``, so logprobs are those of the sampling
 distribution, as vLLM reports with ``--logprobs-mode processed_logprobs``. Options it
 does not implement (streaming, n > 1, echo, stop strings, top-p/top-k) are refused with
@@ -29,6 +38,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from execution_loop.inference.base import PromptTooLongError
+from execution_loop.inference.served_models import LoadRefused, ServedModels
 from execution_loop.inference.torch_backend import Sample, TorchPolicyClient
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -103,20 +113,32 @@ def _refuse_unsupported(request: CompletionRequest) -> None:
         raise RequestRefused("temperature must be >= 0")
 
 
+class LoadAdapterRequest(BaseModel):
+    """vLLM's LoadLoRAAdapterRequest (here the path may be a full checkpoint directory)."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadAdapterRequest(BaseModel):
+    """vLLM's UnloadLoRAAdapterRequest."""
+
+    lora_name: str
+
+
 class CompletionService:
-    """Turns completion requests into samples from one checkpoint."""
+    """Turns completion requests into samples from the served checkpoints."""
 
-    def __init__(self, client: TorchPolicyClient, served_model_name: str) -> None:
-        self.client = client
-        self.served_model_name = served_model_name
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
 
-    def prompt_ids(self, request: CompletionRequest) -> list[int]:
+    def prompt_ids(self, request: CompletionRequest, client: TorchPolicyClient) -> list[int]:
         """The request's prompt as token ids (strings are tokenized, ids taken as sent)."""
         prompt: Any = request.prompt
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            tokenizer = self.client.tokenizer()
+            tokenizer = client.tokenizer()
             return list(tokenizer(prompt, add_special_tokens=request.add_special_tokens).input_ids)
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return [int(t) for t in prompt]
@@ -126,14 +148,17 @@ class CompletionService:
 
     def complete(self, request: CompletionRequest) -> dict[str, Any]:
         """Sample and build the response body."""
-        if request.model is not None and request.model != self.served_model_name:
+        name = request.model if request.model is not None else self.models.default_name
+        served = self.models.get(name)
+        if served is None:
             raise RequestRefused(
                 f"The model `{request.model}` does not exist.", status=HTTPStatus.NOT_FOUND
             )
+        client = served.client
         _refuse_unsupported(request)
-        prompt_ids = self.prompt_ids(request)
+        prompt_ids = self.prompt_ids(request, client)
         try:
-            sample = self.client.sample(
+            sample = client.sample(
                 prompt_ids,
                 max_new_tokens=request.max_tokens or 16,
                 temperature=1.0 if request.temperature is None else request.temperature,
@@ -144,12 +169,13 @@ class CompletionService:
             )
         except (PromptTooLongError, ValueError) as exc:
             raise RequestRefused(str(exc)) from exc
-        tokenizer = self.client.tokenizer()
+        tokenizer = client.tokenizer()
         text = tokenizer.decode(sample.token_ids, skip_special_tokens=request.skip_special_tokens)
         choice = {
             "index": 0,
             "text": text,
-            "logprobs": self._logprobs(request, sample) if request.logprobs is not None else None,
+            "logprobs": (self._logprobs(request, sample, client)
+                         if request.logprobs is not None else None),
             "finish_reason": sample.finish_reason,
             "stop_reason": sample.stop_reason,
             "token_ids": sample.token_ids if request.return_token_ids else None,
@@ -161,7 +187,7 @@ class CompletionService:
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": self.served_model_name,
+            "model": name,
             "choices": [choice],
             "usage": {
                 "prompt_tokens": len(prompt_ids),
@@ -170,12 +196,15 @@ class CompletionService:
             },
         }
 
-    def _token_string(self, token_id: int, as_id: bool) -> str:
+    @staticmethod
+    def _token_string(token_id: int, as_id: bool, client: TorchPolicyClient) -> str:
         if as_id:
             return f"token_id:{token_id}"
-        return str(self.client.tokenizer().decode([token_id]))
+        return str(client.tokenizer().decode([token_id]))
 
-    def _logprobs(self, request: CompletionRequest, sample: Sample) -> dict[str, Any]:
+    def _logprobs(
+        self, request: CompletionRequest, sample: Sample, client: TorchPolicyClient
+    ) -> dict[str, Any]:
         """vLLM's CompletionLogProbs: the sampled token first, then the top alternatives."""
         as_id = bool(request.return_tokens_as_token_ids)
         wanted = request.logprobs or 0
@@ -186,11 +215,12 @@ class CompletionService:
         for i, (token_id, logprob) in enumerate(
             zip(sample.token_ids, sample.logprobs, strict=True)
         ):
-            token = self._token_string(token_id, as_id)
+            token = self._token_string(token_id, as_id, client)
             entries = {token: max(logprob, -9999.0)}
             alternatives = sample.top_logprobs[i][:wanted] if wanted else []
             for alt_id, alt_logprob in alternatives:
-                entries.setdefault(self._token_string(alt_id, as_id), max(alt_logprob, -9999.0))
+                entries.setdefault(self._token_string(alt_id, as_id, client),
+                                   max(alt_logprob, -9999.0))
             tokens.append(token)
             offsets.append(offset)
             offset += len(token)
@@ -209,10 +239,14 @@ def create_app(
     served_model_name: str | None = None,
     device: str | None = None,
     client: TorchPolicyClient | None = None,
+    allow_runtime_loading: bool = False,
+    max_loaded: int = 4,
 ) -> FastAPI:
     """Build the app serving ``model_dir`` (or an already loaded ``client``)."""
     policy = client or TorchPolicyClient(model_dir, device=device)
-    service = CompletionService(policy, served_model_name or str(model_dir))
+    models = ServedModels(policy, served_model_name or str(model_dir), device=device,
+                          max_loaded=max_loaded)
+    service = CompletionService(models)
     app = FastAPI(title="triloop model server")
 
     @app.exception_handler(RequestValidationError)
@@ -230,17 +264,29 @@ def create_app(
         return Response(status_code=200)
 
     @app.get("/v1/models")
-    def models() -> dict[str, Any]:
-        card = {
-            "id": service.served_model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "triloop",
-            "root": str(policy.model_dir),
-            "parent": None,
-            "max_model_len": policy.max_model_len,
-        }
-        return {"object": "list", "data": [card]}
+    def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": models.cards()}
+
+    if allow_runtime_loading:
+        # Only when asked for, as vLLM registers these only with runtime updating allowed.
+
+        @app.post("/v1/load_lora_adapter")
+        def load_adapter(request: LoadAdapterRequest) -> Response:
+            try:
+                models.load(request.lora_name, Path(request.lora_path))
+            except LoadRefused as exc:
+                raise RequestRefused(str(exc)) from exc
+            return Response(f"Success: LoRA adapter '{request.lora_name}' added successfully.",
+                            media_type="text/plain")
+
+        @app.post("/v1/unload_lora_adapter")
+        def unload_adapter(request: UnloadAdapterRequest) -> Response:
+            try:
+                models.unload(request.lora_name)
+            except LoadRefused as exc:
+                raise RequestRefused(str(exc), status=HTTPStatus.NOT_FOUND) from exc
+            return Response(f"Success: LoRA adapter '{request.lora_name}' removed successfully.",
+                            media_type="text/plain")
 
     @app.post("/v1/completions")
     def completions(request: CompletionRequest) -> dict[str, Any]:
@@ -258,8 +304,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--served-model-name", default=None, help="defaults to --model")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: best)")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--allow-runtime-loading", action="store_true",
+                        help="serve /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                             "(vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)")
+    parser.add_argument("--max-loaded", type=int, default=4,
+                        help="checkpoints held at once; the least recently used loaded one "
+                             "is unloaded beyond it (vLLM: --max-loras)")
     args = parser.parse_args(argv)
-    app = create_app(args.model, served_model_name=args.served_model_name, device=args.device)
+    app = create_app(args.model, served_model_name=args.served_model_name, device=args.device,
+                     allow_runtime_loading=args.allow_runtime_loading,
+                     max_loaded=args.max_loaded)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 

@@ -6,14 +6,16 @@ generator seeded per request, and its logprob is read from that same distributio
 teacher-forced forward pass over prompt + sampled ids reproduces those logprobs (to float
 rounding), which is what makes the learner's importance ratios start at 1.0.
 Temperature 0 is greedy and, as in vLLM, reports logprobs of the untempered distribution.
+
+Each client owns one ``BatchingEngine``: concurrent episodes' requests are decoded together
+in padded micro-batches (``batched_sampling``), each row as it would be decoded alone.
 """
 
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,24 +23,20 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from execution_loop.inference.base import (
-    FINISH_LENGTH,
-    FINISH_STOP,
     Generation,
     PromptTooLongError,
     decode_action,
     validate_request,
 )
+from execution_loop.inference.batched_sampling import (
+    Sample,
+    SampleRequest,
+    next_token_logprobs,
+    sample_batch,
+)
+from execution_loop.inference.batching import BatchingEngine, EngineStats
 
-
-@dataclass(frozen=True)
-class Sample:
-    """A generation with the detail an OpenAI-compatible server reports."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    stop_reason: int | None  # the stop_token_ids entry that ended it; None for EOS or length
-    top_logprobs: list[list[tuple[int, float]]]  # per position, best first; empty if not asked
+__all__ = ["Sample", "TorchPolicyClient", "teacher_forced_logprobs"]
 
 
 def _eos_token_ids(model: Any) -> frozenset[int]:
@@ -52,9 +50,12 @@ def _eos_token_ids(model: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _next_token_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    scaled = logits.float() if temperature == 0 else logits.float() / temperature
-    return torch.log_softmax(scaled, dim=-1)
+def _pad_token_id(model: Any, eos_token_ids: frozenset[int]) -> int:
+    """Any valid id does: padded positions are masked out of attention."""
+    pad = getattr(model.config, "pad_token_id", None)
+    if isinstance(pad, int):
+        return pad
+    return min(eos_token_ids) if eos_token_ids else 0
 
 
 class TorchPolicyClient:
@@ -67,6 +68,8 @@ class TorchPolicyClient:
         device: str | torch.device | None = None,
         checkpoint_id: str | None = None,
         dtype: torch.dtype = torch.float32,
+        max_batch_size: int = 64,
+        gather_wait_s: float = 0.002,
     ) -> None:
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
@@ -84,11 +87,14 @@ class TorchPolicyClient:
         self.eos_token_ids = _eos_token_ids(self.model)
         # transformers 5 renamed the KV-cache argument and output field (past_key_values -> cache).
         forward_parameters = inspect.signature(self.model.forward).parameters
-        self._cache_name = "cache" if "cache" in forward_parameters else "past_key_values"
+        cache_name = "cache" if "cache" in forward_parameters else "past_key_values"
         self._tokenizer: PreTrainedTokenizerBase | None = None
-        # One generation at a time: the KV cache and the seeded generator are per call, but
-        # interleaved forwards on a small CPU box only add contention.
-        self._lock = threading.Lock()
+        # One engine per loaded checkpoint: its thread is the only one running the model.
+        self.engine = BatchingEngine(
+            partial(sample_batch, self.model, cache_name=cache_name,
+                    pad_token_id=_pad_token_id(self.model, self.eos_token_ids)),
+            name=self.checkpoint_id, max_batch_size=max_batch_size, gather_wait_s=gather_wait_s,
+        )
 
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The checkpoint's tokenizer, loaded once."""
@@ -121,7 +127,6 @@ class TorchPolicyClient:
             finish_reason=sample.finish_reason,
         )
 
-    @torch.inference_mode()
     def sample(
         self,
         prompt_token_ids: Sequence[int],
@@ -151,35 +156,24 @@ class TorchPolicyClient:
         else:
             generator.manual_seed(seed)
         stops = frozenset(int(t) for t in stop_token_ids)
-        ends = stops if ignore_eos else stops | self.eos_token_ids
+        request = SampleRequest(
+            prompt_token_ids=[int(t) for t in prompt_token_ids],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generator=generator,
+            ends=stops if ignore_eos else stops | self.eos_token_ids,
+            stops=stops,
+            top_logprobs=top_logprobs,
+        )
+        return self.engine.sample(request)
 
-        ids: list[int] = []
-        logprobs: list[float] = []
-        tops: list[list[tuple[int, float]]] = []
-        finish_reason, stop_reason = FINISH_LENGTH, None
-        with self._lock:
-            inputs = torch.tensor([list(prompt_token_ids)], device=self.device)
-            out = self.model(input_ids=inputs, use_cache=True, logits_to_keep=1)
-            for _ in range(max_new_tokens):
-                logp = _next_token_logprobs(out.logits[0, -1], temperature)
-                if temperature == 0:
-                    token = int(torch.argmax(logp).item())
-                else:
-                    token = int(torch.multinomial(logp.exp(), 1, generator=generator).item())
-                ids.append(token)
-                logprobs.append(float(logp[token].item()))
-                if top_logprobs > 0:
-                    values, indices = torch.topk(logp, min(top_logprobs, logp.numel()))
-                    tops.append(list(zip(indices.tolist(), values.tolist(), strict=True)))
-                if token in ends:
-                    finish_reason = FINISH_STOP
-                    stop_reason = token if token in stops else None
-                    break
-                cache = {self._cache_name: getattr(out, self._cache_name)}
-                out = self.model(
-                    input_ids=torch.tensor([[token]], device=self.device), use_cache=True, **cache
-                )
-        return Sample(ids, logprobs, finish_reason, stop_reason, tops)
+    def engine_stats(self) -> EngineStats:
+        """How many micro-batches this checkpoint's engine ran, and how large."""
+        return self.engine.stats()
+
+    def close(self) -> None:
+        """Stop the engine's thread (the worker's cache evicted this checkpoint)."""
+        self.engine.close()
 
 
 @torch.inference_mode()
@@ -195,6 +189,6 @@ def teacher_forced_logprobs(
     sequence = torch.tensor([[*prompt_token_ids, *continuation_ids]], device=device)
     logits = model(input_ids=sequence).logits[0]
     start = len(prompt_token_ids) - 1
-    logp = _next_token_logprobs(logits[start : start + len(continuation_ids)], temperature)
+    logp = next_token_logprobs(logits[start : start + len(continuation_ids)], temperature)
     targets = torch.tensor(list(continuation_ids), device=device)
     return [float(v) for v in logp.gather(-1, targets[:, None]).squeeze(-1).tolist()]

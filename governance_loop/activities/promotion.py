@@ -57,6 +57,7 @@ from governance_loop.gates import (
 )
 from governance_loop.gates import HumanDecision as GateHumanDecision
 from governance_loop.gates.human import AUDITOR_ROLE, OPERATOR_ROLE
+from triloop.artifacts import ArtifactCorrupted, ArtifactStore
 from triloop.db import session_scope
 from triloop.decisions import ProvenDecision, audit_refusal
 from triloop.models import (
@@ -106,11 +107,13 @@ class PromotionActivities(GovernanceShell):
         timing: PromotionTiming,
         threshold_name: str = DEFAULT_THRESHOLD_NAME,
         home: Path = Path("."),
+        store: ArtifactStore | None = None,
     ) -> None:
         super().__init__(engine, authorizer)
         self._timing = timing
         self._threshold_name = threshold_name
         self._home = home  # relative artifact paths of checkpoints are under it
+        self._store = store  # the shared artifact store, for artifact:// checkpoints
 
     @activity.defn(name=OPEN_PROMOTION)
     def open_promotion(self, request: OpenPromotionInput) -> PromotionPlan:
@@ -461,8 +464,9 @@ class PromotionActivities(GovernanceShell):
         if row is None:
             return f"integrity: checkpoint {checkpoint_id} has no row; nothing to verify"
         try:
-            verify_weights(checkpoint_dir(row.artifact_uri, home=self._home), checkpoint_id)
-        except UnsupportedArtifactUri as error:
+            verify_weights(checkpoint_dir(row.artifact_uri, home=self._home, store=self._store,
+                                          checkpoint_id=checkpoint_id), checkpoint_id)
+        except (UnsupportedArtifactUri, ArtifactCorrupted) as error:
             return f"integrity: {error}"
         except WeightsIntegrityError as error:
             record_integrity_event(self._engine, service="governance", error=error,

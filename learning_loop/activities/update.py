@@ -64,6 +64,7 @@ from learning_loop.mitigation import with_mitigations
 from learning_loop.stability import StabilityInputError
 from learning_loop.trajectory_reader import load_rollout_data
 from learning_loop.update import UpdateError
+from triloop.artifacts import ARTIFACT_SCHEME, ArtifactStore, materialize, publish_directory
 from triloop.models import Checkpoint, TrainingStep
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
 from triloop.run_config import RunConfig
@@ -77,13 +78,20 @@ class UpdateCancelled(RuntimeError):
     """The workflow cancelled the update before its results were stored."""
 
 
-def local_dir(artifact_uri: str) -> Path:
-    """The directory of a ``file://`` (or plain path) checkpoint artifact."""
+def local_dir(
+    artifact_uri: str, *, store: ArtifactStore | None = None, cache: Path | None = None,
+    checkpoint_id: str = "content",
+) -> Path:
+    """The directory of a ``file://`` (or plain path) checkpoint artifact, or a verified
+    local copy of an ``artifact://`` one from the shared store."""
     parsed = urlparse(artifact_uri)
     if parsed.scheme in ("file", ""):
         return Path(unquote(parsed.path))
+    if parsed.scheme == ARTIFACT_SCHEME and store is not None and cache is not None:
+        return materialize(store, artifact_uri, cache, checkpoint_id)
     raise CheckpointError(
-        f"artifact {artifact_uri!r} is not a local directory; sync it to this worker first"
+        f"artifact {artifact_uri!r} is not a local directory and no shared artifact store is "
+        "configured (TRILOOP_ARTIFACT_URL)"
     )
 
 
@@ -101,10 +109,17 @@ class _Progress:
 class UpdateActivities:
     """Torch activities, bound to the learning role's engine, the authorizer and artifacts."""
 
-    def __init__(self, *, engine: Engine, authorizer: Authorizer, artifact_dir: Path) -> None:
+    def __init__(
+        self, *, engine: Engine, authorizer: Authorizer, artifact_dir: Path,
+        store: ArtifactStore | None = None, cache_dir: Path | None = None,
+    ) -> None:
         self._engine = engine
         self._authorizer = authorizer
         self._artifact_dir = artifact_dir
+        # With a shared store, checkpoints are published there (their URI names the store)
+        # and read back through a verified local cache; without one they stay file:// here.
+        self._shared_store = store
+        self._cache_dir = cache_dir or artifact_dir / "cache"
         # One update at a time per worker: the accelerator (or the CPU) is the bottleneck.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner")
 
@@ -133,7 +148,7 @@ class UpdateActivities:
         ref = save_servable(self._artifact_dir, model, source,
                             data_cursor={}, metadata={"source": str(source.resolve())})
         created = register_root(engine=self._engine, checkpoint_id=ref.id,
-                                artifact_uri=ref.path.resolve().as_uri(),
+                                artifact_uri=self._publish(ref.path),
                                 source=str(source.resolve()),
                                 serving=asdict(serving_hashes(ref.path)))
         return BaseCheckpoint(ref.id, created=created)
@@ -178,13 +193,23 @@ class UpdateActivities:
         parent = get_checkpoint(engine=self._engine, checkpoint_id=request.parent_checkpoint_id)
         if parent is None:
             raise CheckpointError(f"parent checkpoint {request.parent_checkpoint_id} has no row")
-        parent_dir = local_dir(parent.artifact_uri)
+        parent_dir = self._local_dir(parent)
         record = self._saved(resume, request)
         if record is None:
             record = self._train(request, parent, parent_dir, progress)
         if abort.is_set():
             raise UpdateCancelled(f"update of iteration {request.iteration} was cancelled")
         return self._store(request, parent, record)
+
+    def _publish(self, directory: Path) -> str:
+        """The URI recorded for a saved checkpoint: the shared store's, or this machine's."""
+        if self._shared_store is None:
+            return directory.resolve().as_uri()
+        return publish_directory(self._shared_store, directory)
+
+    def _local_dir(self, checkpoint: Checkpoint) -> Path:
+        return local_dir(checkpoint.artifact_uri, store=self._shared_store,
+                         cache=self._cache_dir, checkpoint_id=checkpoint.id)
 
     def _saved(self, resume: dict[str, Any], request: UpdateInput) -> dict[str, Any] | None:
         """A previous attempt's saved checkpoint for this iteration, if it got that far."""
@@ -216,7 +241,7 @@ class UpdateActivities:
             base = get_checkpoint(engine=self._engine, checkpoint_id=request.base_checkpoint_id)
             if base is None:
                 raise CheckpointError(f"base checkpoint {request.base_checkpoint_id} has no row")
-            reference_dir = local_dir(base.artifact_uri)
+            reference_dir = self._local_dir(base)
 
         def stage(name: str) -> None:
             progress.stage = name
@@ -253,7 +278,7 @@ class UpdateActivities:
                 data={"trajectory_batches": list(request.batch_ids),
                       "trajectories": batch.get("trajectories"),
                       "policy_versions": batch.get("policy_versions")},
-                artifact_uri=Path(record["path"]).resolve().as_uri(), created_by="learning",
+                artifact_uri=self._publish(Path(record["path"])), created_by="learning",
                 **asdict(serving_hashes(Path(record["path"]))),
             )
             self._authorizer.authorize(LEARNING, "create", Resource(

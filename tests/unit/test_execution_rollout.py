@@ -120,7 +120,7 @@ def test_checkpoint_directories_from_artifact_uris(tmp_path: Path) -> None:
     assert checkpoint_dir((tmp_path / "m").as_uri(), home=Path("/h")) == tmp_path / "m"
     assert checkpoint_dir("/abs/m", home=Path("/h")) == Path("/abs/m")
     assert checkpoint_dir("artifacts/m", home=Path("/h")) == Path("/h/artifacts/m")
-    with pytest.raises(UnsupportedArtifactUri, match="file:// URIs and local paths"):
+    with pytest.raises(UnsupportedArtifactUri, match="local paths and artifact:// URIs"):
         checkpoint_dir("s3://bucket/m", home=Path("/h"))
 
 

@@ -1,0 +1,36 @@
+"""triloop's OpenAI-compatible model server, run in a thread for a test."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import uvicorn
+
+from execution_loop.inference.server import create_app
+
+
+@contextmanager
+def serving(model_dir: Path, name: str, *, runtime_loading: bool) -> Iterator[str]:
+    """triloop's server in a thread; yields its base URL."""
+    app = create_app(model_dir, served_model_name=name, device="cpu",
+                     allow_runtime_loading=runtime_loading, max_loaded=2)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the model server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
