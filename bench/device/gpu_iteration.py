@@ -116,8 +116,8 @@ def run(args: argparse.Namespace, device_name: str) -> int:
             generate_s = time.perf_counter() - sampled
             steps = [StepRecord(f"t{iteration}-{k}", f"g{k // args.group_size}", "lake",
                                 iteration, prompt, s.token_ids, s.logprobs,
-                                action_share(tokenizer.decode(s.token_ids,
-                                                              skip_special_tokens=True)))
+                                action_share(str(tokenizer.decode(s.token_ids,
+                                                                  skip_special_tokens=True))))
                      for k, (prompt, s) in enumerate(zip(batch, samples_out, strict=True))]
             training, _ = build_training_samples(steps, AdvantageConfig())
             if cuda:
