@@ -14,6 +14,7 @@ from sqlalchemy.exc import ProgrammingError
 from temporalio.client import Client
 
 from learning_loop.lineage import lineage
+from learning_loop.tiny_model import create_tiny_model
 from tests.factories_learning import (
     frozen_lake_tasks,
     loops_running,
@@ -39,9 +40,11 @@ async def client(settings: Settings) -> AsyncIterator[Client]:
 
 
 async def test_checkpoints_travel_through_the_shared_store(
-    client: Client, settings: Settings, owner_engine: Engine, tiny_model_dir: Path,
-    tmp_path: Path,
+    client: Client, settings: Settings, owner_engine: Engine, tmp_path: Path,
 ) -> None:
+    # A base of its own: a checkpoint id is its weights' digest, so the session's shared tiny
+    # model would be one row for every test, published here and local everywhere else.
+    tiny_model_dir = create_tiny_model(tmp_path / "base", seed=4242)
     shared = tmp_path / "shared-bucket"  # a folder every machine mounts (file:// store)
     own = queue_settings(settings).model_copy(update={"artifact_url": shared.as_uri()})
     alice = make_user(owner_engine)
