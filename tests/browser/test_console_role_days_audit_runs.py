@@ -1,11 +1,12 @@
-"""The auditor's and the ML engineer's days in Chromium.
+"""The auditor's and the ML engineer's days in Chromium, and an open gate's traffic count.
 
 The auditor narrows the audit log by kind, decision, actor and time range, then downloads
 the same events as CSV and JSON from the page's export links and reads what came down.
 The engineer submits a run through the API, watches it on its page (status and iteration
 update live), sees it pause on an alarm and resumes it from the console; another engineer
-gets no controls and is refused if they post the form anyway. Screenshots at desktop
-width and at 390 px go to ``test-output/screenshots/``.
+gets no controls and is refused if they post the form anyway. An operator looking at an
+open shadow gate sees how much production traffic it has counted against its bar.
+Screenshots at desktop width and at 390 px go to ``test-output/screenshots/``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tests.browser.support import Loop, shot, sign_in
 from tests.factories import insert, make_task, uid
+from tests.factories_traffic import hold_slot, promotion_at_gate, task_of, write_shadow_pairs
 from tests.factories_web import Person, add_steps, make_user
 from triloop.audit import append_event
 from triloop.config import Settings
@@ -248,3 +250,25 @@ def test_engineer_submits_watches_and_resumes_a_paused_run(
     assert refused == 403
     assert loop.run(handle.query(RUN_STATUS_QUERY)) == seen  # nothing more reached the run
     loop.run(handle.signal(RUN_CANCEL_SIGNAL, RunControl("test cleanup")))
+
+
+# --- an open gate waiting for traffic ------------------------------------------------------
+
+def test_an_open_shadow_gate_shows_its_traffic_count(
+    page: Page, base_url: str, people: dict[str, Person], owner_engine: Engine,
+) -> None:
+    seeded = promotion_at_gate(owner_engine, people, "shadow", {"shadow": {"min_samples": 12}})
+    hold_slot(owner_engine, "shadow", seeded)
+    try:
+        write_shadow_pairs(owner_engine, seeded, task_of(owner_engine, seeded), 3)
+        sign_in(page, base_url, people["operator"], f"/promotions/{seeded.promotion_id}")
+        expect(page.get_by_test_id("traffic-progress")).to_have_text(
+            "Waiting for production traffic: 3 of 12 paired episodes.")
+        shot(page, "day-gate-waiting-for-traffic")
+        page.set_viewport_size(PHONE)
+        page.reload()
+        expect(page.get_by_test_id("traffic-progress")).to_be_visible()
+        assert body_overflow(page) <= 0
+        shot(page, "day-gate-waiting-for-traffic-390")
+    finally:
+        hold_slot(owner_engine, "shadow", None)
