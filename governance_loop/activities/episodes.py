@@ -16,17 +16,13 @@ from sqlalchemy import text
 from sqlmodel import Session
 
 from triloop.models import RolloutBatch
+from triloop.production_traffic import SHADOW_PAIRS_FROM
+from triloop.production_traffic import requested_traffic as _requested_traffic
 
 # SQL: the episode was served without an injected fault (or every episode, when not clean).
 _CLEAN = "(NOT CAST(:clean AS boolean) OR (outcome->'injected_fault') IS NULL)"
 
 
-def _requested_traffic(alias: str) -> str:
-    """SQL: the episode belongs to production traffic somebody vouched for, a batch the web
-    service recorded for people or execution recorded for governance (``rollout_batch``);
-    a row slipped in under any other batch id is not evidence."""
-    return (f"EXISTS (SELECT 1 FROM rollout_batch b WHERE b.id = {alias}.batch_id "
-            "AND b.purpose = 'production' AND b.requested_by IN ('web', 'governance'))")
 # A gate's window: (checkpoint, purposes, since, until; None is open-ended).
 Window = tuple[str, Sequence[str], datetime, datetime | None]
 # SQL on a shadow step ``a``: the execution loop's verdict for it (a missing verdict is false).
@@ -200,11 +196,7 @@ def shadow_pairs(
                      WHERE a.trajectory_id = s.id AND {_COMPARED} AND {_AGREED}),
                    p.total_reward, s.total_reward,
                    COALESCE(p.outcome->'injected_fault', s.outcome->'injected_fault')
-            FROM trajectory s
-            JOIN trajectory p
-              ON p.id = COALESCE(s.outcome->>'shadow_of', regexp_replace(s.id, '[:]shadow$', ''))
-            WHERE s.purpose = 'shadow' AND s.checkpoint_id = :c AND p.checkpoint_id = :p
-              AND s.created_at >= :s AND {_requested_traffic('s')} AND {_requested_traffic('p')}
+            {SHADOW_PAIRS_FROM}
             ORDER BY p.id
             """
         ),

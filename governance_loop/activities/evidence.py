@@ -59,11 +59,11 @@ from triloop.audit import record_event
 from triloop.db import session_scope
 from triloop.models import EvalSet, Threshold
 from triloop.policy import Resource
+from triloop.production_traffic import CANARY_PURPOSES
 from triloop.weights import INTEGRITY_ACTION
 
 PRODUCTION = "production"
 CANARY = "canary"
-CANARY_PURPOSES = ("canary", "production")
 
 
 def _spec(session: Session, threshold_id: str) -> ThresholdSpec:

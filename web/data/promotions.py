@@ -17,6 +17,7 @@ from triloop.models import (
     Threshold,
     TrainingStep,
 )
+from web.data.gate_traffic import TrafficProgress, traffic_progress
 from web.pagination import Page, keyset, page_of
 
 GATE_ORDER = ("stability", "offline_eval", "shadow", "canary", "audit", "approval", "promote",
@@ -89,6 +90,9 @@ class PromotionDetail(PromotionSummary):
         default=None, description="the run's stability alarms up to the proposed iteration")
     approvals: list[ApprovalPublic] | None = None
     audited_by: str | None = Field(default=None, description="who signed the audit, if anyone")
+    traffic: TrafficProgress | None = Field(
+        default=None, description="an open shadow or canary gate's production traffic so far "
+        "against its min_samples; null at any other gate")
 
 
 class DecisionFacts(BaseModel):
@@ -186,6 +190,7 @@ def promotion_detail(
         if with_alarms else None,
         approvals=[ApprovalPublic.model_validate(a) for a in approvals] if with_approvals else None,
         audited_by=_signer(approvals, "audit") if with_approvals else None,
+        traffic=traffic_progress(session=session, promotion=row),
     )
 
 

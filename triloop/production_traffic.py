@@ -1,0 +1,62 @@
+"""The production traffic the shadow and canary gates may count, as SQL both sides share.
+
+Governance's gates (``governance_loop.activities.episodes``) judge these episodes; the web
+service counts the same ones to say how far an open gate is from its ``min_samples``. The
+fragments live here, in the kernel, so the console's count and the gate's can never mean
+different episodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlmodel import Session
+
+# The purposes of the candidate's episodes that form the canary gate's canary arm.
+CANARY_PURPOSES = ("canary", "production")
+
+
+def requested_traffic(alias: str) -> str:
+    """SQL: the episode belongs to production traffic somebody vouched for, a batch the web
+    service recorded for people or execution recorded for governance (``rollout_batch``);
+    a row slipped in under any other batch id is not evidence."""
+    return (f"EXISTS (SELECT 1 FROM rollout_batch b WHERE b.id = {alias}.batch_id "
+            "AND b.purpose = 'production' AND b.requested_by IN ('web', 'governance'))")
+
+
+# FROM/WHERE of the shadow gate's pairs: a shadow episode ``s`` of the candidate (``:c``)
+# since ``:s`` joined to the production episode ``p`` of ``:p`` it mirrors, which names it
+# in ``outcome.shadow_of`` (or by id, ``<production id>:shadow``); both sides requested.
+SHADOW_PAIRS_FROM = f"""
+            FROM trajectory s
+            JOIN trajectory p
+              ON p.id = COALESCE(s.outcome->>'shadow_of', regexp_replace(s.id, '[:]shadow$', ''))
+            WHERE s.purpose = 'shadow' AND s.checkpoint_id = :c AND p.checkpoint_id = :p
+              AND s.created_at >= :s AND {requested_traffic('s')} AND {requested_traffic('p')}
+"""
+
+
+def count_shadow_pairs(
+    *, session: Session, candidate_id: str, production_id: str, since: datetime
+) -> int:
+    """Paired (production, candidate shadow) episodes since ``since``: the shadow gate's n."""
+    value = session.execute(
+        text(f"SELECT count(*) {SHADOW_PAIRS_FROM}"),
+        {"c": candidate_id, "p": production_id, "s": since},
+    ).scalar_one()
+    return int(value)
+
+
+def count_requested_episodes(
+    *, session: Session, checkpoint_id: str, purposes: Sequence[str], since: datetime
+) -> int:
+    """Requested production-traffic episodes a checkpoint served for these purposes since
+    ``since``: one arm of the canary gate (faulted episodes included, as in its first look)."""
+    value = session.execute(
+        text("SELECT count(*) FROM trajectory WHERE checkpoint_id = :c AND purpose = ANY(:p) "
+             f"AND created_at >= :s AND {requested_traffic('trajectory')}"),
+        {"c": checkpoint_id, "p": list(purposes), "s": since},
+    ).scalar_one()
+    return int(value)
