@@ -5,7 +5,7 @@
   var script = document.currentScript;
   var runId = script && script.getAttribute("data-run-id");
   if (!runId) { return; }
-  var terminal = { completed: true, cancelled: true, failed: true };
+  var terminal = { completed: true, completed_with_alarms: true, cancelled: true, failed: true };
   var periodMs = 5000;
 
   function lastIteration() {
