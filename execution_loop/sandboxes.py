@@ -66,6 +66,18 @@ def python_installation() -> list[Path]:
     return sorted(f for f in folders if not str(f).startswith(_SYSTEM))
 
 
+def python_dependencies() -> list[Path]:
+    """The installation plus every ``site-packages`` folder on this interpreter's path.
+
+    What a command needs to import the worker's third-party packages (a verifier's pytest):
+    a venv may chain another's packages through a ``.pth`` file. Never the project folder,
+    which holds the worker's home and its secrets.
+    """
+    packages = {Path(entry) for entry in sys.path
+                if Path(entry).name in ("site-packages", "dist-packages") and Path(entry).is_dir()}
+    return sorted({*python_installation(), *packages})
+
+
 class BubblewrapSandbox(LocalProcessSandbox):
     """Each command in fresh namespaces under bubblewrap, with the local backend's limits."""
 

@@ -44,12 +44,14 @@ from execution_loop.environments.base import (
 )
 from execution_loop.environments.ci_actions import Action, apply_action, parse_action
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits
+from execution_loop.sandboxes import default_sandbox, python_dependencies
 from execution_loop.verification import VerifierRequest, run_verifier
 
 if TYPE_CHECKING:
     from triloop.contracts import EnvironmentContract
 
 VERIFIER = "execution_loop.environments.ci_verifier:verify"
+REPORT_FILE = ".triloop-ci-report.json"  # where the agent's CI run writes its report
 CAPABILITIES = TaskCapabilities(
     actions=frozenset({"retry_ci", "read_source", "edit_source", "skip_test"}),
     observations=frozenset({"ci_log", "test_report", "command_exit_code"}),
@@ -77,9 +79,8 @@ class FixCiFailure:
         self, contract: EnvironmentContract, *, sandbox: SandboxBackend | None = None
     ) -> None:
         self.contract = contract
-        # Local by default: its runner writes the report beside the working copy, and the
-        # agent's pytest needs the dependency set; moving it to bubblewrap is future work.
-        self._sandbox = sandbox or LocalProcessSandbox()
+        # Bubblewrap where it works: the agent's CI runs see only the working copy.
+        self._sandbox = sandbox or default_sandbox()
         self._repositories = contract.fixture_path(
             str(contract.initial_state["repository_fixture"])
         )
@@ -117,6 +118,8 @@ class FixCiFailure:
         name = repository_for(seed, self._commits)
         self._fixture, self._commit = self._repositories / name, self._commits[name]
         self._tmp = Path(tempfile.mkdtemp(prefix="triloop-fix-ci-"))
+        # Searchable, not listable: bubblewrap, started as the sandbox user, binds repo/.
+        self._tmp.chmod(0o711)
         commit = ci_repo.build_repository(self._fixture, self.workdir)
         if commit != self._commit:
             raise ci_repo.FixtureError(
@@ -185,8 +188,14 @@ class FixCiFailure:
         return result.observation
 
     def _run_ci(self) -> tuple[str, ci_repo.CiRun]:
-        report = self.workdir.parent / "report.json"  # outside the agent's working copy
-        run = ci_repo.run_ci(self._sandbox, self.workdir, report, self._limits)
+        # The working copy is the one folder the sandbox may write, so the runner's report
+        # lands there; it is read as the agent's output and removed at once, so it never
+        # shows among the agent's files nor reaches the verifier's candidate tree.
+        report = self.workdir / REPORT_FILE
+        try:
+            run = ci_repo.run_ci(self._sandbox, self.workdir, report, self._limits)
+        finally:
+            ci_repo.discard(report)
         shown = self.contract.observations
         parts = [f"$ python {ci_repo.RUNNER}"]
         if "command_exit_code" in shown:
@@ -215,6 +224,10 @@ class FixCiFailure:
             "limits": dataclasses.asdict(self._limits),
             "ended_by": self._ended_by,
             "reward": dict(self.contract.reward.outcome),
+            # The verifier's pytest run of the agent's code: the same backend as the
+            # episode's commands (a Docker one falls back to local), with pytest's folders.
+            "sandbox": "bubblewrap" if self._sandbox.name == "bubblewrap" else "local",
+            "dependencies": [str(folder) for folder in python_dependencies()],
         }
         return VerifierRequest(VERIFIER, payload)
 
@@ -226,7 +239,9 @@ class FixCiFailure:
             wall_time_s=2 * self._limits.wall_time_s + 60,
             max_output_bytes=2**20,
         )
-        return run_verifier(self.verifier_request(), limits=limits, sandbox=self._sandbox)
+        # The verifier itself is triloop's code and runs outside the agent's sandbox (it
+        # reads the working copy); it runs the agent's code under ``payload["sandbox"]``.
+        return run_verifier(self.verifier_request(), limits=limits, sandbox=LocalProcessSandbox())
 
     def state_fingerprint(self) -> str:
         """sha256 of the working copy's files (not .git), the turn and whether it is over."""
