@@ -239,9 +239,12 @@ class FixCiFailure:
             wall_time_s=2 * self._limits.wall_time_s + 60,
             max_output_bytes=2**20,
         )
-        # The verifier itself is triloop's code and runs outside the agent's sandbox (it
-        # reads the working copy); it runs the agent's code under ``payload["sandbox"]``.
-        return run_verifier(self.verifier_request(), limits=limits, sandbox=LocalProcessSandbox())
+        # The verifier is triloop's code and must read the working copy, which a backend
+        # that hides the filesystem would hide: there it runs as a local process of its
+        # own and runs the agent's code under ``payload["sandbox"]``. A local backend (the
+        # admission probe's recording one among them) still sees the verifier's command.
+        runner = self._sandbox if self._sandbox.name == "local" else LocalProcessSandbox()
+        return run_verifier(self.verifier_request(), limits=limits, sandbox=runner)
 
     def state_fingerprint(self) -> str:
         """sha256 of the working copy's files (not .git), the turn and whether it is over."""
