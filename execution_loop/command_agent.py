@@ -60,7 +60,7 @@ from execution_loop.gateway.session import (
 from execution_loop.harness import step_action_mask
 from execution_loop.inference.base import PolicyClient
 from execution_loop.sandbox import SandboxBackend, SandboxLimits, SandboxResult
-from execution_loop.sandboxes import describe, reaching_loopback
+from execution_loop.sandboxes import describe, python_dependencies, reaching_loopback
 from triloop.contracts import AgentSpec, EnvironmentContract, Limits
 
 PYTHON_PLACEHOLDER = "{python}"
@@ -269,8 +269,10 @@ def _run_agent(
 
     def run() -> None:
         try:
+            # The worker's packages, read-only: an agent may import what the worker has
+            # installed (a model client); never the project folder, which holds secrets.
             outcome.append(sandbox.run(argv, limits=limits, workdir=workdir, stdin=stdin,
-                                       extra_env=variables))
+                                       extra_env=variables, expose=python_dependencies()))
         except BaseException as exc:  # handed to the caller's thread below
             outcome.append(exc)
 
