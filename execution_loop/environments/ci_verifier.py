@@ -7,7 +7,10 @@ builds a candidate tree from the agent's working copy with the pinned tests and 
 put back and every file that loads itself (``conftest.py``, pytest and setup config,
 ``sitecustomize``, ``.pth``) removed, and runs the pinned suite on it with
 ``ci_suite.run_pinned_suite``: pytest in a fresh process, its verdict read from the exit
-status and a JUnit XML file in a folder outside the tree, both of which must agree.
+status and a JUnit XML file in a folder beside a copy of the tree made for that run, both
+of which must agree. pytest runs under the episode's sandbox backend (``payload["sandbox"]``:
+bubblewrap, or local) with the worker's package folders (``payload["dependencies"]``)
+exposed read-only; this process, triloop's own code, runs outside it.
 Every skip counts as a new failure; a run whose harness the code under test changed
 (``tampering``) fails whatever its tests say. The criteria come from the contract:
 ``all_tests_pass``, ``no_new_failures`` and ``coverage_drop_lt`` (line coverage of the
