@@ -9,7 +9,8 @@ bugs. One action per turn, the command on the first line:
 - ``run_tests`` (allowed action ``retry_ci``): run ``python run_tests.py`` in the
   sandbox (bubblewrap where it works: it sees only the working copy, where the runner's
   report lands and is removed once read); the observation carries
-  ``command_exit_code``, ``test_report`` and ``ci_log`` as the contract lists them. A green run ends the episode.
+  ``command_exit_code``, ``test_report`` and ``ci_log`` as the contract lists them. A
+  green run ends the episode.
 - ``cat <file>`` (``read_source``): show a file.
 - ``edit <file>`` then the full new content (``edit_source``), or ``replace <file>``
   then ``<<<<<<< SEARCH`` / ``=======`` / ``>>>>>>> REPLACE`` lines.
