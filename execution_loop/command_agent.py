@@ -12,6 +12,10 @@ variables (nothing else is inherited):
 - ``TRILOOP_ENV_URL``: the episode's environment, ``POST .../step {"action": text}``
   answering ``observation``, ``reward``, ``done`` (and ``GET .../observation``).
 
+In the bubblewrap sandbox (no network) these URLs still work: the gateway, and only
+the gateway, answers on the same ``127.0.0.1`` port inside, through a relay
+(``sandboxes.reaching_loopback``); every other host service stays unreachable.
+
 The gateway records every model call; the main loop's calls become the episode's steps
 (prompt ids as fed, sampled ids, mask 1 on exactly the sampled ids, behaviour logprobs),
 so the learner trains on them unchanged. Environment rewards go to the main-loop call
@@ -56,6 +60,7 @@ from execution_loop.gateway.session import (
 from execution_loop.harness import step_action_mask
 from execution_loop.inference.base import PolicyClient
 from execution_loop.sandbox import SandboxBackend, SandboxLimits, SandboxResult
+from execution_loop.sandboxes import describe, python_dependencies, reaching_loopback
 from triloop.contracts import AgentSpec, EnvironmentContract, Limits
 
 PYTHON_PLACEHOLDER = "{python}"
@@ -214,8 +219,9 @@ def run_command_episode(
         with GatewayServer(gateway) as server:
             server.environments[session.id] = port
             variables = agent_environment(server.session_url(session.id), session.id)
-            result = _run_agent(sandbox, agent_argv(agent, python), sandbox_limits, workdir,
-                                initial, variables, session, gateway, port, on_progress)
+            only_the_gateway = reaching_loopback(sandbox, {"gateway": server.address})
+            result = _run_agent(only_the_gateway, agent_argv(agent, python), sandbox_limits,
+                                workdir, initial, variables, session, gateway, port, on_progress)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for failure in (session.infrastructure_error, port.infrastructure_error):
@@ -226,7 +232,7 @@ def run_command_episode(
              "agent": {"command": list(agent.command), "exit_code": result.exit_code,
                        "limit_exceeded": result.limit_exceeded, "wall_s": result.wall_s,
                        "stderr_tail": result.stderr[-_STDERR_KEPT:],
-                       "sandbox": type(sandbox).__name__}}
+                       "sandbox": describe(sandbox)}}
     env_rewards = sum(s.reward for s in port.steps)
 
     def record(final: str, why: str | None, outcome: Outcome | None) -> EpisodeRecord:
@@ -263,8 +269,10 @@ def _run_agent(
 
     def run() -> None:
         try:
+            # The worker's packages, read-only: an agent may import what the worker has
+            # installed (a model client); never the project folder, which holds secrets.
             outcome.append(sandbox.run(argv, limits=limits, workdir=workdir, stdin=stdin,
-                                       extra_env=variables))
+                                       extra_env=variables, expose=python_dependencies()))
         except BaseException as exc:  # handed to the caller's thread below
             outcome.append(exc)
 

@@ -10,6 +10,9 @@ PID, IPC, UTS and network namespaces:
   verifier needs;
 - a private writable work directory (the command's ``workdir``), a private ``/tmp``;
 - its own ``/proc``: host processes are invisible;
+- named endpoints only through a per-command relay (``sandbox_endpoints``); a
+  *loopback* endpoint (``reaching``: a black-box agent's gateway) also answers on
+  ``127.0.0.1:<port>`` inside, for programs that speak HTTP to a TCP address;
 - the rlimits of ``SandboxLimits`` plus ``RLIMIT_NPROC``. A limit on processes holds only
   for an unprivileged user, so a worker running as root starts bubblewrap as
   ``sandbox_uid`` (nobody by default), which also makes the work directory that user's.
@@ -24,6 +27,7 @@ episode's record carries ``describe(sandbox)``.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -43,7 +47,12 @@ from execution_loop.sandbox import (
     SandboxResult,
     _which_limit,
 )
-from execution_loop.sandbox_endpoints import ENDPOINTS_DIR, EndpointRelay, parse_endpoint
+from execution_loop.sandbox_endpoints import (
+    ENDPOINTS_DIR,
+    EndpointRelay,
+    loopback_argv,
+    parse_endpoint,
+)
 
 NOBODY = 65534
 _SYSTEM = ("/usr", "/etc")
@@ -55,6 +64,18 @@ def python_installation() -> list[Path]:
     folders = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable))
                .parent.parent}
     return sorted(f for f in folders if not str(f).startswith(_SYSTEM))
+
+
+def python_dependencies() -> list[Path]:
+    """The installation plus every ``site-packages`` folder on this interpreter's path.
+
+    What a command needs to import the worker's third-party packages (a verifier's pytest):
+    a venv may chain another's packages through a ``.pth`` file. Never the project folder,
+    which holds the worker's home and its secrets.
+    """
+    packages = {Path(entry) for entry in sys.path
+                if Path(entry).name in ("site-packages", "dist-packages") and Path(entry).is_dir()}
+    return sorted({*python_installation(), *packages})
 
 
 class BubblewrapSandbox(LocalProcessSandbox):
@@ -70,6 +91,8 @@ class BubblewrapSandbox(LocalProcessSandbox):
         self._endpoints = dict(endpoints or {})
         for value in self._endpoints.values():
             parse_endpoint(value)  # refuse a malformed endpoint now, not at the first command
+        # Endpoints that also answer on 127.0.0.1:<port> inside (see ``reaching``).
+        self._loopback: dict[str, str] = {}
         self._relay_dir: Path | None = None  # the running command's relay folder
         self._one_at_a_time = threading.Lock()  # _wrap reads the running command's folder
         found = bwrap or shutil.which("bwrap")
@@ -80,6 +103,22 @@ class BubblewrapSandbox(LocalProcessSandbox):
 
     def _identity(self, limits: SandboxLimits) -> tuple[int, int]:
         return limits.max_processes, self._uid
+
+    def reaching(self, loopback: Mapping[str, str]) -> BubblewrapSandbox:
+        """A copy whose commands also reach these host addresses (``name: "127.0.0.1:port"``)
+        on the same address inside, and nothing else new.
+
+        The copy has its own relay folder and lock, so copies run side by side.
+        """
+        for value in loopback.values():
+            host, _ = parse_endpoint(value)
+            if host not in ("127.0.0.1", "localhost"):
+                raise ValueError(f"a loopback endpoint must be on 127.0.0.1, got {value!r}")
+        clone = copy.copy(self)
+        clone._loopback = {**self._loopback, **loopback}
+        clone._relay_dir = None
+        clone._one_at_a_time = threading.Lock()
+        return clone
 
     def run(
         self,
@@ -110,11 +149,11 @@ class BubblewrapSandbox(LocalProcessSandbox):
     ) -> SandboxResult:
         relay: EndpointRelay | None = None
         folder: Path | None = None
-        if self._endpoints:
+        if self._endpoints or self._loopback:
             folder = Path(tempfile.mkdtemp(prefix="triloop-endpoints-"))
             if self._uid >= 0:
                 os.chown(folder, self._uid, self._uid)
-            relay = EndpointRelay(folder, self._endpoints, self._uid)
+            relay = EndpointRelay(folder, {**self._endpoints, **self._loopback}, self._uid)
             extra_env = {**(extra_env or {}), **relay.variables}
         self._relay_dir = folder
         try:
@@ -159,6 +198,9 @@ class BubblewrapSandbox(LocalProcessSandbox):
         # folders made by tempfile.mkdtemp() under /tmp are (their parent is world-searchable).
         if self._relay_dir is not None:
             binds += ["--bind", str(self._relay_dir), ENDPOINTS_DIR]
+        if self._loopback:  # the forwarder listens first, then becomes the command
+            ports = {name: parse_endpoint(value)[1] for name, value in self._loopback.items()}
+            argv = loopback_argv(self._python, ports, argv)
         work = str(workdir.resolve())
         return [
             self._bwrap, "--unshare-all", "--die-with-parent", "--new-session",
@@ -240,6 +282,18 @@ def default_sandbox(endpoints: Mapping[str, str] | None = None) -> SandboxBacken
     if os.environ.get("TRILOOP_SANDBOX") == "local" or bubblewrap_problem() is not None:
         return LocalProcessSandbox()
     return BubblewrapSandbox(endpoints=endpoints)
+
+
+def reaching_loopback(sandbox: SandboxBackend, loopback: Mapping[str, str]) -> SandboxBackend:
+    """The sandbox for a program that must reach these worker addresses (and no others).
+
+    Bubblewrap: a copy that relays them (see ``BubblewrapSandbox.reaching``). The local
+    backend has the host's network already. Docker's ``--network none`` cannot: a program
+    there reaches nothing, which its record shows as a failed episode.
+    """
+    if isinstance(sandbox, BubblewrapSandbox):
+        return sandbox.reaching(loopback)
+    return sandbox
 
 
 def describe(sandbox: SandboxBackend) -> dict[str, str]:

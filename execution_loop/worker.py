@@ -31,6 +31,7 @@ from execution_loop.policies import (
     TaskEnvironments,
     backend_factory,
 )
+from execution_loop.sandboxes import default_sandbox
 from execution_loop.trajectories import EXECUTION
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
 from triloop.artifact_backends import open_shared_store
@@ -71,6 +72,9 @@ def build_worker(
     rollout = RolloutActivities(
         engine=engine, authorizer=authorizer, policies=policies, environments=environments,
         serving_faults=lambda: read_serving_faults(settings.home),
+        # Black-box agents run under bubblewrap where it works (reaching only the gateway);
+        # elsewhere locally, and each episode's record says which and why.
+        agent_sandbox=default_sandbox(),
     )
     probe = AdmissionProbe(environments=environments)
     # Episodes are synchronous (torch, subprocess sandboxes): one thread each.

@@ -5,7 +5,8 @@
 It loads the contract ``tool_arithmetic_agent.yaml`` (tool_arithmetic played by the agent
 program ``fixtures/agents/arithmetic_agent.py``), serves the model in-process (the torch
 backend; with no ``--model`` it creates the tiny model in a temporary folder), runs the
-agent in the sandbox with its base URL pointed at the gateway, and prints what the
+agent in the default sandbox (bubblewrap where it works) with its base URL pointed at the
+gateway, and prints what the
 execution loop would store: each model call with its kind, the trajectory's segments and
 breaks, and the steps the learner would train on (prompt and sampled token counts, and
 that the action mask covers exactly the sampled ids). The guide is
@@ -24,7 +25,7 @@ from typing import Any
 from execution_loop.command_agent import run_command_episode
 from execution_loop.environments.registry import CONTRACTS_DIR, make_environment
 from execution_loop.inference.torch_backend import TorchPolicyClient
-from execution_loop.sandbox import LocalProcessSandbox
+from execution_loop.sandboxes import default_sandbox
 from triloop.contracts import load_contract
 
 
@@ -35,7 +36,7 @@ def summary(model_dir: Path, *, task_seed: int, seed: int) -> dict[str, Any]:
     env = make_environment(contract)
     try:
         record = run_command_episode(env, policy, contract=contract,
-                                     sandbox=LocalProcessSandbox(), seed=seed,
+                                     sandbox=default_sandbox(), seed=seed,
                                      task_seed=task_seed, limits=contract.limits)
     finally:
         env.close()
@@ -53,6 +54,7 @@ def summary(model_dir: Path, *, task_seed: int, seed: int) -> dict[str, Any]:
             "action_text": step.action_text,
         } for step in record.steps],
         "agent_exit_code": record.extra["agent"]["exit_code"],
+        "sandbox": record.extra["agent"]["sandbox"]["backend"],  # bubblewrap where it works
     }
 
 

@@ -26,6 +26,7 @@ from execution_loop.sandbox import DEFAULT_PATH, SandboxBackend, SandboxLimits
 
 RUNNER = "run_tests.py"
 SKIP_FILE = "ci_skip.txt"
+MAX_REPORT_BYTES = 4 * 2**20
 PROTECTED = ("tests", RUNNER)  # the verifier always uses the pinned copies of these
 # Files a test runner or the interpreter loads on its own: anywhere outside tests/ the
 # verifier removes them (tests/ is the pinned copy), so only pinned ones can take effect.
@@ -106,13 +107,17 @@ class CiRun:
 def run_ci(
     sandbox: SandboxBackend, workdir: Path, report_path: Path, limits: SandboxLimits
 ) -> CiRun:
-    """Run ``python run_tests.py --report FILE`` in the working copy, in the sandbox."""
-    report_path.unlink(missing_ok=True)
+    """Run ``python run_tests.py --report FILE`` in the working copy, in the sandbox.
+
+    The report is the agent's code's to write (it runs in that process), so it is read
+    as the agent's output: never through a link, never anything but a regular file.
+    """
+    discard(report_path)
     command = [sys.executable, "-I", "-S", "-B", RUNNER, "--report", str(report_path)]
     result = sandbox.run(command, limits=limits, workdir=workdir)
     report: dict[str, Any] | None = None
     try:
-        loaded = json.loads(report_path.read_text())
+        loaded = json.loads(read_regular_file(report_path, MAX_REPORT_BYTES))
         report = loaded if isinstance(loaded, dict) else None
     except (OSError, ValueError):
         report = None
@@ -120,6 +125,31 @@ def run_ci(
     statuses = {str(k): str(v) for k, v in tests.items()} if isinstance(tests, dict) else {}
     log = result.stdout + (f"\n{result.stderr}" if result.stderr.strip() else "")
     return CiRun(result.exit_code, log, report, result.limit_exceeded, statuses)
+
+
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a regular file; ``OSError`` for a link, folder or FIFO.
+
+    The sandboxed code may have put anything at ``path``; our process must not follow a
+    link it planted (to a host file) or block on a pipe.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def discard(path: Path) -> None:
+    """Remove whatever is at ``path`` (a file, a link, a folder), following no link."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()  # a FIFO or socket
 
 
 def summarise(run: CiRun) -> str:

@@ -9,7 +9,9 @@ pinned commit, and runs pytest with a configuration the verifier writes:
 - no plugin autoload (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``), no cache provider, an empty
   ini file of ours (``-c``), the tree as ``--rootdir`` and ``tests/`` as
   ``--confcutdir`` (only the pinned ``tests/conftest.py`` can load), ``xfail_strict``;
-- the JUnit XML and the guard's verdict go to a fresh private folder outside the tree;
+- the JUnit XML and the guard's verdict go to a fresh private folder beside a copy of the
+  tree, made for this run after the episode (so nothing the agent did in its episode can
+  be there), read as regular files only;
 - the result is read from two channels that must agree: the process's exit status
   (0 only when pytest passed and the guard saw no tampering) and the JUnit XML, which
   must list exactly the tests the pinned files define, each passed.
@@ -31,16 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from execution_loop.environments.ci_repo import MAX_REPORT_BYTES, read_regular_file
 from execution_loop.sandbox import SandboxBackend, SandboxLimits
 
 GUARD_SOURCE = Path(__file__).with_name("ci_guard.py")
 TAMPERED = 97  # ci_guard.TAMPERED (not imported: ci_guard needs pytest)
-MAX_REPORT_BYTES = 4 * 2**20
 _BOOT = """
 import json, os, sys
 settings = json.loads(sys.stdin.readline())
 source = sys.stdin.read()
 sys.stdin = open(os.devnull)
+os.chdir(settings["root"])
 sys.path.insert(0, os.getcwd())
 namespace = {"__name__": "triloop_ci_guard"}
 exec(compile(source, "<triloop ci guard>", "exec"), namespace)
@@ -94,21 +97,34 @@ def run_pinned_suite(
     expected: dict[str, str],
     *,
     not_covered: tuple[str, ...] = (),
+    expose: tuple[Path, ...] = (),
 ) -> SuiteRun:
-    """Run pytest on ``tree/tests`` in a fresh process and read the verdict from both channels."""
-    private = Path(tempfile.mkdtemp(prefix="triloop-verdict-"))
+    """Run pytest on a copy of ``tree`` in a fresh process; read the verdict from both channels.
+
+    The run's folder holds the copy and the verdict folder, side by side: a sandbox that
+    lets a command write only its work directory (bubblewrap) still lets pytest write its
+    report, and nothing the agent's episode could reach. ``expose``: the folders holding
+    pytest (the worker's Python installation), read-only.
+    """
+    run_root = Path(tempfile.mkdtemp(prefix="triloop-suite-"))
     try:
+        copy = run_root / "tree"
+        test_files = sorted(set(expected.values()))
+        pinned_hashes = {
+            rel: hashlib.sha256((tree / rel).read_bytes()).hexdigest() for rel in test_files
+        }
+        shutil.copytree(tree, copy, symlinks=True)
+        tree = copy
+        private = run_root / "verdict"
+        private.mkdir()
         junit, verdict = private / "junit.xml", private / "verdict.json"
         ini = private / "pytest.ini"
         ini.write_text(_INI)
-        test_files = sorted(set(expected.values()))
         settings = {
             "root": str(tree),
             "verdict": str(verdict),
             "not_covered": list(not_covered),  # e.g. the repository's own CI runner
-            "pinned_tests": {
-                rel: hashlib.sha256((tree / rel).read_bytes()).hexdigest() for rel in test_files
-            },
+            "pinned_tests": pinned_hashes,
             "args": [
                 "-c",
                 str(ini),
@@ -131,15 +147,16 @@ def run_pinned_suite(
         result = sandbox.run(
             [sys.executable, "-I", "-B", "-c", _BOOT],
             limits=limits,
-            workdir=tree,
+            workdir=run_root,
             stdin=stdin,
             extra_env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"},
+            expose=expose,
         )
         log = result.stdout + (f"\n{result.stderr}" if result.stderr.strip() else "")
         statuses, problems, errors = _read_junit(junit, expected)
         guard = _read_json(verdict)
     finally:
-        shutil.rmtree(private, ignore_errors=True)
+        shutil.rmtree(run_root, ignore_errors=True)
     if result.limit_exceeded:
         return SuiteRun(result.exit_code, log, result.limit_exceeded, statuses)
     tampering = list(problems)
@@ -162,7 +179,7 @@ def run_pinned_suite(
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        loaded = json.loads(path.read_bytes()[:MAX_REPORT_BYTES])
+        loaded = json.loads(read_regular_file(path, MAX_REPORT_BYTES))
     except (OSError, ValueError):
         return None
     return loaded if isinstance(loaded, dict) else None
@@ -173,7 +190,7 @@ def _read_junit(
 ) -> tuple[dict[str, str], list[str], list[str]]:
     """Each expected test's status, what is wrong with the report, and collection errors."""
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path, MAX_REPORT_BYTES + 1)
     except OSError:
         return {}, ["pytest wrote no JUnit XML"], []
     if len(data) > MAX_REPORT_BYTES or b"<!DOCTYPE" in data or b"<!ENTITY" in data:

@@ -7,7 +7,10 @@ builds a candidate tree from the agent's working copy with the pinned tests and 
 put back and every file that loads itself (``conftest.py``, pytest and setup config,
 ``sitecustomize``, ``.pth``) removed, and runs the pinned suite on it with
 ``ci_suite.run_pinned_suite``: pytest in a fresh process, its verdict read from the exit
-status and a JUnit XML file in a folder outside the tree, both of which must agree.
+status and a JUnit XML file in a folder beside a copy of the tree made for that run, both
+of which must agree. pytest runs under the episode's sandbox backend (``payload["sandbox"]``:
+bubblewrap, or local) with the worker's package folders (``payload["dependencies"]``)
+exposed read-only; this process, triloop's own code, runs outside it.
 Every skip counts as a new failure; a run whose harness the code under test changed
 (``tampering``) fails whatever its tests say. The criteria come from the contract:
 ``all_tests_pass``, ``no_new_failures`` and ``coverage_drop_lt`` (line coverage of the
@@ -25,14 +28,29 @@ from typing import Any
 
 from execution_loop.environments import ci_repo, ci_suite
 from execution_loop.environments.base import Outcome
-from execution_loop.sandbox import LocalProcessSandbox, SandboxLimits
+from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits
+from execution_loop.sandboxes import BubblewrapSandbox
+
+
+def suite_sandbox(backend: str) -> SandboxBackend:
+    """Where the pinned suite runs the agent's code: the backend its episode ran in.
+
+    Bubblewrap only where the episode's own sandbox was bubblewrap (the worker checked
+    that it works); the verifier never falls back silently to a weaker one than asked.
+    """
+    if backend == "bubblewrap":
+        return BubblewrapSandbox()
+    if backend == "local":
+        return LocalProcessSandbox()
+    raise ValueError(f"the verifier runs the suite under bubblewrap or locally, not {backend!r}")
 
 
 def verify(payload: dict[str, Any]) -> Outcome:
     """Score the working copy in ``payload['workdir']`` against the contract's criteria."""
     workdir = Path(payload["workdir"])
     limits = SandboxLimits(**payload["limits"])
-    sandbox = LocalProcessSandbox()
+    sandbox = suite_sandbox(str(payload.get("sandbox") or "local"))
+    expose = tuple(Path(folder) for folder in payload.get("dependencies") or ())
     scratch = Path(tempfile.mkdtemp(prefix="triloop-verify-ci-"))
     try:
         pinned = scratch / "pinned"
@@ -43,7 +61,7 @@ def verify(payload: dict[str, Any]) -> Outcome:
             )
         expected = ci_suite.pinned_tests(pinned)
         baseline = ci_suite.run_pinned_suite(
-            sandbox, pinned, limits, expected, not_covered=(ci_repo.RUNNER,)
+            sandbox, pinned, limits, expected, not_covered=(ci_repo.RUNNER,), expose=expose
         )
         if not baseline.statuses or not baseline.trusted or baseline.limit_exceeded:
             raise ci_repo.FixtureError(
@@ -53,7 +71,7 @@ def verify(payload: dict[str, Any]) -> Outcome:
         candidate = scratch / "candidate"
         changed = ci_repo.candidate_tree(workdir, pinned, candidate)
         run = ci_suite.run_pinned_suite(
-            sandbox, candidate, limits, expected, not_covered=(ci_repo.RUNNER,)
+            sandbox, candidate, limits, expected, not_covered=(ci_repo.RUNNER,), expose=expose
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -95,6 +113,7 @@ def verify(payload: dict[str, Any]) -> Outcome:
         "coverage_drop": round(drop, 6),
         "protected_files_changed": changed,
         "sandbox_limit": run.limit_exceeded,
+        "suite_sandbox": sandbox.name,
     }
     reward = terms["success"] if success else terms.get("failure", 0.0)
     return Outcome(success=success, reward=float(reward), details=details)

@@ -7,8 +7,10 @@ picks one (``seed % count``, in name order), so seeds give different repositorie
 bugs. One action per turn, the command on the first line:
 
 - ``run_tests`` (allowed action ``retry_ci``): run ``python run_tests.py`` in the
-  sandbox; the observation carries ``command_exit_code``, ``test_report`` and
-  ``ci_log`` as the contract lists them. A green run ends the episode.
+  sandbox (bubblewrap where it works: it sees only the working copy, where the runner's
+  report lands and is removed once read); the observation carries
+  ``command_exit_code``, ``test_report`` and ``ci_log`` as the contract lists them. A
+  green run ends the episode.
 - ``cat <file>`` (``read_source``): show a file.
 - ``edit <file>`` then the full new content (``edit_source``), or ``replace <file>``
   then ``<<<<<<< SEARCH`` / ``=======`` / ``>>>>>>> REPLACE`` lines.
@@ -44,12 +46,14 @@ from execution_loop.environments.base import (
 )
 from execution_loop.environments.ci_actions import Action, apply_action, parse_action
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits
+from execution_loop.sandboxes import default_sandbox, python_dependencies
 from execution_loop.verification import VerifierRequest, run_verifier
 
 if TYPE_CHECKING:
     from triloop.contracts import EnvironmentContract
 
 VERIFIER = "execution_loop.environments.ci_verifier:verify"
+REPORT_FILE = ".triloop-ci-report.json"  # where the agent's CI run writes its report
 CAPABILITIES = TaskCapabilities(
     actions=frozenset({"retry_ci", "read_source", "edit_source", "skip_test"}),
     observations=frozenset({"ci_log", "test_report", "command_exit_code"}),
@@ -77,9 +81,8 @@ class FixCiFailure:
         self, contract: EnvironmentContract, *, sandbox: SandboxBackend | None = None
     ) -> None:
         self.contract = contract
-        # Local by default: its runner writes the report beside the working copy, and the
-        # agent's pytest needs the dependency set; moving it to bubblewrap is future work.
-        self._sandbox = sandbox or LocalProcessSandbox()
+        # Bubblewrap where it works: the agent's CI runs see only the working copy.
+        self._sandbox = sandbox or default_sandbox()
         self._repositories = contract.fixture_path(
             str(contract.initial_state["repository_fixture"])
         )
@@ -117,6 +120,8 @@ class FixCiFailure:
         name = repository_for(seed, self._commits)
         self._fixture, self._commit = self._repositories / name, self._commits[name]
         self._tmp = Path(tempfile.mkdtemp(prefix="triloop-fix-ci-"))
+        # Searchable, not listable: bubblewrap, started as the sandbox user, binds repo/.
+        self._tmp.chmod(0o711)
         commit = ci_repo.build_repository(self._fixture, self.workdir)
         if commit != self._commit:
             raise ci_repo.FixtureError(
@@ -185,8 +190,14 @@ class FixCiFailure:
         return result.observation
 
     def _run_ci(self) -> tuple[str, ci_repo.CiRun]:
-        report = self.workdir.parent / "report.json"  # outside the agent's working copy
-        run = ci_repo.run_ci(self._sandbox, self.workdir, report, self._limits)
+        # The working copy is the one folder the sandbox may write, so the runner's report
+        # lands there; it is read as the agent's output and removed at once, so it never
+        # shows among the agent's files nor reaches the verifier's candidate tree.
+        report = self.workdir / REPORT_FILE
+        try:
+            run = ci_repo.run_ci(self._sandbox, self.workdir, report, self._limits)
+        finally:
+            ci_repo.discard(report)
         shown = self.contract.observations
         parts = [f"$ python {ci_repo.RUNNER}"]
         if "command_exit_code" in shown:
@@ -215,6 +226,10 @@ class FixCiFailure:
             "limits": dataclasses.asdict(self._limits),
             "ended_by": self._ended_by,
             "reward": dict(self.contract.reward.outcome),
+            # The verifier's pytest run of the agent's code: the same backend as the
+            # episode's commands (a Docker one falls back to local), with pytest's folders.
+            "sandbox": "bubblewrap" if self._sandbox.name == "bubblewrap" else "local",
+            "dependencies": [str(folder) for folder in python_dependencies()],
         }
         return VerifierRequest(VERIFIER, payload)
 
@@ -226,7 +241,12 @@ class FixCiFailure:
             wall_time_s=2 * self._limits.wall_time_s + 60,
             max_output_bytes=2**20,
         )
-        return run_verifier(self.verifier_request(), limits=limits, sandbox=self._sandbox)
+        # The verifier is triloop's code and must read the working copy, which a backend
+        # that hides the filesystem would hide: there it runs as a local process of its
+        # own and runs the agent's code under ``payload["sandbox"]``. A local backend (the
+        # admission probe's recording one among them) still sees the verifier's command.
+        runner = self._sandbox if self._sandbox.name == "local" else LocalProcessSandbox()
+        return run_verifier(self.verifier_request(), limits=limits, sandbox=runner)
 
     def state_fingerprint(self) -> str:
         """sha256 of the working copy's files (not .git), the turn and whether it is over."""

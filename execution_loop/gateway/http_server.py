@@ -123,10 +123,15 @@ class GatewayServer:
                                         daemon=True)
 
     @property
+    def address(self) -> str:
+        """``127.0.0.1:PORT``, where it listens."""
+        host, port = self._server.server_address[:2]
+        return f"{host!s}:{port}"
+
+    @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT``."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return f"http://{self.address}"
 
     def session_url(self, session_id: str) -> str:
         """The base URL that names a session in its path."""

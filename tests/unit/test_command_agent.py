@@ -8,9 +8,14 @@ calls, then (after its context compression) the right answer.
 
 from __future__ import annotations
 
+import json
+import socket
 import textwrap
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import PreTrainedTokenizerBase
@@ -21,7 +26,12 @@ from execution_loop.environments.registry import (
     make_environment,
     reference_solution,
 )
-from execution_loop.sandbox import LocalProcessSandbox
+from execution_loop.sandbox import (
+    LocalProcessSandbox,
+    SandboxBackend,
+    SandboxResult,
+)
+from execution_loop.sandboxes import BubblewrapSandbox, bubblewrap_problem
 from learning_loop.tiny_model import build_tokenizer
 from tests.gateway_standins import ScriptedPolicy
 from triloop.contracts import (
@@ -47,23 +57,63 @@ def contract() -> EnvironmentContract:
     return load_contract(AGENT_CONTRACT)
 
 
-def play(contract: EnvironmentContract, policy: ScriptedPolicy, **kwargs: object) -> object:
+class RecordingLocal(LocalProcessSandbox):
+    """The local backend, keeping each command's result (the test reads the agent's stderr)."""
+
+    results: list[SandboxResult]
+
+    def run(self, *args: Any, **kwargs: Any) -> SandboxResult:
+        result = super().run(*args, **kwargs)
+        self.results.append(result)
+        return result
+
+
+class RecordingBubblewrap(BubblewrapSandbox):
+    """Bubblewrap, keeping each command's result (its copies share the list)."""
+
+    results: list[SandboxResult]
+
+    def run(self, *args: Any, **kwargs: Any) -> SandboxResult:
+        result = super().run(*args, **kwargs)
+        self.results.append(result)
+        return result
+
+
+@pytest.fixture(params=["local", "bubblewrap"])
+def sandbox(request: pytest.FixtureRequest) -> LocalProcessSandbox:
+    """Every test runs the agent locally and, where it works, under bubblewrap."""
+    chosen: LocalProcessSandbox
+    if request.param == "local":
+        chosen = RecordingLocal()
+    else:
+        problem = bubblewrap_problem()
+        if problem is not None:
+            pytest.skip(f"bubblewrap cannot run here: {problem}")
+        chosen = RecordingBubblewrap()
+    chosen.results = []
+    return chosen
+
+
+def play(contract: EnvironmentContract, policy: ScriptedPolicy,
+         sandbox: SandboxBackend | None = None, **kwargs: object) -> Any:
     env = make_environment(contract)
     try:
-        return run_command_episode(env, policy, contract=contract, sandbox=LocalProcessSandbox(),
-                                   seed=3, task_seed=SEED, limits=contract.limits, **kwargs)
+        return run_command_episode(env, policy, contract=contract,
+                                   sandbox=sandbox or LocalProcessSandbox(), seed=3,
+                                   task_seed=SEED, limits=contract.limits, **kwargs)
     finally:
         env.close()
 
 
 def test_the_agent_solves_the_task_and_every_model_token_is_accounted_for(
-    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase
+    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase,
+    sandbox: LocalProcessSandbox,
 ) -> None:
     answer = reference_solution("tool_arithmetic", SEED, contract)[-1]
     tool = "python: print(2)"  # the reference's own tool call is longer than 24 tokens
     policy = ScriptedPolicy(tokenizer, ["python: print(1)", tool, "I ran two tools.", answer])
     progress: list[int] = []
-    record = play(contract, policy, on_progress=progress.append)
+    record = play(contract, policy, sandbox, on_progress=progress.append)
     assert record.status == "completed" and record.success, record.extra["agent"]
     assert record.total_reward == 1.0 and record.outcome_reward == 1.0
     gateway = record.extra["gateway"]
@@ -99,24 +149,27 @@ def test_the_agent_solves_the_task_and_every_model_token_is_accounted_for(
     assert third.done and third.observation
     assert progress and progress[-1] <= 4
     assert record.extra["agent"]["exit_code"] == 0
+    assert record.extra["agent"]["sandbox"]["backend"] == sandbox.name
 
 
 def test_an_agent_that_quits_early_is_truncated_and_says_so(
-    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
+    sandbox: LocalProcessSandbox,
 ) -> None:
     quitter = _with_agent(contract, tmp_path, "import sys\nsys.stdin.read()\nsys.exit(4)\n")
-    record = play(quitter, ScriptedPolicy(tokenizer, []))
+    record = play(quitter, ScriptedPolicy(tokenizer, []), sandbox)
     assert (record.status, record.failure_reason) == ("truncated", "agent_exited")
     assert record.steps == [] and record.extra["agent"]["exit_code"] == 4
 
 
 def test_an_agent_past_its_token_budget_is_truncated(
-    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase
+    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase,
+    sandbox: LocalProcessSandbox,
 ) -> None:
     text = AGENT_CONTRACT.read_text().replace("max_total_tokens: 160", "max_total_tokens: 50")
     tight = parse_contract_text(text, base_dir=CONTRACTS_DIR)
     long_answers = ScriptedPolicy(tokenizer, ["word " * 50] * 20)  # each cut at 24 tokens
-    record = play(tight, long_answers)
+    record = play(tight, long_answers, sandbox)
     # 24 + 24 + 2 (the compression, cut at what was left), then the gateway answers 429.
     assert (record.status, record.failure_reason) == ("truncated", "max_total_tokens")
     assert record.generated_tokens == 50 and record.extra["agent"]["exit_code"] == 3
@@ -124,10 +177,12 @@ def test_an_agent_past_its_token_budget_is_truncated(
 
 
 def test_the_deadline_stops_a_slow_agent(
-    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
+    sandbox: LocalProcessSandbox,
 ) -> None:
     sleeper = _with_agent(contract, tmp_path, "import time\ntime.sleep(60)\n")
-    record = play(sleeper, ScriptedPolicy(tokenizer, []), deadline=time.time() + 1.0)
+    record = play(sleeper, ScriptedPolicy(tokenizer, []), sandbox,
+                  deadline=time.time() + 1.0)
     assert (record.status, record.failure_reason) == ("truncated", "deadline")
 
 
@@ -166,23 +221,23 @@ class Cancelled(Exception):
 
 
 def test_a_cancelled_episode_refuses_the_agent_and_raises(
-    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
+    sandbox: LocalProcessSandbox,
 ) -> None:
-    # The agent calls the model until refused and notes how it was refused (the local
-    # sandbox does not hide the filesystem). No budget could stop it before the cancel.
-    note = tmp_path / "refused"
-    chatty = _with_agent(contract, tmp_path, f"""
+    # The agent calls the model until refused and says how on stderr, which the test's
+    # sandbox keeps. No budget could stop it before the cancel.
+    chatty = _with_agent(contract, tmp_path, """
         import json, os, sys, urllib.error, urllib.request
         sys.stdin.read()
-        body = json.dumps({{"messages": [{{"role": "user", "content": "go"}}]}}).encode()
+        body = json.dumps({"messages": [{"role": "user", "content": "go"}]}).encode()
         url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
         while True:
             request = urllib.request.Request(url, data=body, method="POST",
-                                             headers={{"Content-Type": "application/json"}})
+                                             headers={"Content-Type": "application/json"})
             try:
                 urllib.request.urlopen(request, timeout=30).read()
             except urllib.error.HTTPError as error:
-                open({str(note)!r}, "w").write(str(error.code))
+                sys.stderr.write(f"refused {error.code}")
                 sys.exit(4)
     """, {"max_total_tokens: 160": "max_total_tokens: 100000000"})
     policy = ScriptedPolicy(tokenizer, ["x"] * 100000)
@@ -192,8 +247,10 @@ def test_a_cancelled_episode_refuses_the_agent_and_raises(
             raise Cancelled("the batch deadline passed")
 
     with pytest.raises(Cancelled):
-        play(chatty, policy, on_progress=cancel_after_the_first_call)
-    assert note.read_text() == "404"  # its session was closed; it had ended before the raise
+        play(chatty, policy, sandbox, on_progress=cancel_after_the_first_call)
+    # Its session was closed; it had ended before the raise.
+    [result] = sandbox.results  # type: ignore[attr-defined]
+    assert (result.exit_code, result.stderr) == (4, "refused 404")
 
 
 def test_agent_files_may_be_a_listed_folder_or_a_file_under_one(tmp_path: Path) -> None:
@@ -213,3 +270,91 @@ def test_agent_files_may_be_a_listed_folder_or_a_file_under_one(tmp_path: Path) 
     work.mkdir()
     prepare_workdir(contract.agent, contract, work)
     assert (work / "main.py").is_file() and (work / "lib" / "util.py").is_file()
+
+
+@pytest.fixture
+def host_service() -> Iterator[tuple[int, list[object]]]:
+    """Another service of the worker's host on loopback; it notes every connection."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    accepted: list[object] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_under_bubblewrap_the_agent_reaches_the_gateway_and_nothing_else(
+    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
+    host_service: tuple[int, list[object]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    problem = bubblewrap_problem()
+    if problem is not None:
+        pytest.skip(f"bubblewrap cannot run here: {problem}")
+    port, accepted = host_service
+    secret_file = tmp_path / "home" / "secrets.env"
+    secret_file.parent.mkdir()
+    secret_file.write_text("TRILOOP_DB_PASSWORD=hunter2\n")
+    monkeypatch.setenv("TRILOOP_TEST_SECRET", "hunter2")
+    # The agent calls the model, then probes: the host service, the worker's secret file,
+    # its variables (its own and, through /proc, every process it can see).
+    prober = _with_agent(contract, tmp_path, f"""
+        import json, os, socket, sys, urllib.request
+        sys.stdin.read()
+        body = json.dumps({{"messages": [{{"role": "user", "content": "hi"}}]}}).encode()
+        request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+                                         data=body, method="POST",
+                                         headers={{"Content-Type": "application/json"}})
+        reply = json.loads(urllib.request.urlopen(request, timeout=30).read())
+        seen = {{"model": reply["choices"][0]["message"]["content"]}}
+        try:
+            socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
+            seen["host_service"] = "reached"
+        except OSError as exc:
+            seen["host_service"] = type(exc).__name__
+        try:
+            seen["secret_file"] = open({str(secret_file)!r}).read()
+        except OSError as exc:
+            seen["secret_file"] = type(exc).__name__
+        environ = [open(f"/proc/{{p}}/environ", "rb").read() for p in os.listdir("/proc")
+                   if p.isdigit() and os.access(f"/proc/{{p}}/environ", os.R_OK)]
+        seen["secret_variable"] = any(b"hunter2" in e for e in environ) or any(
+            "hunter2" in v for v in os.environ.values())
+        sys.stderr.write(json.dumps(seen))
+    """)
+    sandbox = RecordingBubblewrap()
+    sandbox.results = []
+    record = play(prober, ScriptedPolicy(tokenizer, ["hello from the model"]), sandbox)
+    assert record.extra["agent"]["sandbox"]["backend"] == "bubblewrap"
+    assert record.extra["agent"]["exit_code"] == 0, record.extra["agent"]["stderr_tail"]
+    [result] = sandbox.results
+    seen = json.loads(result.stderr)
+    assert seen["model"] == "hello from the model"  # the gateway answered through the relay
+    assert seen["host_service"] in ("ConnectionRefusedError", "OSError", "TimeoutError")
+    assert accepted == []  # the connection never reached the host's service
+    assert seen["secret_file"] in ("FileNotFoundError", "PermissionError")
+    assert seen["secret_variable"] is False
+    assert len(record.extra["gateway"]["calls"]) == 1  # the gateway recorded the call
+
+
+def test_a_loopback_endpoint_must_be_on_the_workers_loopback() -> None:
+    problem = bubblewrap_problem()
+    if problem is not None:
+        pytest.skip(f"bubblewrap cannot run here: {problem}")
+    with pytest.raises(ValueError, match="must be on 127.0.0.1"):
+        BubblewrapSandbox().reaching({"gateway": "10.0.0.5:8080"})
+    with pytest.raises(ValueError, match="host:port"):
+        BubblewrapSandbox().reaching({"gateway": "no-port"})

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from execution_loop.sandboxes import bubblewrap_problem
 from triloop.contracts import load_contract
 from triloop.run_config import load_run_config
 
@@ -27,6 +28,7 @@ def test_the_guides_example_plays_an_episode_through_the_gateway() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     shown = json.loads(done.stdout)
     assert shown["agent_exit_code"] == 0
+    assert shown["sandbox"] == ("local" if bubblewrap_problem() else "bubblewrap")
     # The agent asks the model, compresses after two turns, then asks again.
     assert [kind for kind, _rule, _api in shown["calls"]] == [
         "main", "main", "compression", "main"]

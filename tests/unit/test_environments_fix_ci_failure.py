@@ -3,6 +3,7 @@ and a verifier that re-runs the pinned suite outside the agent's sandbox."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +12,9 @@ import pytest
 
 from execution_loop.environments import ci_repo
 from execution_loop.environments.ci_actions import parse_action
-from execution_loop.environments.fix_ci_failure import FixCiFailure, pinned_commits
+from execution_loop.environments.fix_ci_failure import REPORT_FILE, FixCiFailure, pinned_commits
 from execution_loop.environments.registry import load_builtin_contract, reference_solution
+from execution_loop.sandboxes import bubblewrap_problem, describe_environment_sandbox
 from execution_loop.verification import run_verifiers
 from triloop.contracts import EnvironmentContract, SandboxSpec
 
@@ -231,3 +233,62 @@ def test_random_policy_mostly_fails(contract: EnvironmentContract) -> None:
     finally:
         for env in envs:
             env.close()
+
+
+needs_bwrap = pytest.mark.skipif(bubblewrap_problem() is not None,
+                                 reason=f"bubblewrap cannot run here: {bubblewrap_problem()}")
+
+
+@needs_bwrap
+def test_the_agents_ci_and_the_verifiers_suite_run_under_bubblewrap(env: FixCiFailure) -> None:
+    assert describe_environment_sandbox(env)["backend"] == "bubblewrap"
+    env.reset(SHOP)
+    for action in reference_solution("fix_ci_failure", SHOP):
+        env.step(action)
+    assert not (env.workdir / REPORT_FILE).exists()  # read, then removed from the copy
+    outcome = env.outcome()
+    assert outcome.success and outcome.details["suite_sandbox"] == "bubblewrap"
+
+
+@needs_bwrap
+def test_code_in_the_agents_ci_run_sees_only_the_working_copy(
+    env: FixCiFailure, tmp_path: Path
+) -> None:
+    secret = tmp_path / "worker-home" / "secrets.env"
+    secret.parent.mkdir()
+    secret.write_text("TRILOOP_DB_PASSWORD=hunter2\n")
+    env.reset(SHOP)
+    outside = env.workdir.parent / "planted"
+    # A test the agent adds: it probes the host, then (after the runner wrote its report)
+    # swaps the report for a link to the secret, hoping the worker reads it back.
+    probe = f"""
+import atexit, os
+
+def swap():
+    os.remove({REPORT_FILE!r})
+    os.symlink({str(secret)!r}, {REPORT_FILE!r})
+
+def test_probe():
+    seen = []
+    try:
+        seen.append(open({str(secret)!r}).read())
+    except OSError as exc:
+        seen.append(type(exc).__name__)
+    try:
+        open({str(outside)!r}, "w").write("x")
+        seen.append("wrote outside")
+    except OSError as exc:
+        seen.append(type(exc).__name__)
+    atexit.register(swap)
+    raise AssertionError("probe: " + " | ".join(seen))
+"""
+    result = env.step(edit("tests/test_probe.py", probe))
+    assert result.feedback["valid_action"]
+    result = env.step("run_tests")
+    observation = result.observation
+    assert "probe: " in observation, observation
+    assert "hunter2" not in observation
+    # Beside the copy is the sandbox's own /tmp: a write there never reaches the host's.
+    assert not outside.exists()
+    assert "the runner wrote no report" in observation  # the planted link was not followed
+    assert not os.path.lexists(env.workdir / REPORT_FILE)
