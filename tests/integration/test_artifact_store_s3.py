@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from execution_loop.policies import PolicyCache
+from learning_loop.tiny_model import create_tiny_model
 from tests.factories_execution import register_checkpoint_dir
 from triloop.artifacts import (
     ArtifactCorrupted,
@@ -96,9 +97,11 @@ def test_blobs_round_trip_through_the_bucket_and_corruption_is_refused(
 
 def test_another_machine_serves_a_checkpoint_by_id_from_the_bucket(
     store: S3ArtifactStore, owner_engine: Engine, role_engine: Callable[[ServiceName], Engine],
-    tiny_model_dir: Path,
     tmp_path: Path,
 ) -> None:
+    # A model of its own: a checkpoint id is its weights' digest, and the session's tiny model
+    # is one row every other test reads from the local disk.
+    tiny_model_dir = create_tiny_model(tmp_path / "model", seed=4343)
     checkpoint = safetensors_digest(tiny_model_dir)
     uri = publish_directory(store, tiny_model_dir)  # what a learner with the store records
     register_checkpoint_dir(owner_engine, tiny_model_dir)

@@ -107,9 +107,15 @@ open({str(scratch)!r}, "w").write("private")
 open("mine.txt", "w").write("ok")
 print("done")
 """, workdir=work)
-    assert code == 0 and "wrote" not in out and out.endswith("done\n"), (out, err)
+    assert code == 0 and out.endswith("done\n"), (out, err)
+    # A checkout under /tmp (a CI clone) sits in the sandbox's own /tmp: a write there lands
+    # in that private tmpfs (bwrap makes the parents of read-only binds in it), never on the
+    # host. Anywhere else, the write is refused.
+    wrote = [line.split()[1] for line in out.splitlines() if line.startswith("wrote ")]
+    assert all(path.startswith("/tmp/") for path in wrote), (out, err)
     assert (work / "mine.txt").read_text() == "ok"
     assert not outside.exists() and not (ROOT / "evil").exists()
+    assert not any(Path(path).exists() for path in wrote)
     assert not scratch.exists()  # its /tmp was its own
     shutil.rmtree(work)
     shutil.rmtree(outside.parent)
