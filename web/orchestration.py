@@ -31,12 +31,15 @@ from triloop.workflow_api import (
     ADMISSION_DECIDE_UPDATE,
     EXECUTION_QUEUE,
     GOVERNANCE_QUEUE,
+    GOVERNANCE_WRITE_WORKFLOW,
     LEARNING_QUEUE,
     ROLLBACK_WORKFLOW,
     ROLLOUT_WORKFLOW,
     TRAINING_RUN_WORKFLOW,
     AdmissionResult,
     DecisionRef,
+    GovernanceWriteInput,
+    GovernanceWriteResult,
     RollbackInput,
     RollbackResult,
     RolloutBatchInput,
@@ -133,6 +136,19 @@ class Orchestrator:
             search_attributes=search_attributes.attributes(loop="governance", user=user),
             execution_timeout=timedelta(seconds=self.timeout_s),
         ), what=f"roll back {request.alias}")
+        return result
+
+    async def governance_write(self, request: GovernanceWriteInput, workflow_id: str,
+                               user: str | None = None) -> GovernanceWriteResult:
+        """Have governance carry out a person's recorded write and return what it stored."""
+        client = await self.client("governance")
+        result: GovernanceWriteResult = await self._call(client.execute_workflow(
+            GOVERNANCE_WRITE_WORKFLOW, request, id=workflow_id,
+            task_queue=self._settings.task_queue(GOVERNANCE_QUEUE),
+            result_type=GovernanceWriteResult,
+            search_attributes=search_attributes.attributes(loop="governance", user=user),
+            execution_timeout=timedelta(seconds=self.timeout_s),
+        ), what=f"{request.kind} {request.subject}")
         return result
 
     async def start_episodes(self, batch: RolloutBatchInput, workflow_id: str) -> None:

@@ -27,6 +27,8 @@ ROLLBACK_DEPLOYMENT = "governance_rollback_deployment"
 LOAD_ADMISSION_TASK = "governance_load_admission_task"
 RECORD_ADMISSION_EVIDENCE = "governance_record_admission_evidence"
 DECIDE_TASK_ADMISSION = "governance_decide_task_admission"
+# A person's recorded write, by the decision's kind.
+REGISTER_ENVIRONMENT_VERSION = "governance_register_environment_version"
 
 # ApplicationError types the workflows recognise.
 POLICY_DENIED = "PolicyDenied"  # OPA refused: never retried

@@ -230,7 +230,12 @@ def test_cli_creates_eval_set_threshold_and_bootstraps_production(
     assert audited >= 3  # eval set, its items (and freeze), the threshold
 
 
-def test_cli_registers_diffs_and_retires_contract_files(cli_env: None, tmp_path: Path) -> None:
+def test_cli_diffs_and_retires_registered_versions(
+    cli_env: None, tmp_path: Path, gov: Engine, authorizer: Authorizer
+) -> None:
+    # Registering goes through the API (tests/integration/test_api_governance_writes.py);
+    # diff and retire stay server-side commands.
+    from governance_loop.environments import document_from_file
     from triloop.devstack.servers import repo_root
 
     source = repo_root() / "execution_loop" / "environments" / "contracts" / "frozen_lake.yaml"
@@ -241,17 +246,15 @@ def test_cli_registers_diffs_and_retires_contract_files(cli_env: None, tmp_path:
     second.write_text(base.replace("holes: 3", "holes: 4"))
     name = uid("lake-")
     runner = CliRunner()
-    registered = runner.invoke(governance_app, ["env", "register", str(first), "--name", name])
-    assert registered.exit_code == 0 and f"registered: {name} v1" in registered.output
-    again = runner.invoke(governance_app, ["env", "register", str(first), "--name", name])
-    assert f"already registered: {name} v1" in again.output
-    changed = runner.invoke(governance_app, ["env", "register", str(second), "--name", name])
-    assert f"registered: {name} v2" in changed.output, changed.output
+    registered = [register_environment_version(
+        engine=gov, authorizer=authorizer, document=document_from_file(path, name=name),
+        requested_by="tester") for path in (first, second)]
+    assert [r.version for r in registered] == [1, 2]
     diff = runner.invoke(governance_app, ["env", "diff", f"{name}@1", f"{name}@2"])
     assert diff.exit_code == 0 and "~ initial_state.holes: 3 -> 4" in diff.output
     file_diff = runner.invoke(governance_app, ["env", "diff", str(first), f"{name}@1"])
     assert file_diff.output.strip() == "no changes"
-    version_id = registered.output.split()[-1]
+    version_id = registered[0].id
     retired = runner.invoke(governance_app, ["env", "retire", version_id])
     assert retired.exit_code == 0 and "retired" in retired.output
     missing = runner.invoke(governance_app, ["env", "diff", f"{name}@7", name])

@@ -85,6 +85,9 @@ role_grants := {
 		"promotion": {"approve", "reject", "override_alarms"},
 		"deployment": {"rollback"},
 		"task": {"admit", "reject_task"},
+		# Register a new environment version (POST /api/environments); governance
+		# writes it, acting for the operator.
+		"environment_version": {"create"},
 		# Production traffic: an operator may send episodes to the routed checkpoint.
 		"trajectory": {"create"},
 		# Game days: serve a checkpoint degraded on purpose (see faults.rego).
@@ -120,6 +123,7 @@ delegable := {
 		"promotion": {"approve", "reject", "sign_audit", "reject_audit", "override_alarms"},
 		"deployment": {"rollback"},
 		"task": {"admit", "reject_task"},
+		"environment_version": {"create"},
 	},
 	"learning": {"training_run": {"cancel", "pause", "resume"}},
 }

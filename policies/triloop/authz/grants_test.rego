@@ -197,3 +197,34 @@ test_learning_reads_nothing_the_database_hides_from_it if {
 		denied(svc_clean("learning", "read", kind))
 	}
 }
+
+registration_by(user, roles) := {
+	"actor": {"service": "web", "user": user, "roles": roles},
+	"action": "create",
+	"resource": {"kind": "environment_version", "attrs": {"environment": "frozen_lake"}},
+}
+
+registration_for(person, roles) := {
+	"actor": {"service": "governance"},
+	"action": "create",
+	"resource": {"kind": "environment_version", "id": "v1", "attrs": {"environment": "frozen_lake"}},
+	"context": {"on_behalf_of": {"user": person, "roles": roles}},
+}
+
+test_operators_register_environment_versions if {
+	allowed(registration_by("olga", ["operator"]))
+	allowed(registration_for("olga", ["operator"]))
+}
+
+test_others_do_not_register_environment_versions if {
+	every roles in [["ml_engineer"], ["auditor"], ["admin"], []] {
+		denied(registration_by("maya", roles))
+		denied(registration_for("maya", roles))
+	}
+}
+
+test_no_loop_registers_for_a_person_but_governance if {
+	every service in ["learning", "execution"] {
+		denied(json.patch(registration_for("olga", ["operator"]), [{"op": "replace", "path": "/actor/service", "value": service}]))
+	}
+}
