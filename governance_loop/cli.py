@@ -4,7 +4,8 @@ Most commands run on the server with the governance service's own credentials: e
 write asks OPA as the governance service and is audited with the operating-system
 account that ran the command (``user@host``), which is a label, not a proven person.
 A decision that belongs to a person is not taken that way: registering an environment
-version (``env register``) and admitting a task (``admit --decision``) go through the web
+version (``env register``), creating an eval set (``eval-set create``), setting a threshold
+(``threshold set``) and admitting a task (``admit --decision``) go through the web
 API with that person's token (TRILOOP_TOKEN), where the web service authenticates them
 and records the decision that governance then reads and carries out.
 """
@@ -191,17 +192,21 @@ def task_add(
 def eval_set_create(
     name: Annotated[str, typer.Argument(help="Eval set name; each call makes a new version.")],
     task: Annotated[list[str], typer.Option("--task", help="Admitted task id; repeat.")],
-    freeze: Annotated[bool, typer.Option("--freeze/--no-freeze", help="Freeze now.")] = True,
+    comment: Annotated[str, typer.Option(help="Why (kept with the decision).")] = "",
+    output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
 ) -> None:
-    """Create the next version of an eval set from admitted tasks."""
-    from governance_loop.evalsets import create_eval_set
+    """Create and freeze the next version of an eval set from admitted tasks.
 
-    _, engine, authorizer = _adapters()
-    user, roles = _who()
-    result = _run(lambda: create_eval_set(
-        engine=engine, authorizer=authorizer, name=name, task_ids=task, requested_by=user,
-        roles=roles, freeze=freeze))
-    typer.echo(f"{result.name} v{result.version} {result.id} hash={result.content_hash}")
+    Sent to POST /api/eval-sets with the operator's token; governance writes it for them.
+    """
+    body = _post_as_person("/api/eval-sets", {"name": name, "task_ids": task,
+                                              "comment": comment}, token, api_url)
+    if output is OutputFormat.json:
+        print_json(body)
+        return
+    typer.echo(f"{body['name']} v{body['version']} {body['eval_set_id']}"
+               f" hash={body['content_hash']}")
 
 
 @threshold_app.command("set")
@@ -209,16 +214,27 @@ def threshold_set(
     name: Annotated[str, typer.Argument(help="Threshold name (promotions use 'promotion').")],
     spec: Annotated[str, typer.Option(help="ThresholdSpec as JSON (version is assigned).")],
     eval_set: Annotated[str, typer.Option(help="Frozen eval set id or name (newest).")],
+    comment: Annotated[str, typer.Option(help="Why (kept with the decision).")] = "",
+    output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
 ) -> None:
-    """Store the next version of a threshold."""
-    from governance_loop.evalsets import set_threshold
+    """Store the next version of a threshold.
 
-    _, engine, authorizer = _adapters()
-    user, roles = _who()
-    result = _run(lambda: set_threshold(
-        engine=engine, authorizer=authorizer, name=name, spec=json.loads(spec),
-        eval_set=eval_set, requested_by=user, roles=roles))
-    typer.echo(f"{result.name} v{result.version} {result.id} eval_set={result.eval_set_id}")
+    Sent to POST /api/thresholds with the operator's token; governance checks the spec and
+    writes it for them.
+    """
+    try:
+        parsed = json.loads(spec)
+    except json.JSONDecodeError as error:
+        raise _fail(ValueError(f"--spec is not JSON: {error}")) from error
+    body = _post_as_person("/api/thresholds", {"name": name, "spec": parsed,
+                                               "eval_set": eval_set, "comment": comment},
+                           token, api_url)
+    if output is OutputFormat.json:
+        print_json(body)
+        return
+    typer.echo(f"{body['name']} v{body['version']} {body['threshold_id']}"
+               f" eval_set={body['eval_set_id']}")
 
 
 @governance_app.command("bootstrap-production")

@@ -115,6 +115,7 @@ def build_worker(
             evidence.look_watch, rollback.rollback_deployment,
             admission.load_admission_task, admission.record_admission_evidence,
             admission.decide_task_admission, writes.register_environment_version,
+            writes.create_eval_set, writes.set_threshold,
         ],
         nexus_service_handlers=[GovernanceNexusHandlers(
             NexusCallerCheck(settings, server=GOVERNANCE, authorizer=authorizer))],

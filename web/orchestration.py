@@ -201,9 +201,25 @@ def refused(what: str, cause: BaseException) -> ProblemError:
     """The workflow refused or failed: 403 when its policy check denied, 409 otherwise."""
     message = _root_message(cause)
     kind = cause.type if isinstance(cause, ApplicationError) else None
+    invalid = _invalid_request(cause)
+    if invalid is not None:  # what the person asked for cannot be stored as asked
+        details = invalid.details
+        reasons = details[0] if details and isinstance(details[0], list) else [invalid.message]
+        return ProblemError(422, "Invalid input", f"{what}: governance refused: {invalid.message}",
+                            reasons=[str(r) for r in reasons])
     if kind == "PolicyDenied" or "may not" in message and "policy" in message.lower():
         return ProblemError(403, "Forbidden", f"{what}: governance refused: {message}")
     return conflict(f"{what}: refused by the workflow: {message}")
+
+
+def _invalid_request(error: BaseException) -> ApplicationError | None:
+    """The loop's ``InvalidRequest`` error behind a failed activity or workflow, if any."""
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, ApplicationError) and current.type == "InvalidRequest":
+            return current
+        current = current.__cause__
+    return None
 
 
 def _root_message(error: BaseException) -> str:

@@ -24,6 +24,8 @@ with workflow.unsafe.imports_passed_through():
 # decision kind -> the activity that carries it out
 WRITE_ACTIVITIES = {
     "environment_version": m.REGISTER_ENVIRONMENT_VERSION,
+    "eval_set": m.CREATE_EVAL_SET,
+    "threshold": m.SET_THRESHOLD,
 }
 
 
@@ -44,6 +46,7 @@ class GovernanceWriteWorkflow:
             retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200),
                                      maximum_attempts=5,
                                      non_retryable_error_types=[m.POLICY_DENIED,
-                                                                m.GOVERNANCE_REFUSED]),
+                                                                m.GOVERNANCE_REFUSED,
+                                                                m.INVALID_REQUEST]),
         )
         return result

@@ -1,4 +1,4 @@
-"""People register environment versions through the API; governance writes them for them.
+"""People register environment versions, freeze eval sets and set thresholds through the API.
 
 The real path: the web app (OPA for the person, the contract checked, a ``human_decision``
 recorded by the web role), Temporal, and the real governance worker, which proves the
@@ -29,8 +29,9 @@ from typer.testing import CliRunner, Result
 
 from governance_loop.worker import build_worker
 from governance_loop.workflows import GovernanceWriteWorkflow
-from tests.factories import uid
-from tests.factories_web import Person, assert_problem
+from tests.factories import make_task, uid
+from tests.factories_governance import TEST_SPEC
+from tests.factories_web import Person, admitted_task, assert_problem
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
@@ -203,3 +204,103 @@ async def test_env_register_sends_the_file_and_its_fixtures_with_the_persons_tok
     assert denied.exit_code == 1 and "403" in denied.output
     no_token = await asyncio.to_thread(run, str(good))
     assert no_token.exit_code == 1 and "API token" in no_token.output
+
+
+def _count(engine: Engine, sql: str, **params: Any) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(sql), params).scalar_one())
+
+
+async def test_an_operator_freezes_an_eval_set_and_sets_a_threshold(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine, governance: Client,
+) -> None:
+    del governance
+    operator, name, bar = people["operator"].headers, uid("holdout-"), uid("bar-")
+    tasks = [admitted_task(owner_engine), admitted_task(owner_engine)]
+    created = await api.post("/api/eval-sets", headers=operator,
+                             json={"name": name, "task_ids": tasks, "comment": "q4 exam"})
+    assert created.status_code == 201, created.text
+    frozen = created.json()
+    assert (frozen["name"], frozen["version"], frozen["task_ids"]) == (name, 1, tasks)
+    assert frozen["content_hash"]
+    with owner_engine.connect() as conn:
+        row = conn.execute(text("SELECT created_by, frozen_at FROM eval_set WHERE id = :i"),
+                           {"i": frozen["eval_set_id"]}).one()
+        event = conn.execute(text(
+            "SELECT payload FROM audit_event WHERE action = 'create_eval_set'"
+            " AND resource->>'id' = :i"), {"i": frozen["eval_set_id"]}).one()
+    assert row.created_by == people["operator"].name and row.frozen_at is not None
+    assert event.payload["human_decision_id"] == frozen["decision_id"]
+
+    stored = await api.post("/api/thresholds", headers=operator,
+                            json={"name": bar, "eval_set": name, "spec": TEST_SPEC})
+    assert stored.status_code == 201, stored.text
+    threshold = stored.json()
+    assert threshold["version"] == 1 and threshold["eval_set_id"] == frozen["eval_set_id"]
+    assert threshold["spec"]["version"] == f"{bar}@v1"
+    assert threshold["spec"]["min_success_rate"] == TEST_SPEC["min_success_rate"]
+    second = await api.post("/api/thresholds", headers=operator, json={
+        "name": bar, "eval_set": frozen["eval_set_id"], "spec": TEST_SPEC})
+    assert second.status_code == 201 and second.json()["version"] == 2
+
+
+async def test_eval_set_and_threshold_refusals_write_nothing(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine, governance: Client,
+) -> None:
+    del governance
+    operator, name, bar = people["operator"].headers, uid("holdout-"), uid("bar-")
+    admitted, pending = admitted_task(owner_engine), make_task(owner_engine, status="pending")
+    decisions_about = ("SELECT count(*) FROM human_decision WHERE subject = :s")
+    not_admitted = await api.post("/api/eval-sets", headers=operator,
+                                  json={"name": name, "task_ids": [admitted, pending]})
+    assert_problem(not_admitted, 422, f"{pending}: task is pending, not admitted")
+    twice = await api.post("/api/eval-sets", headers=operator,
+                           json={"name": name, "task_ids": [admitted, admitted]})
+    assert_problem(twice, 422, "listed more than once")
+    for who in ("engineer", "auditor", "admin"):
+        assert_problem(await api.post("/api/eval-sets", headers=people[who].headers,
+                                      json={"name": name, "task_ids": [admitted]}), 403)
+        assert_problem(await api.post("/api/thresholds", headers=people[who].headers, json={
+            "name": bar, "eval_set": name, "spec": TEST_SPEC}), 403, "threshold")
+    assert _count(owner_engine, decisions_about, s=name) == 0
+    assert _count(owner_engine, "SELECT count(*) FROM eval_set WHERE name = :n", n=name) == 0
+
+    # Only governance knows a threshold spec and which eval sets are frozen: it refuses (422),
+    # the operator's decision stays on record, and no threshold is written.
+    no_set = await api.post("/api/thresholds", headers=operator,
+                            json={"name": bar, "eval_set": name, "spec": TEST_SPEC})
+    assert_problem(no_set, 422, "no frozen eval set")
+    made = await api.post("/api/eval-sets", headers=operator,
+                          json={"name": name, "task_ids": [admitted]})
+    assert made.status_code == 201, made.text
+    bad_spec = await api.post("/api/thresholds", headers=operator,
+                              json={"name": bar, "eval_set": name, "spec": {}})
+    assert_problem(bad_spec, 422, "incomplete threshold spec")
+    assert _count(owner_engine, "SELECT count(*) FROM threshold WHERE name = :n", n=bar) == 0
+    assert _count(owner_engine, decisions_about, s=bar) == 2
+
+
+async def test_eval_set_and_threshold_commands_call_the_api(
+    governance_cli: typer.Typer, people: dict[str, Person], owner_engine: Engine,
+    governance: Client,
+) -> None:
+    del governance
+    runner, name, bar = CliRunner(), uid("cli-es-"), uid("cli-bar-")
+    tasks = [admitted_task(owner_engine), admitted_task(owner_engine)]
+    token = people["operator"].token
+
+    def run(*args: str) -> Result:
+        return runner.invoke(governance_cli, list(args))
+
+    created = await asyncio.to_thread(run, "eval-set", "create", name, "--task", tasks[0],
+                                      "--task", tasks[1], "--token", token)
+    assert created.exit_code == 0 and f"{name} v1 " in created.output, created.output
+    done = await asyncio.to_thread(run, "threshold", "set", bar, "--spec", json.dumps(TEST_SPEC),
+                                   "--eval-set", name, "--token", token)
+    assert done.exit_code == 0 and f"{bar} v1 " in done.output, done.output
+    bad = await asyncio.to_thread(run, "threshold", "set", bar, "--spec", "{}",
+                                  "--eval-set", name, "--token", token)
+    assert bad.exit_code == 1 and "incomplete threshold spec" in bad.output
+    denied = await asyncio.to_thread(run, "eval-set", "create", name, "--task", tasks[0],
+                                     "--token", people["engineer"].token)
+    assert denied.exit_code == 1 and "403" in denied.output

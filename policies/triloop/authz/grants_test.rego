@@ -228,3 +228,40 @@ test_no_loop_registers_for_a_person_but_governance if {
 		denied(json.patch(registration_for("olga", ["operator"]), [{"op": "replace", "path": "/actor/service", "value": service}]))
 	}
 }
+
+versioned_write_for(person, roles, action, kind) := {
+	"actor": {"service": "governance"},
+	"action": action,
+	"resource": {"kind": kind, "attrs": {"name": "holdout"}},
+	"context": {"on_behalf_of": {"user": person, "roles": roles}},
+}
+
+versioned_writes := [
+	["create", "eval_set"], ["create", "eval_item"], ["freeze", "eval_set"],
+	["create", "threshold"],
+]
+
+test_governance_freezes_eval_sets_and_sets_thresholds_for_an_operator if {
+	every pair in versioned_writes {
+		allowed(versioned_write_for("olga", ["operator"], pair[0], pair[1]))
+		allowed(person_clean("olga", ["operator"], pair[0], pair[1]))
+	}
+}
+
+test_no_one_else_freezes_eval_sets_or_sets_thresholds if {
+	every pair in versioned_writes {
+		every roles in [["ml_engineer"], ["auditor"], ["admin"]] {
+			denied(versioned_write_for("maya", roles, pair[0], pair[1]))
+			denied(person_clean("maya", roles, pair[0], pair[1]))
+		}
+	}
+}
+
+test_operators_never_change_a_version_in_place if {
+	every kind in ["eval_set", "eval_item", "threshold", "environment_version"] {
+		every action in ["update", "delete"] {
+			denied(person_clean("olga", ["operator"], action, kind))
+			denied(versioned_write_for("olga", ["operator"], action, kind))
+		}
+	}
+}
