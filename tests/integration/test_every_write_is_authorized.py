@@ -29,8 +29,8 @@ pytestmark = pytest.mark.integration
 
 WRITE_TABLES = ("app_user", "api_token", "training_run", "approval", "deployment", "routing",
                 "trajectory", "human_decision", "promotion", "gate_result", "checkpoint",
-                "proposal", "role_grant", "environment", "environment_version", "eval_set", "eval_item",
-                "threshold")
+                "proposal", "role_grant", "environment", "environment_version", "eval_set",
+                "eval_item", "threshold")
 NOT_ACTIONS = {"/login", "/logout"}  # authentication itself, before any identity exists
 
 
