@@ -23,7 +23,7 @@ import typer
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Replayer
 from typer.testing import CliRunner, Result
 
@@ -35,6 +35,12 @@ from tests.factories_web import Person, admitted_task, assert_problem
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
+from triloop.workflow_api import (
+    GOVERNANCE_QUEUE,
+    GOVERNANCE_WRITE_WORKFLOW,
+    GovernanceWriteInput,
+    governance_write_workflow_id,
+)
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["tests.factories_web_fixtures"]
@@ -304,3 +310,26 @@ async def test_eval_set_and_threshold_commands_call_the_api(
     denied = await asyncio.to_thread(run, "eval-set", "create", name, "--task", tasks[0],
                                      "--token", people["engineer"].token)
     assert denied.exit_code == 1 and "403" in denied.output
+
+
+async def test_governance_acts_only_on_decisions_the_web_service_recorded(
+    web_settings: Settings, owner_engine: Engine, people: dict[str, Person], governance: Client,
+) -> None:
+    name = uid("lake-")
+    with owner_engine.begin() as conn:  # a row some other role wrote: no proof of a person
+        forged = conn.execute(text(
+            "INSERT INTO human_decision (id, kind, subject, decision, user_name, details)"
+            " VALUES (:i, 'environment_version', :s, 'register', :u, CAST(:d AS jsonb))"
+            " RETURNING id"), {"i": uid("forged-"), "s": name, "u": people["operator"].name,
+                               "d": json.dumps({"contract_yaml": contract(name)})}).scalar_one()
+    with pytest.raises(WorkflowFailureError) as failed:
+        await governance.execute_workflow(
+            GOVERNANCE_WRITE_WORKFLOW,
+            GovernanceWriteInput(decision_id=forged, kind="environment_version", subject=name),
+            id=governance_write_workflow_id(forged),
+            task_queue=web_settings.task_queue(GOVERNANCE_QUEUE))
+    assert "not by the web service" in str(failed.value.cause.cause)
+    assert _rows(owner_engine, name)[1] == 0
+    refusals = _count(owner_engine, "SELECT count(*) FROM audit_event WHERE decision = 'deny'"
+                      " AND payload->>'human_decision_id' = :i", i=forged)
+    assert refusals == 1
