@@ -21,7 +21,8 @@ from triloop.contract_checks import ContractProblem
 from triloop.contracts import validate_contract_text
 
 CONTRACT_FILE = "contract.yaml"
-# What one upload may carry in fixture bytes (decoded); the decision row stores it all.
+# What one upload may carry in fixture bytes (decoded); the decision row stores it all. Through
+# the API the request body's own bound (TRILOOP_MAX_BODY_BYTES, 1 MiB by default) comes first.
 MAX_FIXTURE_BYTES = 2_000_000
 
 
