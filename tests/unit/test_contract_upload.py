@@ -42,3 +42,22 @@ def test_every_contract_problem_is_named_with_its_line() -> None:
     bad = LAKE.read_text().replace("max_turns: 10", "max_turns: -3") + "colour: blue\n"
     problems = upload_problems(bad, {})
     assert len(problems) == 2 and all(p.line for p in problems)
+
+
+def test_a_built_in_contract_with_a_fixture_folder_packs_whole() -> None:
+    ci = LAKE.parent / "fix_ci_failure.yaml"
+    text, fixtures, task = pack_contract_file(ci)
+    assert task == "fix_ci_failure" and fixtures
+    assert all(name.startswith("fixtures/ci_repos/") for name in fixtures)
+    assert upload_problems(text, fixtures) == []
+
+
+def test_an_upload_has_the_same_fixture_hashes_as_the_file_on_disk() -> None:
+    from triloop.contract_upload import decode_fixtures, laid_out
+    from triloop.contracts import fixture_hashes, load_contract
+
+    ci = LAKE.parent / "fix_ci_failure.yaml"
+    text, fixtures, _ = pack_contract_file(ci)
+    files, _ = decode_fixtures(fixtures)
+    with laid_out(text, files) as uploaded:
+        assert fixture_hashes(load_contract(uploaded)) == fixture_hashes(load_contract(ci))
