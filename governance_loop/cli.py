@@ -1,11 +1,13 @@
 """``triloop governance ...``: environment versions, eval sets, thresholds, production, admission.
 
-These commands run on the server with the governance service's own credentials: each
+Most commands run on the server with the governance service's own credentials: each
 write asks OPA as the governance service and is audited with the operating-system
 account that ran the command (``user@host``), which is a label, not a proven person.
-A decision that belongs to a person, such as admitting a task, is not taken here: it goes
-through the web API with that person's token (``admit --decision`` calls it), where the
-web service authenticates them and records the decision that governance then reads.
+A decision that belongs to a person is not taken that way: registering an environment
+version (``env register``), creating an eval set (``eval-set create``), setting a threshold
+(``threshold set``) and admitting a task (``admit --decision``) go through the web
+API with that person's token (TRILOOP_TOKEN), where the web service authenticates them
+and records the decision that governance then reads and carries out.
 """
 
 from __future__ import annotations
@@ -80,17 +82,56 @@ def _run(action: Any) -> Any:
 def env_register(
     file: Annotated[Path, typer.Argument(help="Contract YAML file.")],
     name: Annotated[str | None, typer.Option(help="Environment name (default: task).")] = None,
+    comment: Annotated[str, typer.Option(help="Why (kept with the decision).")] = "",
+    output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
 ) -> None:
-    """Register a contract as a new version (identical content returns the same version)."""
-    from governance_loop.environments import document_from_file, register_environment_version
+    """Register a contract as a new version (identical content returns the same version).
 
-    _, engine, authorizer = _adapters()
-    user, roles = _who()
-    result = _run(lambda: register_environment_version(
-        engine=engine, authorizer=authorizer, document=document_from_file(file, name=name),
-        requested_by=user, roles=roles))
-    state = "registered" if result.created else "already registered"
-    typer.echo(f"{state}: {result.environment_name} v{result.version} {result.id}")
+    The contract and the fixture files it lists go to POST /api/environments with the
+    operator's token: the web service proves who registers, and governance writes the
+    version for them. Every problem in the contract is printed and nothing is registered.
+    """
+    from triloop.contract_upload import pack_contract_file
+
+    try:
+        text, fixtures, task = pack_contract_file(file)
+    except (OSError, UnicodeDecodeError) as error:
+        raise _fail(ValueError(f"cannot read {file}: {error}")) from error
+    body = _post_as_person("/api/environments", {
+        "name": name or task or file.stem, "contract_yaml": text, "fixtures": fixtures,
+        "comment": comment}, token, api_url, source=str(file))
+    if output is OutputFormat.json:
+        print_json(body)
+        return
+    state = "registered" if body["created"] else "already registered"
+    typer.echo(f"{state}: {body['environment']} v{body['version']} {body['version_id']}")
+
+
+def _post_as_person(path: str, payload: dict[str, Any], token: str | None, api_url: str, *,
+                    source: str = "") -> dict[str, Any]:
+    """POST to the web API with the person's token; a refusal prints each reason, exit 1."""
+    import httpx
+
+    if not token:
+        raise _fail(ValueError("this needs your API token (--token or TRILOOP_TOKEN): the"
+                               " web service proves who acts"))
+    try:
+        response = httpx.request("POST", f"{api_url.rstrip('/')}{path}", json=payload,
+                                 headers={"Authorization": f"Bearer {token}"}, timeout=120)
+    except httpx.HTTPError as exc:
+        raise _fail(RuntimeError(f"cannot reach the web API at {api_url}: {exc}")) from exc
+    try:
+        body: dict[str, Any] = response.json() if response.content else {}
+    except ValueError:
+        body = {"detail": response.text[:500]}
+    if response.status_code >= 400:
+        prefix = f"{source}: " if source else ""
+        for reason in body.get("reasons") or []:
+            typer.echo(f"{prefix}{reason}", err=True)
+        raise _fail(RuntimeError(f"the API refused ({response.status_code}):"
+                                 f" {body.get('detail', '')}".strip()))
+    return body
 
 
 @env_app.command("diff")
@@ -151,17 +192,21 @@ def task_add(
 def eval_set_create(
     name: Annotated[str, typer.Argument(help="Eval set name; each call makes a new version.")],
     task: Annotated[list[str], typer.Option("--task", help="Admitted task id; repeat.")],
-    freeze: Annotated[bool, typer.Option("--freeze/--no-freeze", help="Freeze now.")] = True,
+    comment: Annotated[str, typer.Option(help="Why (kept with the decision).")] = "",
+    output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
 ) -> None:
-    """Create the next version of an eval set from admitted tasks."""
-    from governance_loop.evalsets import create_eval_set
+    """Create and freeze the next version of an eval set from admitted tasks.
 
-    _, engine, authorizer = _adapters()
-    user, roles = _who()
-    result = _run(lambda: create_eval_set(
-        engine=engine, authorizer=authorizer, name=name, task_ids=task, requested_by=user,
-        roles=roles, freeze=freeze))
-    typer.echo(f"{result.name} v{result.version} {result.id} hash={result.content_hash}")
+    Sent to POST /api/eval-sets with the operator's token; governance writes it for them.
+    """
+    body = _post_as_person("/api/eval-sets", {"name": name, "task_ids": task,
+                                              "comment": comment}, token, api_url)
+    if output is OutputFormat.json:
+        print_json(body)
+        return
+    typer.echo(f"{body['name']} v{body['version']} {body['eval_set_id']}"
+               f" hash={body['content_hash']}")
 
 
 @threshold_app.command("set")
@@ -169,16 +214,27 @@ def threshold_set(
     name: Annotated[str, typer.Argument(help="Threshold name (promotions use 'promotion').")],
     spec: Annotated[str, typer.Option(help="ThresholdSpec as JSON (version is assigned).")],
     eval_set: Annotated[str, typer.Option(help="Frozen eval set id or name (newest).")],
+    comment: Annotated[str, typer.Option(help="Why (kept with the decision).")] = "",
+    output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
 ) -> None:
-    """Store the next version of a threshold."""
-    from governance_loop.evalsets import set_threshold
+    """Store the next version of a threshold.
 
-    _, engine, authorizer = _adapters()
-    user, roles = _who()
-    result = _run(lambda: set_threshold(
-        engine=engine, authorizer=authorizer, name=name, spec=json.loads(spec),
-        eval_set=eval_set, requested_by=user, roles=roles))
-    typer.echo(f"{result.name} v{result.version} {result.id} eval_set={result.eval_set_id}")
+    Sent to POST /api/thresholds with the operator's token; governance checks the spec and
+    writes it for them.
+    """
+    try:
+        parsed = json.loads(spec)
+    except json.JSONDecodeError as error:
+        raise _fail(ValueError(f"--spec is not JSON: {error}")) from error
+    body = _post_as_person("/api/thresholds", {"name": name, "spec": parsed,
+                                               "eval_set": eval_set, "comment": comment},
+                           token, api_url)
+    if output is OutputFormat.json:
+        print_json(body)
+        return
+    typer.echo(f"{body['name']} v{body['version']} {body['threshold_id']}"
+               f" eval_set={body['eval_set_id']}")
 
 
 @governance_app.command("bootstrap-production")

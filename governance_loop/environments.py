@@ -102,13 +102,29 @@ def register_environment_version(
         if existing is not None:
             return _registered(existing, created=False)
     authorizer.authorize(
-        GOVERNANCE, "create",
-        Resource("environment_version", id=document.version_id,
-                 attrs={"environment": document.name}),
+        GOVERNANCE, "create", version_resource(document),
         context=requested_by_context(requested_by, roles),
     )
+    return store_environment_version(engine=engine, document=document,
+                                     requested_by=requested_by)
+
+
+def version_resource(document: ContractDocument) -> Resource:
+    """The environment version a registration creates, as the policy sees it."""
+    return Resource("environment_version", id=document.version_id,
+                    attrs={"environment": document.name})
+
+
+def store_environment_version(
+    *, engine: Engine, document: ContractDocument, requested_by: str,
+    decision_id: str | None = None,
+) -> RegisteredVersion:
+    """Write the version row (the caller authorized it); identical content: the stored one."""
     try:
         with session_scope(engine) as session:
+            existing = session.get(EnvironmentVersion, document.version_id)
+            if existing is not None:
+                return _registered(existing, created=False)
             store.ensure_environment(session=session, name=document.name, created_by=requested_by)
             row = EnvironmentVersion(
                 id=document.version_id, environment_name=document.name,
@@ -119,7 +135,8 @@ def register_environment_version(
             )
             session.add(row)
             session.flush()
-            _record(session, "register_environment_version", row, requested_by)
+            _record(session, "register_environment_version", row, requested_by,
+                    decision_id=decision_id)
             return _registered(row, created=True)
     except IntegrityError:
         # Someone registered the same content meanwhile: that version is ours too.
@@ -220,10 +237,14 @@ def diff_versions(*, engine: Engine, a: str, b: str) -> list[ContractChange]:
         )
 
 
-def _record(session: Session, action: str, row: EnvironmentVersion, user: str) -> None:
+def _record(session: Session, action: str, row: EnvironmentVersion, user: str, *,
+            decision_id: str | None = None) -> None:
+    payload: dict[str, Any] = {"environment": row.environment_name, "version": row.version,
+                               "requested_by": user}
+    if decision_id:
+        payload["human_decision_id"] = decision_id
     append_event(
         session, actor=GOVERNANCE.to_input(), action=action,
         resource={"kind": "environment_version", "id": row.id}, decision="record",
-        payload={"environment": row.environment_name, "version": row.version,
-                 "requested_by": user},
+        payload=payload,
     )

@@ -119,17 +119,40 @@ def create_eval_set(
     with session_scope(engine) as session:
         _admitted_tasks(session, task_ids)
     context = requested_by_context(requested_by, roles)
-    authorizer.authorize(GOVERNANCE, "create", Resource("eval_set", attrs={"name": name}),
-                         context=context)
-    authorizer.authorize(GOVERNANCE, "create", Resource("eval_item", attrs={"name": name}),
-                         context=context)
+    for action, resource in eval_set_resources(name, freeze=freeze):
+        authorizer.authorize(GOVERNANCE, action, resource, context=context)
+    return store_eval_set(engine=engine, name=name, task_ids=task_ids,
+                          requested_by=requested_by, freeze=freeze)
+
+
+def eval_set_resources(name: str, *, freeze: bool = True) -> list[tuple[str, Resource]]:
+    """(action, resource) pairs a new eval set version needs the policy to allow."""
+    pairs = [("create", Resource("eval_set", attrs={"name": name})),
+             ("create", Resource("eval_item", attrs={"name": name}))]
     if freeze:
-        authorizer.authorize(GOVERNANCE, "freeze", Resource("eval_set", attrs={"name": name}),
-                             context=context)
+        pairs.append(("freeze", Resource("eval_set", attrs={"name": name})))
+    return pairs
+
+
+def store_eval_set(
+    *, engine: Engine, name: str, task_ids: Sequence[str], requested_by: str,
+    freeze: bool = True, row_id: str | None = None, decision_id: str | None = None,
+) -> EvalSetVersion:
+    """Write the next eval set version (the caller authorized it).
+
+    ``row_id`` fixes the new row's id so that a retried activity finds what it wrote.
+    """
     with session_scope(engine) as session:
+        done = session.get(EvalSet, row_id) if row_id else None
+        if done is not None:
+            return EvalSetVersion(done.id, done.name, done.version, done.content_hash,
+                                  [t for t, _, _ in store.eval_set_tasks(
+                                      session=session, eval_set_id=done.id)])
         tasks = _admitted_tasks(session, task_ids)
         version = store.next_version(session=session, table=EvalSet, name=name)
         eval_set = EvalSet(name=name, version=version, created_by=requested_by)
+        if row_id:
+            eval_set.id = row_id
         session.add(eval_set)
         session.flush()
         for ordinal, task in enumerate(tasks):
@@ -137,9 +160,12 @@ def create_eval_set(
         session.flush()
         if freeze:
             _freeze(session, eval_set, tasks)
-        _record(session, "create_eval_set", "eval_set", eval_set.id,
-                {"name": name, "version": version, "content_hash": eval_set.content_hash,
-                 "requested_by": requested_by})
+        payload: dict[str, Any] = {"name": name, "version": version,
+                                   "content_hash": eval_set.content_hash,
+                                   "requested_by": requested_by}
+        if decision_id:
+            payload["human_decision_id"] = decision_id
+        _record(session, "create_eval_set", "eval_set", eval_set.id, payload)
         return EvalSetVersion(eval_set.id, name, version, eval_set.content_hash,
                               [t.id for t in tasks])
 
@@ -184,26 +210,48 @@ def set_threshold(
     eval_set: str, requested_by: str, roles: Sequence[str] = (),
 ) -> ThresholdVersion:
     """Store the next version of a threshold for a frozen eval set (by id or name)."""
+    eval_set_id = frozen_eval_set_id(engine=engine, eval_set=eval_set)
+    authorizer.authorize(GOVERNANCE, "create", Resource("threshold", attrs={"name": name}),
+                         context=requested_by_context(requested_by, roles))
+    return store_threshold(engine=engine, name=name, spec=spec, eval_set_id=eval_set_id,
+                           requested_by=requested_by)
+
+
+def frozen_eval_set_id(*, engine: Engine, eval_set: str) -> str:
+    """The id of a frozen eval set named by id, or the newest version of a name."""
     with session_scope(engine) as session:
         target = session.get(EvalSet, eval_set) or store.latest_eval_set(session=session,
                                                                           name=eval_set)
         if target is None or target.frozen_at is None:
             raise EvalSetError(f"no frozen eval set {eval_set!r}: thresholds apply to frozen "
                                "sets only")
-        eval_set_id = target.id
-    authorizer.authorize(GOVERNANCE, "create", Resource("threshold", attrs={"name": name}),
-                         context=requested_by_context(requested_by, roles))
+        return target.id
+
+
+def store_threshold(
+    *, engine: Engine, name: str, spec: Mapping[str, Any], eval_set_id: str,
+    requested_by: str, row_id: str | None = None, decision_id: str | None = None,
+) -> ThresholdVersion:
+    """Write the next threshold version (the caller authorized it); ``row_id`` as above."""
     with session_scope(engine) as session:
+        done = session.get(Threshold, row_id) if row_id else None
+        if done is not None:
+            return ThresholdVersion(done.id, done.name, done.version, done.eval_set_id,
+                                    dict(done.spec))
         version = store.next_version(session=session, table=Threshold, name=name)
         # The version label is ours to give: it must name exactly this stored row.
         parsed = ThresholdSpec.from_mapping({**spec, "version": f"{name}@v{version}"})
         row = Threshold(name=name, version=version, eval_set_id=eval_set_id,
                         spec=parsed.to_dict(), created_by=requested_by)
+        if row_id:
+            row.id = row_id
         session.add(row)
         session.flush()
-        _record(session, "set_threshold", "threshold", row.id,
-                {"name": name, "version": version, "eval_set_id": eval_set_id,
-                 "requested_by": requested_by})
+        payload: dict[str, Any] = {"name": name, "version": version,
+                                   "eval_set_id": eval_set_id, "requested_by": requested_by}
+        if decision_id:
+            payload["human_decision_id"] = decision_id
+        _record(session, "set_threshold", "threshold", row.id, payload)
         return ThresholdVersion(row.id, name, version, eval_set_id, dict(row.spec))
 
 

@@ -26,10 +26,16 @@ from governance_loop.activities.evidence import EvidenceActivities
 from governance_loop.activities.messages import PromotionTiming
 from governance_loop.activities.promotion import DEFAULT_THRESHOLD_NAME, PromotionActivities
 from governance_loop.activities.rollback import RollbackActivities
+from governance_loop.activities.writes import GovernanceWriteActivities
 from governance_loop.admission import AdmissionBudgets
 from governance_loop.durations import GateDurations
 from governance_loop.nexus_handlers import GovernanceNexusHandlers
-from governance_loop.workflows import AdmissionWorkflow, PromotionWorkflow, RollbackWorkflow
+from governance_loop.workflows import (
+    AdmissionWorkflow,
+    GovernanceWriteWorkflow,
+    PromotionWorkflow,
+    RollbackWorkflow,
+)
 from triloop.artifact_backends import open_shared_store
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
@@ -95,19 +101,21 @@ def build_worker(
                                     store=open_shared_store(settings))
     evidence = EvidenceActivities(engine, authorizer)
     rollback = RollbackActivities(engine, authorizer)
+    writes = GovernanceWriteActivities(engine, authorizer)
     admission = AdmissionActivities(engine, authorizer, budgets=budgets,
                                     decision_deadline_s=timing.approval_deadline_s)
     return Worker(
         client,
         task_queue=settings.task_queue(GOVERNANCE_QUEUE),
-        workflows=[PromotionWorkflow, RollbackWorkflow, AdmissionWorkflow],
+        workflows=[PromotionWorkflow, RollbackWorkflow, AdmissionWorkflow, GovernanceWriteWorkflow],
         activities=[
             promotion.open_promotion, promotion.mark_promotion, promotion.record_gate,
             promotion.set_routing, promotion.record_human_decision, promotion.promote_candidate,
             evidence.decide_offline_eval, evidence.decide_shadow, evidence.look_canary,
             evidence.look_watch, rollback.rollback_deployment,
             admission.load_admission_task, admission.record_admission_evidence,
-            admission.decide_task_admission,
+            admission.decide_task_admission, writes.register_environment_version,
+            writes.create_eval_set, writes.set_threshold,
         ],
         nexus_service_handlers=[GovernanceNexusHandlers(
             NexusCallerCheck(settings, server=GOVERNANCE, authorizer=authorizer))],

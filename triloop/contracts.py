@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 _PERCENT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
-_IGNORED_FIXTURE_PARTS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache"})
+IGNORED_FIXTURE_PARTS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache"})
 
 
 def parse_percentage(value: object) -> float | None:
@@ -398,7 +398,7 @@ def fixture_hashes(contract: EnvironmentContract, base_dir: Path | None = None) 
         files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
         for file in files:
             inner = file.relative_to(root).parts if root.is_dir() else ()
-            if _IGNORED_FIXTURE_PARTS.intersection(inner) or file.suffix == ".pyc":
+            if IGNORED_FIXTURE_PARTS.intersection(inner) or file.suffix == ".pyc":
                 continue  # caches appear when fixtures are run; they are not content
             key = PurePosixPath(rel, *inner).as_posix()
             hashes[key] = hashlib.sha256(file.read_bytes()).hexdigest()

@@ -22,6 +22,9 @@ TRAINING_RUN_WORKFLOW = "TrainingRunWorkflow"  # learning
 PROMOTION_WORKFLOW = "PromotionWorkflow"  # governance
 ADMISSION_WORKFLOW = "AdmissionWorkflow"  # governance
 ROLLBACK_WORKFLOW = "RollbackWorkflow"  # governance
+# A person's recorded write to governance's versioned data (environment versions, eval
+# sets, thresholds), carried out for them.
+GOVERNANCE_WRITE_WORKFLOW = "GovernanceWriteWorkflow"  # governance
 ADMISSION_PROBE_WORKFLOW = "AdmissionProbeWorkflow"  # execution
 
 # Signals / updates / queries.
@@ -333,3 +336,34 @@ class RunStatus:
     alarms_raised: int = 0  # stability alarms over the whole run (count)
     # Since the last continue-as-new: "iteration N: kind" of each mitigation taken.
     mitigations: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GovernanceWriteInput:
+    """Carry out one recorded ``human_decision`` (environment_version, eval_set, threshold).
+
+    Only the row's id and kind travel: what to register, freeze or set, and who asked, are
+    read by governance from the row that only the web role can write.
+    """
+
+    decision_id: str = ""
+    kind: str = ""
+    subject: str = ""  # what the decision is about: the environment, eval set or threshold
+
+
+@dataclass
+class GovernanceWriteResult:
+    """The version governance stored (or found already stored, for identical content)."""
+
+    kind: str
+    id: str
+    name: str
+    version: int
+    created: bool = True
+    # Kind-specific facts: an eval set's content hash and task ids, a threshold's eval set.
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def governance_write_workflow_id(decision_id: str) -> str:
+    """One workflow per recorded decision: a retried request cannot act twice."""
+    return f"governance-write-{decision_id}"

@@ -31,12 +31,15 @@ from triloop.workflow_api import (
     ADMISSION_DECIDE_UPDATE,
     EXECUTION_QUEUE,
     GOVERNANCE_QUEUE,
+    GOVERNANCE_WRITE_WORKFLOW,
     LEARNING_QUEUE,
     ROLLBACK_WORKFLOW,
     ROLLOUT_WORKFLOW,
     TRAINING_RUN_WORKFLOW,
     AdmissionResult,
     DecisionRef,
+    GovernanceWriteInput,
+    GovernanceWriteResult,
     RollbackInput,
     RollbackResult,
     RolloutBatchInput,
@@ -135,6 +138,19 @@ class Orchestrator:
         ), what=f"roll back {request.alias}")
         return result
 
+    async def governance_write(self, request: GovernanceWriteInput, workflow_id: str,
+                               user: str | None = None) -> GovernanceWriteResult:
+        """Have governance carry out a person's recorded write and return what it stored."""
+        client = await self.client("governance")
+        result: GovernanceWriteResult = await self._call(client.execute_workflow(
+            GOVERNANCE_WRITE_WORKFLOW, request, id=workflow_id,
+            task_queue=self._settings.task_queue(GOVERNANCE_QUEUE),
+            result_type=GovernanceWriteResult,
+            search_attributes=search_attributes.attributes(loop="governance", user=user),
+            execution_timeout=timedelta(seconds=self.timeout_s),
+        ), what=f"{request.kind} {request.subject}")
+        return result
+
     async def start_episodes(self, batch: RolloutBatchInput, workflow_id: str) -> None:
         """Start a batch of production episodes on the execution loop's queue."""
         client = await self.client("execution")
@@ -185,9 +201,25 @@ def refused(what: str, cause: BaseException) -> ProblemError:
     """The workflow refused or failed: 403 when its policy check denied, 409 otherwise."""
     message = _root_message(cause)
     kind = cause.type if isinstance(cause, ApplicationError) else None
+    invalid = _invalid_request(cause)
+    if invalid is not None:  # what the person asked for cannot be stored as asked
+        details = invalid.details
+        reasons = details[0] if details and isinstance(details[0], list) else [invalid.message]
+        return ProblemError(422, "Invalid input", f"{what}: governance refused: {invalid.message}",
+                            reasons=[str(r) for r in reasons])
     if kind == "PolicyDenied" or "may not" in message and "policy" in message.lower():
         return ProblemError(403, "Forbidden", f"{what}: governance refused: {message}")
     return conflict(f"{what}: refused by the workflow: {message}")
+
+
+def _invalid_request(error: BaseException) -> ApplicationError | None:
+    """The loop's ``InvalidRequest`` error behind a failed activity or workflow, if any."""
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, ApplicationError) and current.type == "InvalidRequest":
+            return current
+        current = current.__cause__
+    return None
 
 
 def _root_message(error: BaseException) -> str:

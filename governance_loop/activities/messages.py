@@ -27,11 +27,18 @@ ROLLBACK_DEPLOYMENT = "governance_rollback_deployment"
 LOAD_ADMISSION_TASK = "governance_load_admission_task"
 RECORD_ADMISSION_EVIDENCE = "governance_record_admission_evidence"
 DECIDE_TASK_ADMISSION = "governance_decide_task_admission"
+# A person's recorded write, by the decision's kind.
+REGISTER_ENVIRONMENT_VERSION = "governance_register_environment_version"
+CREATE_EVAL_SET = "governance_create_eval_set"
+SET_THRESHOLD = "governance_set_threshold"
 
 # ApplicationError types the workflows recognise.
 POLICY_DENIED = "PolicyDenied"  # OPA refused: never retried
 POLICY_UNAVAILABLE = "PolicyUnavailable"  # OPA unreachable (failed closed): retried
 GOVERNANCE_REFUSED = "GovernanceRefused"  # a rule of the loop itself: never retried
+# What a person asked for cannot be stored as asked (a bad contract or threshold spec, a task
+# not admitted): never retried; the web service answers 422 with ``details[0]``'s reasons.
+INVALID_REQUEST = "InvalidRequest"
 PROMOTION_ENDED = "PromotionEnded"  # a promotion that ended is never run again
 
 

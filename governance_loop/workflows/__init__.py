@@ -1,4 +1,5 @@
-"""Governance workflows: promotion through the gates, task admission, rollback.
+"""Governance workflows: promotion through the gates, task admission, rollback, and
+people's writes to versioned data.
 
 Deterministic code only: every read and write is an activity named in
 ``governance_loop.activities.messages`` (this package imports no database, HTTP
@@ -8,5 +9,8 @@ or policy code; import-linter checks it).
 from governance_loop.workflows.admission import AdmissionWorkflow
 from governance_loop.workflows.promotion import PromotionWorkflow
 from governance_loop.workflows.rollback import RollbackWorkflow
+from governance_loop.workflows.writes import GovernanceWriteWorkflow
 
-__all__ = ["AdmissionWorkflow", "PromotionWorkflow", "RollbackWorkflow"]
+__all__ = [
+    "AdmissionWorkflow", "GovernanceWriteWorkflow", "PromotionWorkflow", "RollbackWorkflow",
+]

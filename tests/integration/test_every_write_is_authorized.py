@@ -29,7 +29,8 @@ pytestmark = pytest.mark.integration
 
 WRITE_TABLES = ("app_user", "api_token", "training_run", "approval", "deployment", "routing",
                 "trajectory", "human_decision", "promotion", "gate_result", "checkpoint",
-                "proposal", "role_grant")
+                "proposal", "role_grant", "environment", "environment_version", "eval_set",
+                "eval_item", "threshold")
 NOT_ACTIONS = {"/login", "/logout"}  # authentication itself, before any identity exists
 
 
@@ -122,6 +123,12 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
         ("POST", "/api/faults"):
             ("/api/faults", {"checkpoint_id": seeded.checkpoint_id, "temperature": 4}),
         ("DELETE", "/api/faults"): ("/api/faults", {}),
+        ("POST", "/api/environments"):
+            ("/api/environments", {"name": "walk", "contract_yaml": "task: frozen_lake\n"}),
+        ("POST", "/api/eval-sets"):
+            ("/api/eval-sets", {"name": "walk", "task_ids": [admitted_task(owner_engine)]}),
+        ("POST", "/api/thresholds"):
+            ("/api/thresholds", {"name": "walk", "eval_set": "walk", "spec": {}}),
     }
 
 

@@ -194,24 +194,10 @@ def cli_env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterator[Non
     get_settings.cache_clear()
 
 
-def test_cli_creates_eval_set_threshold_and_bootstraps_production(
-    cli_env: None, owner_engine: Engine
-) -> None:
+def test_cli_bootstraps_production(cli_env: None, owner_engine: Engine) -> None:
+    # Eval sets and thresholds go through the API with the operator's token
+    # (tests/integration/test_api_governance_writes.py).
     runner = CliRunner()
-    tasks = [make_task(owner_engine), make_task(owner_engine)]
-    name = uid("cli-es-")
-    created = runner.invoke(governance_app, ["eval-set", "create", name, "--task", tasks[0],
-                                             "--task", tasks[1]])
-    assert created.exit_code == 0, created.output
-    assert f"{name} v1" in created.output
-    bar = uid("cli-bar-")
-    spec = json.dumps(TEST_SPEC)
-    done = runner.invoke(governance_app, ["threshold", "set", bar, "--spec", spec,
-                                          "--eval-set", name])
-    assert done.exit_code == 0, done.output
-    bad = runner.invoke(governance_app, ["threshold", "set", bar, "--spec", "{}",
-                                         "--eval-set", name])
-    assert bad.exit_code == 1 and "incomplete threshold spec" in bad.output
     checkpoint = make_checkpoint(owner_engine)
     moved = runner.invoke(governance_app, ["bootstrap-production", checkpoint, "--replace"])
     assert moved.exit_code == 0, moved.output
@@ -223,14 +209,20 @@ def test_cli_creates_eval_set_threshold_and_bootstraps_production(
             "WHERE d.alias = 'production' AND r.slot = 'production'")).one()
         # No person is claimed on the command line: the OS account is recorded as a label.
         audited = conn.execute(text(
-            "SELECT count(*) FROM audit_event WHERE action = 'create' AND "
+            "SELECT count(*) FROM audit_event WHERE action IN ('create', 'update') AND "
+            "resource->>'kind' = 'deployment' AND "
             "payload->'context'->'requested_by'->>'user' = :who"),
             {"who": f"{getpass.getuser()}@{socket.gethostname()}"}).scalar_one()
     assert tuple(production) == (checkpoint, checkpoint)
-    assert audited >= 3  # eval set, its items (and freeze), the threshold
+    assert audited >= 1
 
 
-def test_cli_registers_diffs_and_retires_contract_files(cli_env: None, tmp_path: Path) -> None:
+def test_cli_diffs_and_retires_registered_versions(
+    cli_env: None, tmp_path: Path, gov: Engine, authorizer: Authorizer
+) -> None:
+    # Registering goes through the API (tests/integration/test_api_governance_writes.py);
+    # diff and retire stay server-side commands.
+    from governance_loop.environments import document_from_file
     from triloop.devstack.servers import repo_root
 
     source = repo_root() / "execution_loop" / "environments" / "contracts" / "frozen_lake.yaml"
@@ -241,17 +233,15 @@ def test_cli_registers_diffs_and_retires_contract_files(cli_env: None, tmp_path:
     second.write_text(base.replace("holes: 3", "holes: 4"))
     name = uid("lake-")
     runner = CliRunner()
-    registered = runner.invoke(governance_app, ["env", "register", str(first), "--name", name])
-    assert registered.exit_code == 0 and f"registered: {name} v1" in registered.output
-    again = runner.invoke(governance_app, ["env", "register", str(first), "--name", name])
-    assert f"already registered: {name} v1" in again.output
-    changed = runner.invoke(governance_app, ["env", "register", str(second), "--name", name])
-    assert f"registered: {name} v2" in changed.output, changed.output
+    registered = [register_environment_version(
+        engine=gov, authorizer=authorizer, document=document_from_file(path, name=name),
+        requested_by="tester") for path in (first, second)]
+    assert [r.version for r in registered] == [1, 2]
     diff = runner.invoke(governance_app, ["env", "diff", f"{name}@1", f"{name}@2"])
     assert diff.exit_code == 0 and "~ initial_state.holes: 3 -> 4" in diff.output
     file_diff = runner.invoke(governance_app, ["env", "diff", str(first), f"{name}@1"])
     assert file_diff.output.strip() == "no changes"
-    version_id = registered.output.split()[-1]
+    version_id = registered[0].id
     retired = runner.invoke(governance_app, ["env", "retire", version_id])
     assert retired.exit_code == 0 and "retired" in retired.output
     missing = runner.invoke(governance_app, ["env", "diff", f"{name}@7", name])

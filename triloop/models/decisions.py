@@ -31,6 +31,12 @@ class DecisionKind(StrEnum):
     RUN_CONTROL = "run_control"  # subject: a training run; decision: pause | resume | cancel
     # subject: a promotion; decision: override (its run's stability alarms; comment: why)
     ALARM_OVERRIDE = "alarm_override"
+    # subject: an environment's name; decision: register (details: contract text, fixtures)
+    ENVIRONMENT_VERSION = "environment_version"
+    # subject: an eval set's name; decision: create (details: task ids; frozen at once)
+    EVAL_SET = "eval_set"
+    # subject: a threshold's name; decision: set (details: spec, eval set)
+    THRESHOLD = "threshold"
 
 
 class HumanDecision(SQLModel, table=True):

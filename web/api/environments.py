@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from triloop.statuses import TaskStatus
-from web import actions
+from web import actions, governance_writes
 from web.actions import AdmissionOutcome, AdmissionRequest
 from web.api.common import Short
 from web.api.documented_errors import WORKFLOW_ERRORS
@@ -20,6 +20,7 @@ from web.data.environments import (
     VersionDetail,
 )
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
+from web.governance_writes import EnvironmentRegistered, EnvironmentRegistration
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
 from web.query import DIGITS_ONLY
@@ -37,6 +38,26 @@ async def list_environments(
     """Environments, newest first."""
     await guard("read", "environment")
     return await db.read(envs.list_environments, limit=limit, cursor=cursor)
+
+
+@router.post("/api/environments", status_code=201, response_model=EnvironmentRegistered,
+             responses={200: {"model": EnvironmentRegistered,
+                              "description": "identical content was already registered"},
+                        **WORKFLOW_ERRORS})
+async def register_environment(
+    body: EnvironmentRegistration, response: Response, guard: AuthorizeDep, db: SessionDep,
+    services: ServicesDep,
+) -> EnvironmentRegistered:
+    """An operator registers a contract as its environment's next immutable version.
+
+    Every problem in the contract is named (422) and nothing is recorded; otherwise the
+    decision is recorded and governance registers the version for the operator.
+    """
+    registered = await governance_writes.register_environment(
+        guard=guard, db=db, services=services, body=body)
+    if not registered.created:
+        response.status_code = 200
+    return registered
 
 
 @router.get("/api/environments/{name}", response_model=EnvironmentDetail)

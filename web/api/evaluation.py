@@ -1,13 +1,20 @@
-"""``/api/eval-sets`` and ``/api/thresholds``: what judges a candidate (read-only)."""
+"""``/api/eval-sets`` and ``/api/thresholds``: what judges a candidate.
+
+Operators create (and freeze) eval set versions and set threshold versions here; governance
+writes them on the operator's recorded decision (``web.governance_writes``).
+"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
+from web import governance_writes
 from web.api.common import Short
+from web.api.documented_errors import WORKFLOW_ERRORS
 from web.data import evaluation
 from web.data.evaluation import EvalSetDetail, EvalSetPublic, ThresholdPublic
-from web.deps import AuthorizeDep, SessionDep
+from web.deps import AuthorizeDep, ServicesDep, SessionDep
+from web.governance_writes import EvalSetFreeze, EvalSetFrozen, ThresholdSet, ThresholdStored
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
 
@@ -21,6 +28,26 @@ async def list_eval_sets(
     """Eval sets, newest first."""
     await guard("read", "eval_set")
     return await db.read(evaluation.list_eval_sets, limit=limit, cursor=cursor)
+
+
+@router.post("/api/eval-sets", status_code=201, response_model=EvalSetFrozen,
+             responses=WORKFLOW_ERRORS)
+async def freeze_eval_set(
+    body: EvalSetFreeze, guard: AuthorizeDep, db: SessionDep, services: ServicesDep
+) -> EvalSetFrozen:
+    """An operator creates the next version of an eval set from admitted tasks, frozen."""
+    return await governance_writes.freeze_eval_set(guard=guard, db=db, services=services,
+                                                   body=body)
+
+
+@router.post("/api/thresholds", status_code=201, response_model=ThresholdStored,
+             responses=WORKFLOW_ERRORS)
+async def set_threshold(
+    body: ThresholdSet, guard: AuthorizeDep, db: SessionDep, services: ServicesDep
+) -> ThresholdStored:
+    """An operator sets the next version of a threshold for a frozen eval set."""
+    return await governance_writes.set_threshold(guard=guard, db=db, services=services,
+                                                 body=body)
 
 
 @router.get("/api/eval-sets/{eval_set_id}", response_model=EvalSetDetail)

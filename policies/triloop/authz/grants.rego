@@ -85,6 +85,14 @@ role_grants := {
 		"promotion": {"approve", "reject", "override_alarms"},
 		"deployment": {"rollback"},
 		"task": {"admit", "reject_task"},
+		# Register a new environment version (POST /api/environments), create and freeze
+		# an eval set version (POST /api/eval-sets), set a threshold version (POST
+		# /api/thresholds); governance writes each, acting for the operator. Versions
+		# are new rows: no operator may update or delete one.
+		"environment_version": {"create"},
+		"eval_set": {"create", "freeze"},
+		"eval_item": {"create"},
+		"threshold": {"create"},
 		# Production traffic: an operator may send episodes to the routed checkpoint.
 		"trajectory": {"create"},
 		# Game days: serve a checkpoint degraded on purpose (see faults.rego).
@@ -120,6 +128,10 @@ delegable := {
 		"promotion": {"approve", "reject", "sign_audit", "reject_audit", "override_alarms"},
 		"deployment": {"rollback"},
 		"task": {"admit", "reject_task"},
+		"environment_version": {"create"},
+		"eval_set": {"create", "freeze"},
+		"eval_item": {"create"},
+		"threshold": {"create"},
 	},
 	"learning": {"training_run": {"cancel", "pause", "resume"}},
 }

@@ -197,3 +197,71 @@ test_learning_reads_nothing_the_database_hides_from_it if {
 		denied(svc_clean("learning", "read", kind))
 	}
 }
+
+registration_by(user, roles) := {
+	"actor": {"service": "web", "user": user, "roles": roles},
+	"action": "create",
+	"resource": {"kind": "environment_version", "attrs": {"environment": "frozen_lake"}},
+}
+
+registration_for(person, roles) := {
+	"actor": {"service": "governance"},
+	"action": "create",
+	"resource": {"kind": "environment_version", "id": "v1", "attrs": {"environment": "frozen_lake"}},
+	"context": {"on_behalf_of": {"user": person, "roles": roles}},
+}
+
+test_operators_register_environment_versions if {
+	allowed(registration_by("olga", ["operator"]))
+	allowed(registration_for("olga", ["operator"]))
+}
+
+test_others_do_not_register_environment_versions if {
+	every roles in [["ml_engineer"], ["auditor"], ["admin"], []] {
+		denied(registration_by("maya", roles))
+		denied(registration_for("maya", roles))
+	}
+}
+
+test_no_loop_registers_for_a_person_but_governance if {
+	every service in ["learning", "execution"] {
+		denied(json.patch(registration_for("olga", ["operator"]), [{"op": "replace", "path": "/actor/service", "value": service}]))
+	}
+}
+
+versioned_write_for(person, roles, action, kind) := {
+	"actor": {"service": "governance"},
+	"action": action,
+	"resource": {"kind": kind, "attrs": {"name": "holdout"}},
+	"context": {"on_behalf_of": {"user": person, "roles": roles}},
+}
+
+versioned_writes := [
+	["create", "eval_set"], ["create", "eval_item"], ["freeze", "eval_set"],
+	["create", "threshold"],
+]
+
+test_governance_freezes_eval_sets_and_sets_thresholds_for_an_operator if {
+	every pair in versioned_writes {
+		allowed(versioned_write_for("olga", ["operator"], pair[0], pair[1]))
+		allowed(person_clean("olga", ["operator"], pair[0], pair[1]))
+	}
+}
+
+test_no_one_else_freezes_eval_sets_or_sets_thresholds if {
+	every pair in versioned_writes {
+		every roles in [["ml_engineer"], ["auditor"], ["admin"]] {
+			denied(versioned_write_for("maya", roles, pair[0], pair[1]))
+			denied(person_clean("maya", roles, pair[0], pair[1]))
+		}
+	}
+}
+
+test_operators_never_change_a_version_in_place if {
+	every kind in ["eval_set", "eval_item", "threshold", "environment_version"] {
+		every action in ["update", "delete"] {
+			denied(person_clean("olga", ["operator"], action, kind))
+			denied(versioned_write_for("olga", ["operator"], action, kind))
+		}
+	}
+}

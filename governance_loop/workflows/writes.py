@@ -1,0 +1,52 @@
+"""GovernanceWriteWorkflow: a person's recorded write, carried out by one activity.
+
+The web service recorded the decision (an environment version to register, an eval set
+to freeze, a threshold to set); the activity proves it, asks OPA for the person and writes
+in one transaction. Refusals are never retried: a bad contract stays bad.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    import governance_loop.activities.messages as m
+    from triloop.workflow_api import (
+        GOVERNANCE_WRITE_WORKFLOW,
+        GovernanceWriteInput,
+        GovernanceWriteResult,
+    )
+
+# decision kind -> the activity that carries it out
+WRITE_ACTIVITIES = {
+    "environment_version": m.REGISTER_ENVIRONMENT_VERSION,
+    "eval_set": m.CREATE_EVAL_SET,
+    "threshold": m.SET_THRESHOLD,
+}
+
+
+@workflow.defn(name=GOVERNANCE_WRITE_WORKFLOW)
+class GovernanceWriteWorkflow:
+    """One person's write to governance's versioned data."""
+
+    @workflow.run
+    async def run(self, request: GovernanceWriteInput) -> GovernanceWriteResult:
+        """Run the activity for the decision's kind and return what it stored."""
+        activity = WRITE_ACTIVITIES.get(request.kind)
+        if activity is None:
+            raise ApplicationError(f"no governance write for decision kind {request.kind!r}",
+                                   type=m.GOVERNANCE_REFUSED, non_retryable=True)
+        result: GovernanceWriteResult = await workflow.execute_activity(
+            activity, request, result_type=GovernanceWriteResult,
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200),
+                                     maximum_attempts=5,
+                                     non_retryable_error_types=[m.POLICY_DENIED,
+                                                                m.GOVERNANCE_REFUSED,
+                                                                m.INVALID_REQUEST]),
+        )
+        return result
