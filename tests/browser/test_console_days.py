@@ -9,6 +9,7 @@ desktop width and at 390 px go to ``test-output/screenshots/``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -135,8 +136,10 @@ def test_engineer_watches_a_run_with_hover_smoothing_and_an_overlay(
     sign_in(page, base_url, engineer, f"/runs/{run_id}")
     charts = page.locator("#charts")
     expect(charts).to_have_attribute("data-alarm-count", "1")
-    expect(page.locator("figure.chart")).to_have_count(
-        int(charts.get_attribute("data-drawn") or 0))
+    # The script sets data-drawn once it has drawn every chart: wait for it, then compare.
+    expect(charts).to_have_attribute("data-drawn", re.compile(r"^[1-9][0-9]*$"))
+    expect(page.locator("figure.chart")).to_have_count(int(charts.get_attribute("data-drawn")
+                                                           or 0))
     per_task = page.locator("figure#chart-reward-task")
     expect(per_task.locator("figcaption")).to_have_text("Reward per task (reward)")
     expect(per_task.locator(".u-legend .u-series")).to_have_count(3)  # x + count + sort
