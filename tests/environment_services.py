@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +12,16 @@ from pathlib import Path
 
 import httpx
 
+from triloop.devstack.processes import free_port as devstack_free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE_DIR = ROOT / "examples" / "letter-count-service"
 SERVER = SERVICE_DIR / "letter_service.py"
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nobody listens on now (outside the ephemeral range)."""
+    return devstack_free_port()
 
 
 @contextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from pathlib import Path
 import uvicorn
 
 from execution_loop.inference.server import create_app
+from triloop.devstack.processes import free_port
 
 
 @contextmanager
@@ -19,9 +19,7 @@ def serving(model_dir: Path, name: str, *, runtime_loading: bool) -> Iterator[st
     """triloop's server in a thread; yields its base URL."""
     app = create_app(model_dir, served_model_name=name, device="cpu",
                      allow_runtime_loading=runtime_loading, max_loaded=2)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

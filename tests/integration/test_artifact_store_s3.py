@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from triloop.artifacts import (
     publish_directory,
 )
 from triloop.config import ServiceName
+from triloop.devstack.processes import free_port
 from triloop.s3_store import S3ArtifactStore, S3Credentials
 from triloop.weights import WeightsIntegrityError, safetensors_digest
 
@@ -40,9 +40,7 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         found = shutil.which("gofakes3")
         assert found, "gofakes3 is missing: run scripts/bootstrap.sh (it builds it with go install)"
         binary = Path(found)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     log = (tmp_path_factory.mktemp("s3") / "gofakes3.log").open("w")
     process = subprocess.Popen([str(binary), "-backend", "memory", "-initialbucket", "triloop",
                                 "-host", f"127.0.0.1:{port}"], stdout=log, stderr=log)

@@ -8,7 +8,6 @@ teacher-forced recomputation on the prompt the gateway rendered.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from execution_loop.inference.openai_backend import OpenAICompatiblePolicyClient
 from execution_loop.inference.server import create_app
 from execution_loop.inference.torch_backend import TorchPolicyClient, teacher_forced_logprobs
 from learning_loop.tiny_model import TinyModelSpec, create_tiny_model
+from triloop.devstack.processes import free_port
 
 pytestmark = pytest.mark.slow
 torch.set_num_threads(1)
@@ -46,9 +46,7 @@ def torch_client(model_dir: Path) -> TorchPolicyClient:
 
 @pytest.fixture(scope="module")
 def http_client(model_dir: Path) -> Iterator[OpenAICompatiblePolicyClient]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     app = create_app(model_dir, served_model_name="tiny", device="cpu")
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from execution_loop.inference.openai_backend import (
 from execution_loop.inference.server import create_app
 from execution_loop.inference.torch_backend import TorchPolicyClient, teacher_forced_logprobs
 from learning_loop.tiny_model import TinyModelSpec, create_tiny_model
+from triloop.devstack.processes import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
@@ -40,9 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,8 +34,33 @@ class ServiceProcess:
     pid_path: Path
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out as the source port of outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now."""
+    """A port nobody listens on right now, outside the kernel's ephemeral range.
+
+    A port the kernel picked with ``bind(0)`` comes from the ephemeral range, the same
+    range it draws source ports of outgoing connections from: between our check and the
+    service's own bind, one of the many client connections on the machine could take it
+    ("address already in use"). Ports below (or above) the range are never taken that way.
+    """
+    low, high = _ephemeral_range()
+    candidates = range(10_000, low) if low > 11_000 else range(high + 1, 65_536)
+    chooser = random.SystemRandom()
+    for port in chooser.sample(candidates, min(200, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

@@ -71,7 +71,12 @@ class TemporalPorts:
     @classmethod
     def free(cls, frontend: int | None = None) -> TemporalPorts:
         """Free ports only (tests, benchmarks)."""
-        return cls(frontend or free_port(), *(free_port() for _ in range(12)))
+        ports: list[int] = [frontend] if frontend else []
+        while len(ports) < 13:  # thirteen distinct ports
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        return cls(*ports)
 
     @classmethod
     def for_stack(cls, state_dir: Path, frontend: int) -> TemporalPorts:
