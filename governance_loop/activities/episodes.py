@@ -25,6 +25,9 @@ _CLEAN = "(NOT CAST(:clean AS boolean) OR (outcome->'injected_fault') IS NULL)"
 
 # A gate's window: (checkpoint, purposes, since, until; None is open-ended).
 Window = tuple[str, Sequence[str], datetime, datetime | None]
+# SQL: a trajectory in one window (:c checkpoint, :p purposes, :s since, :u until or NULL).
+_IN_WINDOW = ("checkpoint_id = :c AND purpose = ANY(:p) AND created_at >= :s "
+              "AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u)")
 # SQL on a shadow step ``a``: the execution loop's verdict for it (a missing verdict is false).
 _COMPARED = "(a.feedback #>> '{shadow_agreement,compared}') = 'true'"
 _AGREED = "(a.feedback #>> '{shadow_agreement,agreed}') = 'true'"
@@ -93,9 +96,7 @@ def episode_counts(
     row = session.execute(
         text(
             "SELECT count(*), count(*) FILTER (WHERE success) FROM trajectory "
-            "WHERE checkpoint_id = :c AND purpose = ANY(:p) AND created_at >= :s "
-            f"AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) AND {_CLEAN} "
-            f"AND {_requested_traffic('trajectory')}"
+            f"WHERE {_IN_WINDOW} AND {_CLEAN} AND {_requested_traffic('trajectory')}"
         ),
         {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
     ).one()
@@ -110,9 +111,8 @@ def reward_summary(
     row = session.execute(
         text(
             "SELECT count(*), coalesce(avg(total_reward), 0), coalesce(var_samp(total_reward), 0) "
-            "FROM trajectory WHERE checkpoint_id = :c AND purpose = ANY(:p) "
-            "AND created_at >= :s AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) "
-            f"AND {_CLEAN} AND {_requested_traffic('trajectory')}"
+            f"FROM trajectory WHERE {_IN_WINDOW} AND {_CLEAN} "
+            f"AND {_requested_traffic('trajectory')}"
         ),
         {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
     ).one()
@@ -128,9 +128,7 @@ def fault_summary(
         rows = session.execute(
             text(
                 "SELECT outcome->'injected_fault', count(*) FROM trajectory "
-                "WHERE checkpoint_id = :c AND purpose = ANY(:p) AND created_at >= :s "
-                "AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) "
-                "AND (outcome->'injected_fault') IS NOT NULL GROUP BY 1"
+                f"WHERE {_IN_WINDOW} AND (outcome->'injected_fault') IS NOT NULL GROUP BY 1"
             ),
             {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until},
         ).all()
@@ -161,9 +159,8 @@ def unrequested_episodes(
         rows = session.execute(
             text(
                 "SELECT id, count(*) OVER () FROM trajectory "
-                "WHERE checkpoint_id = :c AND purpose = ANY(:p) AND created_at >= :s "
-                "AND (CAST(:u AS timestamptz) IS NULL OR created_at < :u) "
-                f"AND NOT {_requested_traffic('trajectory')} ORDER BY id LIMIT :n"
+                f"WHERE {_IN_WINDOW} AND NOT {_requested_traffic('trajectory')} "
+                "ORDER BY id LIMIT :n"
             ),
             {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "n": examples},
         ).all()
