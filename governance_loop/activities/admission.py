@@ -31,6 +31,7 @@ from triloop.db import session_scope
 from triloop.models import DecisionKind
 from triloop.models._columns import utcnow
 from triloop.policy import Authorizer, Resource
+from triloop.statuses import Decision
 
 
 class AdmissionActivities(GovernanceShell):
@@ -125,13 +126,13 @@ class AdmissionActivities(GovernanceShell):
                                 role="operator", resource=resource)
             decided_by, decision, comment = proven.user, proven.decision, proven.comment
         else:  # the automatic rejection at the deadline is governance's own act
-            proven, decided_by, decision = None, "governance", "reject"
+            proven, decided_by, decision = None, "governance", Decision.REJECT
             comment = request.automatic_reason
-        if decision not in ("approve", "reject"):
+        if decision not in (Decision.APPROVE, Decision.REJECT):
             raise refused(f"unknown decision {decision!r}: approve or reject")
         if not comment.strip():
             raise refused("an admission decision needs a comment saying why")
-        admit = decision == "approve"
+        admit = decision == Decision.APPROVE
         with session_scope(self._engine) as session:
             task = store.get_task(session=session, task_id=request.task_id)
             assessment = (task.evidence or {}).get("assessment") or {}

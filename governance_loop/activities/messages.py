@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from governance_loop.durations import PromotionTiming
+from triloop.statuses import Gate
 from triloop.workflow_api import AdmissionProbeEvidence, RolloutItem, StabilityAlarm
 
 OPEN_PROMOTION = "governance_open_promotion"
@@ -31,32 +33,6 @@ DECIDE_TASK_ADMISSION = "governance_decide_task_admission"
 REGISTER_ENVIRONMENT_VERSION = "governance_register_environment_version"
 CREATE_EVAL_SET = "governance_create_eval_set"
 SET_THRESHOLD = "governance_set_threshold"
-
-# ApplicationError types the workflows recognise.
-POLICY_DENIED = "PolicyDenied"  # OPA refused: never retried
-POLICY_UNAVAILABLE = "PolicyUnavailable"  # OPA unreachable (failed closed): retried
-GOVERNANCE_REFUSED = "GovernanceRefused"  # a rule of the loop itself: never retried
-# What a person asked for cannot be stored as asked (a bad contract or threshold spec, a task
-# not admitted): never retried; the web service answers 422 with ``details[0]``'s reasons.
-INVALID_REQUEST = "InvalidRequest"
-PROMOTION_ENDED = "PromotionEnded"  # a promotion that ended is never run again
-
-
-@dataclass
-class PromotionTiming:
-    """Seconds each gate waits (``GateDurations`` chosen by ``settings.gate_profile``)."""
-
-    shadow_soak_s: float
-    canary_soak_s: float
-    canary_share: float  # fraction of production episodes routed to the candidate
-    canary_check_interval_s: float
-    audit_deadline_s: float
-    approval_deadline_s: float
-    watch_period_s: float
-    watch_check_interval_s: float
-    eval_timeout_s: float  # how long an offline-eval rollout batch may take
-    slot_wait_interval_s: float  # how often to retry a routing slot another promotion holds
-
 
 @dataclass
 class OpenPromotionInput:
@@ -194,7 +170,7 @@ class HumanDecisionRecord:
     """
 
     promotion_id: str
-    gate: str  # audit | approval
+    gate: Gate  # audit | approval | stability
     decision_id: str
     submitted_by: str
     audited_by: str | None = None  # the auditor who signed (approval decisions)

@@ -10,7 +10,7 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     import governance_loop.activities.messages as m
-    from triloop.workflow_api import ROLLBACK_WORKFLOW, RollbackInput, RollbackResult
+    from triloop.workflow_api import ROLLBACK_WORKFLOW, ErrorType, RollbackInput, RollbackResult
 
 
 @workflow.defn(name=ROLLBACK_WORKFLOW)
@@ -22,13 +22,13 @@ class RollbackWorkflow:
         """Move the alias back to its rollback target."""
         if request.promotion_id is not None:
             raise ApplicationError("automatic rollbacks come only from a promotion's watch",
-                                   type=m.GOVERNANCE_REFUSED, non_retryable=True)
+                                   type=ErrorType.GOVERNANCE_REFUSED, non_retryable=True)
         result: RollbackResult = await workflow.execute_activity(
             m.ROLLBACK_DEPLOYMENT, request, result_type=RollbackResult,
             start_to_close_timeout=timedelta(seconds=10),
             retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200),
                                      maximum_attempts=5,
-                                     non_retryable_error_types=[m.POLICY_DENIED,
-                                                                m.GOVERNANCE_REFUSED]),
+                                     non_retryable_error_types=[ErrorType.POLICY_DENIED,
+                                                                ErrorType.GOVERNANCE_REFUSED]),
         )
         return result
