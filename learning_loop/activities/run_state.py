@@ -51,13 +51,19 @@ from triloop.audit import record_event
 from triloop.decisions import DecisionRefused, audit_refusal, load_decision
 from triloop.models import DecisionKind, EnvironmentVersion, Proposal
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
+from triloop.statuses import Decision, RunStatus
 from triloop.workflow_api import (
+    ErrorType,
     StabilityAlarm,
     promotion_workflow_id,
 )
 
 LEARNING = Actor(service="learning")
-CONTROL_STATUS = {"pause": "paused", "resume": "running", "cancel": "cancelled"}
+# What a person's run control makes of the run.
+CONTROL_STATUS: dict[str, RunStatus] = {
+    Decision.PAUSE: RunStatus.paused, Decision.RESUME: RunStatus.running,
+    Decision.CANCEL: RunStatus.cancelled,
+}
 _PROPOSAL_NAMESPACE = uuid.UUID("8f7d2a43-5a55-4f43-9a59-0c6f3b1d7e21")
 
 
@@ -173,7 +179,7 @@ class RunActivities:
         try:
             self._authorizer.authorize(LEARNING, "update", resource)
         except PolicyDenied as denied:
-            raise ApplicationError(str(denied), type="PolicyDenied", non_retryable=True) \
+            raise ApplicationError(str(denied), type=ErrorType.POLICY_DENIED, non_retryable=True) \
                 from denied
         record_event(
             self._engine, actor=LEARNING.to_input(), action="stability_mitigation",
