@@ -31,7 +31,7 @@ from triloop.db import session_scope
 from triloop.models import DecisionKind
 from triloop.models._columns import utcnow
 from triloop.policy import Authorizer, Resource
-from triloop.statuses import Decision
+from triloop.statuses import Decision, TaskStatus
 
 
 class AdmissionActivities(GovernanceShell):
@@ -109,7 +109,7 @@ class AdmissionActivities(GovernanceShell):
                                           attrs={"admissible": assessment.admissible}))
         with session_scope(self._engine) as session:
             task = store.get_task(session=session, task_id=request.task_id, for_update=True)
-            if task.status != "pending":
+            if task.status != TaskStatus.pending:
                 raise refused(f"task {task.id} is already {task.status}")
             task.evidence = {**stored, "assessed_at": utcnow().isoformat()}
             session.add(task)
@@ -144,10 +144,10 @@ class AdmissionActivities(GovernanceShell):
             self.authorize_for(proven, action, resource)
         else:
             self.authorize(action, resource, context={"comment": comment})
-        status = "admitted" if admit else "rejected"
+        status = TaskStatus.admitted if admit else TaskStatus.rejected
         with session_scope(self._engine) as session:
             task = store.get_task(session=session, task_id=request.task_id, for_update=True)
-            if task.status not in ("pending", status):
+            if task.status not in (TaskStatus.pending, status):
                 raise refused(f"task {task.id} is already {task.status}")
             task.status = status
             task.decided_by = decided_by

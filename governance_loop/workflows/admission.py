@@ -12,6 +12,7 @@ with workflow.unsafe.imports_passed_through():
     from governance_loop.gates import HumanDecisionError
     from governance_loop.workflows._shared import HUMAN_RETRY, act, execution_loop, refusal
     from triloop.nexus_api import ExecutionService
+    from triloop.statuses import TaskStatus
     from triloop.workflow_api import (
         ADMISSION_DECIDE_UPDATE,
         ADMISSION_STATUS_QUERY,
@@ -49,8 +50,9 @@ class AdmissionWorkflow:
         task: m.AdmissionTask = await act(
             m.LOAD_ADMISSION_TASK, m.AdmissionTaskRequest(task_id=request.task_id),
             m.AdmissionTask)
-        if task.status != "pending" or task.problem:
-            self._result.status = task.status if task.status != "pending" else "rejected"
+        if task.status != TaskStatus.pending or task.problem:
+            self._result.status = (task.status if task.status != TaskStatus.pending
+                                   else TaskStatus.rejected)
             self._result.reasons = [task.problem or f"task is already {task.status}"]
             return self._result
         probe: AdmissionProbeEvidence | None = None
