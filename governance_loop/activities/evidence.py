@@ -168,7 +168,7 @@ class EvidenceActivities(GovernanceShell):
                 record_event(self._engine, actor={"service": "governance", "roles": []},
                              action=INTEGRITY_ACTION,
                              resource={"kind": "promotion", "id": request.promotion_id},
-                             payload={"during": "offline_eval", "problem": problem})
+                             payload={"during": Gate.OFFLINE_EVAL, "problem": problem})
             return GateDecision(
                 gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
                 reasons=[f"integrity: {problem}" for problem in problems],
