@@ -26,18 +26,6 @@ from sqlalchemy import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from learning_loop.activities.messages import (
-    BASE_MODEL_NOT_FOUND,
-    CHECKPOINT_BROKEN,
-    INVALID_TRAINING_DATA,
-    REGISTER_BASE_CHECKPOINT,
-    UPDATE_POLICY,
-    AlarmReport,
-    BaseCheckpoint,
-    RegisterBaseInput,
-    UpdateInput,
-    UpdateResult,
-)
 from learning_loop.activities.records import alarm_record, saved_iteration, stability_history
 from learning_loop.activities.training import (
     NoTrainableData,
@@ -52,6 +40,18 @@ from learning_loop.checkpoints import (
     CheckpointRef,
     saved_weights_digest,
     serving_hashes,
+)
+from learning_loop.contracts import (
+    BASE_MODEL_NOT_FOUND,
+    CHECKPOINT_BROKEN,
+    INVALID_TRAINING_DATA,
+    REGISTER_BASE_CHECKPOINT,
+    UPDATE_POLICY,
+    AlarmReport,
+    BaseCheckpoint,
+    RegisterBaseInput,
+    UpdateInput,
+    UpdateResult,
 )
 from learning_loop.lineage import (
     get_checkpoint,
@@ -123,7 +123,7 @@ class UpdateActivities:
         # One update at a time per worker: the accelerator (or the CPU) is the bottleneck.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner")
 
-    @activity.defn(name=REGISTER_BASE_CHECKPOINT)
+    @activity.defn(name=REGISTER_BASE_CHECKPOINT.name)
     def register_base_checkpoint(self, request: RegisterBaseInput) -> BaseCheckpoint:
         """The base model as a root checkpoint: a registered id, or a directory to copy in."""
         existing = get_checkpoint(engine=self._engine, checkpoint_id=request.base)
@@ -153,7 +153,7 @@ class UpdateActivities:
                                 serving=asdict(serving_hashes(ref.path)))
         return BaseCheckpoint(ref.id, created=created)
 
-    @activity.defn(name=UPDATE_POLICY)
+    @activity.defn(name=UPDATE_POLICY.name)
     async def update_policy(self, request: UpdateInput) -> UpdateResult:
         """Train one iteration (once), heartbeating while the training thread works."""
         details = activity.info().heartbeat_details

@@ -132,8 +132,8 @@ def test_a_mitigation_is_audited_and_refused_without_the_policy(
     settings: Settings, owner_engine: Engine, role_engine: Callable[[ServiceName], Engine],
     tiny_dir: Path,
 ) -> None:
-    from learning_loop.activities.messages import MitigationInput
     from learning_loop.activities.run_state import RunActivities
+    from learning_loop.contracts import MitigationInput
 
     alice = make_user(owner_engine)
     run_id = make_run(owner_engine, run_config(tiny_dir, ["t"]), alice)
