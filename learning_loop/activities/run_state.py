@@ -39,7 +39,7 @@ from learning_loop.contracts import (
     TaskSeed,
     ValidateRunInput,
 )
-from learning_loop.lineage import (
+from learning_loop.store import (
     get_run,
     get_tasks,
     insert_proposal,

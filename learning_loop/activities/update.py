@@ -26,13 +26,6 @@ from sqlalchemy import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from learning_loop.activities.records import alarm_record, saved_iteration, stability_history
-from learning_loop.activities.training import (
-    NoTrainableData,
-    load_model,
-    save_servable,
-    train_iteration,
-)
 from learning_loop.advantages import AdvantageInputError
 from learning_loop.batch import InvalidSampleError
 from learning_loop.checkpoints import (
@@ -53,15 +46,22 @@ from learning_loop.contracts import (
     UpdateInput,
     UpdateResult,
 )
-from learning_loop.lineage import (
+from learning_loop.iteration import (
+    NoTrainableData,
+    load_model,
+    save_servable,
+    train_iteration,
+)
+from learning_loop.iteration_records import alarm_record, saved_iteration, stability_history
+from learning_loop.mitigation import with_mitigations
+from learning_loop.stability import StabilityInputError
+from learning_loop.store import (
     get_checkpoint,
     get_training_step,
     record_iteration,
     register_root,
     stability_rows,
 )
-from learning_loop.mitigation import with_mitigations
-from learning_loop.stability import StabilityInputError
 from learning_loop.trajectory_reader import load_rollout_data
 from learning_loop.update import UpdateError
 from triloop.artifacts import ARTIFACT_SCHEME, ArtifactStore, materialize, publish_directory

@@ -25,7 +25,7 @@ from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
 from learning_loop.contracts import UPDATE_POLICY
-from learning_loop.lineage import lineage
+from learning_loop.store import lineage
 from tests.factories_learning import (
     frozen_lake_tasks,
     loops_running,

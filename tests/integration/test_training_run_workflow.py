@@ -19,7 +19,7 @@ from sqlalchemy.exc import ProgrammingError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.worker import Replayer
 
-from learning_loop.lineage import lineage
+from learning_loop.store import lineage
 from learning_loop.workflows import TrainingRunWorkflow
 from tests.factories import record_decision
 from tests.factories_learning import (
