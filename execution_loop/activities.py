@@ -37,10 +37,10 @@ from execution_loop.episode import (
     episode_limits,
     run_episode,
 )
-from execution_loop.policies import PolicyCache, TaskEnvironments
 from execution_loop.routing import assign, read_routes, shadow_comparison
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend
 from execution_loop.sandboxes import describe_environment_sandbox
+from execution_loop.serving import PolicyCache, TaskEnvironments
 from execution_loop.trajectories import (
     StepRow,
     TrajectoryRow,

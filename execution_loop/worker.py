@@ -24,14 +24,14 @@ from temporalio.worker import Worker
 from execution_loop.activities import RolloutActivities, activities_of
 from execution_loop.admission_probe import AdmissionProbe
 from execution_loop.nexus_handlers import ExecutionNexusHandlers
-from execution_loop.policies import (
+from execution_loop.sandboxes import default_sandbox
+from execution_loop.serving import (
     EnvironmentLookup,
     PolicyCache,
     PolicyFactory,
     TaskEnvironments,
     backend_factory,
 )
-from execution_loop.sandboxes import default_sandbox
 from execution_loop.trajectories import EXECUTION
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
 from triloop.artifact_backends import open_shared_store

@@ -20,7 +20,7 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from learning_loop.activities.messages import (
+from learning_loop.contracts import (
     CONTROL_RUN,
     PROPOSE_CHECKPOINT,
     RECORD_MITIGATION,
@@ -39,7 +39,7 @@ from learning_loop.activities.messages import (
     TaskSeed,
     ValidateRunInput,
 )
-from learning_loop.lineage import (
+from learning_loop.store import (
     get_run,
     get_tasks,
     insert_proposal,
@@ -79,7 +79,7 @@ class RunActivities:
         self._engine = engine
         self._authorizer = authorizer
 
-    @activity.defn(name=VALIDATE_RUN)
+    @activity.defn(name=VALIDATE_RUN.name)
     def validate_run(self, request: ValidateRunInput) -> RunPlan:
         """The run's row exists as submitted and every task is admitted on a live version."""
         run = get_run(engine=self._engine, run_id=request.run_id)
@@ -121,7 +121,7 @@ class RunActivities:
             environment_version_ids=sorted({t.environment_version_id for t in ordered}),
         )
 
-    @activity.defn(name=SET_RUN_STATUS)
+    @activity.defn(name=SET_RUN_STATUS.name)
     def set_run_status(self, request: RunStatusInput) -> None:
         """Record the run's status on its row (``update``; ``pause`` for an alarm's pause)."""
         self._authorizer.authorize(LEARNING, request.action, Resource(
@@ -130,7 +130,7 @@ class RunActivities:
         set_run_status(engine=self._engine, run_id=request.run_id, status=request.status,
                        reason=request.reason)
 
-    @activity.defn(name=CONTROL_RUN)
+    @activity.defn(name=CONTROL_RUN.name)
     def control_run(self, request: ControlInput) -> ControlDecision:
         """Carry out a person's recorded pause/resume/cancel if the policy allows it."""
         if request.action not in CONTROL_STATUS:
@@ -167,7 +167,7 @@ class RunActivities:
                        status=CONTROL_STATUS[request.action], reason=reason)
         return ControlDecision(True, proven.comment, proven.user)
 
-    @activity.defn(name=RECORD_MITIGATION)
+    @activity.defn(name=RECORD_MITIGATION.name)
     def record_mitigation(self, request: MitigationInput) -> MitigationRecorded:
         """Authorize a mitigation as an update of the run, then audit it on the run.
 
@@ -189,7 +189,7 @@ class RunActivities:
         )
         return MitigationRecorded()
 
-    @activity.defn(name=PROPOSE_CHECKPOINT)
+    @activity.defn(name=PROPOSE_CHECKPOINT.name)
     async def propose_checkpoint(self, request: ProposeInput) -> ProposeResult:
         """Write the proposal row; the workflow then hands it to governance through Nexus."""
         proposal_id = proposal_id_for(request.run_id, request.iteration)

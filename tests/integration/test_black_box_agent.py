@@ -53,17 +53,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CONTRACT = CONTRACTS_DIR / "tool_arithmetic_agent.yaml"
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model, created locally (no download)."""
-    import torch
-
-    from learning_loop.tiny_model import create_tiny_model
-
-    torch.set_num_threads(1)
-    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
 @contextlib.asynccontextmanager
 async def admission_workers(settings: Settings, gov: Engine) -> AsyncIterator[Client]:
     """Governance's real worker and the real execution worker (with its probe)."""

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 from temporalio.client import Client
 
-from execution_loop.policies import backend_factory
+from execution_loop.serving import backend_factory
 from execution_loop.worker import build_worker
 from tests.factories_execution import (
     make_builtin_task,
