@@ -33,6 +33,7 @@ from triloop.artifacts import ArtifactCorrupted, ArtifactStore
 from triloop.config import Settings
 from triloop.contracts import EnvironmentContract, parse_contract_text
 from triloop.models import Checkpoint, EnvironmentVersion, Task
+from triloop.statuses import TaskStatus
 from triloop.weights import (
     UnsupportedArtifactUri,
     WeightsIntegrityError,
@@ -223,7 +224,7 @@ class TaskEnvironments:
             task = session.get(Task, task_id)
             if task is None:
                 raise LookupError(f"task {task_id!r} does not exist")
-            if task.status != "admitted" and not pending_ok:
+            if task.status != TaskStatus.admitted and not pending_ok:
                 raise TaskNotAdmitted(
                     f"task {task_id!r} is {task.status}: episodes run only on admitted tasks "
                     "(governance's AdmissionWorkflow admits them)"
@@ -233,7 +234,7 @@ class TaskEnvironments:
             raise LookupError(f"environment version {task.environment_version_id!r} is missing")
         contract = self._parse(version)
         opened = OpenedTask(task.id, version.id, task.seed, contract, self._factory(contract))
-        if task.status == "admitted":
+        if task.status == TaskStatus.admitted:
             with self._lock:
                 self._tasks[task_id] = opened
         return opened

@@ -97,7 +97,7 @@ def decide_grant(*, session: Session, grant_id: str, decided_by: str,
     if grant.status != GrantStatus.pending:
         raise GrantConflict(f"role grant {grant_id} is already {grant.status}")
     now = utcnow()
-    grant.status = "active" if confirm else "refused"
+    grant.status = GrantStatus.active if confirm else GrantStatus.refused
     grant.confirmed_by = decided_by
     grant.confirmed_at = now
     session.add(grant)
