@@ -9,7 +9,11 @@ activity implementation registers under the same name with
 ``@activity.defn(name=CONTRACT.name)``, so the name is written exactly once.
 
 Names follow ``<loop>.<verb>_<noun>`` (``learning.update_policy``); ``tests/unit`` checks
-every contract against the activities the loop's worker registers.
+every contract against the activities the loop's worker registers. A contract renamed to
+that scheme keeps its old wire name as ``legacy_name``: a workflow whose history was
+recorded before the rename (a promotion runs for days) replays with the old name, guarded
+by Temporal's own versioning (``workflow.patched(ACTIVITY_NAMES_PATCH)``), and schedules
+every new activity under the new one.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 
 ACTIVITY_NAME = re.compile(r"^(execution|learning|governance)\.[a-z]+(_[a-z0-9]+)*$")
+ACTIVITY_NAMES_PATCH = "triloop-activity-names-loop-dot-verb-noun"
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class ActivityContract(Generic[In, Out]):
     start_to_close: timedelta
     retry: RetryPolicy
     heartbeat: timedelta | None = None
+    legacy_name: str | None = None  # the wire name before the rename; histories replay it
 
     def __post_init__(self) -> None:
         if not ACTIVITY_NAME.match(self.name):
@@ -47,16 +53,18 @@ class ActivityContract(Generic[In, Out]):
     async def call(
         self, arg: In, *, task_queue: str | None = None,
         schedule_to_close: timedelta | None = None, heartbeat: timedelta | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Out:
         """Run the activity from a workflow and return its typed result.
 
         ``schedule_to_close`` (a deadline the caller computes, such as a batch's) replaces
-        the contract's start-to-close bound; ``heartbeat`` overrides the contract's.
+        the contract's start-to-close bound; ``heartbeat`` and ``retry`` override the
+        contract's (a person waiting on an update wants fewer retries than a timer).
         """
         self._check(arg)
         result = await workflow.execute_activity(
-            self.name, arg, result_type=self.output, task_queue=task_queue,
-            retry_policy=self.retry,
+            self.wire_name(), arg, result_type=self.output, task_queue=task_queue,
+            retry_policy=retry or self.retry,
             start_to_close_timeout=None if schedule_to_close else self.start_to_close,
             schedule_to_close_timeout=schedule_to_close,
             heartbeat_timeout=heartbeat or self.heartbeat,
@@ -69,10 +77,16 @@ class ActivityContract(Generic[In, Out]):
         """Start the activity and return its handle (for work that overlaps other work)."""
         self._check(arg)
         return workflow.start_activity(
-            self.name, arg, result_type=self.output, task_queue=task_queue,
+            self.wire_name(), arg, result_type=self.output, task_queue=task_queue,
             retry_policy=self.retry, start_to_close_timeout=self.start_to_close,
             heartbeat_timeout=heartbeat or self.heartbeat,
         )
+
+    def wire_name(self) -> str:
+        """The name to schedule under: the legacy one only while replaying an older history."""
+        if self.legacy_name is None or workflow.patched(ACTIVITY_NAMES_PATCH):
+            return self.name
+        return self.legacy_name
 
     def _check(self, arg: In) -> None:
         if not isinstance(arg, self.input):

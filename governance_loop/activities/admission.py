@@ -15,7 +15,8 @@ from temporalio import activity
 
 from governance_loop import store
 from governance_loop.activities.common import GovernanceShell, record, refused
-from governance_loop.activities.messages import (
+from governance_loop.admission import AdmissionBudgets, AdmissionEvidence, assess_admission
+from governance_loop.contracts import (
     DECIDE_TASK_ADMISSION,
     LOAD_ADMISSION_TASK,
     RECORD_ADMISSION_EVIDENCE,
@@ -26,7 +27,6 @@ from governance_loop.activities.messages import (
     AdmissionTask,
     AdmissionTaskRequest,
 )
-from governance_loop.admission import AdmissionBudgets, AdmissionEvidence, assess_admission
 from triloop.db import session_scope
 from triloop.models import DecisionKind
 from triloop.models._columns import utcnow
@@ -49,7 +49,7 @@ class AdmissionActivities(GovernanceShell):
         self._budgets = budgets or AdmissionBudgets()
         self._deadline_s = decision_deadline_s
 
-    @activity.defn(name=LOAD_ADMISSION_TASK)
+    @activity.defn(name=LOAD_ADMISSION_TASK.name)
     def load_admission_task(self, request: AdmissionTaskRequest) -> AdmissionTask:
         """The task's state and how much evidence the probe must gather."""
         with session_scope(self._engine) as session:
@@ -67,7 +67,7 @@ class AdmissionActivities(GovernanceShell):
             problem=problem,
         )
 
-    @activity.defn(name=RECORD_ADMISSION_EVIDENCE)
+    @activity.defn(name=RECORD_ADMISSION_EVIDENCE.name)
     def record_admission_evidence(
         self, request: AdmissionEvidenceInput
     ) -> AdmissionAssessmentRecord:
@@ -117,7 +117,7 @@ class AdmissionActivities(GovernanceShell):
                    payload={"admissible": assessment.admissible, "reasons": reasons})
         return AdmissionAssessmentRecord(admissible=assessment.admissible, reasons=reasons)
 
-    @activity.defn(name=DECIDE_TASK_ADMISSION)
+    @activity.defn(name=DECIDE_TASK_ADMISSION.name)
     def decide_task_admission(self, request: AdmissionDecisionInput) -> AdmissionDecided:
         """Admit (only an admissible task) or reject; returns the task's new status."""
         resource = Resource("task", id=request.task_id)

@@ -13,7 +13,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from governance_loop import store
-from governance_loop.activities.messages import GateOutcome
+from governance_loop.contracts import GateOutcome
 from governance_loop.gates import GateDecision
 from triloop.audit import append_event
 from triloop.decisions import DecisionRefused, HumanDecision, audit_refusal, load_decision

@@ -24,7 +24,7 @@ from governance_loop.activities.common import (
     parse_time,
     store_gate,
 )
-from governance_loop.activities.messages import (
+from governance_loop.contracts import (
     DECIDE_OFFLINE_EVAL,
     DECIDE_SHADOW,
     LOOK_CANARY,
@@ -104,7 +104,7 @@ class EvidenceActivities(GovernanceShell):
                                   "examples": left_out.examples})
         return self._store(session, promotion_id, decision, threshold_id=threshold_id)
 
-    @activity.defn(name=DECIDE_OFFLINE_EVAL)
+    @activity.defn(name=DECIDE_OFFLINE_EVAL.name)
     def decide_offline_eval(self, request: OfflineEvalInput) -> GateOutcome:
         """Judge both eval batches on the frozen eval set against the threshold version."""
         with session_scope(self._engine) as session:
@@ -187,7 +187,7 @@ class EvidenceActivities(GovernanceShell):
             "requested_by": "governance"}
         return decision
 
-    @activity.defn(name=DECIDE_SHADOW)
+    @activity.defn(name=DECIDE_SHADOW.name)
     def decide_shadow(self, request: ShadowInput) -> GateOutcome:
         """Judge the shadow soak on paired production/shadow episodes."""
         with session_scope(self._engine) as session:
@@ -219,7 +219,7 @@ class EvidenceActivities(GovernanceShell):
                 windows=[(request.candidate_checkpoint_id, (Purpose.SHADOW,), since, None),
                          (request.production_checkpoint_id, (Purpose.PRODUCTION,), since, None)])
 
-    @activity.defn(name=LOOK_CANARY)
+    @activity.defn(name=LOOK_CANARY.name)
     def look_canary(self, request: CanaryLook) -> GateOutcome:
         """One sequential-test look at canary vs production since the canary started."""
         since = parse_time(request.since)
@@ -268,7 +268,7 @@ class EvidenceActivities(GovernanceShell):
                                            threshold_id=request.threshold_id,
                                            windows=canary_windows)
 
-    @activity.defn(name=LOOK_WATCH)
+    @activity.defn(name=LOOK_WATCH.name)
     def look_watch(self, request: WatchLook) -> GateOutcome:
         """One look at production since promotion against both pre-promotion baselines."""
         promoted_at = parse_time(request.promoted_at)

@@ -22,7 +22,7 @@ from governance_loop.activities.common import (
     row_id,
     store_gate,
 )
-from governance_loop.activities.messages import (
+from governance_loop.contracts import (
     MARK_PROMOTION,
     OPEN_PROMOTION,
     PROMOTE_CANDIDATE,
@@ -92,7 +92,7 @@ class PromotionActivities(GovernanceShell):
         self._home = home  # relative artifact paths of checkpoints are under it
         self._store = store  # the shared artifact store, for artifact:// checkpoints
 
-    @activity.defn(name=OPEN_PROMOTION)
+    @activity.defn(name=OPEN_PROMOTION.name)
     def open_promotion(self, request: OpenPromotionInput) -> PromotionPlan:
         """Create the promotion row and read what it will be judged against."""
         with session_scope(self._engine) as session:
@@ -216,7 +216,7 @@ class PromotionActivities(GovernanceShell):
         per_task = max(1, math.ceil(spec.min_samples / len(tasks)))
         plan.eval_items = [RolloutItem(task_id=t, seed=s, group_size=per_task) for t, s, _ in tasks]
 
-    @activity.defn(name=MARK_PROMOTION)
+    @activity.defn(name=MARK_PROMOTION.name)
     def mark_promotion(self, mark: MarkPromotion) -> None:
         """Record the gate the promotion is at, or how it ended."""
         self.authorize("update", Resource("promotion", id=mark.promotion_id,
@@ -227,7 +227,7 @@ class PromotionActivities(GovernanceShell):
                 current_gate=mark.gate, reason=mark.reason,
             )
 
-    @activity.defn(name=RECORD_GATE)
+    @activity.defn(name=RECORD_GATE.name)
     def record_gate(self, gate: GateRecord) -> GateOutcome:
         """Store a verdict the workflow reached itself (a deadline passed, a precondition)."""
         self.authorize("create", Resource("gate_result", attrs={"gate": gate.gate}))
@@ -241,7 +241,7 @@ class PromotionActivities(GovernanceShell):
                 threshold_id=gate.threshold_id, eval_set_id=gate.eval_set_id,
             )
 
-    @activity.defn(name=SET_ROUTING)
+    @activity.defn(name=SET_ROUTING.name)
     def set_routing(self, request: RoutingRequest) -> RoutingChange:
         """Claim a shadow/canary slot for a promotion, or release it; never take another's."""
         if request.slot not in (Purpose.SHADOW, Purpose.CANARY):
@@ -272,7 +272,7 @@ class PromotionActivities(GovernanceShell):
                             "promotion_id": request.promotion_id})
             return RoutingChange(ok=True, at=store.db_now(session).isoformat())
 
-    @activity.defn(name=RECORD_HUMAN_DECISION)
+    @activity.defn(name=RECORD_HUMAN_DECISION.name)
     def record_human_decision(self, request: HumanDecisionRecord) -> GateOutcome:
         """Carry out a person's decision at an audit, approval or stability gate.
 
@@ -370,7 +370,7 @@ class PromotionActivities(GovernanceShell):
                       resource=resource.to_input(), decision_id=proven.id, reason=reason)
         raise refused(reason)
 
-    @activity.defn(name=PROMOTE_CANDIDATE)
+    @activity.defn(name=PROMOTE_CANDIDATE.name)
     def promote_candidate(self, request: PromoteInput) -> PromoteResult:
         """Move production to the candidate in one transaction, then check the end state."""
         self.authorize("promote", Resource("promotion", id=request.promotion_id, attrs={

@@ -21,7 +21,7 @@ from temporalio import activity
 
 from governance_loop import store
 from governance_loop.activities.common import GOVERNANCE, GovernanceShell, record, refused
-from governance_loop.activities.messages import ROLLBACK_DEPLOYMENT
+from governance_loop.contracts import ROLLBACK_DEPLOYMENT
 from triloop.db import session_scope
 from triloop.deployment_history import RollbackRefused, plan_rollback
 from triloop.models import Checkpoint, DecisionKind, DeploymentHistory
@@ -42,7 +42,7 @@ def _request_key() -> str:
 class RollbackActivities(GovernanceShell):
     """Moves an alias back to its rollback target."""
 
-    @activity.defn(name=ROLLBACK_DEPLOYMENT)
+    @activity.defn(name=ROLLBACK_DEPLOYMENT.name)
     def rollback_deployment(self, request: RollbackInput) -> RollbackResult:
         """Authorize, then move the alias back through its history and reroute production."""
         to_revision: int | None = None

@@ -18,7 +18,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from governance_loop.activities.common import GovernanceShell, row_id
-from governance_loop.activities.messages import (
+from governance_loop.contracts import (
     CREATE_EVAL_SET,
     REGISTER_ENVIRONMENT_VERSION,
     SET_THRESHOLD,
@@ -86,7 +86,7 @@ class GovernanceWriteActivities(GovernanceShell):
         return self.prove(request.decision_id, kind, request.subject, role=DECIDING_ROLE,
                           resource=Resource(kind.value, attrs={"name": request.subject}))
 
-    @activity.defn(name=REGISTER_ENVIRONMENT_VERSION)
+    @activity.defn(name=REGISTER_ENVIRONMENT_VERSION.name)
     def register_environment_version(self, request: GovernanceWriteInput) -> GovernanceWriteResult:
         """Prove the decision, check the contract, ask OPA for the person, then register."""
         proven = self._proven(request, DecisionKind.ENVIRONMENT_VERSION)
@@ -98,7 +98,7 @@ class GovernanceWriteActivities(GovernanceShell):
             kind=DecisionKind.ENVIRONMENT_VERSION.value, id=stored.id,
             name=stored.environment_name, version=stored.version, created=stored.created)
 
-    @activity.defn(name=CREATE_EVAL_SET)
+    @activity.defn(name=CREATE_EVAL_SET.name)
     def create_eval_set(self, request: GovernanceWriteInput) -> GovernanceWriteResult:
         """Prove the decision, ask OPA for the person, then create and freeze the version."""
         proven = self._proven(request, DecisionKind.EVAL_SET)
@@ -116,7 +116,7 @@ class GovernanceWriteActivities(GovernanceShell):
             version=stored.version,
             details={"content_hash": stored.content_hash, "task_ids": stored.task_ids})
 
-    @activity.defn(name=SET_THRESHOLD)
+    @activity.defn(name=SET_THRESHOLD.name)
     def set_threshold(self, request: GovernanceWriteInput) -> GovernanceWriteResult:
         """Prove the decision, check the spec, ask OPA for the person, then store the version."""
         proven = self._proven(request, DecisionKind.THRESHOLD)

@@ -1,36 +1,16 @@
-"""What the governance workflows share: activity calls, retry policies, refusals.
+"""What the governance workflows share: the execution loop's Nexus client, refusals.
 
 Deterministic code only, like every module of this package.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
-
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from triloop.nexus_api import ExecutionService, endpoint_for
     from triloop.workflow_api import ErrorType
-
-QUICK = timedelta(seconds=60)
-NEVER_RETRIED = [ErrorType.POLICY_DENIED, ErrorType.GOVERNANCE_REFUSED]
-RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30),
-                    non_retryable_error_types=NEVER_RETRIED)
-# A person waits on an update: fail fast instead of retrying for minutes.
-HUMAN_RETRY = RetryPolicy(maximum_attempts=3, non_retryable_error_types=NEVER_RETRIED)
-
-
-async def act(name: str, arg: Any, result_type: type[Any] | None = None,
-              retry: RetryPolicy = RETRY) -> Any:
-    """Run a governance activity by name on the workflow's own queue."""
-    return await workflow.execute_activity(
-        name, arg, result_type=result_type, start_to_close_timeout=QUICK, retry_policy=retry
-    )
-
 
 def execution_loop() -> workflow.NexusClient[ExecutionService]:
     """The execution loop's Nexus operations: governance's only way to ask it for work."""

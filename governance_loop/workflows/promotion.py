@@ -25,16 +25,15 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, NexusOperationError
 
 with workflow.unsafe.imports_passed_through():
-    import governance_loop.activities.messages as m
+    import governance_loop.contracts as m
     from governance_loop.gates import HumanDecisionError, Verdict, refuse_out_of_turn
     from governance_loop.workflows._shared import (
-        HUMAN_RETRY,
-        act,
         execution_loop,
         failure_chain,
         refusal,
     )
     from triloop import search_attributes
+    from triloop.activity_contract import ActivityContract
     from triloop.nexus_api import ExecutionService
     from triloop.statuses import Gate, Purpose
     from triloop.statuses import PromotionStatus as Outcome
@@ -51,7 +50,6 @@ with workflow.unsafe.imports_passed_through():
         PromotionInput,
         PromotionStatus,
         RollbackInput,
-        RollbackResult,
         RolloutBatchInput,
     )
 
@@ -102,12 +100,12 @@ class PromotionWorkflow:
         """Walk the gates; stop at the first that does not pass."""
         self._proposal_id = request.proposal_id
         try:
-            plan: m.PromotionPlan = await act(m.OPEN_PROMOTION, m.OpenPromotionInput(
+            plan: m.PromotionPlan = await m.OPEN_PROMOTION.call(m.OpenPromotionInput(
                 proposal_id=request.proposal_id, checkpoint_id=request.checkpoint_id,
                 run_id=request.run_id, submitted_by=request.submitted_by,
                 workflow_id=workflow.info().workflow_id,
                 stability_alarms=list(request.stability_alarms),
-            ), m.PromotionPlan)
+            ))
         except ActivityError as error:
             cause = error.cause
             if isinstance(cause, ApplicationError) and cause.type == ErrorType.PROMOTION_ENDED:
@@ -164,7 +162,7 @@ class PromotionWorkflow:
     async def _enter(self, gate: Gate, waiting_for: str | None) -> None:
         self._gate, self._waiting_for = gate, waiting_for
         assert self._plan is not None
-        await act(m.MARK_PROMOTION, m.MarkPromotion(promotion_id=self._plan.promotion_id,
+        await m.MARK_PROMOTION.call(m.MarkPromotion(promotion_id=self._plan.promotion_id,
                                                      gate=gate))
 
     def _note(self, outcome: m.GateOutcome) -> m.GateOutcome:
@@ -176,10 +174,10 @@ class PromotionWorkflow:
 
     async def _record(self, gate: Gate, reasons: list[str]) -> m.GateOutcome:
         assert self._plan is not None
-        outcome: m.GateOutcome = await act(m.RECORD_GATE, m.GateRecord(
+        outcome: m.GateOutcome = await m.RECORD_GATE.call(m.GateRecord(
             promotion_id=self._plan.promotion_id, gate=gate, reasons=reasons,
             threshold_id=self._plan.threshold_id,
-        ), m.GateOutcome)
+        ))
         return self._note(outcome)
 
     async def _end(self, status: Outcome, outcome: m.GateOutcome | None, reason: str = "") -> None:
@@ -187,11 +185,12 @@ class PromotionWorkflow:
         self._status, self._waiting_for = status, None
         self._reason = reason or (f"{outcome.gate}: " + "; ".join(outcome.reasons)
                                   if outcome else status)
-        await act(m.MARK_PROMOTION, m.MarkPromotion(
+        await m.MARK_PROMOTION.call(m.MarkPromotion(
             promotion_id=self._plan.promotion_id, status=status, reason=self._reason[:2000]))
 
-    async def _judge(self, name: str, arg: Any) -> m.GateOutcome:
-        outcome: m.GateOutcome = await act(name, arg, m.GateOutcome)
+    async def _judge(self, gate: ActivityContract[Any, m.GateOutcome], arg: Any
+                     ) -> m.GateOutcome:
+        outcome = await gate.call(arg)
         return self._note(outcome) if outcome.verdict != Verdict.CONTINUE else outcome
 
     # --- stability ---------------------------------------------------------------------------
@@ -211,7 +210,7 @@ class PromotionWorkflow:
         self._alarm_block = reasons
         self._gate, self._waiting_for = Gate.STABILITY, "operator (override of stability alarms)"
         self._reason = "stability: " + "; ".join(reasons)
-        await act(m.MARK_PROMOTION, m.MarkPromotion(
+        await m.MARK_PROMOTION.call(m.MarkPromotion(
             promotion_id=plan.promotion_id, gate=Gate.STABILITY, reason=self._reason[:2000]))
         deadline_s = plan.timing.approval_deadline_s
         try:
@@ -225,7 +224,7 @@ class PromotionWorkflow:
                 *reasons, f"no operator overrode the alarms within {deadline_s:g}s"]))
             return False
         self._reason = None
-        await act(m.MARK_PROMOTION, m.MarkPromotion(
+        await m.MARK_PROMOTION.call(m.MarkPromotion(
             promotion_id=plan.promotion_id,
             reason=f"stability alarms overridden by {self._override.decided_by}"))
         return True
@@ -267,18 +266,18 @@ class PromotionWorkflow:
     async def _claim(self, plan: m.PromotionPlan, slot: Purpose, share: float) -> str:
         """Route the slot to the candidate once no other open promotion holds it."""
         while True:
-            change: m.RoutingChange = await act(m.SET_ROUTING, m.RoutingRequest(
+            change: m.RoutingChange = await m.SET_ROUTING.call(m.RoutingRequest(
                 promotion_id=plan.promotion_id, slot=slot,
                 checkpoint_id=plan.candidate_checkpoint_id, share=share,
-            ), m.RoutingChange)
+            ))
             if change.ok:
                 return change.at
             self._waiting_for = f"the {slot} slot (held by promotion {change.holder})"
             await workflow.sleep(plan.timing.slot_wait_interval_s)
 
     async def _release(self, plan: m.PromotionPlan, slot: Purpose) -> None:
-        await act(m.SET_ROUTING, m.RoutingRequest(
-            promotion_id=plan.promotion_id, slot=slot, checkpoint_id=None), m.RoutingChange)
+        await m.SET_ROUTING.call(m.RoutingRequest(
+            promotion_id=plan.promotion_id, slot=slot, checkpoint_id=None))
 
     async def _shadow(self, plan: m.PromotionPlan) -> m.GateOutcome:
         assert plan.threshold_id and plan.baseline_checkpoint_id
@@ -384,11 +383,11 @@ class PromotionWorkflow:
         assert self._plan is not None
         self._deciding = True
         try:
-            outcome: m.GateOutcome = await act(m.RECORD_HUMAN_DECISION, m.HumanDecisionRecord(
+            outcome: m.GateOutcome = await m.RECORD_HUMAN_DECISION.call(m.HumanDecisionRecord(
                 promotion_id=self._plan.promotion_id, gate=gate,
                 decision_id=decision.decision_id, submitted_by=self._plan.submitted_by,
                 audited_by=self._auditor,
-            ), m.GateOutcome, retry=HUMAN_RETRY)
+            ))
         except ActivityError as error:
             raise refusal(error) from error
         finally:
@@ -409,12 +408,12 @@ class PromotionWorkflow:
     async def _promote(self, plan: m.PromotionPlan) -> str | None:
         assert plan.baseline_checkpoint_id and self._auditor and self._approver
         await self._enter(Gate.PROMOTE, None)
-        result: m.PromoteResult = await act(m.PROMOTE_CANDIDATE, m.PromoteInput(
+        result: m.PromoteResult = await m.PROMOTE_CANDIDATE.call(m.PromoteInput(
             promotion_id=plan.promotion_id, candidate_checkpoint_id=plan.candidate_checkpoint_id,
             baseline_checkpoint_id=plan.baseline_checkpoint_id,
             submitted_by=plan.submitted_by, audited_by=self._auditor,
             approved_by=self._approver,
-        ), m.PromoteResult)
+        ))
         self._note(result.outcome)
         if result.outcome.passed:
             self._status = Outcome.promoted
@@ -426,8 +425,8 @@ class PromotionWorkflow:
         return None
 
     async def _rollback(self, plan: m.PromotionPlan, reason: str) -> None:
-        await act(m.ROLLBACK_DEPLOYMENT, RollbackInput(
-            reason=reason, promotion_id=plan.promotion_id), RollbackResult)
+        await m.ROLLBACK_DEPLOYMENT.call(RollbackInput(
+            reason=reason, promotion_id=plan.promotion_id))
 
     async def _watch(self, plan: m.PromotionPlan, promoted_at: str) -> None:
         assert plan.threshold_id and plan.baseline_checkpoint_id
@@ -455,5 +454,5 @@ class PromotionWorkflow:
             await self._end(Outcome.rolled_back, outcome)
             return
         self._waiting_for = None
-        await act(m.MARK_PROMOTION, m.MarkPromotion(
+        await m.MARK_PROMOTION.call(m.MarkPromotion(
             promotion_id=plan.promotion_id, reason="watch passed: " + "; ".join(outcome.reasons)))

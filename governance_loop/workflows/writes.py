@@ -7,14 +7,12 @@ in one transaction. Refusals are never retried: a bad contract stays bad.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    import governance_loop.activities.messages as m
+    import governance_loop.contracts as m
+    from triloop.activity_contract import ActivityContract
     from triloop.statuses import DecisionKind
     from triloop.workflow_api import (
         GOVERNANCE_WRITE_WORKFLOW,
@@ -24,7 +22,8 @@ with workflow.unsafe.imports_passed_through():
     )
 
 # decision kind -> the activity that carries it out
-WRITE_ACTIVITIES: dict[str, str] = {
+WriteActivity = ActivityContract[GovernanceWriteInput, GovernanceWriteResult]
+WRITE_ACTIVITIES: dict[str, WriteActivity] = {
     DecisionKind.ENVIRONMENT_VERSION: m.REGISTER_ENVIRONMENT_VERSION,
     DecisionKind.EVAL_SET: m.CREATE_EVAL_SET,
     DecisionKind.THRESHOLD: m.SET_THRESHOLD,
@@ -42,13 +41,4 @@ class GovernanceWriteWorkflow:
         if activity is None:
             raise ApplicationError(f"no governance write for decision kind {request.kind!r}",
                                    type=ErrorType.GOVERNANCE_REFUSED, non_retryable=True)
-        result: GovernanceWriteResult = await workflow.execute_activity(
-            activity, request, result_type=GovernanceWriteResult,
-            start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200),
-                                     maximum_attempts=5,
-                                     non_retryable_error_types=[ErrorType.POLICY_DENIED,
-                                                                ErrorType.GOVERNANCE_REFUSED,
-                                                                ErrorType.INVALID_REQUEST]),
-        )
-        return result
+        return await activity.call(request)

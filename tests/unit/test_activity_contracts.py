@@ -22,7 +22,8 @@ from temporalio.common import RetryPolicy
 from triloop.activity_contract import ActivityContract
 
 ROOT = Path(__file__).resolve().parents[2]
-LOOPS = {"learning_loop": "learning_loop.activities"}
+LOOPS = {"learning_loop": "learning_loop.activities",
+         "governance_loop": "governance_loop.activities"}
 
 
 def declared(contracts: ModuleType) -> dict[str, ActivityContract[object, object]]:
