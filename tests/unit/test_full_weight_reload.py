@@ -266,3 +266,23 @@ def test_contention_that_never_settles_fails_the_request_as_infrastructure(
         with pytest.raises(InferenceServerError, match="moved to another checkpoint"):
             _remote(client, _prompt(client), seed=1)
         client.close()
+
+
+def test_a_refusal_found_while_serving_goes_to_the_audit_hook(
+    tiny_model_dir: Path, trained: Path, other: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's server is moved by B; A's reload back is then mislabelled by the server. The
+    refusal happens inside generate (PolicyCache does not see it), so the client audits it."""
+    with dev_server(tiny_model_dir) as (url, reloader):
+        worker_a = _worker(url)
+        audited: list[WeightsIntegrityError] = []
+        on_x = OpenAICompatiblePolicyClient(
+            url, worker_a.served_model(), trained, checkpoint_id=safetensors_digest(trained),
+            timeout=60, full_weights=worker_a, audit=audited.append)
+        on_x.ensure_served(trained)
+        _client(_worker(url), other).ensure_served(other)
+        monkeypatch.setattr(reloader, "set_version", lambda version: None)
+        with pytest.raises(ServedWeightsMismatch, match="reports weight version") as refused:
+            _remote(on_x, _prompt(on_x), seed=1)
+        assert audited == [refused.value]
+        on_x.close()
