@@ -37,7 +37,10 @@ from execution_loop.inference.base import (
 from execution_loop.inference.full_weights import Audit, FullWeightServer
 from execution_loop.inference.served_weights import ServedWeightsMismatch, error_message
 
-__all__ = ["OpenAICompatiblePolicyClient", "ServedWeightsMismatch", "parse_completion_choice"]
+__all__ = [
+    "OpenAICompatiblePolicyClient", "ServedWeightsMismatch", "normalise_base_url",
+    "parse_completion_choice",
+]
 
 TOKEN_ID_PREFIX = "token_id:"
 # A request whose answer came from weights another worker loaded meanwhile is sent again;
