@@ -159,8 +159,7 @@ class OpenAICompatiblePolicyClient:
         """Make the server hold this checkpoint (loading it if needed); its model card."""
         if self._full is not None:
             with self._full.holding(self.checkpoint_id, model_dir) as tag:
-                return {"id": self.model, "weight_version": tag,
-                        "weights_sha256": self.checkpoint_id, "root": str(model_dir)}
+                return {"id": self.model, "weight_version": tag, "root": str(model_dir)}
         card = self._card()
         if card is None:
             self._load(model_dir)

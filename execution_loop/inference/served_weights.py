@@ -31,7 +31,7 @@ class ServedWeightsMismatch(WeightsIntegrityError):
         self.server = server
         self.args = (
             f"checkpoint {checkpoint_id} refused: the inference server {server} {problem}; "
-            f"no request was sent. {hint.format(model_dir=model_dir)}",
+            f"nothing it answers is used. {hint.format(model_dir=model_dir)}",
         )
 
     def __str__(self) -> str:
