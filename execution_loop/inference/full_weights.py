@@ -196,6 +196,7 @@ class FullWeightServer:
                     self._cond.wait()
             finally:
                 self._waiting[checkpoint_id] -= 1
+                self._cond.notify_all()  # those held back for this request re-check
             if self._held != checkpoint_id or self._tag is None:
                 self._held, self._tag = None, None
                 # Under the lock: no request of this worker runs while the server changes.
