@@ -31,6 +31,7 @@ from execution_loop.serving import (
     PolicyFactory,
     TaskEnvironments,
     backend_factory,
+    serving_refusals,
 )
 from execution_loop.trajectories import EXECUTION
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
@@ -65,7 +66,9 @@ def build_worker(
     engine = role_engine(settings, "execution")
     authorizer = build_authorizer(settings, "execution")
     policies = PolicyCache(
-        engine=engine, factory=policy_factory or backend_factory(settings), home=settings.home,
+        engine=engine,
+        factory=policy_factory or backend_factory(settings, audit=serving_refusals(engine)),
+        home=settings.home,
         store=open_shared_store(settings),
     )
     environments = TaskEnvironments(engine=engine, lookup=environment_lookup)
