@@ -42,10 +42,11 @@ from typing import Any
 
 import httpx
 
-from execution_loop.inference.base import InferenceResponseError, InferenceServerError
+from execution_loop.inference.base import InferenceResponseError
 from execution_loop.inference.served_weights import (
     FULL_HINT,
     ServedWeightsMismatch,
+    control_request,
     error_message,
 )
 
@@ -94,14 +95,8 @@ class DevModeControl:
                                   transport=transport)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = control_request(self._http, self.base_url, method, path, **kwargs)
         url = f"{self.base_url}{path}"
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise InferenceServerError(url, f"unreachable: {exc}") from exc
-        if response.status_code >= 500:  # the server's trouble: worth retrying
-            raise InferenceServerError(url, error_message(response),
-                                       status_code=response.status_code)
         if response.status_code != 200:
             raise ControlRefused(f"{method} {path} answered HTTP {response.status_code}: "
                                  f"{error_message(response)}")

@@ -35,7 +35,11 @@ from execution_loop.inference.base import (
     validate_request,
 )
 from execution_loop.inference.full_weights import Audit, FullWeightServer
-from execution_loop.inference.served_weights import ServedWeightsMismatch, error_message
+from execution_loop.inference.served_weights import (
+    ServedWeightsMismatch,
+    control_request,
+    error_message,
+)
 
 __all__ = [
     "OpenAICompatiblePolicyClient", "ServedWeightsMismatch", "normalise_base_url",
@@ -178,15 +182,9 @@ class OpenAICompatiblePolicyClient:
         return next((c for c in self.served_models() if c.get("id") == self.model), None)
 
     def _load(self, model_dir: Path) -> None:
-        url = f"{self.base_url}/v1/load_lora_adapter"
         body = {"lora_name": self.model, "lora_path": str(model_dir)}
-        try:
-            response = self._http.post("/v1/load_lora_adapter", json=body)
-        except httpx.HTTPError as exc:
-            raise InferenceServerError(url, f"unreachable: {exc}") from exc
-        if response.status_code >= 500:  # the server's trouble: worth retrying
-            raise InferenceServerError(url, error_message(response),
-                                       status_code=response.status_code)
+        response = control_request(self._http, self.base_url, "POST", "/v1/load_lora_adapter",
+                                   json=body)
         if response.status_code != 200:
             raise ServedWeightsMismatch(
                 self.checkpoint_id, model_dir, self.base_url,

@@ -7,9 +7,11 @@ Shared by both ways of making a server hold a checkpoint: runtime LoRA loading
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from execution_loop.inference.base import InferenceServerError
 from triloop.weights import WeightsIntegrityError
 
 LORA_HINT = (
@@ -56,3 +58,23 @@ def error_message(response: httpx.Response) -> str:
         if "detail" in body:
             return str(body["detail"])
     return str(body)[:500]
+
+
+def control_request(
+    http: httpx.Client, base_url: str, method: str, path: str, **kwargs: Any,
+) -> httpx.Response:
+    """Send a control request (load, pause, reload); the server's own trouble is retryable.
+
+    An unreachable server or a 5xx raises ``InferenceServerError`` (the activity retries);
+    any other answer comes back for the caller to judge, since a refusal means something
+    different to each control route.
+    """
+    url = f"{base_url}{path}"
+    try:
+        response = http.request(method, path, **kwargs)
+    except httpx.HTTPError as exc:
+        raise InferenceServerError(url, f"unreachable: {exc}") from exc
+    if response.status_code >= 500:
+        raise InferenceServerError(url, error_message(response),
+                                   status_code=response.status_code)
+    return response
