@@ -350,8 +350,9 @@ class TrainingRunWorkflow:
         decided = plan_continuations(
             batch.cut_episodes, items=self._batch_items, continuations=self._continuations,
             max_continuations=config.asynchrony.max_continuations)
-        for episode_id in batch.cut_episodes:
-            self._continuations.pop(episode_id, None)
+        for position, episode in enumerate(continued):  # back: no longer in flight
+            self._continuations.pop(
+                continuation_episode_id(batch.batch_id, position, episode), None)
         self._to_continue.extend(decided.continue_next)
         groups = groups_of_update(continued, decided.continue_next)
         self._batch_series.setdefault(batch.batch_id, {}).update({
