@@ -18,6 +18,8 @@ A cut episode never trains on its partial outcome:
 - an episode still cut after ``asynchrony.max_continuations`` continuations is given up:
   its group is carried without it (the cut rows are left out, as without partial
   rollouts).
+- an update is never left with every group held: when all of a batch's groups would wait
+  and none is carried in, that batch continues nothing (``settle``).
 
 Continuations ride only on an iteration's first batch (not on dynamic sampling's extra
 rounds, whose cut episodes are simply left out). A continuation pending when the run
@@ -101,3 +103,19 @@ def groups_of_update(continued_here: Sequence[ContinuedEpisode],
     held = sorted({c.group_id for c in continue_next})
     carried = sorted({c.group_id for c in continued_here} - set(held))
     return GroupsOfUpdate(held, carried)
+
+
+def settle(plan: ContinuationPlan, continued_here: Sequence[ContinuedEpisode],
+           batch_groups: Sequence[str]) -> tuple[ContinuationPlan, GroupsOfUpdate]:
+    """The plan and the update's groups, never holding back everything the update has.
+
+    Holding every group of the batch, with nothing carried in, would leave the update no
+    trajectory to learn from (a failed iteration). Then nothing is continued: the cut
+    episodes are given up and left out by the truncation rule, as without partial
+    rollouts, and groups of continuations cut again train without them.
+    """
+    groups = groups_of_update(continued_here, plan.continue_next)
+    if groups.carried or not batch_groups or not set(batch_groups) <= set(groups.held):
+        return plan, groups
+    given_up = [*plan.given_up, *(c.prior_episode_id for c in plan.continue_next)]
+    return ContinuationPlan([], given_up), groups_of_update(continued_here, [])

@@ -50,8 +50,8 @@ with workflow.unsafe.imports_passed_through():
     from learning_loop.mitigation import MitigationState, decide_mitigation
     from learning_loop.partial_rollouts import (
         GroupsOfUpdate,
-        groups_of_update,
         plan_continuations,
+        settle,
     )
     from triloop.nexus_api import ExecutionService, GovernanceService, endpoint_for
     from triloop.run_config import RunConfig, RunConfigError
@@ -353,8 +353,10 @@ class TrainingRunWorkflow:
         for position, episode in enumerate(continued):  # back: no longer in flight
             self._continuations.pop(
                 continuation_episode_id(batch.batch_id, position, episode), None)
+        batch_groups = [f"{batch.batch_id}:{index}"
+                        for index in range(len(self._batch_items.get(batch.batch_id, [])))]
+        decided, groups = settle(decided, continued, batch_groups)
         self._to_continue.extend(decided.continue_next)
-        groups = groups_of_update(continued, decided.continue_next)
         self._batch_series.setdefault(batch.batch_id, {}).update({
             "partial/continued": float(len(continued)),
             "partial/held_groups": float(len(groups.held)),

@@ -126,3 +126,26 @@ def test_partial_rollouts_refuse_a_rule_that_trains_cut_episodes() -> None:
     with pytest.raises(RunConfigError, match="asynchrony.partial_rollouts"):
         RunConfig.model_validate({**base, "asynchrony": {
             "partial_rollouts": True, "truncated_episodes": "train"}})
+
+
+def test_an_update_is_never_left_with_every_group_held() -> None:
+    from learning_loop.partial_rollouts import ContinuationPlan, settle
+
+    cut = ContinuedEpisode("b1:0:0", "t", 1, "b1:0", 0)
+    other = ContinuedEpisode("b1:1:1", "t", 2, "b1:1", 1)
+    # One of two groups waits: the plan stands.
+    plan, groups = settle(ContinuationPlan([cut]), [], ["b1:0", "b1:1"])
+    assert plan.continue_next == [cut] and groups.held == ["b1:0"]
+    # Both would wait and nothing is carried in: nothing is continued, nothing held.
+    plan, groups = settle(ContinuationPlan([cut, other]), [], ["b1:0", "b1:1"])
+    assert plan.continue_next == [] and plan.given_up == ["b1:0:0", "b1:1:1"]
+    assert groups.held == [] == groups.carried
+    # A continuation cut again is then given up too, and its old group trains now.
+    back = ContinuedEpisode("b0:0:0", "t", 3, "b0:0", 0)
+    again = ContinuedEpisode("b1:p0:0", "t", 3, "b0:0", 0, 2)
+    plan, groups = settle(ContinuationPlan([cut, again]), [back], ["b1:0"])
+    assert plan.continue_next == [] and groups.held == [] and groups.carried == ["b0:0"]
+    # With a group carried in, the update has data: the batch's groups may all wait.
+    finished = ContinuedEpisode("b0:1:0", "t", 4, "b0:1", 0)
+    plan, groups = settle(ContinuationPlan([cut]), [finished], ["b1:0"])
+    assert plan.continue_next == [cut] and groups.carried == ["b0:1"]
