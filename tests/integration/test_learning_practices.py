@@ -172,6 +172,9 @@ async def test_a_rollback_mitigation_continues_from_the_checkpoint_before_the_al
         stability={"pause_on_alarm": False, "retrieval_margin": 1.0,
                    "collapse_min_entropy": 0.0, "min_discrimination_prompts": 2},
         mitigation={"on_alarm": "rollback", "max_actions": 1},
+        # Every update runs (a KL term) and moves the weights (weight decay), even when a
+        # batch's rewards do not vary: iteration 1 always writes a checkpoint to roll back.
+        objective={"kl_coef": 0.01}, optimizer={"weight_decay": 0.01},
         schedule={"iterations": 3, "propose_every": 3},
     )
     run_id = make_run(owner_engine, config, alice)

@@ -83,6 +83,9 @@ async def test_a_cut_episode_continues_under_the_next_version_and_trains_once_fi
         asynchrony={"partial_rollouts": True},
         # The continued episodes' first turns are two versions old at iteration 3.
         update={"stale_samples": "importance_correct"},
+        # A KL term: every update runs, even when a batch's rewards do not vary, so the
+        # off-policy guard always reports.
+        objective={"kl_coef": 0.01},
         schedule={"iterations": 3, "propose_every": 3},
     )
     run_id = make_run(owner_engine, config, alice)
