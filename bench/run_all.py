@@ -24,6 +24,8 @@ BENCHMARKS: tuple[tuple[str, list[str]], ...] = (
     ("Scale: concurrent short episodes", ["bench/scale.py"]),
     ("Gates: simulated canary and watch error rates", ["bench/gate_calibration.py"]),
     ("Asynchrony: simulated rollout/update overlap at k = 1, 2, 4", ["bench/overlap.py"]),
+    ("Asynchrony: measured rollout/update overlap at k = 1, 2, 4",
+     ["bench/overlap_measured.py"]),
 )
 
 

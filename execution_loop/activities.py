@@ -37,6 +37,11 @@ from execution_loop.episode import (
     episode_limits,
     run_episode,
 )
+from execution_loop.partial_episodes import (
+    ContinuationRefused,
+    PriorEpisode,
+    load_prior_episode,
+)
 from execution_loop.routing import assign, read_routes, shadow_comparison
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend
 from execution_loop.sandboxes import describe_environment_sandbox
@@ -126,7 +131,8 @@ def keepalive() -> Iterator[None]:
             activity.heartbeat(0)
 
 
-def _step_row(step: StepRecord, extra: dict[str, Any] | None = None) -> StepRow:
+def _step_row(step: StepRecord, extra: dict[str, Any] | None = None,
+              policy_version: int | None = None) -> StepRow:
     feedback = dict(step.feedback)
     feedback["finish_reason"] = step.finish_reason
     if extra:
@@ -136,6 +142,7 @@ def _step_row(step: StepRecord, extra: dict[str, Any] | None = None) -> StepRow:
         action_token_ids=step.action_token_ids, action_mask=step.action_mask,
         behaviour_logprobs=step.behaviour_logprobs, observation=step.observation,
         action_text=step.action_text, feedback=feedback, reward=step.reward, done=step.done,
+        policy_version=policy_version,
     )
 
 
@@ -168,7 +175,7 @@ def stub_row(job: EpisodeInput, reason: str) -> TrajectoryRow:
 
 def _summary(row: Trajectory | TrajectoryRow, *, written: bool) -> EpisodeSummary:
     return EpisodeSummary(row.id, row.status, row.success, row.total_reward, row.num_steps,
-                          written, row.checkpoint_id)
+                          written, row.checkpoint_id, row.failure_reason)
 
 
 class RolloutActivities:
@@ -259,6 +266,7 @@ class RolloutActivities:
                 activity.heartbeat(steps_done)  # details: steps (or agent model calls) done
                 last_beat[0] = now
 
+        prior = self._prior(job, agent=opened.contract.agent is not None)
         env = opened.open()
         seed = episode_seed(spec.shadow_of or spec.episode_id)
         try:
@@ -276,6 +284,7 @@ class RolloutActivities:
                     limits=limits, context_rule=opened.contract.context,
                     on_step=lambda step: progress(step.index + 1),
                     deadline=job.deadline_epoch_s, temperature=temperature,
+                    resume=prior.steps if prior else (),
                 )
         finally:
             env.close()
@@ -294,8 +303,13 @@ class RolloutActivities:
             outcome["injected_fault"] = describe_fault(fault)
         if rerouted_from is not None:
             outcome["rerouted_from"] = rerouted_from
+        if prior is not None:
+            outcome["continues"] = spec.continues
         if spec.shadow_of is None:
-            return trajectory_row(record, job, outcome), [_step_row(s) for s in record.steps]
+            versions = prior.versions if prior else []
+            return trajectory_row(record, job, outcome), [
+                _step_row(s, policy_version=versions[i] if i < len(versions) else None)
+                for i, s in enumerate(record.steps)]
         comparison, extras = shadow_comparison(
             engine=self._engine, production_id=spec.shadow_of,
             initial_sha256=outcome["initial_observation_sha256"],
@@ -305,6 +319,18 @@ class RolloutActivities:
         outcome.update(comparison)
         steps = [_step_row(s, extra) for s, extra in zip(record.steps, extras, strict=True)]
         return trajectory_row(record, job, outcome), steps
+
+    def _prior(self, job: EpisodeInput, *, agent: bool) -> PriorEpisode | None:
+        """The cut episode a continuation resumes (partial rollouts), or None."""
+        spec = job.spec
+        if spec.continues is None:
+            return None
+        if agent:  # a black-box agent's own state cannot be replayed from its turns
+            raise ContinuationRefused(f"task {spec.task_id!r} runs a black-box agent; its"
+                                      " episodes cannot be continued")
+        return load_prior_episode(engine=self._engine, prior_id=spec.continues,
+                                  run_id=job.run_id, task_id=spec.task_id,
+                                  group_id=spec.group_id)
 
     @activity.defn(name=ROUTE_EPISODES_ACTIVITY)
     def route_production_episodes(self, request: RouteInput) -> RouteResult:

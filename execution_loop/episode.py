@@ -33,7 +33,7 @@ hook's reason.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +100,24 @@ class EpisodeRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class ReplayDiverged(Exception):
+    """Replaying a cut episode's actions did not give back its stored observations.
+
+    Partial rollouts rely on environments being deterministic given the seed and the
+    actions; one that is not cannot be continued (the episode fails, visibly).
+    """
+
+
+def replay(env: Environment, steps: Sequence[StepRecord], tools: list[ToolSpec]) -> None:
+    """Bring a freshly reset ``env`` to where ``steps`` left it, checking each turn."""
+    for step in steps:
+        result = act(env, step.action_text, tools)
+        if result.observation != step.observation or result.done != step.done:
+            raise ReplayDiverged(
+                f"replaying turn {step.index} gave a different observation than the one"
+                " stored: the environment is not deterministic given seed and actions")
+
+
 def episode_limits(contract_limits: Limits, max_turns: int | None) -> Limits:
     """The contract's limits, with the caller's turn limit if it is lower (a training run's
     ``rollout.max_turns`` or horizon curriculum); a caller never raises a contract's limit."""
@@ -158,8 +176,15 @@ def run_episode(
     temperature: float = 1.0,
     harness: ChatHarness | None = None,
     clock: Callable[[], float] = time.time,
+    resume: Sequence[StepRecord] = (),
 ) -> EpisodeRecord:
-    """Play one episode of ``env`` with ``policy``; ``deadline`` is a ``clock()`` time."""
+    """Play one episode of ``env`` with ``policy``; ``deadline`` is a ``clock()`` time.
+
+    ``resume``: the turns of a cut episode to continue (partial rollouts). They are
+    replayed on the reset environment (their actions, not resampled; lifecycle hooks ran
+    when they were first played), kept as they were, and the policy plays on from there.
+    ``ReplayDiverged`` propagates when the environment answers differently.
+    """
     started = clock()
     wall_deadline = started + limits.wall_time_s
     tools = contract_tools(env)
@@ -201,6 +226,13 @@ def run_episode(
         raise
     except Exception as exc:  # the environment's own fault: record it, keep the batch going
         return record(FAILED, _reason(exc), "", None)
+    if resume:
+        replay(env, resume, tools)
+        for prior in resume:
+            steps.append(prior)
+            turns.append(Turn(action_token_ids=list(prior.action_token_ids),
+                              observation=prior.observation))
+            generated += len(prior.action_token_ids)
 
     while True:
         if len(steps) >= limits.max_turns:

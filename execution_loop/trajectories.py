@@ -30,10 +30,11 @@ EXECUTION = Actor(service="execution")
 STEP_COLUMNS = (
     "trajectory_id", "index", "prompt_token_ids", "action_token_ids", "action_mask",
     "behaviour_logprobs", "observation", "action_text", "feedback", "reward", "done",
+    "policy_version",
 )
 _STEP_TYPES = (
     "text", "int4", "int4[]", "int4[]", "int2[]", "float8[]", "text", "text", "jsonb", "float8",
-    "bool",
+    "bool", "int4",
 )
 _TRAJECTORY_COLUMNS = (
     "id", "batch_id", "run_id", "task_id", "checkpoint_id", "purpose", "group_id",
@@ -67,6 +68,9 @@ class StepRow:
     feedback: Mapping[str, Any]
     reward: float
     done: bool
+    # The policy version that sampled this turn when it differs from the trajectory's (a
+    # continued cut episode's earlier turns); None: the trajectory's ``policy_version``.
+    policy_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ def _step_values(trajectory_id: str, step: StepRow) -> tuple[Any, ...]:
         trajectory_id, step.index, list(step.prompt_token_ids), list(step.action_token_ids),
         list(step.action_mask), [float(x) for x in step.behaviour_logprobs],
         _text(step.observation), _text(step.action_text), Jsonb(dict(step.feedback), _dumps),
-        float(step.reward), bool(step.done),
+        float(step.reward), bool(step.done), step.policy_version,
     )
 
 

@@ -20,6 +20,7 @@ Deterministic code only (no torch, database or network here); the activities in
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -38,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         AdmissionProbeInput,
         RolloutBatchInput,
         RolloutBatchResult,
+        continuation_episode_id,
     )
 
 RUN_EPISODE_ACTIVITY = "run_episode_activity"
@@ -46,6 +48,8 @@ RECORD_TRUNCATED_ACTIVITY = "record_truncated_episodes"
 PRODUCTION, SHADOW = Purpose.PRODUCTION, Purpose.SHADOW
 COMPLETED, TRUNCATED, FAILED = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED,
                                 EpisodeStatus.FAILED)
+# Truncation reasons of the batch deadline: the episode's own check, and never started.
+BATCH_CUTS = frozenset({"deadline", "batch_deadline"})
 # Infrastructure errors: retry with backoff while the batch deadline allows.
 EPISODE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
@@ -72,6 +76,7 @@ class EpisodeSpec:
     purpose: str
     shadow_checkpoint_id: str | None = None  # production: who acts beside it, unapplied
     shadow_of: str | None = None  # shadow: the production episode it mirrors
+    continues: str | None = None  # partial rollouts: the cut episode it replays, then goes on
 
 
 @dataclass
@@ -98,6 +103,7 @@ class EpisodeSummary:
     num_steps: int = 0
     written: bool = True  # False: a previous attempt had stored it already
     checkpoint_id: str | None = None  # who served it (a production episode may be rerouted)
+    failure_reason: str | None = None  # why it was truncated or failed
 
 
 @dataclass
@@ -153,6 +159,14 @@ def plan_episodes(batch: RolloutBatchInput, checkpoint_id: str) -> list[EpisodeS
         )
         for index, item in enumerate(batch.items)
         for sample in range(item.group_size)
+    ] + [
+        EpisodeSpec(
+            episode_id=continuation_episode_id(batch.batch_id, position, episode),
+            task_id=episode.task_id, task_seed=episode.seed, group_id=episode.group_id,
+            sample_index=episode.sample_index, checkpoint_id=checkpoint_id,
+            purpose=batch.purpose, continues=episode.prior_episode_id,
+        )
+        for position, episode in enumerate(batch.continue_episodes)
     ]
 
 
@@ -168,12 +182,13 @@ def shadow_spec(spec: EpisodeSpec) -> EpisodeSpec:
 
 def summarize(
     batch_id: str, specs: list[EpisodeSpec], summaries: dict[str, EpisodeSummary],
-    statuses: dict[str, str], stored: set[str],
+    statuses: dict[str, str], stored: set[str], never_started: Collection[str] = (),
 ) -> RolloutBatchResult:
     """Counts and rewards over the batch's own episodes (pure); shadows are listed apart.
 
-    ``stored``: episode ids with a trajectory row. Rewards average over the episodes
-    that ran; the success rate is over every episode of the batch.
+    ``stored``: episode ids with a trajectory row; ``never_started``: those the deadline
+    left without one (recorded truncated here), which partial rollouts continue too.
+    Rewards average over the episodes that ran; the success rate is over every episode of the batch.
     """
     result = RolloutBatchResult(batch_id=batch_id)
     rewards: list[float] = []
@@ -192,6 +207,10 @@ def summarize(
             successes += int(summary.success)
             result.rewards[spec.episode_id] = summary.total_reward
             result.successes[spec.episode_id] = summary.success
+        if spec.purpose == "training" and status == TRUNCATED and (
+                spec.episode_id in never_started
+                or (summary is not None and summary.failure_reason in BATCH_CUTS)):
+            result.cut_episodes.append(spec.episode_id)
         if status == COMPLETED:
             result.completed += 1
         elif status == TRUNCATED:
@@ -268,7 +287,8 @@ class RolloutWorkflow:
             )
             statuses.update(recorded.statuses)
             stored.update(recorded.statuses)
-        return summarize(batch.batch_id, specs, summaries, statuses, stored)
+        return summarize(batch.batch_id, specs, summaries, statuses, stored,
+                         {job.spec.episode_id for job in left_over})
 
     async def _plan(self, batch: RolloutBatchInput) -> list[EpisodeSpec]:
         if batch.purpose != PRODUCTION:

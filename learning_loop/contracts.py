@@ -124,6 +124,10 @@ class UpdateInput:
     # multiplying optimizer.learning_rate (unitless).
     entropy_coef_bonus: float = 0.0
     learning_rate_scale: float = 1.0
+    # Partial rollouts (learning_loop.partial_rollouts): groups of batch_ids that wait for
+    # a continuation, and groups of earlier batches whose continuations finished.
+    held_group_ids: list[str] = field(default_factory=list)
+    carried_group_ids: list[str] = field(default_factory=list)
 
 
 @dataclass

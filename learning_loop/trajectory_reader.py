@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, text
+from sqlalchemy import ColumnElement, Engine, and_, or_, text
 from sqlmodel import Session, col, select
 
 from learning_loop.advantages import TrajectoryReturn
@@ -30,7 +30,7 @@ from triloop.statuses import EpisodeStatus, Purpose
 
 _TRAINING_STEPS = text(
     "SELECT trajectory_id, index, prompt_token_ids, action_token_ids, action_mask, "
-    "behaviour_logprobs, reward FROM learning_step WHERE trajectory_id = ANY(:ids) "
+    "behaviour_logprobs, reward, policy_version FROM learning_step WHERE trajectory_id = ANY(:ids) "
     "ORDER BY trajectory_id, index")
 
 USABLE_STATUSES = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED)
@@ -46,6 +46,7 @@ class StoredStep:
     action_mask: Sequence[int]
     behaviour_logprobs: Sequence[float]
     reward: float
+    policy_version: int | None = None  # None: the trajectory's (see partial rollouts)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ def to_rollout_data(
         for step in trajectory.steps:
             check_action_mask(step, trajectory.id)
             data.steps.append(_record(trajectory, step.prompt_token_ids, step.action_token_ids,
-                                      step.behaviour_logprobs, step.reward))
+                                      step.behaviour_logprobs, step.reward,
+                                      step.policy_version))
             step_rewards += step.reward
         # Outcome reward (and any rounding): a record without action tokens adds it to the
         # return without producing a sample (see learning_loop.batch).
@@ -138,11 +140,14 @@ def to_rollout_data(
 
 def _record(
     trajectory: StoredTrajectory, prompt: Sequence[int], action: Sequence[int],
-    logprobs: Sequence[float], reward: float,
+    logprobs: Sequence[float], reward: float, policy_version: int | None = None,
 ) -> StepRecord:
+    # A turn sampled by an older policy than its trajectory's (a continued cut episode)
+    # carries its own version, so the off-policy guard judges it by its true age.
+    version = trajectory.policy_version if policy_version is None else policy_version
     return StepRecord(
         trajectory_id=trajectory.id, group_id=trajectory.group_id, task_id=trajectory.task_id,
-        policy_version=trajectory.policy_version, prompt_token_ids=list(prompt),
+        policy_version=version, prompt_token_ids=list(prompt),
         action_token_ids=list(action), behaviour_logprobs=list(logprobs), reward=reward,
         environment=trajectory.environment,
     )
@@ -152,17 +157,25 @@ def load_rollout_data(
     *, engine: Engine, run_id: str, batch_ids: Sequence[str],
     task_environments: Mapping[str, str] | None = None,
     truncated_episodes: TruncationRule = "train",
+    held_groups: Sequence[str] = (), carried_groups: Sequence[str] = (),
 ) -> RolloutData:
     """Read the run's training episodes of these batches, in a stable order.
 
     ``task_environments`` (the run plan's admitted tasks -> environment name) names each
-    trajectory's environment; a trajectory of a task outside it is refused.
+    trajectory's environment; a trajectory of a task outside it is refused. Partial
+    rollouts (learning_loop.partial_rollouts): ``held_groups`` of these batches wait for
+    a continuation and are left out; ``carried_groups`` of earlier batches are read whole.
     """
     allowed = task_environments or {}
+    in_batches: ColumnElement[bool] = col(Trajectory.batch_id).in_(list(batch_ids))
+    if held_groups:
+        in_batches = and_(in_batches, col(Trajectory.group_id).not_in(list(held_groups)))
+    wanted = or_(in_batches, col(Trajectory.group_id).in_(list(carried_groups))) \
+        if carried_groups else in_batches
     with Session(engine) as session:
         rows = list(session.exec(
             select(Trajectory)
-            .where(col(Trajectory.batch_id).in_(list(batch_ids)))
+            .where(wanted)
             .where(Trajectory.run_id == run_id)
             .where(Trajectory.purpose == Purpose.TRAINING)
             .order_by(col(Trajectory.batch_id), col(Trajectory.id))
@@ -178,6 +191,7 @@ def load_rollout_data(
             int(step["index"]), list(step["prompt_token_ids"] or []),
             list(step["action_token_ids"] or []), list(step["action_mask"] or []),
             list(step["behaviour_logprobs"] or []), float(step["reward"]),
+            step["policy_version"],
         ))
     stored = [
         StoredTrajectory(t.id, t.group_id, t.task_id, t.policy_version, t.total_reward,

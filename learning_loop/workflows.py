@@ -47,6 +47,11 @@ with workflow.unsafe.imports_passed_through():
         tasks_for_sampling,
     )
     from learning_loop.mitigation import MitigationState, decide_mitigation
+    from learning_loop.partial_rollouts import (
+        GroupsOfUpdate,
+        plan_continuations,
+        settle,
+    )
     from triloop.nexus_api import ExecutionService, GovernanceService, endpoint_for
     from triloop.run_config import RunConfig, RunConfigError
     from triloop.workflow_api import (
@@ -57,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         RUN_RESUME_SIGNAL,
         RUN_STATUS_QUERY,
         TRAINING_RUN_WORKFLOW,
+        ContinuedEpisode,
         PromotionInput,
         RolloutBatchInput,
         RolloutBatchResult,
@@ -64,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
         RunControl,
         RunStatus,
         TrainingRunInput,
+        continuation_episode_id,
         sibling_queue,
     )
 
@@ -109,6 +116,11 @@ class TrainingRunWorkflow:
         self._batch_series: dict[str, dict[str, float]] = {}
         self._pass_history: dict[str, list[float]] = {}
         self._mitigation = MitigationState()
+        # Partial rollouts: cut episodes waiting for the next batch, the continuations sent
+        # (by their own episode id), and each batch's continuations.
+        self._to_continue: list[ContinuedEpisode] = []
+        self._continuations: dict[str, ContinuedEpisode] = {}
+        self._batch_continued: dict[str, list[ContinuedEpisode]] = {}
 
     @workflow.signal(name=RUN_PAUSE_SIGNAL)
     def pause(self, control: RunControl) -> None:
@@ -189,6 +201,7 @@ class TrainingRunWorkflow:
             batch_ids = await self._resample(run, config, plan, k + 1, latest, k, batch)
             if batch_ids is None:
                 break
+            groups = self._plan_partial(config, batch)
             cycle_end = (k + 1 - run.start_iteration >= run.continue_as_new_every
                          or workflow.info().is_continue_as_new_suggested())
             if not (cycle_end or self._cancelled or state.status == "paused"):
@@ -199,7 +212,7 @@ class TrainingRunWorkflow:
                     pending.append(self._start_rollout(run, config, plan, iteration, latest,
                                                        version=k))
             result = await self._await(run.run_id, self._start_update(
-                run, config, plan, k + 1, latest, base, batch_ids), cancellable=False)
+                run, config, plan, k + 1, latest, base, batch_ids, groups), cancellable=False)
             if result is None:
                 break
             parent = latest
@@ -320,6 +333,39 @@ class TrainingRunWorkflow:
             drawn += missing
         return batch_ids
 
+    def _plan_partial(self, config: RunConfig, batch: RolloutBatchResult) -> GroupsOfUpdate:
+        """Queue the batch's cut episodes for the next batch; the update's held/carried."""
+        continued = self._batch_continued.pop(batch.batch_id, [])
+        if not config.asynchrony.partial_rollouts:
+            return GroupsOfUpdate([], [])
+        decided = plan_continuations(
+            batch.cut_episodes, items=self._batch_items, continuations=self._continuations,
+            max_continuations=config.asynchrony.max_continuations)
+        for position, episode in enumerate(continued):  # back: no longer in flight
+            self._continuations.pop(
+                continuation_episode_id(batch.batch_id, position, episode), None)
+        batch_groups = [f"{batch.batch_id}:{index}"
+                        for index in range(len(self._batch_items.get(batch.batch_id, [])))]
+        decided, groups = settle(decided, continued, batch_groups)
+        self._to_continue.extend(decided.continue_next)
+        self._batch_series.setdefault(batch.batch_id, {}).update({
+            "partial/continued": float(len(continued)),
+            "partial/held_groups": float(len(groups.held)),
+            "partial/carried_groups": float(len(groups.carried)),
+            "partial/given_up": float(len(decided.given_up)),
+        })
+        return groups
+
+    def _take_continuations(self, config: RunConfig, batch_id: str) -> list[ContinuedEpisode]:
+        """The cut episodes the batch starting now continues (its first batch only)."""
+        if not config.asynchrony.partial_rollouts or not self._to_continue:
+            return []
+        taken, self._to_continue = self._to_continue, []
+        for position, episode in enumerate(taken):
+            self._continuations[continuation_episode_id(batch_id, position, episode)] = episode
+        self._batch_continued[batch_id] = taken
+        return taken
+
     def _note_pass_rates(self, config: RunConfig, batch: RolloutBatchResult) -> None:
         if not config.sampling.pass_rate_filter:
             return  # nothing reads it: keep the continue-as-new input small
@@ -337,12 +383,15 @@ class TrainingRunWorkflow:
         items = rollout_items(tasks, iteration, rollout.groups_per_iteration, rollout.group_size,
                               offset=offset, count=count)
         max_turns = max_turns_at(iteration, config)
+        # The nonce (recorded in history) keeps the id from being requested first.
+        batch_id = f"{run.run_id}-{iteration}{tag}-{workflow.uuid4().hex[:12]}"
+        continued = [] if tag else self._take_continuations(config, batch_id)
         batch = RolloutBatchInput(
-            # The nonce (recorded in history) keeps the id from being requested first.
-            batch_id=f"{run.run_id}-{iteration}{tag}-{workflow.uuid4().hex[:12]}",
-            purpose="training", items=items,
+            batch_id=batch_id, purpose="training", items=items,
+            continue_episodes=continued,
             checkpoint_id=checkpoint_id, run_id=run.run_id, policy_version=version,
-            max_concurrency=min(MAX_ROLLOUT_CONCURRENCY, count * rollout.group_size),
+            max_concurrency=min(MAX_ROLLOUT_CONCURRENCY,
+                                count * rollout.group_size + len(continued)),
             deadline_s=rollout.deadline_s, temperature=rollout.temperature,
             max_turns=max_turns,
         )
@@ -363,8 +412,8 @@ class TrainingRunWorkflow:
         ))
 
     def _start_update(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,
-                      iteration: int, parent: str, base: str, batch_ids: list[str]
-                      ) -> asyncio.Task[m.UpdateResult]:
+                      iteration: int, parent: str, base: str, batch_ids: list[str],
+                      groups: GroupsOfUpdate | None = None) -> asyncio.Task[m.UpdateResult]:
         series = dict(self._batch_series.pop(batch_ids[0], {}))
         for extra in batch_ids[1:]:
             self._batch_series.pop(extra, None)
@@ -382,7 +431,9 @@ class TrainingRunWorkflow:
                 environment_version_ids=list(plan.environment_version_ids),
                 task_environments={t.task_id: t.environment for t in plan.tasks},
                 series=series, entropy_coef_bonus=mitigation.entropy_coef_bonus,
-                learning_rate_scale=mitigation.learning_rate_scale),
+                learning_rate_scale=mitigation.learning_rate_scale,
+                held_group_ids=list(groups.held) if groups else [],
+                carried_group_ids=list(groups.carried) if groups else []),
             task_queue=sibling_queue(workflow.info().task_queue, LEARNING_GPU_QUEUE),
             heartbeat=timedelta(seconds=run.update_heartbeat_timeout_s),
         )

@@ -246,6 +246,14 @@ class AsynchronyConfig(_Section):
     # "exclude_all" leaves out every truncated episode; "train" trains on all (before
     # issue 18). Left-out episodes are neither in the group baseline nor in the loss.
     truncated_episodes: Literal["exclude_clock", "exclude_all", "train"] = "exclude_clock"
+    # Partial rollouts: an episode the batch deadline cut is continued in the run's next
+    # rollout batch under the newer policy (the environment is reset with the same seed and
+    # the stored actions replayed), its turns keeping the version that sampled them; its
+    # group trains once it finished. false: cut episodes only follow truncated_episodes.
+    partial_rollouts: bool = False
+    # Continuations of one episode at most (count); one still cut after this many is given
+    # up and left out per truncated_episodes, and its group trains without it.
+    max_continuations: int = Field(default=2, ge=1, le=16)
 
 
 class MitigationConfig(_Section):
@@ -316,6 +324,13 @@ def cross_field_problems(config: RunConfig) -> list[ConfigProblem]:
             "update.optimizer_steps_per_batch",
             f"{update.optimizer_steps_per_batch} is more than the {samples} trajectories per"
             " iteration (rollout.groups_per_iteration * rollout.group_size)",
+        ))
+    if config.asynchrony.partial_rollouts and config.asynchrony.truncated_episodes == "train":
+        problems.append(ConfigProblem(
+            "asynchrony.partial_rollouts",
+            "needs asynchrony.truncated_episodes to leave clock-cut episodes out (not"
+            " \"train\"): a cut episode must not train on its partial outcome while its"
+            " continuation is still running",
         ))
     if stability.min_discrimination_prompts > stability.discrimination_prompts:
         problems.append(ConfigProblem(

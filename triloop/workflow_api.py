@@ -99,6 +99,27 @@ class RolloutItem:
 
 
 @dataclass
+class ContinuedEpisode:
+    """An episode a batch deadline cut, to be continued in a later batch (partial rollouts).
+
+    The continuation resets the task's environment with ``seed``, replays the stored
+    actions of ``prior_episode_id`` and plays on; it keeps the cut episode's group.
+    """
+
+    prior_episode_id: str  # the cut episode (itself maybe a continuation)
+    task_id: str
+    seed: int
+    group_id: str  # the original group: its baseline waits for this episode
+    sample_index: int
+    rounds: int = 1  # continuations of the original episode, this one included
+
+
+def continuation_episode_id(batch_id: str, position: int, episode: ContinuedEpisode) -> str:
+    """The id of the ``position``-th continuation of a batch (``p`` marks it)."""
+    return f"{batch_id}:p{position}:{episode.sample_index}"
+
+
+@dataclass
 class RolloutBatchInput:
     """A batch of episodes for the execution loop."""
 
@@ -116,6 +137,8 @@ class RolloutBatchInput:
     heartbeat_timeout_s: float = 60.0
     # Turns per episode at most (count); None: the contract's limit, which it never raises.
     max_turns: int | None = None
+    # Cut episodes of earlier batches of the run to continue in this one (training only).
+    continue_episodes: list[ContinuedEpisode] = field(default_factory=list)
 
 
 @dataclass
@@ -139,6 +162,9 @@ class RolloutBatchResult:
     # and pass-rate filtering read them).
     rewards: dict[str, float] = field(default_factory=dict)
     successes: dict[str, bool] = field(default_factory=dict)
+    # Training episodes the batch deadline cut (truncated for the deadline, or never
+    # started): what partial rollouts continue.
+    cut_episodes: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -233,7 +233,9 @@ class UpdateActivities:
         data = load_rollout_data(engine=self._engine, run_id=request.run_id,
                                  batch_ids=request.batch_ids,
                                  task_environments=request.task_environments,
-                                 truncated_episodes=config.asynchrony.truncated_episodes)
+                                 truncated_episodes=config.asynchrony.truncated_episodes,
+                                 held_groups=request.held_group_ids,
+                                 carried_groups=request.carried_group_ids)
         history = stability_history(stability_rows(
             engine=self._engine, run_id=request.run_id, before=request.iteration))
         reference_dir = None

@@ -145,3 +145,62 @@ def test_a_mitigation_is_audited_and_refused_without_the_policy(
     assert [(e["db_role"], e["payload"]["iteration"], e["payload"]["kind"]) for e in events] == [
         ("triloop_learning", 3, "rollback")]
     assert events[0]["payload"]["detail"] == {"checkpoint_id": "c2"}
+
+
+async def test_a_rollback_mitigation_continues_from_the_checkpoint_before_the_alarm(
+    client: Client, settings: Settings, owner_engine: Engine, tiny_dir: Path,
+) -> None:
+    own_settings = queue_settings(settings)
+    alice = make_user(owner_engine)
+    tasks = [make_builtin_task(owner_engine, "frozen_lake", 73)]
+    config = run_config(
+        tiny_dir, tasks,
+        rollout={"group_size": 3, "groups_per_iteration": 2, "max_turns": 2},
+        # Thresholds that make template collapse fire on every iteration (no clock involved):
+        # the first alarm rolls back, later ones only alarm (max_actions 1).
+        stability={"pause_on_alarm": False, "retrieval_margin": 1.0,
+                   "collapse_min_entropy": 0.0, "min_discrimination_prompts": 2},
+        mitigation={"on_alarm": "rollback", "max_actions": 1},
+        # Every update runs (a KL term) and moves the weights (weight decay), even when a
+        # batch's rewards do not vary: iteration 1 always writes a checkpoint to roll back.
+        objective={"kl_coef": 0.01}, optimizer={"weight_decay": 0.01},
+        schedule={"iterations": 3, "propose_every": 3},
+    )
+    run_id = make_run(owner_engine, config, alice)
+    async with loops_running(client, own_settings):
+        handle = await start_run(client, own_settings, run_id, config, alice)
+        result: RunStatus = await asyncio.wait_for(handle.result(), 600)
+
+    assert result.iterations_done == 3 and result.status == "completed_with_alarms"
+    assert result.mitigations == ["iteration 1: rollback"]
+    base = result.base_checkpoint_id
+    checkpoints = {r["id"]: r for r in rows(
+        owner_engine, "SELECT id, parent_id, iteration FROM checkpoint WHERE run_id = :r",
+        r=run_id)}
+    steps = {r["iteration"]: r["checkpoint_id"] for r in rows(
+        owner_engine, "SELECT iteration, checkpoint_id FROM training_step WHERE run_id = :r",
+        r=run_id)}
+
+    def trained_from(iteration: int) -> str:
+        """The checkpoint an update started from (an update without learning signal
+        keeps its parent's id and writes no checkpoint row)."""
+        row = checkpoints.get(steps[iteration])
+        return str(row["parent_id"]) if row and row["iteration"] == iteration \
+            else steps[iteration]
+
+    alarmed = steps[1]
+    assert alarmed != base and trained_from(1) == base
+    # The run went on from the checkpoint before the alarm: iteration 2 trained from the
+    # base, not from the alarmed c1, iteration 3 from iteration 2's, and no rollout after
+    # the alarm sampled c1.
+    assert trained_from(2) == base and trained_from(3) == steps[2]
+    served = {r["c"] for r in rows(owner_engine, "SELECT DISTINCT checkpoint_id AS c FROM"
+                                   " trajectory WHERE run_id = :r", r=run_id)}
+    assert alarmed not in served
+
+    # The action is an audited event on the run, recorded by the learning service.
+    (event,) = rows(owner_engine, "SELECT actor, payload FROM audit_event WHERE action ="
+                    " 'stability_mitigation' AND resource->>'id' = :r", r=run_id)
+    assert event["actor"]["service"] == "learning"
+    assert event["payload"]["kind"] == "rollback" and event["payload"]["iteration"] == 1
+    assert event["payload"]["detail"] == {"checkpoint_id": base}

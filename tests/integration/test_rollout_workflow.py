@@ -37,6 +37,7 @@ from triloop.temporal import connect
 from triloop.workflow_api import (
     EXECUTION_QUEUE,
     ROLLOUT_WORKFLOW,
+    ContinuedEpisode,
     RolloutBatchInput,
     RolloutBatchResult,
     RolloutItem,
@@ -288,3 +289,59 @@ async def test_loading_a_checkpoint_slower_than_the_heartbeat_timeout_keeps_the_
     assert result.failed == 0 and len(result.trajectory_ids) == 1
     row = stored(owner_engine, batch.batch_id)[result.trajectory_ids[0]]
     assert row["outcome"]["attempt"] == 1 and row["stored_steps"] >= 1
+
+
+def first_move_never_ends(start: int) -> int:
+    """A frozen-lake seed whose first move can neither fall in a hole nor reach the goal."""
+    from execution_loop.environments.frozen_lake import MOVES, _move, generate_map
+
+    seed = start
+    while True:
+        lake = generate_map(seed)
+        if all(_move(lake, lake.start, m) not in lake.holes | {lake.goal} for m in MOVES):
+            return seed
+        seed += 1
+
+
+async def test_a_continuation_replays_a_cut_episode_of_its_own_run_only(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str,
+) -> None:
+    """Partial rollouts, execution side: the continuation resets with the seed, replays the
+    stored turn, plays on and records each turn's version; another run cannot borrow it."""
+    seed = first_move_never_ends(2200)
+    task = make_builtin_task(owner_engine, "frozen_lake", seed=seed)
+    run_a, run_b = f"run-{uuid.uuid4().hex[:8]}", f"run-{uuid.uuid4().hex[:8]}"
+    first = new_batch("training", [RolloutItem(task, seed, group_size=1)],
+                      checkpoint_id=checkpoint, run_id=run_a, policy_version=0,
+                      max_concurrency=1, deadline_s=240, max_turns=1)
+    await run_batch(client, queue_settings, first)
+    cut_id = f"{first.batch_id}:0:0"
+    assert stored(owner_engine, first.batch_id)[cut_id]["status"] == "truncated"
+    episode = ContinuedEpisode(cut_id, task, seed, f"{first.batch_id}:0", 0)
+
+    stranger = new_batch("training", [], checkpoint_id=checkpoint, run_id=run_b,
+                         policy_version=1, max_concurrency=1, deadline_s=240, max_turns=3,
+                         continue_episodes=[episode])
+    refused = await run_batch(client, queue_settings, stranger)
+    borrowed = f"{stranger.batch_id}:p0:0"
+    assert refused.statuses == {borrowed: "failed"}
+    assert stored(owner_engine, stranger.batch_id) == {}
+
+    own = new_batch("training", [], checkpoint_id=checkpoint, run_id=run_a, policy_version=1,
+                    max_concurrency=1, deadline_s=240, max_turns=3, continue_episodes=[episode])
+    result = await run_batch(client, queue_settings, own)
+    continued = f"{own.batch_id}:p0:0"
+    assert result.statuses[continued] in ("completed", "truncated")
+    row = stored(owner_engine, own.batch_id)[continued]
+    assert row["group_id"] == f"{first.batch_id}:0" and row["policy_version"] == 1
+    assert row["outcome"]["continues"] == cut_id and row["num_steps"] >= 2
+    with owner_engine.connect() as conn:
+        steps = conn.execute(text(
+            "SELECT trajectory_id, index, policy_version, action_token_ids, observation"
+            " FROM step WHERE trajectory_id = ANY(:ids) ORDER BY trajectory_id, index"),
+            {"ids": [cut_id, continued]}).mappings().all()
+    before = [s for s in steps if s["trajectory_id"] == cut_id]
+    after = [s for s in steps if s["trajectory_id"] == continued]
+    assert [s["policy_version"] for s in after] == [0] + [None] * (len(after) - 1)
+    assert (after[0]["action_token_ids"], after[0]["observation"]) == (
+        before[0]["action_token_ids"], before[0]["observation"])

@@ -119,3 +119,17 @@ def test_the_overlap_model_follows_the_workflow_rule() -> None:
     # at most k versions, on average more than with k = 1.
     assert runs[1].learner_idle >= runs[2].learner_idle >= runs[4].learner_idle
     assert runs[1].mean_staleness < runs[2].mean_staleness < runs[4].mean_staleness <= 4
+
+
+def test_the_measured_overlap_bench_reads_idle_time_as_the_complement_of_a_union() -> None:
+    from bench.overlap_measured import batch_wait, covered, idle_share
+
+    # Overlapping and nested intervals count once; parts outside the span not at all.
+    assert covered([(0.0, 2.0), (1.0, 3.0), (1.5, 1.7), (9.0, 12.0)], 0.0, 10.0) == 4.0
+    assert idle_share([(0.0, 2.0), (5.0, 7.0)], 0.0, 10.0) == pytest.approx(0.6)
+    assert idle_share([], 3.0, 3.0) == 0.0
+    # Learner: waited 0-1 for batch 1, then ran 1-2; batch 2 was back at 1.5 (no wait), the
+    # update began at 2.5 (orchestration); batch 3 came back at 5 after update 2 ended at 3.5.
+    rollouts = [(0.0, 1.0), (0.5, 1.5), (1.6, 5.0)]
+    updates = [(1.0, 2.0), (2.5, 3.5), (5.2, 6.0)]
+    assert batch_wait(rollouts, updates, 0.0) == pytest.approx(1.0 + 0.0 + 1.5)

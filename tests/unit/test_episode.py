@@ -15,6 +15,7 @@ from execution_loop.episode import (
     COMPLETED,
     FAILED,
     TRUNCATED,
+    ReplayDiverged,
     StepRecord,
     run_episode,
     turn_seed,
@@ -340,3 +341,48 @@ def test_environment_reports_how_it_ended(
         context_rule=ContextRule(),
     )
     assert (record.status, record.failure_reason, record.success) == (status, reason, success)
+
+
+def test_a_cut_episode_resumes_by_replaying_its_actions(policy: TorchPolicyClient) -> None:
+    """Partial rollouts: the prior turns are replayed on a reset env, kept, and play goes on."""
+    now = [100.0]
+
+    def advance(_: StepRecord) -> None:
+        now[0] += 10.0
+
+    cut = run_episode(FakeEnvironment(done_after=4), policy, seed=5, task_seed=9,
+                      limits=limits(), context_rule=ContextRule(), on_step=advance,
+                      deadline=115.0, clock=lambda: now[0])
+    assert cut.status == TRUNCATED and cut.failure_reason == "deadline" and len(cut.steps) == 2
+
+    env = FakeEnvironment(done_after=4)
+    resumed = run_episode(env, policy, seed=6, task_seed=9, limits=limits(),
+                          context_rule=ContextRule(), resume=cut.steps)
+    assert resumed.status == COMPLETED and len(resumed.steps) == 4
+    assert resumed.steps[:2] == cut.steps  # kept exactly as first sampled
+    assert env.reset_seed == 9 and env.actions[:2] == [s.action_text for s in cut.steps]
+    harness = ChatHarness(policy.tokenizer())
+    turns = [Turn(s.action_token_ids, s.observation) for s in resumed.steps]
+    assert resumed.steps[2].prompt_token_ids == harness.prompt_token_ids(
+        system=None, initial_observation=resumed.initial_observation, turns=turns[:2],
+        keep_last_turns=ContextRule().keep_last_turns)
+    assert resumed.generated_tokens == sum(len(s.action_token_ids) for s in resumed.steps)
+    # The horizon counts the replayed turns: a limit of 3 allows one more.
+    capped = run_episode(FakeEnvironment(), policy, seed=6, task_seed=9,
+                         limits=limits(max_turns=3), context_rule=ContextRule(),
+                         resume=cut.steps)
+    assert capped.failure_reason == "max_turns" and len(capped.steps) == 3
+
+
+def test_a_replay_that_diverges_is_refused(policy: TorchPolicyClient) -> None:
+    class Drifting(FakeEnvironment):
+        def step(self, action: str) -> StepResult:
+            result = super().step(action)
+            return StepResult(result.observation + " (drifted)", result.reward, result.done,
+                              result.feedback)
+
+    cut = run_episode(FakeEnvironment(), policy, seed=5, task_seed=9,
+                      limits=limits(max_turns=2), context_rule=ContextRule())
+    with pytest.raises(ReplayDiverged):
+        run_episode(Drifting(), policy, seed=6, task_seed=9, limits=limits(),
+                    context_rule=ContextRule(), resume=cut.steps)

@@ -54,6 +54,8 @@ class Step(SQLModel, table=True):
     feedback: dict[str, Any] = json_field()
     reward: float = Field(default=0.0, sa_column=Column(Float, nullable=False))
     done: bool = False
+    policy_version: int | None = Field(
+        default=None, description="version that sampled this turn; None: the trajectory's")
 
 
 class RolloutBatch(SQLModel, table=True):
