@@ -214,8 +214,15 @@ def grpo_loss(
     importance_weights: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     normalizer: float | None = None,
+    turn_weights: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
-    """GRPO loss over action-mask tokens; per-token tensors are [B, T], advantages [B]."""
+    """GRPO loss over action-mask tokens; per-token tensors are [B, T].
+
+    ``advantages`` is one per sample [B], or one per token [B, T] when a row packs
+    several turns (``learning_loop.sequences``); then ``turn_weights`` (1/|turn| on each
+    action token) makes the "sequence" aggregation a mean over turns, and its
+    ``normalizer`` counts turns.
+    """
     _check_shapes(logprobs, behaviour_logprobs, advantages, action_mask)
     if config.kl_coef > 0 and reference_logprobs is None:
         raise ObjectiveInputError(
@@ -223,7 +230,8 @@ def grpo_loss(
             " pass the frozen reference model or set objective.kl_coef to 0"
         )
     mask = action_mask.to(logprobs.dtype)
-    adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    adv = advantages.to(logprobs.dtype)
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     log_ratio = (logprobs - behaviour_logprobs).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
     ratio = log_ratio.exp()
     clipped = ratio.clamp(1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
@@ -245,7 +253,7 @@ def grpo_loss(
                 " given; pass differentiable_token_entropy(logits) or set it to 0"
             )
         per_token = per_token - config.entropy_coef * entropy
-    loss = _aggregate(per_token, mask, config, normalizer)
+    loss = _aggregate(per_token, mask, config, normalizer, turn_weights)
     with torch.no_grad():
         on = mask.bool()
         stats = ObjectiveStats(
@@ -264,11 +272,16 @@ def grpo_loss(
 
 
 def _aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, config: ObjectiveConfig, normalizer: float | None
+    per_token: torch.Tensor, mask: torch.Tensor, config: ObjectiveConfig, normalizer: float | None,
+    turn_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if config.aggregation == "token":
         denominator = normalizer if normalizer is not None else float(mask.sum())
         return (per_token * mask).sum() / max(denominator, 1.0)
+    if turn_weights is not None:  # rows pack several turns: the mean of per-turn means
+        weighted = mask * turn_weights.to(per_token.dtype)
+        turns = normalizer if normalizer is not None else float(weighted.sum().round())
+        return (per_token * weighted).sum() / max(turns, 1.0)
     tokens_per_sample = mask.sum(-1)
     per_sample = (per_token * mask).sum(-1) / tokens_per_sample.clamp(min=1.0)
     samples = normalizer if normalizer is not None else float((tokens_per_sample > 0).sum())
@@ -288,8 +301,8 @@ def _check_shapes(
             raise ObjectiveInputError(
                 f"{name} has shape {tuple(t.shape)}, logprobs {tuple(logprobs.shape)}"
             )
-    if advantages.shape != logprobs.shape[:1]:
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
         raise ObjectiveInputError(
-            f"advantages must be one per sample [{logprobs.shape[0]}],"
-            f" got {tuple(advantages.shape)}"
+            f"advantages must be one per sample [{logprobs.shape[0]}] or one per token"
+            f" {list(logprobs.shape)}, got {tuple(advantages.shape)}"
         )
