@@ -67,17 +67,21 @@ GRANT SELECT ON learning_trajectory_sequence TO triloop_learning;
 """
 
 RESTORE_STEP_ARRAYS = """
+WITH before AS (  -- action tokens ahead of each step's action: where its logprobs start
+    SELECT s.trajectory_id, s."index", (
+        SELECT count(*) FROM unnest(q.action_mask[1 : s.action_start]) m WHERE m = 1
+    )::int AS n
+    FROM step s JOIN trajectory_sequence q ON q.trajectory_id = s.trajectory_id
+)
 UPDATE step s SET
     prompt_token_ids = q.token_ids[s.prompt_start + 1 : s.action_start],
     action_token_ids = q.token_ids[s.action_start + 1 : s.action_end],
     action_mask = array_fill(0::int2, ARRAY[s.action_start - s.prompt_start])
         || array_fill(1::int2, ARRAY[s.action_end - s.action_start]),
-    behaviour_logprobs = q.behaviour_logprobs[
-        before.n + 1 : before.n + s.action_end - s.action_start]
-FROM trajectory_sequence q,
-LATERAL (SELECT count(*)::int AS n FROM unnest(q.action_mask[1 : s.action_start]) m
-         WHERE m = 1) before
+    behaviour_logprobs = q.behaviour_logprobs[b.n + 1 : b.n + s.action_end - s.action_start]
+FROM trajectory_sequence q, before b
 WHERE q.trajectory_id = s.trajectory_id
+    AND b.trajectory_id = s.trajectory_id AND b."index" = s."index"
 """
 
 

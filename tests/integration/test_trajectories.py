@@ -16,6 +16,7 @@ from execution_loop.trajectories import (
     insert_trajectory,
     list_trajectories,
     load_steps,
+    load_turn_tokens,
     write_trajectory,
 )
 from tests.factories import make_task, uid
@@ -79,12 +80,17 @@ def test_write_is_idempotent_and_keeps_arrays_exact(
 
     with Session(engine) as session:
         stored = load_steps(session=session, trajectory_id=row.id)
+        turns = load_turn_tokens(session=session, trajectory_id=row.id)
         assert count_steps(session=session, trajectory_ids=[row.id]) == {row.id: 3}
     assert [s.index for s in stored] == [0, 1, 2]
     first = stored[0]
-    assert first.prompt_token_ids == [1, 2, 3] and first.action_token_ids == [40, 41]
-    assert first.action_mask == [0, 0, 0, 1, 1]
-    assert first.behaviour_logprobs == [-0.25, float("-inf")]
+    for turn, step in zip(turns, steps, strict=True):  # sliced out of the one sequence
+        assert list(turn.prompt_token_ids) == step.prompt_token_ids
+        assert list(turn.action_token_ids) == step.action_token_ids
+        assert list(turn.behaviour_logprobs) == [-0.25, float("-inf")]
+    # [1, 2, 4] does not extend [1, 2, 3, 40, 41]: each turn opened a segment of its own.
+    assert [(s.prompt_start, s.action_start, s.action_end) for s in stored] == [
+        (0, 3, 5), (5, 8, 10), (10, 13, 15)]
     assert first.observation == "obs 0\ufffd" and first.feedback["note"] == "nul\ufffdbyte"
     assert stored[2].done and stored[2].reward == 1.0
 
@@ -100,7 +106,7 @@ def test_copy_and_per_row_inserts_store_the_same_rows(
         with raw.cursor() as cursor:  # type: ignore[union-attr]
             assert insert_trajectory(cursor, bulk, steps, method="copy")
             assert insert_trajectory(cursor, plain, steps, method="insert")
-    columns = ("index, prompt_token_ids, action_token_ids, action_mask, behaviour_logprobs, "
+    columns = ("index, prompt_start, observation_start, action_start, action_end, "
                "observation, action_text, feedback, reward, done")
     with engine.connect() as conn:
         read = [
@@ -108,7 +114,14 @@ def test_copy_and_per_row_inserts_store_the_same_rows(
                               "ORDER BY index"), {"t": t}).all()
             for t in (bulk.id, plain.id)
         ]
+        packed = [
+            conn.execute(text("SELECT token_ids, action_mask, behaviour_logprobs, segment_starts"
+                              " FROM trajectory_sequence WHERE trajectory_id = :t"),
+                         {"t": t}).all()
+            for t in (bulk.id, plain.id)
+        ]
     assert read[0] == read[1] and len(read[0]) == 3
+    assert packed[0] == packed[1] and len(packed[0]) == 1
 
 
 def test_denied_write_stores_nothing(
