@@ -84,7 +84,7 @@ def _seed(url: str) -> None:
                     " reward, done) VALUES (%s, %s, %s::int4[], %s::int4[], %s::int2[],"
                     " %s::float8[], %s, 'a', %s::jsonb, %s, %s)",
                     (tid, i, prompt, action, [0] * len(prompt) + [1] * len(action),
-                     logprobs, f"obs {i}", '{"k": %d}' % i, 0.5 * i, i == len(steps) - 1))
+                     logprobs, f"obs {i}", f'{{"k": {i}}}', 0.5 * i, i == len(steps) - 1))
 
 
 def _check_sequences(plain: str) -> list[tuple[Any, ...]]:
