@@ -17,11 +17,14 @@ from execution_loop.trajectories import (
     list_trajectories,
     load_steps,
     load_turn_tokens,
+    trajectory_statuses,
     write_trajectory,
 )
+from learning_loop.trajectory_reader import load_rollout_data
 from tests.factories import make_task, uid
 from triloop.config import Settings
 from triloop.policy import Authorizer, PolicyDenied
+from triloop.token_sequence import SequenceLayoutError
 from triloop.wiring import build_authorizer
 
 pytestmark = pytest.mark.integration
@@ -187,3 +190,36 @@ def test_queries_by_run_batch_task_and_checkpoint(
     assert found(task_id=task_a) == {ids["a"], ids["c"]}
     assert found(checkpoint_id="c2", task_id=task_a) == {ids["c"]}
     assert found(run_id=run, purpose="eval") == set()
+
+
+def test_the_learner_reads_back_every_turn_through_its_views(
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine,
+    role_engine: Callable[[str], Engine],
+) -> None:
+    run_id = uid("run-")
+    row, _ = episode(make_task(owner_engine), run_id=run_id, steps=3)
+    prompts = [[1, 2, 3], [1, 2, 3, 40, 41, 5], [1, 2, 3, 40, 41, 5, 42, 6, 7]]
+    actions = [[40, 41], [42], [43, 44]]
+    steps = [StepRow(i, p, a, [], [-0.5] * len(a), "o", "a", {}, 0.25, i == 2)
+             for i, (p, a) in enumerate(zip(prompts, actions, strict=True))]
+    assert write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
+    with engine.connect() as conn:
+        tokens = conn.execute(text("SELECT token_ids FROM trajectory_sequence"
+                                   " WHERE trajectory_id = :t"), {"t": row.id}).scalar_one()
+    assert tokens == [1, 2, 3, 40, 41, 5, 42, 6, 7, 43, 44]  # the opening context once
+
+    data = load_rollout_data(engine=role_engine("learning"), run_id=run_id, batch_ids=["batch"])
+    turns = [s for s in data.steps if s.action_token_ids]
+    assert [list(s.prompt_token_ids) for s in turns] == prompts
+    assert [list(s.action_token_ids) for s in turns] == actions
+    assert data.lengths == [5]
+
+
+def test_turns_that_cannot_be_laid_out_store_nothing(
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine
+) -> None:
+    row, steps = episode(make_task(owner_engine))
+    steps[1] = StepRow(**{**steps[1].__dict__, "behaviour_logprobs": [-0.5]})  # 1 for 2 ids
+    with pytest.raises(SequenceLayoutError, match="turn 1: 1 behaviour logprobs"):
+        write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
+    assert trajectory_statuses(engine=engine, ids=[row.id]) == {}
