@@ -52,7 +52,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from learning_loop.batch import TrainingSample, collate
+from learning_loop.batch import TrainingSample
+from learning_loop.sequences import collate_sequences, pack_samples_indexed
 from triloop.run_config import ObjectiveConfig
 
 _LOG_RATIO_LIMIT = 20.0
@@ -163,16 +164,21 @@ def policy_action_logprobs(
     micro_batch_size: int = 8,
     temperature: float = 1.0,
 ) -> list[list[float]]:
-    """The model's logprob of each action token of each sample (teacher forcing, at T)."""
-    result: list[list[float]] = []
-    for start in range(0, len(samples), micro_batch_size):
-        chunk = samples[start : start + micro_batch_size]
-        batch = collate(chunk).to(device)
+    """The model's logprob of each action token of each sample (teacher forcing, at T).
+
+    Turns of one trajectory are scored in one forward pass over its packed sequence
+    (``learning_loop.sequences``); the result is in the samples' order.
+    """
+    result: list[list[float]] = [[] for _ in samples]
+    packed = pack_samples_indexed(samples)
+    for start in range(0, len(packed), micro_batch_size):
+        chunk = packed[start : start + micro_batch_size]
+        batch = collate_sequences([sequence for sequence, _ in chunk]).to(device)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         logp = token_logprobs(logits, batch.input_ids, temperature).float().cpu()
-        for row, s in enumerate(chunk):
-            first = len(s.prompt_token_ids) - 1
-            result.append(logp[row, first : first + len(s.action_token_ids)].tolist())
+        for row, (sequence, positions) in enumerate(chunk):
+            for (first, end), position in zip(sequence.spans, positions, strict=True):
+                result[position] = logp[row, first - 1 : end - 1].tolist()
     return result
 
 

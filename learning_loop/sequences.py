@@ -68,11 +68,19 @@ class SequenceBatch:
 
 def pack_samples(samples: Sequence[TrainingSample]) -> list[SequenceSample]:
     """The samples' turns packed per trajectory (first-seen order, turns in given order)."""
-    by_trajectory: dict[str, list[TrainingSample]] = {}
-    for sample in samples:
-        by_trajectory.setdefault(sample.trajectory_id, []).append(sample)
-    packed: list[SequenceSample] = []
-    for trajectory_id, turns in by_trajectory.items():
+    return [sequence for sequence, _ in pack_samples_indexed(samples)]
+
+
+def pack_samples_indexed(
+    samples: Sequence[TrainingSample],
+) -> list[tuple[SequenceSample, list[int]]]:
+    """``pack_samples`` with, per sequence, the index in ``samples`` of each of its spans."""
+    by_trajectory: dict[str, list[int]] = {}
+    for position, sample in enumerate(samples):
+        by_trajectory.setdefault(sample.trajectory_id, []).append(position)
+    packed: list[tuple[SequenceSample, list[int]]] = []
+    for trajectory_id, positions in by_trajectory.items():
+        turns = [samples[p] for p in positions]
         sequence, offsets = pack_turns([
             TurnTokens(t.prompt_token_ids, t.action_token_ids, t.behaviour_logprobs)
             for t in turns
@@ -80,7 +88,7 @@ def pack_samples(samples: Sequence[TrainingSample]) -> list[SequenceSample]:
         bounds = [*sequence.segment_starts, len(sequence.token_ids)]
         for start, end in zip(bounds, bounds[1:], strict=False):
             members = [k for k, at in enumerate(offsets) if at.prompt_start == start]
-            packed.append(SequenceSample(
+            packed.append((SequenceSample(
                 trajectory_id=trajectory_id,
                 token_ids=tuple(sequence.token_ids[start:end]),
                 spans=tuple((offsets[k].action_start - start, offsets[k].action_end - start)
@@ -91,7 +99,7 @@ def pack_samples(samples: Sequence[TrainingSample]) -> list[SequenceSample]:
                 importance_weights=tuple(
                     w for k in members for w in (turns[k].importance_weights
                                                  or (1.0,) * len(turns[k].action_token_ids))),
-            ))
+            ), [positions[k] for k in members]))
     return packed
 
 

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from learning_loop.batch import TrainingSample, collate
-from learning_loop.objective import grpo_loss, token_logprobs
+from learning_loop.objective import grpo_loss, policy_action_logprobs, token_logprobs
 from learning_loop.sequences import collate_sequences, pack_samples
 from learning_loop.update import UpdateSettings, build_optimizer, update_policy
 from triloop.run_config import ObjectiveConfig, OptimizerConfig, UpdateConfig
@@ -122,3 +122,18 @@ def test_the_update_runs_one_forward_row_per_trajectory() -> None:
     assert sum(rows) == 2  # trajectory "a" (3 turns) and "c0": two rows, one forward
     assert metrics.samples == 4 and metrics.trainable_tokens == 2 + 1 + 3 + 2
     assert metrics.total_tokens == 14 + 5  # each trajectory's tokens once
+
+
+def test_scoring_packs_turns_and_keeps_the_samples_order() -> None:
+    model = tiny_model()
+    rows: list[int] = []
+    model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: rows.append(int(kwargs["input_ids"].shape[0])), with_kwargs=True)
+    samples = episodes()
+    shuffled = [samples[3], samples[0], samples[1], samples[4], samples[2]]  # interleaved
+    packed = policy_action_logprobs(model, shuffled, device=torch.device("cpu"))
+    assert sum(rows) == 3  # "a" in one row, "b" in its two segments
+    for sample, got in zip(shuffled, packed, strict=True):
+        alone = policy_action_logprobs(model, [sample], device=torch.device("cpu"))[0]
+        assert len(got) == len(sample.action_token_ids)
+        assert close(torch.tensor(got, dtype=torch.float64), torch.tensor(alone))
