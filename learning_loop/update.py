@@ -1,7 +1,7 @@
 """One policy update: off-policy guard, micro-batched GRPO forward/backward, clip, step.
 
 `update_policy` splits the samples of one rollout batch into `optimizer_steps_per_batch`
-mini-batches; in each, a trajectory's turns are packed into one sequence
+mini-batches (cut between trajectories); in each, a trajectory's turns are packed into one sequence
 (`learning_loop.sequences`: one forward pass per trajectory, each action span with its
 turn's advantage), and the sequences are cut into micro-batches (sorted by length to
 limit padding) whose gradients accumulate, normalised by the mini-batch's totals so the result
@@ -300,10 +300,18 @@ def _micro_batches(
 
 
 def _split(samples: Sequence[TrainingSample], parts: int) -> list[list[TrainingSample]]:
-    """`parts` contiguous, near-equal, non-empty chunks (fewer if there are fewer samples)."""
-    parts = min(parts, len(samples))
-    bounds = [round(k * len(samples) / parts) for k in range(parts + 1)] if parts else [0]
-    return [list(samples[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    """`parts` contiguous, near-equal, non-empty chunks (fewer if there are fewer
+    trajectories), cut between trajectories so each keeps its one forward pass."""
+    units: list[list[TrainingSample]] = []
+    for sample in samples:
+        if units and units[-1][0].trajectory_id == sample.trajectory_id:
+            units[-1].append(sample)
+        else:
+            units.append([sample])
+    parts = min(parts, len(units))
+    bounds = [round(k * len(units) / parts) for k in range(parts + 1)] if parts else [0]
+    return [[s for unit in units[a:b] for s in unit]
+            for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def _check_device(module: torch.nn.Module, device: torch.device, name: str) -> None:

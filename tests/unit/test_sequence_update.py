@@ -137,3 +137,17 @@ def test_scoring_packs_turns_and_keeps_the_samples_order() -> None:
         alone = policy_action_logprobs(model, [sample], device=torch.device("cpu"))[0]
         assert len(got) == len(sample.action_token_ids)
         assert close(torch.tensor(got, dtype=torch.float64), torch.tensor(alone))
+
+
+def test_mini_batches_are_cut_between_trajectories() -> None:
+    model = tiny_model().float()
+    rows: list[int] = []
+    model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: rows.append(int(kwargs["input_ids"].shape[0])), with_kwargs=True)
+    optimizer, _ = build_optimizer(model, OptimizerConfig())
+    samples = [s for s in episodes() if s.trajectory_id == "a"] + [
+        replace(s, trajectory_id="c") for s in episodes()[:2]]
+    metrics = update_policy(model, optimizer, samples,
+                            UpdateSettings(update=UpdateConfig(optimizer_steps_per_batch=2)),
+                            policy_version=0)
+    assert metrics.optimizer_steps == 2 and rows == [1, 1]  # "a" whole, then "c" whole
