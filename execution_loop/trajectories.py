@@ -32,6 +32,7 @@ from sqlmodel import Session, col, select
 from triloop.models import Step, Trajectory, TrajectorySequence
 from triloop.policy import Actor, Authorizer, Resource
 from triloop.token_sequence import (
+    SequenceLayoutError,
     TokenSequence,
     TurnOffsets,
     TurnTokens,
@@ -126,7 +127,18 @@ def _step_values(trajectory_id: str, step: StepRow, at: TurnOffsets) -> tuple[An
 
 
 def pack_steps(steps: Sequence[StepRow]) -> tuple[TokenSequence, list[TurnOffsets]]:
-    """The episode's token sequence and each step's offsets into it (in step order)."""
+    """The episode's token sequence and each step's offsets into it (in step order).
+
+    The stored mask is 1 on exactly the actions; a step whose own mask (over its prompt +
+    action) says anything else is refused rather than stored as something it is not.
+    """
+    for step in steps:
+        mask = list(step.action_mask)
+        if mask and mask != [0] * len(step.prompt_token_ids) + [1] * len(step.action_token_ids):
+            raise SequenceLayoutError(
+                f"step {step.index}: its action mask does not mark exactly its"
+                f" {len(step.action_token_ids)} action tokens after its"
+                f" {len(step.prompt_token_ids)} prompt tokens")
     return pack_turns([
         TurnTokens(s.prompt_token_ids, s.action_token_ids, s.behaviour_logprobs) for s in steps
     ])

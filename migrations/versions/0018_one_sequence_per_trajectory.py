@@ -19,7 +19,9 @@ cannot be laid out and stops the upgrade, naming it.
 Permissions stay as they were: execution may INSERT the sequence (as it inserts steps)
 and every service role but learning may SELECT it; learning reads
 ``learning_trajectory_sequence``, a security-barrier view of training trajectories only
-(like ``learning_step``, 0011; the view is recreated because it selects ``step.*``).
+(like ``learning_step``, 0011). ``learning_step`` is recreated with the columns it had,
+less the token arrays and plus the offsets (and back on downgrade), so a column another
+revision added to it, or left out of it, stays as that revision made it.
 
 Downgrade restores the per-step arrays from the sequence and drops the new table.
 
@@ -45,7 +47,7 @@ READERS = "triloop_execution, triloop_governance, triloop_web"
 
 LEARNING_STEP_VIEW = """
 CREATE VIEW learning_step WITH (security_barrier) AS
-    SELECT s.* FROM step s JOIN trajectory t ON t.id = s.trajectory_id
+    SELECT {columns} FROM step s JOIN trajectory t ON t.id = s.trajectory_id
     WHERE t.purpose = 'training' AND t.run_id IS NOT NULL;
 GRANT SELECT ON learning_step TO triloop_learning;
 """
@@ -117,6 +119,16 @@ def _pack(trajectory_id: str, steps: Sequence[Any]) -> tuple[dict[str, Any], lis
     return sequence, offsets
 
 
+def _learning_step_columns(drop: Sequence[str], add: Sequence[str]) -> str:
+    """``learning_step``'s columns as they are now (whatever other revisions put there),
+    less ``drop`` and plus ``add``. The view pins the step columns it selects, so it is
+    dropped while they change and recreated with exactly these."""
+    kept = [r[0] for r in op.get_bind().execute(sa.text(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'learning_step'"
+        " ORDER BY ordinal_position")) if r[0] not in drop]
+    return ", ".join(f's."{c}"' for c in [*kept, *add])
+
+
 def upgrade() -> None:
     op.execute(CREATE_SEQUENCE)
     for column in OFFSET_COLUMNS:
@@ -136,13 +148,15 @@ def upgrade() -> None:
         conn.execute(sa.text(
             'UPDATE step SET prompt_start = :p, observation_start = :o, action_start = :a,'
             ' action_end = :e WHERE trajectory_id = :t AND "index" = :i'), offsets)
+    columns = _learning_step_columns(TOKEN_COLUMNS, OFFSET_COLUMNS)
     op.execute("DROP VIEW learning_step")
     for column in TOKEN_COLUMNS:
         op.execute(f"ALTER TABLE step DROP COLUMN {column}")
-    op.execute(LEARNING_STEP_VIEW)
+    op.execute(LEARNING_STEP_VIEW.format(columns=columns))
 
 
 def downgrade() -> None:
+    columns = _learning_step_columns(OFFSET_COLUMNS, TOKEN_COLUMNS)
     op.execute("DROP VIEW learning_step")
     op.execute("ALTER TABLE step ADD COLUMN prompt_token_ids int4[] NOT NULL DEFAULT '{}',"
                " ADD COLUMN action_token_ids int4[] NOT NULL DEFAULT '{}',"
@@ -151,6 +165,6 @@ def downgrade() -> None:
     op.execute(RESTORE_STEP_ARRAYS)
     for column in OFFSET_COLUMNS:
         op.execute(f"ALTER TABLE step DROP COLUMN {column}")
-    op.execute(LEARNING_STEP_VIEW)
+    op.execute(LEARNING_STEP_VIEW.format(columns=columns))
     op.execute("DROP VIEW learning_trajectory_sequence")
     op.execute("DROP TABLE trajectory_sequence")

@@ -150,3 +150,26 @@ def test_steps_whose_logprobs_do_not_fit_stop_the_upgrade(database: str) -> None
                      " 'rewrites' AND \"index\" = 1")
     with pytest.raises(RuntimeError, match="step 1 of trajectory 'rewrites' has 1 behaviour"):
         upgrade(database, "head")
+
+
+def _view_columns(plain: str) -> list[str]:
+    with psycopg.connect(plain) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_name = 'learning_step' ORDER BY ordinal_position").fetchall()]
+
+
+def test_a_step_column_another_revision_added_keeps_its_place(database: str) -> None:
+    # As a revision between 0016 and 0018 might: a new step column, not in learning_step.
+    plain = database.replace("+psycopg", "")
+    upgrade(database, "0016")
+    with psycopg.connect(plain) as conn:
+        conn.execute("ALTER TABLE step ADD COLUMN other_revision_note int")
+    upgrade(database, "head")
+    columns = _view_columns(plain)
+    assert "other_revision_note" not in columns and "prompt_token_ids" not in columns
+    assert {"prompt_start", "observation_start", "action_start", "action_end"} <= set(columns)
+    downgrade(database, "0016")
+    assert "prompt_token_ids" in _view_columns(plain)
+    with psycopg.connect(plain) as conn:  # that revision's own downgrade still works
+        conn.execute("ALTER TABLE step DROP COLUMN other_revision_note")

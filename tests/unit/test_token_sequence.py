@@ -120,3 +120,9 @@ def test_a_stored_layout_that_does_not_check_out_is_refused(
     sequence = TokenSequence([5, 6, 7, 8], mask, [-0.1] * sum(mask), [0])
     with pytest.raises(SequenceLayoutError, match=match):
         check_layout(sequence, offsets)
+
+
+def test_a_step_whose_mask_marks_its_prompt_is_refused() -> None:
+    row = StepRow(0, [1, 2], [3], [0, 1, 1], [-0.1], "", "", {}, 0.0, False)
+    with pytest.raises(SequenceLayoutError, match="step 0: its action mask"):
+        pack_steps([row])
