@@ -31,6 +31,7 @@ from triloop.models import (
     Threshold,
 )
 from triloop.models._columns import new_id, utcnow
+from triloop.statuses import PromotionStatus, TaskStatus
 
 ROUTING_SLOTS = ("production", "canary", "shadow")
 
@@ -66,7 +67,7 @@ def open_promotion(
     promotion = Promotion(
         proposal_id=proposal_id, checkpoint_id=checkpoint_id, run_id=run_id,
         submitted_by=submitted_by, baseline_checkpoint_id=baseline_checkpoint_id,
-        workflow_id=workflow_id, status="open", updated_at=utcnow(),
+        workflow_id=workflow_id, status=PromotionStatus.open, updated_at=utcnow(),
     )
     session.add(promotion)
     session.flush()
@@ -281,7 +282,7 @@ def admitted_task_ids(*, session: Session, env_version_ids: Sequence[str]) -> li
         select(Task.id)
         .join(EnvironmentVersion, col(EnvironmentVersion.id) == col(Task.environment_version_id))
         .where(
-            Task.status == "admitted",
+            Task.status == TaskStatus.admitted,
             col(Task.environment_version_id).in_(list(env_version_ids)),
             col(EnvironmentVersion.retired_at).is_(None),
         )
