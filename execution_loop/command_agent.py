@@ -57,11 +57,11 @@ from execution_loop.gateway.session import (
     GatewayError,
     SessionSettings,
 )
-from execution_loop.harness import step_action_mask
 from execution_loop.inference.base import PolicyClient
 from execution_loop.sandbox import SandboxBackend, SandboxLimits, SandboxResult
 from execution_loop.sandboxes import describe, python_dependencies, reaching_loopback
 from triloop.contracts import AgentSpec, EnvironmentContract, Limits
+from triloop.token_sequence import step_action_mask
 
 PYTHON_PLACEHOLDER = "{python}"
 _STDERR_KEPT = 2000

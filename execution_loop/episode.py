@@ -43,7 +43,7 @@ from execution_loop.environments.base import (
     Outcome,
     StepResult,
 )
-from execution_loop.harness import ChatHarness, Turn, step_action_mask
+from execution_loop.harness import ChatHarness, Turn
 from execution_loop.hooks import EpisodeHooks, HookFailed
 from execution_loop.inference.base import InferenceError, PolicyClient, PromptTooLongError
 from execution_loop.sandbox import SandboxError
@@ -51,6 +51,7 @@ from execution_loop.tool_calls import ToolCallError, parse_tool_call
 from execution_loop.verification import VerificationError
 from triloop.contracts import ContextRule, Limits, ToolSpec
 from triloop.statuses import EpisodeStatus
+from triloop.token_sequence import step_action_mask
 
 COMPLETED, TRUNCATED, FAILED = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED,
                                 EpisodeStatus.FAILED)

@@ -59,11 +59,6 @@ def kept_turns(turns: Sequence[Turn], keep_last_turns: int) -> Sequence[Turn]:
     return turns if keep_last_turns == 0 else turns[-keep_last_turns:]
 
 
-def step_action_mask(prompt_length: int, action_length: int) -> list[int]:
-    """The mask for one step's prompt + action sequence: only the action is trainable."""
-    return [0] * prompt_length + [1] * action_length
-
-
 class ChatHarness:
     """Renders conversations for one tokenizer; caches template segments by role sequence."""
 

@@ -18,8 +18,9 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from execution_loop.episode import StepRecord
-from execution_loop.trajectories import load_steps
+from execution_loop.trajectories import load_steps, load_turn_tokens
 from triloop.models import Step, Trajectory
+from triloop.token_sequence import TurnTokens, step_action_mask
 
 
 class ContinuationRefused(Exception):
@@ -34,14 +35,16 @@ class PriorEpisode:
     versions: list[int]
 
 
-def as_record(step: Step) -> StepRecord:
-    """A stored step as the episode loop's record (``finish_reason`` lives in feedback)."""
+def as_record(step: Step, tokens: TurnTokens) -> StepRecord:
+    """A stored step and its tokens (sliced out of the trajectory's sequence) as the episode
+    loop's record (``finish_reason`` lives in feedback)."""
     feedback = dict(step.feedback or {})
     finish_reason = str(feedback.pop("finish_reason", "stop"))
+    prompt, action = list(tokens.prompt_token_ids), list(tokens.action_token_ids)
     return StepRecord(
-        index=step.index, prompt_token_ids=list(step.prompt_token_ids),
-        action_token_ids=list(step.action_token_ids), action_mask=list(step.action_mask),
-        behaviour_logprobs=list(step.behaviour_logprobs), observation=step.observation,
+        index=step.index, prompt_token_ids=prompt, action_token_ids=action,
+        action_mask=step_action_mask(len(prompt), len(action)),
+        behaviour_logprobs=list(tokens.behaviour_logprobs), observation=step.observation,
         action_text=step.action_text, reward=step.reward, done=step.done, feedback=feedback,
         finish_reason=finish_reason,
     )
@@ -72,8 +75,9 @@ def load_prior_episode(*, engine: Engine, prior_id: str, run_id: str | None, tas
         prior = check_continuable(session.get(Trajectory, prior_id), prior_id=prior_id,
                                   run_id=run_id, task_id=task_id, group_id=group_id)
         steps = load_steps(session=session, trajectory_id=prior_id)
+        tokens = load_turn_tokens(session=session, trajectory_id=prior_id)
         version = prior.policy_version
     return PriorEpisode(
-        steps=[as_record(s) for s in steps],
+        steps=[as_record(s, t) for s, t in zip(steps, tokens, strict=True)],
         versions=[version if s.policy_version is None else s.policy_version for s in steps],
     )

@@ -1,13 +1,20 @@
-"""Trajectory storage: one transaction per episode, steps by binary COPY, and the queries.
+"""Trajectory storage: one transaction per episode, one token sequence, steps by binary COPY.
 
 An episode's id is the trajectory's primary key, so writing is idempotent: the
 trajectory row goes in with ``ON CONFLICT DO NOTHING`` and its steps follow in the
 same transaction only when that insert created the row. A retried activity, or two
 workers racing on the same episode, leave exactly one trajectory and one set of steps.
 
-Steps go through ``COPY step FROM STDIN (FORMAT BINARY)``: the token id, mask and
-logprob arrays travel as PostgreSQL binary arrays, with no text formatting or
-parsing on either side (``bench/rollout.py`` measures it against per-row INSERTs).
+The episode's tokens are stored once, as one ``trajectory_sequence`` row (the first
+prompt, then per turn the new context and the action, with the action mask and the
+behaviour logprobs; see ``triloop.token_sequence`` for the layout and the rule when a
+prompt does not extend the sequence). Each ``step`` row keeps the turn's feedback and
+reward and points into the sequence by token offsets, so storage grows linearly with
+the turns (``bench/sequence_layout.py`` measures it against one full prompt per step).
+
+Steps go through ``COPY step FROM STDIN (FORMAT BINARY)``, the sequence's arrays travel
+as PostgreSQL binary arrays, with no text formatting or parsing on either side
+(``bench/rollout.py`` measures COPY against per-row INSERTs).
 """
 
 from __future__ import annotations
@@ -22,19 +29,30 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
-from triloop.models import Step, Trajectory
+from triloop.models import Step, Trajectory, TrajectorySequence
 from triloop.policy import Actor, Authorizer, Resource
+from triloop.token_sequence import (
+    SequenceLayoutError,
+    TokenSequence,
+    TurnOffsets,
+    TurnTokens,
+    pack_turns,
+    unpack_turns,
+)
 
 EXECUTION = Actor(service="execution")
 
 STEP_COLUMNS = (
-    "trajectory_id", "index", "prompt_token_ids", "action_token_ids", "action_mask",
-    "behaviour_logprobs", "observation", "action_text", "feedback", "reward", "done",
-    "policy_version",
+    "trajectory_id", "index", "prompt_start", "observation_start", "action_start", "action_end",
+    "observation", "action_text", "feedback", "reward", "done", "policy_version",
 )
 _STEP_TYPES = (
-    "text", "int4", "int4[]", "int4[]", "int2[]", "float8[]", "text", "text", "jsonb", "float8",
-    "bool", "int4",
+    "text", "int4", "int4", "int4", "int4", "int4", "text", "text", "jsonb", "float8", "bool",
+    "int4",
+)
+_INSERT_SEQUENCE = (
+    "INSERT INTO trajectory_sequence (trajectory_id, token_ids, action_mask, behaviour_logprobs,"
+    " segment_starts) VALUES (%s, %s::int4[], %s::int2[], %s::float8[], %s::int4[])"
 )
 _TRAJECTORY_COLUMNS = (
     "id", "batch_id", "run_id", "task_id", "checkpoint_id", "purpose", "group_id",
@@ -56,7 +74,8 @@ _INSERT_TRAJECTORY = (
 
 @dataclass(frozen=True)
 class StepRow:
-    """One turn as stored: prompt and action token ids as generated, mask and logprobs."""
+    """One turn as generated: prompt and action token ids, mask and logprobs (stored packed
+    into the trajectory's sequence), and its feedback and reward (stored on the step)."""
 
     index: int
     prompt_token_ids: Sequence[int]
@@ -103,45 +122,75 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, default=str).replace("\\u0000", "\\ufffd")
 
 
-def _step_values(trajectory_id: str, step: StepRow) -> tuple[Any, ...]:
+def _step_values(trajectory_id: str, step: StepRow, at: TurnOffsets) -> tuple[Any, ...]:
     return (
-        trajectory_id, step.index, list(step.prompt_token_ids), list(step.action_token_ids),
-        list(step.action_mask), [float(x) for x in step.behaviour_logprobs],
-        _text(step.observation), _text(step.action_text), Jsonb(dict(step.feedback), _dumps),
-        float(step.reward), bool(step.done), step.policy_version,
+        trajectory_id, step.index, at.prompt_start, at.observation_start, at.action_start,
+        at.action_end, _text(step.observation), _text(step.action_text),
+        Jsonb(dict(step.feedback), _dumps), float(step.reward), bool(step.done),
+        step.policy_version,
     )
 
 
-def copy_steps(cursor: Cursor[Any], trajectory_id: str, steps: Iterable[StepRow]) -> int:
+def pack_steps(steps: Sequence[StepRow]) -> tuple[TokenSequence, list[TurnOffsets]]:
+    """The episode's token sequence and each step's offsets into it (in step order).
+
+    The stored mask is 1 on exactly the actions; a step whose own mask (over its prompt +
+    action) says anything else is refused rather than stored as something it is not.
+    """
+    for step in steps:
+        mask = list(step.action_mask)
+        if mask and mask != [0] * len(step.prompt_token_ids) + [1] * len(step.action_token_ids):
+            raise SequenceLayoutError(
+                f"step {step.index}: its action mask does not mark exactly its"
+                f" {len(step.action_token_ids)} action tokens after its"
+                f" {len(step.prompt_token_ids)} prompt tokens")
+    return pack_turns([
+        TurnTokens(s.prompt_token_ids, s.action_token_ids, s.behaviour_logprobs) for s in steps
+    ])
+
+
+def copy_steps(
+    cursor: Cursor[Any], trajectory_id: str, steps: Iterable[tuple[StepRow, TurnOffsets]]
+) -> int:
     """Write steps with one binary COPY; returns how many rows went in."""
     count = 0
     with cursor.copy(_COPY_STEPS) as copy:
         copy.set_types(list(_STEP_TYPES))
-        for step in steps:
-            copy.write_row(_step_values(trajectory_id, step))
+        for step, at in steps:
+            copy.write_row(_step_values(trajectory_id, step, at))
             count += 1
     return count
 
 
-def insert_steps_per_row(cursor: Cursor[Any], trajectory_id: str, steps: Iterable[StepRow]) -> int:
+def insert_steps_per_row(
+    cursor: Cursor[Any], trajectory_id: str, steps: Iterable[tuple[StepRow, TurnOffsets]]
+) -> int:
     """Write steps with one INSERT statement per row (the baseline the bench compares)."""
     count = 0
-    for step in steps:
-        cursor.execute(_INSERT_STEP, _step_values(trajectory_id, step))
+    for step, at in steps:
+        cursor.execute(_INSERT_STEP, _step_values(trajectory_id, step, at))
         count += 1
     return count
 
 
 def insert_steps_pipelined(
-    cursor: Cursor[Any], trajectory_id: str, steps: Iterable[StepRow]
+    cursor: Cursor[Any], trajectory_id: str, steps: Iterable[tuple[StepRow, TurnOffsets]]
 ) -> int:
     """Write steps with psycopg's ``executemany`` (one pipelined INSERT per row)."""
-    values = [_step_values(trajectory_id, step) for step in steps]
+    values = [_step_values(trajectory_id, step, at) for step, at in steps]
     cursor.executemany(_INSERT_STEP, values)
     return len(values)
 
 
-StepWriter = Callable[[Cursor[Any], str, Iterable[StepRow]], int]
+def insert_sequence(cursor: Cursor[Any], trajectory_id: str, sequence: TokenSequence) -> None:
+    """Write the episode's one token sequence."""
+    cursor.execute(_INSERT_SEQUENCE, (
+        trajectory_id, sequence.token_ids, sequence.action_mask, sequence.behaviour_logprobs,
+        sequence.segment_starts,
+    ))
+
+
+StepWriter = Callable[[Cursor[Any], str, Iterable[tuple[StepRow, TurnOffsets]]], int]
 STEP_WRITERS: dict[str, StepWriter] = {
     "copy": copy_steps, "insert": insert_steps_per_row, "executemany": insert_steps_pipelined,
 }
@@ -161,12 +210,18 @@ def insert_trajectory(
 ) -> bool:
     """Insert inside the caller's transaction; False (and nothing written) if the id exists.
 
+    An episode without steps has no sequence row. Turns whose logprobs do not match their
+    action raise ``SequenceLayoutError`` before anything is written.
+
     ``method`` names a ``STEP_WRITERS`` entry; only the bench uses anything but COPY.
     """
+    sequence, offsets = pack_steps(steps)  # refuses before anything is written
     cursor.execute(_INSERT_TRAJECTORY, _trajectory_values(trajectory))
     if cursor.fetchone() is None:
         return False
-    STEP_WRITERS[method](cursor, trajectory.id, steps)
+    if steps:
+        insert_sequence(cursor, trajectory.id, sequence)
+    STEP_WRITERS[method](cursor, trajectory.id, zip(steps, offsets, strict=True))
     return True
 
 
@@ -250,6 +305,25 @@ def load_steps(*, session: Session, trajectory_id: str) -> list[Step]:
     """An episode's steps in order."""
     query = select(Step).where(Step.trajectory_id == trajectory_id).order_by(col(Step.index))
     return list(session.exec(query).all())
+
+
+def load_turn_tokens(*, session: Session, trajectory_id: str) -> list[TurnTokens]:
+    """Each stored step's prompt, action and behaviour logprobs, sliced out of the sequence."""
+    steps = load_steps(session=session, trajectory_id=trajectory_id)
+    if not steps:
+        return []
+    row = session.get(TrajectorySequence, trajectory_id)
+    if row is None:
+        raise LookupError(f"trajectory {trajectory_id!r} has steps but no token sequence")
+    sequence = TokenSequence(list(row.token_ids), list(row.action_mask),
+                             list(row.behaviour_logprobs), list(row.segment_starts))
+    return unpack_turns(sequence, [step_offsets(s) for s in steps])
+
+
+def step_offsets(step: Step) -> TurnOffsets:
+    """A stored step's offsets into its trajectory's sequence."""
+    return TurnOffsets(step.prompt_start, step.observation_start, step.action_start,
+                       step.action_end)
 
 
 def count_steps(*, session: Session, trajectory_ids: Sequence[str]) -> dict[str, int]:

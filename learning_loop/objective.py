@@ -52,7 +52,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from learning_loop.batch import TrainingSample, collate
+from learning_loop.batch import TrainingSample
+from learning_loop.sequences import collate_sequences, pack_samples_indexed
 from triloop.run_config import ObjectiveConfig
 
 _LOG_RATIO_LIMIT = 20.0
@@ -163,16 +164,21 @@ def policy_action_logprobs(
     micro_batch_size: int = 8,
     temperature: float = 1.0,
 ) -> list[list[float]]:
-    """The model's logprob of each action token of each sample (teacher forcing, at T)."""
-    result: list[list[float]] = []
-    for start in range(0, len(samples), micro_batch_size):
-        chunk = samples[start : start + micro_batch_size]
-        batch = collate(chunk).to(device)
+    """The model's logprob of each action token of each sample (teacher forcing, at T).
+
+    Turns of one trajectory are scored in one forward pass over its packed sequence
+    (``learning_loop.sequences``); the result is in the samples' order.
+    """
+    result: list[list[float]] = [[] for _ in samples]
+    packed = pack_samples_indexed(samples)
+    for start in range(0, len(packed), micro_batch_size):
+        chunk = packed[start : start + micro_batch_size]
+        batch = collate_sequences([sequence for sequence, _ in chunk]).to(device)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         logp = token_logprobs(logits, batch.input_ids, temperature).float().cpu()
-        for row, s in enumerate(chunk):
-            first = len(s.prompt_token_ids) - 1
-            result.append(logp[row, first : first + len(s.action_token_ids)].tolist())
+        for row, (sequence, positions) in enumerate(chunk):
+            for (first, end), position in zip(sequence.spans, positions, strict=True):
+                result[position] = logp[row, first - 1 : end - 1].tolist()
     return result
 
 
@@ -214,8 +220,15 @@ def grpo_loss(
     importance_weights: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     normalizer: float | None = None,
+    turn_weights: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
-    """GRPO loss over action-mask tokens; per-token tensors are [B, T], advantages [B]."""
+    """GRPO loss over action-mask tokens; per-token tensors are [B, T].
+
+    ``advantages`` is one per sample [B], or one per token [B, T] when a row packs
+    several turns (``learning_loop.sequences``); then ``turn_weights`` (1/|turn| on each
+    action token) makes the "sequence" aggregation a mean over turns, and its
+    ``normalizer`` counts turns.
+    """
     _check_shapes(logprobs, behaviour_logprobs, advantages, action_mask)
     if config.kl_coef > 0 and reference_logprobs is None:
         raise ObjectiveInputError(
@@ -223,7 +236,8 @@ def grpo_loss(
             " pass the frozen reference model or set objective.kl_coef to 0"
         )
     mask = action_mask.to(logprobs.dtype)
-    adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    adv = advantages.to(logprobs.dtype)
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     log_ratio = (logprobs - behaviour_logprobs).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
     ratio = log_ratio.exp()
     clipped = ratio.clamp(1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
@@ -245,7 +259,7 @@ def grpo_loss(
                 " given; pass differentiable_token_entropy(logits) or set it to 0"
             )
         per_token = per_token - config.entropy_coef * entropy
-    loss = _aggregate(per_token, mask, config, normalizer)
+    loss = _aggregate(per_token, mask, config, normalizer, turn_weights)
     with torch.no_grad():
         on = mask.bool()
         stats = ObjectiveStats(
@@ -264,11 +278,16 @@ def grpo_loss(
 
 
 def _aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, config: ObjectiveConfig, normalizer: float | None
+    per_token: torch.Tensor, mask: torch.Tensor, config: ObjectiveConfig, normalizer: float | None,
+    turn_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if config.aggregation == "token":
         denominator = normalizer if normalizer is not None else float(mask.sum())
         return (per_token * mask).sum() / max(denominator, 1.0)
+    if turn_weights is not None:  # rows pack several turns: the mean of per-turn means
+        weighted = mask * turn_weights.to(per_token.dtype)
+        turns = normalizer if normalizer is not None else float(weighted.sum().round())
+        return (per_token * weighted).sum() / max(turns, 1.0)
     tokens_per_sample = mask.sum(-1)
     per_sample = (per_token * mask).sum(-1) / tokens_per_sample.clamp(min=1.0)
     samples = normalizer if normalizer is not None else float((tokens_per_sample > 0).sum())
@@ -288,8 +307,8 @@ def _check_shapes(
             raise ObjectiveInputError(
                 f"{name} has shape {tuple(t.shape)}, logprobs {tuple(logprobs.shape)}"
             )
-    if advantages.shape != logprobs.shape[:1]:
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
         raise ObjectiveInputError(
-            f"advantages must be one per sample [{logprobs.shape[0]}],"
-            f" got {tuple(advantages.shape)}"
+            f"advantages must be one per sample [{logprobs.shape[0]}] or one per token"
+            f" {list(logprobs.shape)}, got {tuple(advantages.shape)}"
         )

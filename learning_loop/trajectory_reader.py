@@ -1,11 +1,14 @@
 """Load rollout batches from the database as the learner's step records.
 
-The execution loop stores a ``trajectory`` row per episode and a ``step`` row per turn
-with the prompt and action token ids exactly as generated, the action mask and the
-behaviour logprobs. Step rows carry the per-turn (process) reward only; the outcome
-reward the verifier gave at the end is in the trajectory's ``total_reward``. So that a
-trajectory's return is its ``total_reward`` (what the execution loop reported), the
-difference is added as a reward-only record (no action tokens) after the last step.
+The execution loop stores a ``trajectory`` row per episode, its tokens once as a
+``trajectory_sequence`` (ids exactly as generated, the action mask, the behaviour
+logprobs) and a ``step`` row per turn that points into the sequence by offsets
+(``triloop.token_sequence``). The reader slices each turn's prompt and action back out;
+the update packs them into one forward pass per trajectory again. Step rows carry the
+per-turn (process) reward only; the outcome reward the verifier gave at the end is in
+the trajectory's ``total_reward``. So that a trajectory's return is its ``total_reward``
+(what the execution loop reported), the difference is added as a reward-only record (no
+action tokens) after the last step.
 
 Only ``training`` episodes of the run that played at least one turn and finished
 (``completed`` or ``truncated``) are read. ``failed`` episodes have no trustworthy reward,
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, and_, or_, text
 from sqlmodel import Session, col, select
@@ -27,11 +31,21 @@ from learning_loop.asynchrony import TruncationRule, learns_from
 from learning_loop.batch import InvalidSampleError, StepRecord
 from triloop.models import Trajectory
 from triloop.statuses import EpisodeStatus, Purpose
+from triloop.token_sequence import (
+    SequenceLayoutError,
+    TokenSequence,
+    TurnOffsets,
+    step_action_mask,
+    unpack_turns,
+)
 
 _TRAINING_STEPS = text(
-    "SELECT trajectory_id, index, prompt_token_ids, action_token_ids, action_mask, "
-    "behaviour_logprobs, reward, policy_version FROM learning_step WHERE trajectory_id = ANY(:ids) "
+    "SELECT trajectory_id, index, prompt_start, observation_start, action_start, action_end, "
+    "reward, policy_version FROM learning_step WHERE trajectory_id = ANY(:ids) "
     "ORDER BY trajectory_id, index")
+_TRAINING_SEQUENCES = text(
+    "SELECT trajectory_id, token_ids, action_mask, behaviour_logprobs, segment_starts "
+    "FROM learning_trajectory_sequence WHERE trajectory_id = ANY(:ids)")
 
 USABLE_STATUSES = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED)
 
@@ -181,21 +195,17 @@ def load_rollout_data(
             .order_by(col(Trajectory.batch_id), col(Trajectory.id))
         ))
         usable = [t for t in rows if t.status in USABLE_STATUSES and t.num_steps > 0]
-        # The learning role reads steps through ``learning_step``, the view of training
-        # episodes' steps (it has no SELECT on ``step``: see migration 0011).
+        # The learning role reads steps and sequences through ``learning_step`` and
+        # ``learning_trajectory_sequence``, views of training episodes only (it has no
+        # SELECT on ``step`` or ``trajectory_sequence``: migrations 0011 and 0018).
         steps = session.execute(
             _TRAINING_STEPS, {"ids": [t.id for t in usable]}).mappings().all() if usable else []
-    by_trajectory: dict[str, list[StoredStep]] = {t.id: [] for t in usable}
-    for step in steps:
-        by_trajectory[step["trajectory_id"]].append(StoredStep(
-            int(step["index"]), list(step["prompt_token_ids"] or []),
-            list(step["action_token_ids"] or []), list(step["action_mask"] or []),
-            list(step["behaviour_logprobs"] or []), float(step["reward"]),
-            step["policy_version"],
-        ))
+        sequences = session.execute(
+            _TRAINING_SEQUENCES, {"ids": [t.id for t in usable]}).mappings().all() if usable else []
+    by_trajectory = stored_steps(steps, sequences)
     stored = [
         StoredTrajectory(t.id, t.group_id, t.task_id, t.policy_version, t.total_reward,
-                         by_trajectory[t.id], allowed.get(t.task_id, ""), t.status,
+                         by_trajectory.get(t.id, []), allowed.get(t.task_id, ""), t.status,
                          t.failure_reason)
         for t in usable
     ]
@@ -203,3 +213,42 @@ def load_rollout_data(
     data = to_rollout_data(stored, truncated_episodes)
     data.skipped = len(rows) - len(usable)
     return data
+
+
+def stored_steps(
+    steps: Sequence[Mapping[Any, Any]], sequences: Sequence[Mapping[Any, Any]]
+) -> dict[str, list[StoredStep]]:
+    """Each trajectory's steps with their prompt, action and logprobs sliced out of its
+    sequence (pure); a layout that does not check out is refused, naming the trajectory."""
+    offsets: dict[str, list[tuple[int, TurnOffsets, float, int | None]]] = {}
+    for step in steps:
+        offsets.setdefault(step["trajectory_id"], []).append((
+            int(step["index"]),
+            TurnOffsets(int(step["prompt_start"]), int(step["observation_start"]),
+                        int(step["action_start"]), int(step["action_end"])),
+            float(step["reward"]),
+            step.get("policy_version"),
+        ))
+    packed = {row["trajectory_id"]: row for row in sequences}
+    result: dict[str, list[StoredStep]] = {}
+    for trajectory_id, rows in offsets.items():
+        row = packed.get(trajectory_id)
+        if row is None:
+            raise InvalidSampleError(
+                f"trajectory {trajectory_id!r} has steps but no token sequence")
+        sequence = TokenSequence(list(row["token_ids"] or []), list(row["action_mask"] or []),
+                                 list(row["behaviour_logprobs"] or []),
+                                 list(row["segment_starts"] or []))
+        try:
+            turns = unpack_turns(sequence, [at for _, at, _, _ in rows])
+        except SequenceLayoutError as exc:
+            raise InvalidSampleError(f"trajectory {trajectory_id!r}: {exc}") from exc
+        result[trajectory_id] = [
+            StoredStep(index, turn.prompt_token_ids, turn.action_token_ids,
+                       step_action_mask(len(turn.prompt_token_ids), len(turn.action_token_ids)),
+                       turn.behaviour_logprobs, reward, version)
+            for (index, _, reward, version), turn in zip(rows, turns, strict=True)
+        ]
+    return result
+
+

@@ -1,8 +1,10 @@
 """One policy update: off-policy guard, micro-batched GRPO forward/backward, clip, step.
 
 `update_policy` splits the samples of one rollout batch into `optimizer_steps_per_batch`
-mini-batches; each mini-batch is cut into micro-batches (sorted by length to limit
-padding) whose gradients accumulate, normalised by the mini-batch's totals so the result
+mini-batches (cut between trajectories); in each, a trajectory's turns are packed into one sequence
+(`learning_loop.sequences`: one forward pass per trajectory, each action span with its
+turn's advantage), and the sequences are cut into micro-batches (sorted by length to
+limit padding) whose gradients accumulate, normalised by the mini-batch's totals so the result
 is the gradient of the whole mini-batch. Then the global gradient norm is clipped
 (pre-clip norm reported) and the optimizer steps, unless that norm is not finite, in
 which case the step is skipped and counted.
@@ -21,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from learning_loop.batch import PaddedBatch, TrainingSample, collate
+from learning_loop.batch import TrainingSample
 from learning_loop.objective import (
     ObjectiveStats,
     differentiable_token_entropy,
@@ -30,6 +32,7 @@ from learning_loop.objective import (
     token_entropy,
     token_logprobs,
 )
+from learning_loop.sequences import SequenceBatch, collate_sequences, pack_samples
 from triloop.run_config import ObjectiveConfig, OptimizerConfig, RunConfig, UpdateConfig
 
 
@@ -158,11 +161,11 @@ def update_policy(
     try:
         kept, guard = _guard_staleness(model, samples, config.update, policy_version, device,
                                        config.temperature)
-        stats, norms, loss, skipped = ObjectiveStats(), [], 0.0, 0
+        stats, norms, loss, skipped, fed = ObjectiveStats(), [], 0.0, 0, 0
         for mini in _split(kept, config.update.optimizer_steps_per_batch):
-            mini_stats, mini_loss = _accumulate(model, mini, config, reference, device,
-                                                pad_token_id)
-            stats, loss = stats.merge(mini_stats), loss + mini_loss
+            mini_stats, mini_loss, mini_fed = _accumulate(model, mini, config, reference, device,
+                                                          pad_token_id)
+            stats, loss, fed = stats.merge(mini_stats), loss + mini_loss, fed + mini_fed
             norm = float(torch.nn.utils.clip_grad_norm_(
                 [p for p in model.parameters() if p.requires_grad], config.update.max_grad_norm
             ))
@@ -188,7 +191,7 @@ def update_policy(
         reference_kl=stats.reference_kl,
         entropy=stats.entropy,
         trainable_tokens=int(stats.action_tokens),
-        total_tokens=sum(s.length for s in kept),
+        total_tokens=fed,
         samples=len(kept),
         optimizer_steps=len(norms) - skipped,
         skipped_steps=skipped,
@@ -206,14 +209,15 @@ def _accumulate(
     reference: torch.nn.Module | None,
     device: torch.device,
     pad_token_id: int,
-) -> tuple[ObjectiveStats, float]:
+) -> tuple[ObjectiveStats, float, int]:
     # The normalizer is the mini-batch total, so micro-batch gradients add up to its gradient.
     if config.objective.aggregation == "token":
         normalizer = float(sum(len(s.action_token_ids) for s in samples))
     else:
         normalizer = float(len(samples))
-    stats, loss = ObjectiveStats(), 0.0
+    stats, loss, fed = ObjectiveStats(), 0.0, 0
     for batch in _micro_batches(samples, config.update.micro_batch_size, pad_token_id, device):
+        fed += int(batch.attention_mask.sum())
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         reference_logprobs = None
         if reference is not None:
@@ -234,10 +238,11 @@ def _accumulate(
             entropy=(differentiable_token_entropy(logits) if config.objective.entropy_coef > 0
                      else token_entropy(logits)),
             normalizer=normalizer,
+            turn_weights=batch.turn_weights,
         )
         torch.autograd.backward(out.loss)
         stats, loss = stats.merge(out.stats), loss + float(out.loss.detach())
-    return stats, loss
+    return stats, loss, fed
 
 
 def _guard_staleness(
@@ -286,17 +291,27 @@ def _guard_staleness(
 
 def _micro_batches(
     samples: Sequence[TrainingSample], size: int, pad_token_id: int, device: torch.device
-) -> Iterator[PaddedBatch]:
-    ordered = sorted(samples, key=lambda s: s.length, reverse=True)
+) -> Iterator[SequenceBatch]:
+    """Micro-batches of `size` packed sequences (one per trajectory segment), longest first."""
+    ordered = sorted(pack_samples(samples), key=lambda s: s.length, reverse=True)
     for start in range(0, len(ordered), size):
-        yield collate(ordered[start : start + size], pad_token_id=pad_token_id).to(device)
+        yield collate_sequences(ordered[start : start + size],
+                                pad_token_id=pad_token_id).to(device)
 
 
 def _split(samples: Sequence[TrainingSample], parts: int) -> list[list[TrainingSample]]:
-    """`parts` contiguous, near-equal, non-empty chunks (fewer if there are fewer samples)."""
-    parts = min(parts, len(samples))
-    bounds = [round(k * len(samples) / parts) for k in range(parts + 1)] if parts else [0]
-    return [list(samples[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    """`parts` contiguous, near-equal, non-empty chunks (fewer if there are fewer
+    trajectories), cut between trajectories so each keeps its one forward pass."""
+    units: list[list[TrainingSample]] = []
+    for sample in samples:
+        if units and units[-1][0].trajectory_id == sample.trajectory_id:
+            units[-1].append(sample)
+        else:
+            units.append([sample])
+    parts = min(parts, len(units))
+    bounds = [round(k * len(units) / parts) for k in range(parts + 1)] if parts else [0]
+    return [[s for unit in units[a:b] for s in unit]
+            for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def _check_device(module: torch.nn.Module, device: torch.device, name: str) -> None:

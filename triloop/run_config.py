@@ -137,7 +137,8 @@ class OptimizerConfig(_Section):
 class UpdateConfig(_Section):
     """Batching of one policy update and the off-policy guard (see learning_loop.update)."""
 
-    # Samples per forward/backward pass (count); gradients accumulate across micro-batches.
+    # Sequences per forward/backward pass (count; one per trajectory, or per segment where a
+    # prompt did not extend the one before); gradients accumulate across micro-batches.
     micro_batch_size: int = Field(default=8, ge=1)
     # Optimizer steps per batch of rollouts (count); the batch is split into this many
     # mini-batches. 1 = one step per iteration, as in most GRPO set-ups.

@@ -12,12 +12,17 @@ context, or edited a message), the sequence so far is closed as a segment and a
 ``TrajectoryBreak`` records where, why and how many leading tokens still agreed; the
 next segment starts from that prompt. Token ids are never patched to make a match: a
 break is recorded instead, so what the learner trains on is exactly what was sampled.
+
+The segmenting rule is the trajectory store's own (``triloop.token_sequence.pack_turns``):
+the episode's steps are stored as exactly these segments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from triloop.token_sequence import TurnTokens, pack_turns
 
 
 @dataclass(frozen=True)
@@ -83,29 +88,33 @@ def _break_reason(shared: int, prompt: int, segment: int) -> str:
 
 def rebuild_trajectory(calls: Sequence[MainCall]) -> RebuiltTrajectory:
     """Segments and breaks for the main-loop calls, in the order they were made."""
-    segments: list[Segment] = []
-    breaks: list[TrajectoryBreak] = []
-    current: Segment | None = None
     for index, call in enumerate(calls):
-        prompt = [int(t) for t in call.prompt_token_ids]
-        completion = [int(t) for t in call.completion_token_ids]
-        if len(call.logprobs) != len(completion):
+        if len(call.logprobs) != len(call.completion_token_ids):
             raise ValueError(f"call {index}: {len(call.logprobs)} logprobs for "
-                             f"{len(completion)} sampled tokens")
-        if current is not None and prompt[: len(current.token_ids)] == current.token_ids:
-            observation = prompt[len(current.token_ids):]
-        else:
-            if current is not None:
-                shared = common_prefix_length(prompt, current.token_ids)
-                breaks.append(TrajectoryBreak(
-                    index, _break_reason(shared, len(prompt), len(current.token_ids)),
-                    shared, len(current.token_ids)))
-            current = Segment()
-            segments.append(current)
-            observation = prompt
-        current.token_ids += observation + completion
-        current.action_mask += [0] * len(observation) + [1] * len(completion)
-        current.logprobs += [0.0] * len(observation) + [float(v) for v in call.logprobs]
-        current.calls.append(index)
-        current.observation_tokens.append(len(observation) if current.calls != [index] else 0)
-    return RebuiltTrajectory(segments, breaks)
+                             f"{len(call.completion_token_ids)} sampled tokens")
+    sequence, offsets = pack_turns([
+        TurnTokens(c.prompt_token_ids, c.completion_token_ids, c.logprobs) for c in calls])
+    ids, mask = sequence.token_ids, sequence.action_mask
+    segments: dict[int, Segment] = {}
+    breaks: list[TrajectoryBreak] = []
+    logprob_at = 0
+    for index, (call, at) in enumerate(zip(calls, offsets, strict=True)):
+        opened = at.prompt_start not in segments
+        if opened and segments:
+            before = segments[max(segments)]  # the segment this prompt failed to extend
+            prompt = [int(t) for t in call.prompt_token_ids]
+            shared = common_prefix_length(prompt, before.token_ids)
+            breaks.append(TrajectoryBreak(
+                index, _break_reason(shared, len(prompt), len(before.token_ids)),
+                shared, len(before.token_ids)))
+        segment = segments.setdefault(at.prompt_start, Segment())
+        span = range(at.observation_start, at.action_end)
+        segment.token_ids += ids[span.start : span.stop]
+        segment.action_mask += mask[span.start : span.stop]
+        sampled = at.action_end - at.action_start
+        segment.logprobs += [0.0] * (at.action_start - at.observation_start) + list(
+            sequence.behaviour_logprobs[logprob_at : logprob_at + sampled])
+        logprob_at += sampled
+        segment.calls.append(index)
+        segment.observation_tokens.append(0 if opened else at.action_start - at.observation_start)
+    return RebuiltTrajectory(list(segments.values()), breaks)

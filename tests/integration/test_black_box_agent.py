@@ -19,10 +19,12 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
+from sqlmodel import Session
 from temporalio.client import Client
 
 from execution_loop.environments.registry import CONTRACTS_DIR
 from execution_loop.sandboxes import bubblewrap_problem
+from execution_loop.trajectories import load_turn_tokens
 from governance_loop.durations import PromotionTiming
 from governance_loop.environments import (
     add_task,
@@ -146,19 +148,23 @@ async def test_a_black_box_agent_is_admitted_and_trained_through_the_gateway(
         # Every call the model answered is in the record with its kind and rule.
         assert sum(gateway["kinds"].values()) == len(gateway["calls"])
         assert len(gateway["breaks"]) == gateway["segments"] - 1
-    steps = rows(owner_engine, "SELECT t.batch_id, s.prompt_token_ids, s.action_token_ids,"
-                 " s.action_mask, s.behaviour_logprobs, s.feedback FROM step s JOIN trajectory t"
-                 " ON t.id = s.trajectory_id WHERE t.run_id = :r", r=run_id)
+    steps = rows(owner_engine, "SELECT t.batch_id, s.trajectory_id, s.feedback FROM step s"
+                 " JOIN trajectory t ON t.id = s.trajectory_id WHERE t.run_id = :r", r=run_id)
     assert steps
+    with Session(owner_engine) as session:  # each episode's calls, sliced out of its sequence
+        turns = {tid: load_turn_tokens(session=session, trajectory_id=tid)
+                 for tid in {s["trajectory_id"] for s in steps}}
     for step in steps:
-        prompt, action = step["prompt_token_ids"], step["action_token_ids"]
-        assert step["action_mask"] == [0] * len(prompt) + [1] * len(action)
-        assert len(step["behaviour_logprobs"]) == len(action)
         assert step["feedback"]["kind"] == "main"
+    for calls in turns.values():
+        for turn in calls:
+            assert len(turn.behaviour_logprobs) == len(turn.action_token_ids)
     trained = rows(owner_engine, "SELECT iteration, trainable_tokens FROM training_step "
                    "WHERE run_id = :r ORDER BY iteration", r=run_id)
     assert [t["iteration"] for t in trained] == [1, 2]
     # The first update (nothing stale yet) trained on exactly the tokens the model sampled
     # in the main loop of its batch's episodes.
     first_batch = [s for s in steps if s["batch_id"].startswith(f"{run_id}-1-")]
-    assert trained[0]["trainable_tokens"] == sum(len(s["action_token_ids"]) for s in first_batch)
+    assert trained[0]["trainable_tokens"] == sum(
+        len(t.action_token_ids) for tid in {s["trajectory_id"] for s in first_batch}
+        for t in turns[tid])

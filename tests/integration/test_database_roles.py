@@ -158,12 +158,20 @@ def test_execution_role_writes_trajectories(
     )
     _run(
         execution,
-        "INSERT INTO step (trajectory_id, index, prompt_token_ids, action_token_ids, action_mask, "
-        "behaviour_logprobs, reward, observation, action_text, done) "
-        "VALUES (:i, 0, '{1,2}', '{3}', '{0,0,1}', '{-0.5}', 1.0, 'o', 'a', true)",
+        "INSERT INTO trajectory_sequence (trajectory_id, token_ids, action_mask, "
+        "behaviour_logprobs, segment_starts) VALUES (:i, '{1,2,3}', '{0,0,1}', '{-0.5}', '{0}')",
+        {"i": traj},
+    )
+    _run(
+        execution,
+        "INSERT INTO step (trajectory_id, index, prompt_start, observation_start, action_start, "
+        "action_end, reward, observation, action_text, done) "
+        "VALUES (:i, 0, 0, 0, 2, 3, 1.0, 'o', 'a', true)",
         {"i": traj},
     )
     _refused(execution, "UPDATE trajectory SET total_reward = 9 WHERE id = :i", {"i": traj})
+    _refused(execution, "UPDATE trajectory_sequence SET token_ids = '{9}' WHERE trajectory_id = :i",
+             {"i": traj})
 
 
 def _denied(engine: Engine, sql: str, params: dict[str, Any] | None = None) -> str:

@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlmodel import Session
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Replayer
 
 from execution_loop.inference.base import PolicyClient
 from execution_loop.routing import canary_bucket
+from execution_loop.trajectories import load_turn_tokens
 from execution_loop.worker import build_worker
 from execution_loop.workflows import RolloutWorkflow
 from tests.factories_execution import (
@@ -112,14 +114,13 @@ async def test_batch_stores_every_episode_once_with_tokens(
         assert (row["checkpoint_id"], row["purpose"], row["policy_version"]) == (
             checkpoint, "training", 3)
         assert row["group_id"] == f"{batch.batch_id}:0"
-    with owner_engine.connect() as conn:
-        steps = conn.execute(text(
-            "SELECT prompt_token_ids, action_token_ids, action_mask, behaviour_logprobs "
-            "FROM step WHERE trajectory_id = ANY(:ids)"), {"ids": expected}).all()
-    for prompt, action, mask, logprobs in steps:
-        assert prompt and action
-        assert len(logprobs) == len(action)
-        assert mask == [0] * len(prompt) + [1] * len(action)
+    with Session(owner_engine) as session:  # sliced out of each episode's one sequence
+        turns = [t for tid in expected for t in load_turn_tokens(session=session,
+                                                                 trajectory_id=tid)]
+    assert turns
+    for turn in turns:
+        assert turn.prompt_token_ids and turn.action_token_ids
+        assert len(turn.behaviour_logprobs) == len(turn.action_token_ids)
 
 
 async def test_deadline_records_unfinished_episodes_as_truncated(

@@ -16,11 +16,15 @@ from execution_loop.trajectories import (
     insert_trajectory,
     list_trajectories,
     load_steps,
+    load_turn_tokens,
+    trajectory_statuses,
     write_trajectory,
 )
+from learning_loop.trajectory_reader import load_rollout_data
 from tests.factories import make_task, uid
 from triloop.config import Settings
 from triloop.policy import Authorizer, PolicyDenied
+from triloop.token_sequence import SequenceLayoutError
 from triloop.wiring import build_authorizer
 
 pytestmark = pytest.mark.integration
@@ -79,12 +83,17 @@ def test_write_is_idempotent_and_keeps_arrays_exact(
 
     with Session(engine) as session:
         stored = load_steps(session=session, trajectory_id=row.id)
+        turns = load_turn_tokens(session=session, trajectory_id=row.id)
         assert count_steps(session=session, trajectory_ids=[row.id]) == {row.id: 3}
     assert [s.index for s in stored] == [0, 1, 2]
     first = stored[0]
-    assert first.prompt_token_ids == [1, 2, 3] and first.action_token_ids == [40, 41]
-    assert first.action_mask == [0, 0, 0, 1, 1]
-    assert first.behaviour_logprobs == [-0.25, float("-inf")]
+    for turn, step in zip(turns, steps, strict=True):  # sliced out of the one sequence
+        assert list(turn.prompt_token_ids) == step.prompt_token_ids
+        assert list(turn.action_token_ids) == step.action_token_ids
+        assert list(turn.behaviour_logprobs) == [-0.25, float("-inf")]
+    # [1, 2, 4] does not extend [1, 2, 3, 40, 41]: each turn opened a segment of its own.
+    assert [(s.prompt_start, s.action_start, s.action_end) for s in stored] == [
+        (0, 3, 5), (5, 8, 10), (10, 13, 15)]
     assert first.observation == "obs 0\ufffd" and first.feedback["note"] == "nul\ufffdbyte"
     assert stored[2].done and stored[2].reward == 1.0
 
@@ -100,7 +109,7 @@ def test_copy_and_per_row_inserts_store_the_same_rows(
         with raw.cursor() as cursor:  # type: ignore[union-attr]
             assert insert_trajectory(cursor, bulk, steps, method="copy")
             assert insert_trajectory(cursor, plain, steps, method="insert")
-    columns = ("index, prompt_token_ids, action_token_ids, action_mask, behaviour_logprobs, "
+    columns = ("index, prompt_start, observation_start, action_start, action_end, "
                "observation, action_text, feedback, reward, done")
     with engine.connect() as conn:
         read = [
@@ -108,7 +117,14 @@ def test_copy_and_per_row_inserts_store_the_same_rows(
                               "ORDER BY index"), {"t": t}).all()
             for t in (bulk.id, plain.id)
         ]
+        packed = [
+            conn.execute(text("SELECT token_ids, action_mask, behaviour_logprobs, segment_starts"
+                              " FROM trajectory_sequence WHERE trajectory_id = :t"),
+                         {"t": t}).all()
+            for t in (bulk.id, plain.id)
+        ]
     assert read[0] == read[1] and len(read[0]) == 3
+    assert packed[0] == packed[1] and len(packed[0]) == 1
 
 
 def test_denied_write_stores_nothing(
@@ -174,3 +190,36 @@ def test_queries_by_run_batch_task_and_checkpoint(
     assert found(task_id=task_a) == {ids["a"], ids["c"]}
     assert found(checkpoint_id="c2", task_id=task_a) == {ids["c"]}
     assert found(run_id=run, purpose="eval") == set()
+
+
+def test_the_learner_reads_back_every_turn_through_its_views(
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine,
+    role_engine: Callable[[str], Engine],
+) -> None:
+    run_id = uid("run-")
+    row, _ = episode(make_task(owner_engine), run_id=run_id, steps=3)
+    prompts = [[1, 2, 3], [1, 2, 3, 40, 41, 5], [1, 2, 3, 40, 41, 5, 42, 6, 7]]
+    actions = [[40, 41], [42], [43, 44]]
+    steps = [StepRow(i, p, a, [], [-0.5] * len(a), "o", "a", {}, 0.25, i == 2)
+             for i, (p, a) in enumerate(zip(prompts, actions, strict=True))]
+    assert write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
+    with engine.connect() as conn:
+        tokens = conn.execute(text("SELECT token_ids FROM trajectory_sequence"
+                                   " WHERE trajectory_id = :t"), {"t": row.id}).scalar_one()
+    assert tokens == [1, 2, 3, 40, 41, 5, 42, 6, 7, 43, 44]  # the opening context once
+
+    data = load_rollout_data(engine=role_engine("learning"), run_id=run_id, batch_ids=["batch"])
+    turns = [s for s in data.steps if s.action_token_ids]
+    assert [list(s.prompt_token_ids) for s in turns] == prompts
+    assert [list(s.action_token_ids) for s in turns] == actions
+    assert data.lengths == [5]
+
+
+def test_turns_that_cannot_be_laid_out_store_nothing(
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine
+) -> None:
+    row, steps = episode(make_task(owner_engine))
+    steps[1] = StepRow(**{**steps[1].__dict__, "behaviour_logprobs": [-0.5]})  # 1 for 2 ids
+    with pytest.raises(SequenceLayoutError, match="turn 1: 1 behaviour logprobs"):
+        write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
+    assert trajectory_statuses(engine=engine, ids=[row.id]) == {}

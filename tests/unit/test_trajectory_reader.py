@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from learning_loop.batch import InvalidSampleError, build_training_samples
-from learning_loop.trajectory_reader import StoredStep, StoredTrajectory, to_rollout_data
+from learning_loop.trajectory_reader import (
+    StoredStep,
+    StoredTrajectory,
+    stored_steps,
+    to_rollout_data,
+)
 from triloop.run_config import AdvantageConfig
 
 
@@ -42,3 +47,31 @@ def test_an_empty_mask_means_not_recorded() -> None:
     unrecorded = StoredStep(0, [1, 2, 3], [7, 8], [], [-0.1, -0.2], 0.5)
     data = to_rollout_data([trajectory("a", "g", 0.5, [unrecorded])])
     assert [s.reward for s in data.steps] == [0.5, 0.0]
+
+
+def _offset_rows(tid: str, offsets: list[tuple[int, int, int, int]]) -> list[dict[str, object]]:
+    return [{"trajectory_id": tid, "index": i, "prompt_start": p, "observation_start": o,
+             "action_start": a, "action_end": e, "reward": 0.5 * i}
+            for i, (p, o, a, e) in enumerate(offsets)]
+
+
+def test_stored_steps_are_sliced_out_of_the_sequence() -> None:
+    sequence = {"trajectory_id": "a", "token_ids": [1, 2, 3, 4, 5, 6, 7],
+                "action_mask": [0, 0, 1, 0, 1, 1, 0], "behaviour_logprobs": [-0.1, -0.2, -0.3],
+                "segment_starts": [0]}
+    steps = stored_steps(_offset_rows("a", [(0, 0, 2, 3), (0, 3, 4, 6)]), [sequence])["a"]
+    assert [(s.prompt_token_ids, s.action_token_ids, s.behaviour_logprobs) for s in steps] == [
+        ([1, 2], [3], [-0.1]), ([1, 2, 3, 4], [5, 6], [-0.2, -0.3])]
+    assert steps[1].action_mask == [0, 0, 0, 0, 1, 1] and steps[1].reward == 0.5
+
+
+def test_a_sequence_whose_mask_marks_context_is_refused() -> None:
+    sequence = {"trajectory_id": "a", "token_ids": [1, 2, 3], "action_mask": [0, 1, 1],
+                "behaviour_logprobs": [-0.1, -0.2], "segment_starts": [0]}
+    with pytest.raises(InvalidSampleError, match="trajectory 'a': the action mask"):
+        stored_steps(_offset_rows("a", [(0, 0, 2, 3)]), [sequence])
+
+
+def test_steps_without_their_sequence_are_refused() -> None:
+    with pytest.raises(InvalidSampleError, match="has steps but no token sequence"):
+        stored_steps(_offset_rows("a", [(0, 0, 2, 3)]), [])

@@ -13,7 +13,7 @@ from triloop.models.governance import (
     Routing,
 )
 from triloop.models.training import Checkpoint, Proposal, TrainingRun, TrainingStep
-from triloop.models.trajectories import RolloutBatch, Step, Trajectory
+from triloop.models.trajectories import RolloutBatch, Step, Trajectory, TrajectorySequence
 from triloop.models.users import ApiToken, RoleGrant, User
 
 __all__ = [
@@ -42,5 +42,6 @@ __all__ = [
     "TrainingStep",
     "RolloutBatch",
     "Trajectory",
+    "TrajectorySequence",
     "User",
 ]

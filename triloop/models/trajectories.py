@@ -40,15 +40,22 @@ class Trajectory(SQLModel, table=True):
 
 
 class Step(SQLModel, table=True):
-    """One turn: the prompt as fed, the action as sampled, its mask and logprobs."""
+    """One turn: its feedback and reward, and where its prompt and action sit in the
+    trajectory's token sequence (``TrajectorySequence``), as offsets into ``token_ids``.
+
+    The turn's prompt is ``token_ids[prompt_start:action_start]``, the tokens this turn
+    added before the model acted (template, observation) are
+    ``token_ids[observation_start:action_start]``, and its action is
+    ``token_ids[action_start:action_end]``.
+    """
 
     __tablename__ = "step"
     trajectory_id: str = Field(foreign_key="trajectory.id", primary_key=True)
     index: int = Field(primary_key=True)
-    prompt_token_ids: list[int] = int_array_field()
-    action_token_ids: list[int] = int_array_field()
-    action_mask: list[int] = small_int_array_field()
-    behaviour_logprobs: list[float] = float_array_field()
+    prompt_start: int = Field(default=0, description="token offset where the prompt begins")
+    observation_start: int = Field(default=0, description="token offset of the new context")
+    action_start: int = Field(default=0, description="token offset of the first action token")
+    action_end: int = Field(default=0, description="token offset just past the action")
     observation: str = ""
     action_text: str = ""
     feedback: dict[str, Any] = json_field()
@@ -56,6 +63,25 @@ class Step(SQLModel, table=True):
     done: bool = False
     policy_version: int | None = Field(
         default=None, description="version that sampled this turn; None: the trajectory's")
+
+
+class TrajectorySequence(SQLModel, table=True):
+    """An episode's tokens as one sequence: the first prompt once, then per turn the new
+    context (observation span) and the action span, exactly as generated.
+
+    A turn whose prompt does not extend the sequence so far (a context rule that drops
+    old turns, an agent that rewrote its history) opens a new segment holding that whole
+    prompt; ``segment_starts`` lists where each segment begins. Tokens attend only
+    within their segment.
+    """
+
+    __tablename__ = "trajectory_sequence"
+    trajectory_id: str = Field(foreign_key="trajectory.id", primary_key=True)
+    token_ids: list[int] = int_array_field()
+    action_mask: list[int] = small_int_array_field()  # 1 on tokens the policy sampled
+    # One per action-mask token, in order (none for the rest): the behaviour logprobs.
+    behaviour_logprobs: list[float] = float_array_field()
+    segment_starts: list[int] = int_array_field()
 
 
 class RolloutBatch(SQLModel, table=True):
