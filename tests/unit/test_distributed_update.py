@@ -22,6 +22,7 @@ from learning_loop.activities.training import (
 )
 from learning_loop.batch import TrainingSample
 from learning_loop.checkpoints import CheckpointRef, saved_weights_digest
+from learning_loop.data_parallel import RankGroup
 from learning_loop.objective import policy_action_logprobs
 from learning_loop.tiny_model import TinyModelSpec, create_tiny_model
 from learning_loop.trajectory_reader import StoredStep, StoredTrajectory, to_rollout_data
@@ -220,3 +221,14 @@ def test_nccl_needs_a_gpu_per_rank() -> None:
     with pytest.raises(UpdateError, match="nccl needs one per rank"):
         resolve_backend(config)
     assert resolve_backend(run_config(2, distributed_backend="gloo").update) == "gloo"
+
+
+def test_shards_cover_the_batch_once_and_balance_tokens() -> None:
+    batch = [TrainingSample(f"e{i}", "g", "t", 0, (1,) * (1 + i), (2,) * (1 + i % 3),
+                            (0.0,) * (1 + i % 3), 1.0) for i in range(7)]
+    shards = [RankGroup(rank, 3).shard(batch) for rank in range(3)]
+    assert sorted(s.trajectory_id for shard in shards for s in shard) == sorted(
+        s.trajectory_id for s in batch)
+    tokens = [sum(s.length for s in shard) for shard in shards]
+    assert max(tokens) - min(tokens) <= max(s.length for s in batch)
+    assert RankGroup(0, 1).shard(batch) == sorted(batch, key=lambda s: -s.length)
