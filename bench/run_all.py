@@ -18,6 +18,8 @@ BENCHMARKS: tuple[tuple[str, list[str]], ...] = (
     ("Policy decisions (OPA over loopback)", ["bench/policy.py", "--requests", "1000"]),
     ("Rollouts: Temporal vs plain loop; trajectory ingest", ["bench/rollout.py"]),
     ("Learner: GRPO update vs unmasked full-sequence loss", ["bench/learner.py"]),
+    ("Learner options: bf16, activation checkpointing, 2 ranks vs fp32",
+     ["bench/learner_options.py"]),
     ("Learner: triloop GRPO iteration vs TRL GRPOTrainer", ["bench/trl_peer.py"]),
     ("Whole iteration: TrainingRunWorkflow vs TRL GRPOTrainer", ["bench/iteration.py"]),
     ("Rollback: request to effective", ["bench/rollback.py"]),

@@ -196,7 +196,7 @@ def annotate_checkpoint(ref: CheckpointRef, metadata: Mapping[str, Any]) -> Chec
         raise CheckpointError(f"{ref.path} has no {TRAINER_STATE} to annotate")
     state = torch.load(state_file, map_location="cpu", weights_only=True)
     state["metadata"] = dict(metadata)
-    fd, staging = tempfile.mkstemp(prefix=".staging-", dir=ref.path)
+    fd, staging = tempfile.mkstemp(prefix=".staging-", suffix=".pt", dir=ref.path)
     os.close(fd)
     try:
         torch.save(state, staging)
