@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -232,3 +233,22 @@ def test_shards_cover_the_batch_once_and_balance_tokens() -> None:
     tokens = [sum(s.length for s in shard) for shard in shards]
     assert max(tokens) - min(tokens) <= max(s.length for s in batch)
     assert RankGroup(0, 1).shard(batch) == sorted(batch, key=lambda s: -s.length)
+
+
+def test_ranks_out_of_time_are_stopped_and_reported(root: tuple[Path, CheckpointRef]) -> None:
+    artifacts, parent = root
+    samples = samples_for(parent.path)
+
+    with pytest.raises(RankFailed) as failed:
+        run_ranks(RankJob(artifacts, parent.path, None, False,
+                          run_config(2, rank_timeout_s=1.0), samples, 0, 0, {}))
+
+    assert not failed.value.python_error  # worth a retry: another attempt may finish
+    assert "ran out of update.rank_timeout_s" in str(failed.value)
+    assert "torchrun.log (tail)" in str(failed.value)
+    # torchrun and its ranks were stopped as a group: nothing of them is left running.
+    left = [p for p in psutil.Process().children(recursive=True)
+            if any(name in " ".join(p.cmdline())
+                   for name in ("torch.distributed.run", "rank_update"))]
+    assert left == []
+    assert not list(artifacts.glob(".ranks-*"))
