@@ -1,7 +1,8 @@
 """A multi-rank policy update (torchrun, gloo on CPU) against the in-process one.
 
 The launches start real ranks (``python -m torch.distributed.run``) on the loopback
-interface; each takes about a minute on a loaded two-core machine, so there are three.
+interface; each takes one to two minutes on a loaded two-core machine, so there are four:
+the same update as one process, a failing rank, a whole iteration, and the time limit.
 """
 
 from __future__ import annotations
