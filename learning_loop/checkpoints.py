@@ -184,6 +184,28 @@ def load_checkpoint(
     )
 
 
+def annotate_checkpoint(ref: CheckpointRef, metadata: Mapping[str, Any]) -> CheckpointRef:
+    """Replace the metadata kept in a saved checkpoint's trainer state (weights untouched).
+
+    For a checkpoint saved before its metadata was known (rank 0 of a multi-rank update
+    saves the weights; the iteration's records come after). The new state is written
+    beside the old and renamed over it, so a reader sees the old file or the new one.
+    """
+    state_file = ref.path / TRAINER_STATE
+    if not state_file.is_file():
+        raise CheckpointError(f"{ref.path} has no {TRAINER_STATE} to annotate")
+    state = torch.load(state_file, map_location="cpu", weights_only=True)
+    state["metadata"] = dict(metadata)
+    fd, staging = tempfile.mkstemp(prefix=".staging-", suffix=".pt", dir=ref.path)
+    os.close(fd)
+    try:
+        torch.save(state, staging)
+        os.replace(staging, state_file)
+    finally:
+        Path(staging).unlink(missing_ok=True)
+    return ref
+
+
 def _trainer_state(
     optimizer: torch.optim.Optimizer | None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,

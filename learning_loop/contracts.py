@@ -26,6 +26,7 @@ TASK_NOT_ADMITTED = "TaskNotAdmitted"
 BASE_MODEL_NOT_FOUND = "BaseModelNotFound"
 INVALID_TRAINING_DATA = "InvalidTrainingData"
 CHECKPOINT_BROKEN = "CheckpointBroken"
+RANK_FAILED = "RankFailed"  # a rank of a multi-rank update failed (names it, quotes its log)
 
 
 @dataclass

@@ -28,11 +28,13 @@ from learning_loop.batch_metrics import dynamic_sampling_series, merge_series, r
 from learning_loop.checkpoints import (
     CheckpointError,
     CheckpointRef,
+    annotate_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
 from learning_loop.iteration_records import alarm_record, step_columns
 from learning_loop.objective import score_cross_input, token_entropy
+from learning_loop.rank_launch import RankJob, run_ranks
 from learning_loop.stability import (
     Alarm,
     DiscriminationResult,
@@ -51,6 +53,7 @@ from learning_loop.update import (
     set_learning_rate,
 )
 from learning_loop.update import update_policy as grpo_update
+from learning_loop.update_options import apply_update_options
 from triloop.run_config import RunConfig
 
 # Files a checkpoint directory carries besides its weights and trainer state.
@@ -190,15 +193,8 @@ def train_iteration(
         )
     device = select_device()
     on_stage("loading")
-    model = load_model(parent.path, device)
-    optimizer, scheduler = build_optimizer(model, config.optimizer)
-    if resume_optimizer:
-        load_checkpoint(parent.path, model, optimizer, scheduler)
-    else:  # a new run from a base: fresh optimizer, RNG from the run's seed
-        load_checkpoint(parent.path, model, restore_rng=False)
-        random.seed(config.schedule.seed)
-        torch.manual_seed(config.schedule.seed)
-    set_learning_rate(optimizer, scheduler, config.optimizer.learning_rate)
+    model, optimizer, scheduler = load_learner(parent.path, config, device,
+                                               resume_optimizer=resume_optimizer)
     all_samples, advantages = build_training_samples(data.steps, config.advantage)
     # The monitors look at everything sampled; the loss only at what dynamic sampling keeps.
     samples, sampling = all_samples, {}
@@ -211,19 +207,30 @@ def train_iteration(
     )
     signal = any(s.advantage != 0.0 for s in samples) or (
         bool(samples) and config.objective.kl_coef > 0)
-    update = None
+    update, saved = None, None
     if signal:
         on_stage("updating")
-        reference = None
-        if reference_dir is not None and config.objective.kl_coef > 0:
-            reference = load_model(reference_dir, device)
-            reference.train(False)
         pad = model.config.pad_token_id
-        update = grpo_update(
-            model, optimizer, samples, UpdateSettings.from_run(config),
-            policy_version=iteration - 1, reference=reference, scheduler=scheduler,
-            device=device, pad_token_id=pad if isinstance(pad, int) else 0,
-        )
+        pad_token_id = pad if isinstance(pad, int) else 0
+        if config.update.world_size > 1:
+            cast(torch.nn.Module, model).to("cpu")  # the ranks own the accelerators now
+            outcome = run_ranks(RankJob(
+                artifact_dir=artifact_dir, parent_dir=parent.path, reference_dir=reference_dir
+                if config.objective.kl_coef > 0 else None, resume_optimizer=resume_optimizer,
+                config=config, samples=samples, policy_version=iteration - 1,
+                pad_token_id=pad_token_id, data_cursor=data_cursor))
+            update, saved = outcome.metrics, outcome.checkpoint
+        else:
+            reference = None
+            if reference_dir is not None and config.objective.kl_coef > 0:
+                reference = load_model(reference_dir, device)
+                reference.train(False)
+            apply_update_options(config.update, device, model, reference)
+            update = grpo_update(
+                model, optimizer, samples, UpdateSettings.from_run(config),
+                policy_version=iteration - 1, reference=reference, scheduler=scheduler,
+                device=device, pad_token_id=pad_token_id,
+            )
     stability = iteration_metrics(
         iteration=iteration, returns=data.returns, trajectory_lengths=data.lengths,
         token_entropy=update.entropy if update else action_entropy(model, all_samples, device),
@@ -240,13 +247,34 @@ def train_iteration(
     if update is None:
         return IterationOutcome(parent, False, columns, stability, alarms)
     on_stage("saving")
-    ref = save_servable(
-        artifact_dir, model, parent.path, optimizer=optimizer, scheduler=scheduler,
-        data_cursor=data_cursor,
-        metadata={"iteration": iteration, "training_step": columns,
-                  "alarms": [alarm_record(a) for a in alarms]},
-    )
+    metadata = {"iteration": iteration, "training_step": columns,
+                "alarms": [alarm_record(a) for a in alarms]}
+    if saved is not None:  # rank 0 saved the weights and trainer state; add the records
+        ref = annotate_checkpoint(saved, metadata)
+    else:
+        ref = save_servable(artifact_dir, model, parent.path, optimizer=optimizer,
+                            scheduler=scheduler, data_cursor=data_cursor, metadata=metadata)
     return IterationOutcome(ref, ref.id != parent.id, columns, stability, alarms)
+
+
+def load_learner(
+    parent_dir: Path, config: RunConfig, device: torch.device, *, resume_optimizer: bool
+) -> tuple[PreTrainedModel, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """The parent's model with its optimizer and scheduler, at the run's learning rate.
+
+    Resuming a run restores the optimizer, scheduler and RNG the parent was saved with; a
+    new run from a base starts a fresh optimizer and seeds the RNG from the run's seed.
+    """
+    model = load_model(parent_dir, device)
+    optimizer, scheduler = build_optimizer(model, config.optimizer)
+    if resume_optimizer:
+        load_checkpoint(parent_dir, model, optimizer, scheduler)
+    else:
+        load_checkpoint(parent_dir, model, restore_rng=False)
+        random.seed(config.schedule.seed)
+        torch.manual_seed(config.schedule.seed)
+    set_learning_rate(optimizer, scheduler, config.optimizer.learning_rate)
+    return model, optimizer, scheduler
 
 
 @torch.no_grad()

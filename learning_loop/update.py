@@ -9,6 +9,10 @@ is the gradient of the whole mini-batch. Then the global gradient norm is clippe
 (pre-clip norm reported) and the optimizer steps, unless that norm is not finite, in
 which case the step is skipped and counted.
 
+With ``ranks`` (a multi-rank update, see ``learning_loop.data_parallel``) each rank
+trains on its shard of every mini-batch and the gradients and statistics are summed
+across ranks before the clip, so every rank takes the step one process would.
+
 Dropout is off during the update (`model.eval()`): the ratio must compare the same
 function the rollout sampled from. Nothing here moves the model: place it (and the
 reference) on `select_device()` before building the optimizer.
@@ -24,6 +28,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from learning_loop.batch import TrainingSample
+from learning_loop.data_parallel import RankGroup
 from learning_loop.objective import (
     ObjectiveStats,
     differentiable_token_entropy,
@@ -149,6 +154,7 @@ def update_policy(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     device: torch.device | None = None,
     pad_token_id: int = 0,
+    ranks: RankGroup | None = None,
 ) -> UpdateMetrics:
     """Run one GRPO update of `model` (at `policy_version`) on `samples`."""
     started = time.perf_counter()
@@ -164,7 +170,11 @@ def update_policy(
         stats, norms, loss, skipped, fed = ObjectiveStats(), [], 0.0, 0, 0
         for mini in _split(kept, config.update.optimizer_steps_per_batch):
             mini_stats, mini_loss, mini_fed = _accumulate(model, mini, config, reference, device,
-                                                          pad_token_id)
+                                                          pad_token_id, ranks)
+            if ranks is not None:
+                ranks.sum_gradients(model)
+                mini_stats, mini_loss = ranks.sum_stats(mini_stats, mini_loss,
+                                                        with_reference=reference is not None)
             stats, loss, fed = stats.merge(mini_stats), loss + mini_loss, fed + mini_fed
             norm = float(torch.nn.utils.clip_grad_norm_(
                 [p for p in model.parameters() if p.requires_grad], config.update.max_grad_norm
@@ -209,6 +219,7 @@ def _accumulate(
     reference: torch.nn.Module | None,
     device: torch.device,
     pad_token_id: int,
+    ranks: RankGroup | None = None,
 ) -> tuple[ObjectiveStats, float, int]:
     # The normalizer is the mini-batch total, so micro-batch gradients add up to its gradient.
     if config.objective.aggregation == "token":
@@ -216,7 +227,8 @@ def _accumulate(
     else:
         normalizer = float(len(samples))
     stats, loss, fed = ObjectiveStats(), 0.0, 0
-    for batch in _micro_batches(samples, config.update.micro_batch_size, pad_token_id, device):
+    mine = ranks.shard(samples) if ranks is not None else samples
+    for batch in _micro_batches(mine, config.update.micro_batch_size, pad_token_id, device):
         fed += int(batch.attention_mask.sum())
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         reference_logprobs = None

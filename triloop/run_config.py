@@ -152,6 +152,26 @@ class UpdateConfig(_Section):
     stale_samples: Literal["drop", "importance_correct"] = "drop"
     # Upper bound of the per-token importance weight for corrected samples (unitless, >= 1).
     importance_weight_cap: float = Field(default=2.0, ge=1.0)
+    # --- issue 14: a learner beyond one device ---
+    world_size: int = Field(default=1, ge=1, le=64, description=(
+        "Ranks (processes) that run the policy update (count). 1: inside the learning-gpu"
+        " worker's process. More: that many torch.distributed ranks on the worker's machine,"
+        " launched with torchrun over loopback; each trains on its shard of every mini-batch,"
+        " gradients are summed across ranks (the same update as one rank) and rank 0 saves"
+        " the checkpoint once. With nccl, one GPU per rank."))
+    distributed_backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description=(
+        "torch.distributed backend of a multi-rank update: nccl (one CUDA device per rank),"
+        " gloo (CPU ranks), or auto (nccl when the worker has CUDA, else gloo)."))
+    bf16_autocast: bool = Field(default=False, description=(
+        "Run the model's forward under bfloat16 autocast (weights, optimizer and loss stay"
+        " fp32). Refused on a GPU without bf16 (before compute capability 8.0); on CPU it"
+        " is emulated where the CPU lacks bf16 instructions (correct, slower)."))
+    gradient_checkpointing: bool = Field(default=False, description=(
+        "Recompute each decoder layer's activations in the backward pass instead of"
+        " storing them: less activation memory for about one more forward's compute."))
+    rank_timeout_s: float = Field(default=3600.0, gt=0.0, le=86_400.0, description=(
+        "Wall-clock limit of a multi-rank update (seconds); the ranks are stopped after it"
+        " and the activity fails naming the ranks that had not finished."))
 
 
 class StabilityConfig(_Section):
@@ -332,6 +352,14 @@ def cross_field_problems(config: RunConfig) -> list[ConfigProblem]:
             "needs asynchrony.truncated_episodes to leave clock-cut episodes out (not"
             " \"train\"): a cut episode must not train on its partial outcome while its"
             " continuation is still running",
+        ))
+    per_step = samples // update.optimizer_steps_per_batch
+    if update.world_size > 1 and update.world_size > per_step:
+        problems.append(ConfigProblem(
+            "update.world_size",
+            f"{update.world_size} ranks for mini-batches of {per_step} trajectories"
+            " (rollout.groups_per_iteration * rollout.group_size / optimizer_steps_per_batch):"
+            " some ranks would have nothing to train on",
         ))
     if stability.min_discrimination_prompts > stability.discrimination_prompts:
         problems.append(ConfigProblem(

@@ -4,11 +4,13 @@ For a session that is lent a GPU machine. It builds a small Llama locally (no do
 then runs ``--iterations`` iterations of: sample ``--prompts`` x ``--group-size``
 completions through ``TorchPolicyClient`` (the shipped path: one thread per completion,
 the checkpoint's batching engine decodes them in micro-batches), score them, build GRPO
-samples, and one policy update under ``torch.autocast(cuda, bfloat16)``, with the update
-timed between CUDA synchronisations. It also times one batched ``model.generate`` of the
+samples, and update two learners on them, each timed between CUDA synchronisations with
+its own peak memory: one with ``update.bf16_autocast`` (the shipped option,
+``learning_loop.update_options``), whose weights then serve the next rollout, and an
+fp32 twin as the baseline. It also times one batched ``model.generate`` of the
 same prompts, so the engine's rate has its baseline in the same run. It prints one line
 per iteration and a summary: sampling tokens/s (engine and generate, and their ratio),
-update seconds, trainable tokens/s, peak CUDA memory.
+bf16 and fp32 update seconds and peak CUDA memory (and their ratios), trainable tokens/s.
 
 Without CUDA it prints why it skipped and exits 0: this machine cannot say anything about
 the GPU path. Budget: under 5 minutes on one GPU with the defaults (most of it start-up).
@@ -42,6 +44,8 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=512, help="model width")
     parser.add_argument("--layers", type=int, default=8, help="model depth")
     parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="also turn on update.gradient_checkpointing for the bf16 learner")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="run the same code on CPU (bf16 autocast on CPU) to check the script")
     args = parser.parse_args()
@@ -57,6 +61,8 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace, device_name: str) -> int:
+    import copy
+
     import torch
     from transformers import AutoTokenizer
 
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace, device_name: str) -> int:
     from learning_loop.batch import StepRecord, build_training_samples
     from learning_loop.tiny_model import TinyModelSpec, create_tiny_model
     from learning_loop.update import UpdateSettings, build_optimizer, update_policy
+    from learning_loop.update_options import apply_update_options
     from triloop.run_config import AdvantageConfig, ObjectiveConfig, OptimizerConfig, UpdateConfig
 
     device = torch.device(device_name)
@@ -87,7 +94,13 @@ def run(args: argparse.Namespace, device_name: str) -> int:
         model = client.model
         parameters = sum(p.numel() for p in model.parameters())
         tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-        optimizer, _ = build_optimizer(model, OptimizerConfig(learning_rate=1e-5))
+        # The bf16 learner (the shipped option) feeds the sampler; fp32 is the baseline twin.
+        learners = {"bf16": copy.deepcopy(model), "fp32": copy.deepcopy(model)}
+        apply_update_options(UpdateConfig(bf16_autocast=True,
+                                          gradient_checkpointing=args.checkpointing),
+                             device, learners["bf16"])
+        optimizers = {k: build_optimizer(m, OptimizerConfig(learning_rate=1e-5))[0]
+                      for k, m in learners.items()}
         settings = UpdateSettings(objective=ObjectiveConfig(),
                                   update=UpdateConfig(micro_batch_size=args.micro_batch))
         width = args.prompts * args.group_size
@@ -99,7 +112,8 @@ def run(args: argparse.Namespace, device_name: str) -> int:
         where = torch.cuda.get_device_name() if cuda else "cpu (dry run)"
         print(f"device {where}; model {parameters / 1e6:.1f}M parameters;"
               f" {width} completions of <= {args.completion_tokens} tokens per iteration;"
-              " update under bf16 autocast")
+              " updates: bf16 autocast (shipped option) and fp32"
+              + (", bf16 with activation checkpointing" if args.checkpointing else ""))
         rows = []
         for iteration in range(1 + args.iterations):
             sync()
@@ -120,24 +134,31 @@ def run(args: argparse.Namespace, device_name: str) -> int:
                                                                   skip_special_tokens=True))))
                      for k, (prompt, s) in enumerate(zip(batch, samples_out, strict=True))]
             training, _ = build_training_samples(steps, AdvantageConfig())
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            sync()
-            update_started = time.perf_counter()
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                metrics = update_policy(model, optimizer, training, settings,
+            timed = {}
+            for kind in ("bf16", "fp32"):
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                sync()
+                update_started = time.perf_counter()
+                metrics = update_policy(learners[kind], optimizers[kind], training, settings,
                                         policy_version=iteration, device=device,
                                         pad_token_id=tokenizer.pad_token_id)
-            sync()
-            update_s = time.perf_counter() - update_started
+                sync()
+                timed[kind] = (time.perf_counter() - update_started, peak_mib(), metrics)
+            with torch.no_grad():  # the next rollout samples from the bf16-trained policy
+                model.load_state_dict(learners["bf16"].state_dict())
+            update_s, peak, metrics = timed["bf16"]
+            fp32_s, fp32_peak, fp32_metrics = timed["fp32"]
             tokens = sum(len(s.token_ids) for s in samples_out)
             generate_tokens = sum(len(ids) for ids, _ in generated)
             row = (sampled - started, tokens, generate_s, generate_tokens, update_s,
-                   metrics.trainable_tokens, peak_mib())
+                   metrics.trainable_tokens, peak, fp32_s, fp32_peak)
             label = "warm-up" if iteration == 0 else f"iter {iteration}"
             print(f"{label:8} sample {row[0]:6.3f} s ({tokens / row[0]:8.0f} tok/s)  generate"
                   f" {generate_s:6.3f} s ({generate_tokens / generate_s:8.0f} tok/s)  update"
-                  f" {update_s:6.3f} s  peak {row[6]:8.0f} MiB  loss {metrics.loss:+.4f}")
+                  f" bf16 {update_s:6.3f} s peak {peak:8.0f} MiB loss {metrics.loss:+.4f} |"
+                  f" fp32 {fp32_s:6.3f} s peak {fp32_peak:8.0f} MiB"
+                  f" loss {fp32_metrics.loss:+.4f}")
             if iteration:
                 rows.append(row)
         episodes.shutdown()
@@ -145,11 +166,15 @@ def run(args: argparse.Namespace, device_name: str) -> int:
     engine_rate = statistics.median(r[1] / r[0] for r in rows)
     generate_rate = statistics.median(r[3] / r[2] for r in rows)
     update_s = statistics.median(r[4] for r in rows)
+    fp32_s = statistics.median(r[7] for r in rows)
+    bf16_peak, fp32_peak = max(r[6] for r in rows), max(r[8] for r in rows)
     print(f"summary: sampling {engine_rate:.0f} tok/s through the batching engine vs"
           f" {generate_rate:.0f} tok/s batched generate ({engine_rate / generate_rate:.2f}x,"
           f" goal >= 0.8x); bf16 update {update_s:.3f} s"
           f" ({statistics.median(r[5] for r in rows) / update_s:.0f} trainable tok/s);"
-          f" peak CUDA memory {max(r[6] for r in rows):.0f} MiB (nan: CPU)")
+          f" peak CUDA memory {bf16_peak:.0f} MiB (nan: CPU); fp32 update {fp32_s:.3f} s,"
+          f" {fp32_peak:.0f} MiB; bf16 / fp32: time {update_s / fp32_s:.2f}x,"
+          f" peak memory {bf16_peak / fp32_peak:.2f}x")
     return 0
 
 

@@ -38,6 +38,7 @@ from learning_loop.contracts import (
     BASE_MODEL_NOT_FOUND,
     CHECKPOINT_BROKEN,
     INVALID_TRAINING_DATA,
+    RANK_FAILED,
     REGISTER_BASE_CHECKPOINT,
     UPDATE_POLICY,
     AlarmReport,
@@ -54,6 +55,7 @@ from learning_loop.iteration import (
 )
 from learning_loop.iteration_records import alarm_record, saved_iteration, stability_history
 from learning_loop.mitigation import with_mitigations
+from learning_loop.rank_launch import RankFailed
 from learning_loop.stability import StabilityInputError
 from learning_loop.store import (
     get_checkpoint,
@@ -178,6 +180,11 @@ class UpdateActivities:
         except _BAD_DATA as exc:
             raise ApplicationError(f"{type(exc).__name__}: {exc}", type=INVALID_TRAINING_DATA,
                                    non_retryable=True) from exc
+        except RankFailed as exc:
+            # A rank that raised fails the same way again; one that died (killed, out of
+            # memory, a lost peer, the time limit) may not, so that one is retried.
+            raise ApplicationError(str(exc), type=RANK_FAILED,
+                                   non_retryable=exc.python_error) from exc
         except (CheckpointError, PolicyDenied) as exc:
             kind = CHECKPOINT_BROKEN if isinstance(exc, CheckpointError) else "PolicyDenied"
             raise ApplicationError(str(exc), type=kind, non_retryable=True) from exc
