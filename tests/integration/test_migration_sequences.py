@@ -160,16 +160,17 @@ def _view_columns(plain: str) -> list[str]:
 
 
 def test_a_step_column_another_revision_added_keeps_its_place(database: str) -> None:
-    # As a revision between 0016 and 0018 might: a new step column, not in learning_step.
+    # As a revision before 0018 might: a new step column, not in learning_step (0017, which
+    # recreates the view with ``s.*``, runs before the column is added).
     plain = database.replace("+psycopg", "")
-    upgrade(database, "0016")
+    upgrade(database, "0017")
     with psycopg.connect(plain) as conn:
         conn.execute("ALTER TABLE step ADD COLUMN other_revision_note int")
     upgrade(database, "head")
     columns = _view_columns(plain)
     assert "other_revision_note" not in columns and "prompt_token_ids" not in columns
     assert {"prompt_start", "observation_start", "action_start", "action_end"} <= set(columns)
-    downgrade(database, "0016")
+    downgrade(database, "0017")
     assert "prompt_token_ids" in _view_columns(plain)
     with psycopg.connect(plain) as conn:  # that revision's own downgrade still works
         conn.execute("ALTER TABLE step DROP COLUMN other_revision_note")

@@ -37,6 +37,11 @@ from triloop.temporal import connect
 from triloop.workflow_api import RunStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Each step's action tokens, sliced out of its trajectory's one token sequence (arrays
+# are 1-based in SQL; the offsets are 0-based, end exclusive).
+ACTIONS = ("SELECT s.index, s.policy_version, q.token_ids[s.action_start + 1:s.action_end]"
+           " AS action_token_ids FROM step s JOIN trajectory_sequence q USING (trajectory_id)"
+           " WHERE s.trajectory_id = :t")
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +136,8 @@ async def test_a_cut_episode_continues_under_the_next_version_and_trains_once_fi
         assert trajectory["group_id"] == group and trajectory["task_id"] == cut_task
         assert trajectory["policy_version"] == 1
         assert trajectory["status"] == "completed" or trajectory["failure_reason"] == "max_turns"
-        steps = rows(owner_engine, "SELECT index, policy_version, action_token_ids FROM step"
-                     " WHERE trajectory_id = :t ORDER BY index", t=trajectory["id"])
-        (prior_step,) = rows(owner_engine, "SELECT action_token_ids FROM step WHERE"
-                             " trajectory_id = :t", t=trajectory["outcome"]["continues"])
+        steps = rows(owner_engine, ACTIONS + " ORDER BY s.index", t=trajectory["id"])
+        (prior_step,) = rows(owner_engine, ACTIONS, t=trajectory["outcome"]["continues"])
         assert steps[0]["action_token_ids"] == prior_step["action_token_ids"]  # replayed
         assert [s["policy_version"] for s in steps] == [0] + [None] * (len(steps) - 1)
         versions = {trajectory["policy_version"] if s["policy_version"] is None
