@@ -68,7 +68,7 @@ with workflow.unsafe.imports_passed_through():
         sibling_queue,
     )
 
-__all__ = ["TrainingRunWorkflow", "completion", "parse_config", "rollout_items"]
+__all__ = ["TrainingRunWorkflow", "completion", "rollout_items"]
 
 T = TypeVar("T")
 LIGHT_TIMEOUT = timedelta(seconds=60)
@@ -78,15 +78,6 @@ UPDATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffi
                            maximum_interval=timedelta(seconds=30), maximum_attempts=20)
 MAX_ROLLOUT_CONCURRENCY = 16
 PROPOSAL_TIMEOUT = timedelta(minutes=10)
-
-
-def parse_config(config: dict[str, Any]) -> RunConfig:
-    """The run's validated configuration, or a non-retryable error that says what is wrong."""
-    try:
-        return RunConfig.model_validate(config)
-    except (ValidationError, RunConfigError) as exc:
-        raise ApplicationError(f"invalid run configuration: {exc}", type="InvalidRunConfig",
-                               non_retryable=True) from exc
 
 
 def completion(iterations: int, state: RunStatus) -> tuple[str, str]:
@@ -102,7 +93,10 @@ def completion(iterations: int, state: RunStatus) -> tuple[str, str]:
                                      f" stability alarm(s){last}")
 
 
-@workflow.defn(name=TRAINING_RUN_WORKFLOW)
+# The input's RunConfig was validated by the web service; one that fails to decode (a
+# client that skipped the web) fails the run at once instead of retrying its first task.
+@workflow.defn(name=TRAINING_RUN_WORKFLOW,
+               failure_exception_types=[ValidationError, RunConfigError])
 class TrainingRunWorkflow:
     """Iterations of rollout (execution loop) and update (learning-gpu) for one run."""
 
@@ -139,7 +133,7 @@ class TrainingRunWorkflow:
     @workflow.run
     async def run(self, run: TrainingRunInput) -> RunStatus:
         """Validate, register the base, iterate; fail with the cause if a step fails."""
-        config = parse_config(run.config)
+        config = run.config
         state = self._state
         state.run_id, state.iterations = run.run_id, config.schedule.iterations
         state.iterations_done, state.latest_checkpoint_id = run.start_iteration, \

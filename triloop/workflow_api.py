@@ -2,13 +2,16 @@
 
 Services never import each other's code; they start, signal, update and query
 each other's workflows by these names with these dataclasses (plain data, so
-Temporal's JSON converter carries them and fields can be added later).
+Temporal's JSON converter carries them and fields can be added later). A field may be a
+pydantic model (``RunConfig``): ``triloop.temporal.DATA_CONVERTER`` carries it typed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from triloop.run_config import RunConfig
 
 # Task queues: a loop's worker is the only poller of its queues.
 EXECUTION_QUEUE = "execution"
@@ -113,7 +116,7 @@ class TrainingRunInput:
 
     run_id: str
     submitted_by: str
-    config: dict[str, Any]
+    config: RunConfig  # validated once, by the web service; carried typed from there on
     # Carried across continue-as-new:
     start_iteration: int = 0
     latest_checkpoint_id: str | None = None

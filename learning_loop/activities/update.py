@@ -67,7 +67,6 @@ from learning_loop.update import UpdateError
 from triloop.artifacts import ARTIFACT_SCHEME, ArtifactStore, materialize, publish_directory
 from triloop.models import Checkpoint, TrainingStep
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
-from triloop.run_config import RunConfig
 
 LEARNING = Actor(service="learning")
 _BAD_DATA = (InvalidSampleError, NoTrainableData, AdvantageInputError, UpdateError,
@@ -227,8 +226,7 @@ class UpdateActivities:
     def _train(
         self, request: UpdateInput, parent: Checkpoint, parent_dir: Path, progress: _Progress
     ) -> dict[str, Any]:
-        config = with_mitigations(RunConfig.model_validate(request.config),
-                                  entropy_coef_bonus=request.entropy_coef_bonus,
+        config = with_mitigations(request.config, entropy_coef_bonus=request.entropy_coef_bonus,
                                   learning_rate_scale=request.learning_rate_scale)
         data = load_rollout_data(engine=self._engine, run_id=request.run_id,
                                  batch_ids=request.batch_ids,

@@ -33,7 +33,7 @@ from tests.factories_execution import (
 )
 from triloop.config import Settings
 from triloop.db import engine_for_url
-from triloop.temporal import connect
+from triloop.temporal import DATA_CONVERTER, connect
 from triloop.workflow_api import (
     EXECUTION_QUEUE,
     ROLLOUT_WORKFLOW,
@@ -260,7 +260,8 @@ async def test_production_routing_canary_share_and_shadow(
 
     # The workflow is deterministic: its recorded history replays without divergence.
     history = await client.get_workflow_handle(f"rollout-{batch.batch_id}").fetch_history()
-    await Replayer(workflows=[RolloutWorkflow]).replay_workflow(history)
+    replayer = Replayer(workflows=[RolloutWorkflow], data_converter=DATA_CONVERTER)
+    await replayer.replay_workflow(history)
 
 
 async def test_stuck_episodes_never_hold_the_batch_past_its_deadline(
