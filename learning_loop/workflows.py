@@ -347,7 +347,7 @@ class TrainingRunWorkflow:
             checkpoint_id=checkpoint_id, run_id=run.run_id, policy_version=version,
             max_concurrency=min(MAX_ROLLOUT_CONCURRENCY, count * rollout.group_size),
             deadline_s=rollout.deadline_s, temperature=rollout.temperature,
-            max_turns=max_turns,
+            max_turns=max_turns, max_new_tokens=rollout.max_new_tokens,
         )
         self._batch_items[batch.batch_id] = items
         # Only the keys of features the run uses: the run page charts every key.

@@ -85,6 +85,9 @@ class RolloutBatchInput:
     heartbeat_timeout_s: float = 60.0
     # Turns per episode at most (count); None: the contract's limit, which it never raises.
     max_turns: int | None = None
+    # Tokens generated per turn at most (tokens); None: the contract's max_tokens_per_turn,
+    # which it never raises.
+    max_new_tokens: int | None = None
 
 
 @dataclass

@@ -14,13 +14,13 @@ import uuid
 from dataclasses import asdict, is_dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
 from sqlmodel import Session
 
 from triloop import held_out
 from triloop.models import DecisionKind, RolloutBatch
 from triloop.models._columns import new_id
-from triloop.run_config import RunConfigError
+from triloop.run_config import RunConfig, RunConfigError
 from triloop.workflow_api import (
     PROMOTION_APPROVE_UPDATE,
     PROMOTION_OVERRIDE_ALARMS_UPDATE,
@@ -71,13 +71,26 @@ Comment = Annotated[
 ]
 
 
+def _json_object(value: Any) -> dict[str, Any]:
+    # Checked in the validation pool (time-bounded, with every problem's path); here only
+    # its shape, so that OpenAPI can show the RunConfig schema without FastAPI applying it.
+    if not isinstance(value, dict):
+        raise ValueError("RUN.yaml as JSON must be an object")
+    return value
+
+
+# A RUN.yaml as JSON, documented in OpenAPI with RunConfig's schema and field descriptions.
+RunConfigJson = Annotated[dict[str, Any], PlainValidator(_json_object,
+                                                         json_schema_input_type=RunConfig)]
+
+
 class RunSubmit(BaseModel):
     """A RUN.yaml as a JSON object (``config``) or as YAML text (``config_yaml``): exactly one."""
 
     model_config = ConfigDict(json_schema_extra={
         "oneOf": [{"required": ["config"]}, {"required": ["config_yaml"]}],
     })
-    config: dict[str, Any] | None = Field(default=None, description="RUN.yaml as JSON")
+    config: RunConfigJson | None = Field(default=None, description="RUN.yaml as JSON")
     config_yaml: str | None = Field(default=None, max_length=200_000,
                                     description="RUN.yaml as text (YAML aliases refused)")
 
