@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 
 from execution_loop.activities import RolloutActivities, activities_of
 from execution_loop.admission_probe import AdmissionProbe
+from execution_loop.environments.registry import ensure_plugins_load
 from execution_loop.nexus_handlers import ExecutionNexusHandlers
 from execution_loop.policies import (
     EnvironmentLookup,
@@ -90,6 +91,9 @@ def build_worker(
 def main() -> None:
     """Entry point of ``python -m execution_loop.worker``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # A broken installed environment, or one taking a built-in's name, stops the worker
+    # here with its name, rather than failing (or being shadowed) episode by episode.
+    ensure_plugins_load()
     settings = get_settings()
     asyncio.run(serve(settings, "execution", lambda client: [build_worker(client, settings)]))
 

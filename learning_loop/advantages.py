@@ -131,15 +131,6 @@ def returns_to_go(rewards: Sequence[float], gamma: float) -> tuple[float, ...]:
     return tuple(out)
 
 
-def compute_advantages(
-    returns: Sequence[TrajectoryReturn], config: AdvantageConfig
-) -> AdvantageResult:
-    """Trajectory-level advantages (`outcome` credit: one turn per trajectory)."""
-    turns = [TrajectoryTurns(r.trajectory_id, r.group_id, r.task_id, (r.total_reward,),
-                             r.environment) for r in returns]
-    return compute_turn_advantages(turns, config.model_copy(update={"credit": "outcome"}))
-
-
 def compute_turn_advantages(
     trajectories: Sequence[TrajectoryTurns], config: AdvantageConfig
 ) -> AdvantageResult:

@@ -80,7 +80,6 @@ class RolloutBatchInput:
     max_concurrency: int = 8
     deadline_s: float = 600.0
     temperature: float = 1.0
-    apply_actions: bool = True  # False for shadow: actions recorded, never applied
     # Seconds without a heartbeat (one per step) before an episode attempt counts as lost.
     heartbeat_timeout_s: float = 60.0
     # Turns per episode at most (count); None: the contract's limit, which it never raises.
