@@ -270,8 +270,9 @@ class ScheduleSection(_Section):
         "(count).")
     checkpoint_every: int = Field(
         default=1, ge=1,
-        description="Save a checkpoint every this many iterations (count); resume restarts from "
-        "the last one.")
+        description="Checkpoint interval (count). Not yet in effect: every iteration writes its "
+        "checkpoint, since the next rollouts are served from it; propose_every must be a "
+        "multiple of it.")
     seed: int = Field(
         default=0, ge=0,
         description="Seed for torch, python and sampling (integer); the same seed repeats the run "
