@@ -101,11 +101,6 @@ class AdvantageResult:
     turn_advantages: dict[str, tuple[float, ...]] = field(default_factory=dict)
     zero_variance_group_ids: frozenset[str] = frozenset()
 
-    @property
-    def zero_variance_share(self) -> float:
-        """Share of groups whose rewards did not vary (0..1)."""
-        return self.zero_variance_groups / self.groups if self.groups else 0.0
-
 
 _R = TypeVar("_R", "TrajectoryReturn", "TrajectoryTurns")
 

@@ -12,6 +12,7 @@ from learning_loop.advantages import (
     within_group_reward_variances,
 )
 from learning_loop.batch import StepRecord, build_training_samples
+from learning_loop.batch_metrics import dynamic_sampling_series
 from tests.factories import outcome_advantages
 from triloop.run_config import AdvantageConfig
 
@@ -63,7 +64,9 @@ def test_zero_variance_groups_get_zero_and_are_counted() -> None:
     assert result.advantages["a"] == result.advantages["b"] == result.advantages["c"] == 0.0
     assert result.advantages["d"] == pytest.approx(1.0)
     assert (result.groups, result.zero_variance_groups) == (3, 2)
-    assert result.zero_variance_share == pytest.approx(2 / 3)
+    # The share the iteration's metrics report (the learner's real use of these counts).
+    share = dynamic_sampling_series(result.zero_variance_groups, result.groups)
+    assert share["dynamic_sampling/drop_rate"] == pytest.approx(2 / 3)
 
 
 def test_task_normalisation_equalises_reward_scales() -> None:
