@@ -34,8 +34,8 @@ import yaml
 from execution_loop.environments.registry import load_builtin_contract, make_environment
 from execution_loop.episode import run_episode
 from execution_loop.inference.torch_backend import TorchPolicyClient
-from learning_loop.activities.training import load_model, save_servable, train_iteration
 from learning_loop.checkpoints import CheckpointRef
+from learning_loop.iteration import load_model, save_servable, train_iteration
 from learning_loop.stability import IterationMetrics
 from learning_loop.tiny_model import create_tiny_model
 from learning_loop.trajectory_reader import StoredStep, StoredTrajectory, to_rollout_data

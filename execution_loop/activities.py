@@ -37,10 +37,10 @@ from execution_loop.episode import (
     episode_limits,
     run_episode,
 )
-from execution_loop.policies import PolicyCache, TaskEnvironments
 from execution_loop.routing import assign, read_routes, shadow_comparison
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend
 from execution_loop.sandboxes import describe_environment_sandbox
+from execution_loop.serving import PolicyCache, TaskEnvironments
 from execution_loop.trajectories import (
     StepRow,
     TrajectoryRow,
@@ -64,9 +64,10 @@ from triloop.faults import ServingFault
 from triloop.faults import describe as describe_fault
 from triloop.models import Trajectory
 from triloop.policy import Authorizer, PolicyDenied
+from triloop.statuses import EpisodeStatus, Purpose
 
 # Faults degrade serving only: training and eval batches name their checkpoint themselves.
-SERVED_PURPOSES = ("production", "canary")
+SERVED_PURPOSES = (Purpose.PRODUCTION, Purpose.CANARY)
 
 # A step heartbeats unless the last sign of life (a heartbeat, or the start) is younger
 # than this: an SDK heartbeat costs ~0.25 ms of the worker's event loop and a server
@@ -160,7 +161,7 @@ def stub_row(job: EpisodeInput, reason: str) -> TrajectoryRow:
     return TrajectoryRow(
         id=spec.episode_id, batch_id=job.batch_id, task_id=spec.task_id,
         checkpoint_id=spec.checkpoint_id, purpose=spec.purpose, group_id=spec.group_id,
-        status="truncated", sample_index=spec.sample_index, run_id=job.run_id,
+        status=EpisodeStatus.TRUNCATED, sample_index=spec.sample_index, run_id=job.run_id,
         policy_version=job.policy_version, failure_reason=reason, outcome=outcome,
     )
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from temporalio import activity
 
-from execution_loop.policies import OpenedTask, TaskEnvironments
 from execution_loop.reward_hacks import probe_reward_hacks
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits, SandboxResult
+from execution_loop.serving import OpenedTask, TaskEnvironments
 from triloop.contracts import EnvironmentContract
 from triloop.environment_code import verifier_hash
 from triloop.workflow_api import (

@@ -50,8 +50,10 @@ from execution_loop.sandbox import SandboxError
 from execution_loop.tool_calls import ToolCallError, parse_tool_call
 from execution_loop.verification import VerificationError
 from triloop.contracts import ContextRule, Limits, ToolSpec
+from triloop.statuses import EpisodeStatus
 
-COMPLETED, TRUNCATED, FAILED = "completed", "truncated", "failed"
+COMPLETED, TRUNCATED, FAILED = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED,
+                                EpisodeStatus.FAILED)
 INFRASTRUCTURE_ERRORS: tuple[type[Exception], ...] = (
     InferenceError,
     SandboxError,

@@ -28,10 +28,9 @@ from sqlmodel import Session, select
 
 from execution_loop.trajectories import load_steps
 from triloop.models import Deployment, Routing, Trajectory
+from triloop.statuses import Purpose
 
-PRODUCTION = "production"
-CANARY = "canary"
-SHADOW = "shadow"
+PRODUCTION, CANARY, SHADOW = Purpose.PRODUCTION, Purpose.CANARY, Purpose.SHADOW
 
 
 class NoProductionCheckpoint(LookupError):

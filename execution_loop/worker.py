@@ -23,14 +23,15 @@ from execution_loop.activities import RolloutActivities, activities_of
 from execution_loop.admission_probe import AdmissionProbe
 from execution_loop.environments.registry import ensure_plugins_load
 from execution_loop.nexus_handlers import ExecutionNexusHandlers
-from execution_loop.policies import (
+from execution_loop.sandboxes import default_sandbox
+from execution_loop.serving import (
     EnvironmentLookup,
     PolicyCache,
     PolicyFactory,
     TaskEnvironments,
     backend_factory,
+    serving_refusals,
 )
-from execution_loop.sandboxes import default_sandbox
 from execution_loop.trajectories import EXECUTION
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
 from triloop.artifact_backends import open_shared_store
@@ -58,7 +59,9 @@ def build_worker(
     engine = role_engine(settings, "execution")
     authorizer = build_authorizer(settings, "execution")
     policies = PolicyCache(
-        engine=engine, factory=policy_factory or backend_factory(settings), home=settings.home,
+        engine=engine,
+        factory=policy_factory or backend_factory(settings, audit=serving_refusals(engine)),
+        home=settings.home,
         store=open_shared_store(settings),
     )
     environments = TaskEnvironments(engine=engine, lookup=environment_lookup)

@@ -29,6 +29,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
+    from triloop.statuses import EpisodeStatus, Purpose
     from triloop.workflow_api import (
         ADMISSION_PROBE_WORKFLOW,
         PROBE_ADMISSION_ACTIVITY,
@@ -42,9 +43,9 @@ with workflow.unsafe.imports_passed_through():
 RUN_EPISODE_ACTIVITY = "run_episode_activity"
 ROUTE_EPISODES_ACTIVITY = "route_production_episodes"
 RECORD_TRUNCATED_ACTIVITY = "record_truncated_episodes"
-PRODUCTION = "production"
-SHADOW = "shadow"
-COMPLETED, TRUNCATED, FAILED = "completed", "truncated", "failed"
+PRODUCTION, SHADOW = Purpose.PRODUCTION, Purpose.SHADOW
+COMPLETED, TRUNCATED, FAILED = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED,
+                                EpisodeStatus.FAILED)
 # Infrastructure errors: retry with backoff while the batch deadline allows.
 EPISODE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,

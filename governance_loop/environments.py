@@ -27,6 +27,7 @@ from triloop.db import session_scope
 from triloop.models import EnvironmentVersion, Task
 from triloop.models._columns import utcnow
 from triloop.policy import Actor, Authorizer, Resource
+from triloop.statuses import TaskStatus
 
 GOVERNANCE = Actor(service="governance")
 
@@ -188,7 +189,7 @@ def add_task(
         context=requested_by_context(requested_by, roles),
     )
     with session_scope(engine) as session:
-        task = Task(environment_version_id=version.id, seed=seed, status="pending")
+        task = Task(environment_version_id=version.id, seed=seed, status=TaskStatus.pending)
         session.add(task)
         session.flush()
         append_event(session, actor=GOVERNANCE.to_input(), action="add_task",

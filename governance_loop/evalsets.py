@@ -27,6 +27,7 @@ from triloop.db import session_scope
 from triloop.models import EnvironmentVersion, EvalItem, EvalSet, Task, Threshold
 from triloop.models._columns import utcnow
 from triloop.policy import Authorizer, Resource
+from triloop.statuses import TaskStatus
 
 
 class EvalSetError(ValueError):
@@ -101,7 +102,7 @@ def _admitted_tasks(session: Session, task_ids: Sequence[str]) -> list[Task]:
         task = session.get(Task, task_id)
         if task is None:
             raise EvalSetError(f"task {task_id} does not exist")
-        if task.status != "admitted":
+        if task.status != TaskStatus.admitted:
             raise EvalSetError(f"task {task_id} is {task.status}; only admitted tasks may be "
                                "used for evaluation")
         version = session.get(EnvironmentVersion, task.environment_version_id)

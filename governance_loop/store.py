@@ -31,6 +31,7 @@ from triloop.models import (
     Threshold,
 )
 from triloop.models._columns import new_id, utcnow
+from triloop.statuses import PromotionStatus
 
 ROUTING_SLOTS = ("production", "canary", "shadow")
 
@@ -66,7 +67,7 @@ def open_promotion(
     promotion = Promotion(
         proposal_id=proposal_id, checkpoint_id=checkpoint_id, run_id=run_id,
         submitted_by=submitted_by, baseline_checkpoint_id=baseline_checkpoint_id,
-        workflow_id=workflow_id, status="open", updated_at=utcnow(),
+        workflow_id=workflow_id, status=PromotionStatus.open, updated_at=utcnow(),
     )
     session.add(promotion)
     session.flush()

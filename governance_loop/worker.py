@@ -1,8 +1,9 @@
 """The governance worker: the loop's only wiring point (``python -m governance_loop.worker``).
 
 It builds the governance role's engine, the OPA authorizer and the Temporal
-client (governance's token, in the governance namespace), picks the gate durations for
-``settings.gate_profile`` and polls the governance task queue, which also serves the
+client (governance's token, in the governance namespace), picks the gate timing for
+``settings.gate_profile`` (``PromotionTiming.for_profile``) and polls the governance task
+queue, which also serves the
 ``propose_candidate`` Nexus operation that learning hands its proposals to. Workflows cannot
 read settings, so the durations reach them through the ``open_promotion``
 activity's result, recorded once in each promotion's history.
@@ -21,12 +22,11 @@ from temporalio.worker import Worker
 from governance_loop.activities.admission import AdmissionActivities
 from governance_loop.activities.common import GOVERNANCE
 from governance_loop.activities.evidence import EvidenceActivities
-from governance_loop.activities.messages import PromotionTiming
 from governance_loop.activities.promotion import DEFAULT_THRESHOLD_NAME, PromotionActivities
 from governance_loop.activities.rollback import RollbackActivities
 from governance_loop.activities.writes import GovernanceWriteActivities
 from governance_loop.admission import AdmissionBudgets
-from governance_loop.durations import GateDurations
+from governance_loop.durations import PromotionTiming
 from governance_loop.nexus_handlers import GovernanceNexusHandlers
 from governance_loop.workflows import (
     AdmissionWorkflow,
@@ -43,40 +43,6 @@ from triloop.wiring import build_authorizer
 from triloop.worker_serve import serve
 from triloop.workflow_api import GOVERNANCE_QUEUE
 
-# Seconds an offline-eval rollout batch may take, per profile.
-EVAL_TIMEOUT_S = {"production": 24 * 3600.0, "demo": 1800.0, "test": 120.0}
-
-
-def gate_durations(profile: str) -> GateDurations:
-    """Soaks and deadlines for a profile: days (production), minutes (demo), seconds (test)."""
-    if profile == "test":
-        return GateDurations.for_tests()
-    if profile == "demo":
-        return GateDurations(
-            shadow_soak_s=30.0, canary_soak_s=45.0, canary_share=0.5,
-            canary_check_interval_s=5.0, audit_deadline_s=3600.0,
-            approval_deadline_s=3600.0, watch_period_s=90.0, watch_check_interval_s=5.0,
-        )
-    if profile == "production":
-        return GateDurations()
-    raise ValueError(f"unknown gate profile {profile!r}: production, demo or test")
-
-
-def promotion_timing(profile: str) -> PromotionTiming:
-    """The durations a promotion workflow receives for a profile."""
-    durations = gate_durations(profile)
-    return PromotionTiming(
-        shadow_soak_s=durations.shadow_soak_s, canary_soak_s=durations.canary_soak_s,
-        canary_share=durations.canary_share,
-        canary_check_interval_s=durations.canary_check_interval_s,
-        audit_deadline_s=durations.audit_deadline_s,
-        approval_deadline_s=durations.approval_deadline_s,
-        watch_period_s=durations.watch_period_s,
-        watch_check_interval_s=durations.watch_check_interval_s,
-        eval_timeout_s=EVAL_TIMEOUT_S[profile],
-        slot_wait_interval_s=durations.canary_check_interval_s,
-    )
-
 
 def build_worker(
     client: Client,
@@ -91,7 +57,7 @@ def build_worker(
     """A worker on the governance queue with every governance workflow and activity."""
     engine = engine or role_engine(settings, "governance")
     authorizer = authorizer or build_authorizer(settings, "governance")
-    timing = timing or promotion_timing(settings.gate_profile)
+    timing = timing or PromotionTiming.for_profile(settings.gate_profile)
     promotion = PromotionActivities(engine, authorizer, timing=timing,
                                     threshold_name=threshold_name, home=settings.home,
                                     store=open_shared_store(settings))

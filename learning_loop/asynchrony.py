@@ -28,13 +28,15 @@ from __future__ import annotations
 
 from typing import Literal
 
+from triloop.statuses import EpisodeStatus
+
 HORIZON_REASONS = frozenset({"max_turns", "max_total_tokens", "context_length"})
 TruncationRule = Literal["exclude_clock", "exclude_all", "train"]
 
 
 def learns_from(status: str, failure_reason: str | None, rule: TruncationRule) -> bool:
     """Whether a completed or truncated episode trains under ``rule``."""
-    if status != "truncated" or rule == "train":
+    if status != EpisodeStatus.TRUNCATED or rule == "train":
         return True
     if rule == "exclude_all":
         return False

@@ -21,11 +21,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from learning_loop.activities.messages import TaskSeed
+from learning_loop.contracts import TaskSeed
 from triloop.run_config import RunConfig, SamplingConfig
+from triloop.statuses import EpisodeStatus
 from triloop.workflow_api import RolloutBatchResult, RolloutItem
 
-USABLE = ("completed", "truncated")
+USABLE = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED)
 
 
 def rollout_items(tasks: Sequence[TaskSeed], iteration: int, groups: int, group_size: int,

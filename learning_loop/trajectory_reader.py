@@ -26,13 +26,14 @@ from learning_loop.advantages import TrajectoryReturn
 from learning_loop.asynchrony import TruncationRule, learns_from
 from learning_loop.batch import InvalidSampleError, StepRecord
 from triloop.models import Trajectory
+from triloop.statuses import EpisodeStatus, Purpose
 
 _TRAINING_STEPS = text(
     "SELECT trajectory_id, index, prompt_token_ids, action_token_ids, action_mask, "
     "behaviour_logprobs, reward FROM learning_step WHERE trajectory_id = ANY(:ids) "
     "ORDER BY trajectory_id, index")
 
-USABLE_STATUSES = ("completed", "truncated")
+USABLE_STATUSES = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class StoredTrajectory:
     total_reward: float
     steps: Sequence[StoredStep]
     environment: str = ""  # the environment's name
-    status: str = "completed"  # completed | truncated
+    status: str = EpisodeStatus.COMPLETED  # completed | truncated
     failure_reason: str | None = None  # the limit that truncated it
 
 
@@ -163,7 +164,7 @@ def load_rollout_data(
             select(Trajectory)
             .where(col(Trajectory.batch_id).in_(list(batch_ids)))
             .where(Trajectory.run_id == run_id)
-            .where(Trajectory.purpose == "training")
+            .where(Trajectory.purpose == Purpose.TRAINING)
             .order_by(col(Trajectory.batch_id), col(Trajectory.id))
         ))
         usable = [t for t in rows if t.status in USABLE_STATUSES and t.num_steps > 0]

@@ -1,7 +1,7 @@
 """``TrainingRunWorkflow``: rollout and update, overlapped one iteration, for one training run.
 
-Deterministic code only (no torch, database or network); activities are called by the
-names in ``learning_loop.activities.messages``.
+Deterministic code only (no torch, database or network); activities are called through
+their typed contracts in ``learning_loop.contracts``.
 
 Iteration k (1-based) learns from rollout batch k and writes checkpoint c_k, policy
 version k; the base model is c_0. While the update of iteration k runs on the
@@ -28,16 +28,15 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, NexusOperationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from learning_loop.activities import messages as m
+    from learning_loop import contracts as m
     from learning_loop.asynchrony import rollouts_to_start
     from learning_loop.dynamic_data import (
         groups_to_resample,
@@ -71,11 +70,6 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["TrainingRunWorkflow", "completion", "rollout_items"]
 
 T = TypeVar("T")
-LIGHT_TIMEOUT = timedelta(seconds=60)
-LIGHT_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=20))
-UPDATE_TIMEOUT = timedelta(hours=12)
-UPDATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                           maximum_interval=timedelta(seconds=30), maximum_attempts=20)
 MAX_ROLLOUT_CONCURRENCY = 16
 PROPOSAL_TIMEOUT = timedelta(minutes=10)
 
@@ -160,13 +154,11 @@ class TrainingRunWorkflow:
     async def _iterate(self, run: TrainingRunInput, config: RunConfig) -> None:
         state = self._state
         queue = workflow.info().task_queue
-        plan = await self._light(m.VALIDATE_RUN, m.ValidateRunInput(
-            run.run_id, run.submitted_by, list(config.rollout.task_ids)), m.RunPlan)
-        base = run.base_checkpoint_id or (await workflow.execute_activity(
-            m.REGISTER_BASE_CHECKPOINT, m.RegisterBaseInput(run.run_id, config.model.base),
-            result_type=m.BaseCheckpoint, task_queue=sibling_queue(queue, LEARNING_GPU_QUEUE),
-            start_to_close_timeout=timedelta(hours=1), retry_policy=LIGHT_RETRY,
-        )).checkpoint_id
+        plan = await m.VALIDATE_RUN.call(m.ValidateRunInput(
+            run.run_id, run.submitted_by, list(config.rollout.task_ids)))
+        base = run.base_checkpoint_id or (await m.REGISTER_BASE_CHECKPOINT.call(
+            m.RegisterBaseInput(run.run_id, config.model.base),
+            task_queue=sibling_queue(queue, LEARNING_GPU_QUEUE))).checkpoint_id
         state.base_checkpoint_id = base
         latest = run.latest_checkpoint_id or base
         state.latest_checkpoint_id = latest
@@ -245,10 +237,10 @@ class TrainingRunWorkflow:
                 await self._set_status(run.run_id, "paused", state.paused_reason[:2000],
                                        action="pause")
         if result.iteration % config.schedule.propose_every == 0 and not self._cancelled:
-            proposed = await self._light(m.PROPOSE_CHECKPOINT, m.ProposeInput(
+            proposed = await m.PROPOSE_CHECKPOINT.call(m.ProposeInput(
                 run.run_id, result.iteration, result.checkpoint_id, run.submitted_by,
                 sibling_queue(workflow.info().task_queue, GOVERNANCE_QUEUE),
-                state.base_checkpoint_id), m.ProposeResult)
+                state.base_checkpoint_id))
             # The proposal row is learning's; opening its promotion is governance's, asked
             # through governance's Nexus endpoint (learning cannot start its workflows).
             governance = workflow.create_nexus_client(
@@ -273,9 +265,8 @@ class TrainingRunWorkflow:
             rollback_to=parent if parent != result.checkpoint_id else None)
         if action is None:
             return None
-        await self._light(m.RECORD_MITIGATION, m.MitigationInput(
-            run.run_id, result.iteration, action.kind, messages, dict(action.detail)),
-            m.MitigationRecorded)
+        await m.RECORD_MITIGATION.call(m.MitigationInput(
+            run.run_id, result.iteration, action.kind, messages, dict(action.detail)))
         self._mitigation = action.state
         self._state.mitigations.append(f"iteration {result.iteration}: {action.kind}")
         return parent if action.kind == "rollback" else None
@@ -379,19 +370,15 @@ class TrainingRunWorkflow:
         if mitigation.actions:
             series["mitigation/entropy_coef_bonus"] = mitigation.entropy_coef_bonus
             series["mitigation/learning_rate_scale"] = mitigation.learning_rate_scale
-        return workflow.start_activity(
-            m.UPDATE_POLICY, m.UpdateInput(
+        return m.UPDATE_POLICY.start(m.UpdateInput(
                 run_id=run.run_id, iteration=iteration, parent_checkpoint_id=parent,
                 base_checkpoint_id=base, batch_ids=list(batch_ids), config=run.config,
                 environment_version_ids=list(plan.environment_version_ids),
                 task_environments={t.task_id: t.environment for t in plan.tasks},
                 series=series, entropy_coef_bonus=mitigation.entropy_coef_bonus,
                 learning_rate_scale=mitigation.learning_rate_scale),
-            result_type=m.UpdateResult,
             task_queue=sibling_queue(workflow.info().task_queue, LEARNING_GPU_QUEUE),
-            start_to_close_timeout=UPDATE_TIMEOUT,
-            heartbeat_timeout=timedelta(seconds=run.update_heartbeat_timeout_s),
-            retry_policy=UPDATE_RETRY,
+            heartbeat=timedelta(seconds=run.update_heartbeat_timeout_s),
         )
 
     async def _await(self, run_id: str, task: asyncio.Task[T], *, cancellable: bool = True
@@ -426,8 +413,8 @@ class TrainingRunWorkflow:
                 action == "resume" and not paused
             ):
                 continue  # nothing would change
-            decision = await self._light(m.CONTROL_RUN, m.ControlInput(
-                run_id, action, control.decision_id), m.ControlDecision)
+            decision = await m.CONTROL_RUN.call(m.ControlInput(
+                run_id, action, control.decision_id))
             if not decision.accepted:
                 who = decision.user or f"decision {control.decision_id!r}"
                 state.refused_controls.append(f"{action} by {who}: {decision.reason}")
@@ -443,14 +430,4 @@ class TrainingRunWorkflow:
     async def _set_status(self, run_id: str, status: str, reason: str | None,
                           action: str = "update") -> None:
         self._state.status = status
-        await workflow.execute_activity(
-            m.SET_RUN_STATUS, m.RunStatusInput(run_id, status, reason, action),
-            start_to_close_timeout=LIGHT_TIMEOUT, retry_policy=LIGHT_RETRY,
-        )
-
-    async def _light(self, name: str, arg: Any, result_type: type[T]) -> T:
-        result: T = await workflow.execute_activity(
-            name, arg, result_type=result_type, start_to_close_timeout=LIGHT_TIMEOUT,
-            retry_policy=LIGHT_RETRY,
-        )
-        return result
+        await m.SET_RUN_STATUS.call(m.RunStatusInput(run_id, status, reason, action))

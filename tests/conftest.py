@@ -7,6 +7,7 @@ is stopped at the end of the session: tests never touch a developer's stack.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -171,3 +172,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.set_num_threads(1)
     return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's tiny model, copied for one test module.
+
+    Same weights, so the same checkpoint id; a module that writes beside it (a saved
+    checkpoint, an edited config) cannot change what another module reads.
+    """
+    return Path(shutil.copytree(tiny_model_dir, tmp_path_factory.mktemp("tiny") / "model"))

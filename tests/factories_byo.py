@@ -11,7 +11,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import Engine
 
 from tests.factories import make_person, record_decision
@@ -31,17 +30,6 @@ from triloop.workflow_api import (
     RunStatus,
     admission_workflow_id,
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model, created locally (no download); import it into a test module."""
-    import torch
-
-    from learning_loop.tiny_model import create_tiny_model
-
-    torch.set_num_threads(1)
-    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 def register(engine: Engine, settings: Settings, contract_path: Path, name: str) -> str:

@@ -24,7 +24,7 @@ from temporalio import activity, workflow
 from temporalio.worker import Worker
 
 from governance_loop.activities.evidence import EvidenceActivities
-from governance_loop.activities.messages import CanaryLook
+from governance_loop.contracts import CanaryLook
 from tests.factories import insert, make_checkpoint, make_run, make_task, uid
 from tests.temporal_helpers import execution_nexus, loop_client
 from triloop.config import Settings

@@ -9,16 +9,25 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 
 from execution_loop.inference.server import create_app
 from triloop.devstack.processes import free_port
 
 
 @contextmanager
-def serving(model_dir: Path, name: str, *, runtime_loading: bool) -> Iterator[str]:
+def serving(model_dir: Path, name: str, *, runtime_loading: bool,
+            dev_mode: bool = False) -> Iterator[str]:
     """triloop's server in a thread; yields its base URL."""
     app = create_app(model_dir, served_model_name=name, device="cpu",
-                     allow_runtime_loading=runtime_loading, max_loaded=2)
+                     allow_runtime_loading=runtime_loading, max_loaded=2, dev_mode=dev_mode)
+    with serving_app(app) as url:
+        yield url
+
+
+@contextmanager
+def serving_app(app: FastAPI) -> Iterator[str]:
+    """An app built by ``create_app`` served in a thread; yields its base URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)

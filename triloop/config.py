@@ -117,6 +117,11 @@ class Settings(BaseSettings):
         "torch", description="torch: in-process; openai: a vLLM (OpenAI-compatible) server."
     )
     inference_url: str | None = Field(None, description="Base URL of the OpenAI-compatible server.")
+    inference_reload: Literal["lora", "full"] = Field(
+        "lora", description="How the openai backend makes the server hold a new checkpoint:"
+        " lora: vLLM's runtime LoRA loading (--enable-lora); full: reload the served model's"
+        " full weights in place (vLLM dev mode, one checkpoint per server at a time)."
+    )
     gate_profile: Literal["production", "demo", "test"] = Field(
         "production", description="Soak and deadline durations: days, minutes or seconds."
     )

@@ -27,9 +27,10 @@ from sqlmodel import Session, col, select
 
 from triloop.audit import append_event
 from triloop.db import session_scope
-from triloop.models.decisions import WEB_ROLE, DecisionKind, HumanDecision
+from triloop.models.decisions import WEB_ROLE, HumanDecisionRow
 from triloop.models.users import RoleGrant, User
 from triloop.policy import Actor
+from triloop.statuses import DecisionKind, GrantStatus, PromotionDecision
 
 
 class DecisionRefused(Exception):
@@ -37,8 +38,13 @@ class DecisionRefused(Exception):
 
 
 @dataclass(frozen=True)
-class ProvenDecision:
-    """A decision whose person and roles were read from the database just now."""
+class HumanDecision:
+    """A person's decision as a loop may trust it: the row only the web role writes, with the
+    person's roles read from the database just now (by ``load_decision``).
+
+    The web service records it (``HumanDecisionRow``) and sends only its id; the activity
+    that carries it out gets this back and hands it, unchanged, to the pure rules.
+    """
 
     id: str
     kind: DecisionKind
@@ -52,6 +58,11 @@ class ProvenDecision:
     """When the role the decision needed became active (None when no role was asked)."""
 
     @property
+    def choice(self) -> PromotionDecision | None:
+        """The promotion decision this is (None when it is about something else)."""
+        return PromotionDecision.recorded(self.kind, self.decision)
+
+    @property
     def person(self) -> Actor:
         """The person as the policy sees them: signed in through the web service."""
         return Actor(service="web", user=self.user, roles=self.roles)
@@ -60,9 +71,9 @@ class ProvenDecision:
 def load_decision(
     session: Session, *, decision_id: str, kind: DecisionKind, subject: str,
     role: str | None = None,
-) -> ProvenDecision:
+) -> HumanDecision:
     """The recorded decision, or ``DecisionRefused`` naming what does not hold."""
-    row = session.get(HumanDecision, decision_id) if decision_id else None
+    row = session.get(HumanDecisionRow, decision_id) if decision_id else None
     if row is None:
         raise DecisionRefused(f"no human decision {decision_id!r} is recorded")
     if row.recorded_by != WEB_ROLE:
@@ -81,7 +92,7 @@ def load_decision(
         raise DecisionRefused(
             f"decision {decision_id}: user {user.name!r} does not hold the {role!r} role"
             f" (holds {sorted(user.roles)})")
-    return ProvenDecision(
+    return HumanDecision(
         id=row.id, kind=DecisionKind(row.kind), subject=row.subject, decision=row.decision,
         comment=row.comment, details=dict(row.details), user=user.name,
         roles=tuple(user.roles),
@@ -93,7 +104,7 @@ def role_active_since(session: Session, *, user: User, role: str) -> datetime:
     confirmed = session.exec(
         select(RoleGrant.confirmed_at).where(
             RoleGrant.user_name == user.name, RoleGrant.role == role,
-            RoleGrant.status == "active").order_by(col(RoleGrant.confirmed_at).desc())
+            RoleGrant.status == GrantStatus.active).order_by(col(RoleGrant.confirmed_at).desc())
     ).first()
     return confirmed if confirmed is not None else user.created_at
 

@@ -14,8 +14,10 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlmodel import Session
 
+from triloop.statuses import Purpose
+
 # The purposes of the candidate's episodes that form the canary gate's canary arm.
-CANARY_PURPOSES = ("canary", "production")
+CANARY_PURPOSES = (Purpose.CANARY, Purpose.PRODUCTION)
 
 
 def requested_traffic(alias: str) -> str:

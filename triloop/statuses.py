@@ -1,13 +1,30 @@
-"""The words each status column may hold, as enums: API filters and CLI options validate
-against them, so ``--status bogus`` is refused with the allowed values instead of
-matching nothing. The columns themselves stay text (their migrations define them)."""
+"""The words the services share, as enums: statuses, gates, purposes and decisions.
+
+Each word is defined here once and every loop, the web service and the CLI compare and
+produce it through these members. A ``StrEnum`` member equals its string, so database
+rows, Temporal payloads and policy inputs carry the same text as before: the columns stay
+text (their migrations define them). API filters and CLI options validate against these
+enums, so ``--status bogus`` is refused with the allowed values instead of matching
+nothing.
+
+This module imports only the standard library: workflows import it too.
+"""
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 
-class RunStatus(StrEnum):
+class Word(StrEnum):
+    """A ``StrEnum`` whose ``repr`` is its word's: messages that quote one (``{gate!r}``,
+    a list of gates) read as they did when the word was a plain string."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class RunStatus(Word):
     """Where a training run is."""
 
     submitted = "submitted"
@@ -24,7 +41,7 @@ FINISHED_RUN_STATUSES = frozenset({RunStatus.completed, RunStatus.completed_with
                                    RunStatus.cancelled, RunStatus.failed})
 
 
-class PromotionStatus(StrEnum):
+class PromotionStatus(Word):
     """Where a candidate's promotion is."""
 
     open = "open"
@@ -33,9 +50,12 @@ class PromotionStatus(StrEnum):
     promoted = "promoted"
     rolled_back = "rolled_back"
     expired = "expired"
+    # Only a promotion workflow started again after its promotion ended reports this; no
+    # row holds it.
+    refused = "refused"
 
 
-class TaskStatus(StrEnum):
+class TaskStatus(Word):
     """A task's admission."""
 
     pending = "pending"
@@ -43,9 +63,129 @@ class TaskStatus(StrEnum):
     rejected = "rejected"
 
 
-class GrantStatus(StrEnum):
+class GrantStatus(Word):
     """A request for a privileged role."""
 
     pending = "pending"
     active = "active"
     refused = "refused"
+
+
+class Gate(Word):
+    """A promotion gate. Declared in the order a candidate passes them (``GATE_ORDER``)."""
+
+    STABILITY = "stability"
+    OFFLINE_EVAL = "offline_eval"
+    SHADOW = "shadow"
+    CANARY = "canary"
+    AUDIT = "audit"
+    APPROVAL = "approval"
+    PROMOTE = "promote"
+    WATCH = "watch"
+
+
+# A candidate must pass every gate in this order; none may be skipped.
+GATE_ORDER: tuple[Gate, ...] = tuple(Gate)
+
+
+class Purpose(Word):
+    """Why an episode ran (``trajectory.purpose``, ``rollout_batch.purpose``). Production,
+    canary and shadow are also the names of the routing slots that serve those episodes, and
+    ``production`` of the deployment alias that production serves."""
+
+    TRAINING = "training"
+    EVAL = "eval"
+    PRODUCTION = "production"
+    SHADOW = "shadow"
+    CANARY = "canary"
+
+
+class EpisodeStatus(Word):
+    """How an episode ended (``trajectory.status``)."""
+
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"  # cut short by a limit or the batch deadline; still usable
+    FAILED = "failed"
+
+
+class DecisionKind(Word):
+    """What a person decided about (``human_decision.kind``), and so what ``subject`` names."""
+
+    AUDIT = "audit"  # subject: a promotion; decision: sign | reject
+    APPROVAL = "approval"  # subject: a promotion; decision: approve | reject
+    ADMISSION = "admission"  # subject: a task; decision: approve | reject
+    ROLLBACK = "rollback"  # subject: a deployment alias; decision: rollback
+    RUN_CONTROL = "run_control"  # subject: a training run; decision: pause | resume | cancel
+    # subject: a promotion; decision: override (its run's stability alarms; comment: why)
+    ALARM_OVERRIDE = "alarm_override"
+    # subject: an environment's name; decision: register (details: contract text, fixtures)
+    ENVIRONMENT_VERSION = "environment_version"
+    # subject: an eval set's name; decision: create (details: task ids; frozen at once)
+    EVAL_SET = "eval_set"
+    # subject: a threshold's name; decision: set (details: spec, eval set)
+    THRESHOLD = "threshold"
+
+
+class Decision(Word):
+    """The verb a person's recorded decision holds (``human_decision.decision``)."""
+
+    SIGN = "sign"
+    APPROVE = "approve"
+    REJECT = "reject"
+    OVERRIDE = "override"
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    ROLLBACK = "rollback"
+    REGISTER = "register"
+    CREATE = "create"
+    SET = "set"
+
+
+class PromotionDecision(Word):
+    """What a person decides on a promotion: one word from the route to the policy.
+
+    The value is the word the API route, the console form, the policy's action and the
+    audit log all use (``sign_audit``). Each member also says, on its own line, the gate it
+    belongs to and how the web service records it (``human_decision.kind`` and
+    ``.decision``, unchanged in the database): nothing else translates the word.
+    """
+
+    gate: Gate
+    kind: DecisionKind
+    verb: Decision
+
+    def __new__(cls, value: str, *spec: Any) -> PromotionDecision:
+        # ``spec`` is (gate, kind, verb) where members are declared; a lookup by value
+        # (``PromotionDecision("approve")``) finds the declared member and never comes here.
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.gate, member.kind, member.verb = spec
+        return member
+
+    SIGN_AUDIT = "sign_audit", Gate.AUDIT, DecisionKind.AUDIT, Decision.SIGN
+    REJECT_AUDIT = "reject_audit", Gate.AUDIT, DecisionKind.AUDIT, Decision.REJECT
+    APPROVE = "approve", Gate.APPROVAL, DecisionKind.APPROVAL, Decision.APPROVE
+    REJECT = "reject", Gate.APPROVAL, DecisionKind.APPROVAL, Decision.REJECT
+    OVERRIDE_ALARMS = ("override_alarms", Gate.STABILITY, DecisionKind.ALARM_OVERRIDE,
+                       Decision.OVERRIDE)
+
+    @property
+    def passes(self) -> bool:
+        """Whether it lets the candidate go on (so its role must predate the promotion)."""
+        return self.verb is not Decision.REJECT
+
+    @classmethod
+    def recorded(cls, kind: str, verb: str) -> PromotionDecision | None:
+        """The decision a ``human_decision`` row holds; None when it is no promotion decision."""
+        return next((d for d in cls if (d.kind, d.verb) == (kind, verb)), None)
+
+    @classmethod
+    def at(cls, gate: Gate) -> tuple[PromotionDecision, ...]:
+        """The decisions a person may take at ``gate``."""
+        return tuple(d for d in cls if d.gate is gate)
+
+    @classmethod
+    def kind_at(cls, gate: Gate) -> DecisionKind:
+        """The ``human_decision.kind`` of the decisions taken at ``gate``."""
+        return cls.at(gate)[0].kind

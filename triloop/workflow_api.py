@@ -9,9 +9,11 @@ pydantic model (``RunConfig``): ``triloop.temporal.DATA_CONVERTER`` carries it t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from triloop.run_config import RunConfig
+from triloop.statuses import Gate
 
 # Task queues: a loop's worker is the only poller of its queues.
 EXECUTION_QUEUE = "execution"
@@ -41,6 +43,37 @@ PROMOTION_APPROVE_UPDATE = "operator_decision"
 PROMOTION_OVERRIDE_ALARMS_UPDATE = "override_alarms"
 PROMOTION_STATUS_QUERY = "status"
 PROMOTION_PROPOSED_SIGNAL = "proposed"
+
+
+def promotion_decision_update(gate: Gate) -> str:
+    """The promotion workflow's update that takes a person's decision at ``gate``."""
+    match gate:
+        case Gate.AUDIT:
+            return PROMOTION_SIGN_AUDIT_UPDATE
+        case Gate.APPROVAL:
+            return PROMOTION_APPROVE_UPDATE
+        case Gate.STABILITY:
+            return PROMOTION_OVERRIDE_ALARMS_UPDATE
+    raise ValueError(f"no person decides at gate {gate!r}")
+
+
+class ErrorType(StrEnum):
+    """``ApplicationError.type`` of the refusals a loop sends back through Temporal.
+
+    Callers branch on these, never on an error's text: the web service answers 403 for
+    ``PolicyDenied`` and ``DecisionRefused``, 422 for ``InvalidRequest``, 503 for
+    ``PolicyUnavailable`` and 409 for anything else a workflow refused.
+    """
+
+    POLICY_DENIED = "PolicyDenied"  # OPA refused: never retried
+    POLICY_UNAVAILABLE = "PolicyUnavailable"  # OPA unreachable (failed closed): retried
+    GOVERNANCE_REFUSED = "GovernanceRefused"  # a rule of the loop itself: never retried
+    # A person's decision the loop refused to carry out (duties, roles, the recorded row).
+    DECISION_REFUSED = "DecisionRefused"
+    # What a person asked for cannot be stored as asked (a bad contract or threshold spec, a
+    # task not admitted): never retried; ``details[0]`` lists the reasons.
+    INVALID_REQUEST = "InvalidRequest"
+    PROMOTION_ENDED = "PromotionEnded"  # a promotion that ended is never run again
 
 
 def training_run_workflow_id(run_id: str) -> str:

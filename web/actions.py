@@ -9,26 +9,30 @@ update, and the loop re-checks the policy for the person.
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
-from dataclasses import asdict, is_dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
 from sqlmodel import Session
 
 from triloop import held_out
-from triloop.models import DecisionKind, RolloutBatch
+from triloop.models import RolloutBatch
 from triloop.models._columns import new_id
 from triloop.run_config import RunConfig, RunConfigError
+from triloop.statuses import (
+    Decision,
+    DecisionKind,
+    PromotionDecision,
+    PromotionStatus,
+    Purpose,
+    TaskStatus,
+)
 from triloop.workflow_api import (
-    PROMOTION_APPROVE_UPDATE,
-    PROMOTION_OVERRIDE_ALARMS_UPDATE,
-    PROMOTION_SIGN_AUDIT_UPDATE,
     RUN_CANCEL_SIGNAL,
     RUN_PAUSE_SIGNAL,
     RUN_RESUME_SIGNAL,
     DecisionRef,
+    GateSummary,
     RollbackInput,
     RolloutBatchInput,
     RolloutItem,
@@ -47,17 +51,8 @@ from web.problems import ProblemError, conflict, invalid, not_found
 from web.run_submission import validate_run_config
 
 RunAction = Literal["pause", "resume", "cancel"]
-PromotionAction = Literal["sign_audit", "reject_audit", "approve", "reject", "override_alarms"]
 RUN_SIGNALS: dict[str, str] = {
     "pause": RUN_PAUSE_SIGNAL, "resume": RUN_RESUME_SIGNAL, "cancel": RUN_CANCEL_SIGNAL,
-}
-# action -> (update name, the recorded decision's kind and verb)
-PROMOTION_UPDATES: dict[str, tuple[str, DecisionKind, str]] = {
-    "sign_audit": (PROMOTION_SIGN_AUDIT_UPDATE, DecisionKind.AUDIT, "sign"),
-    "reject_audit": (PROMOTION_SIGN_AUDIT_UPDATE, DecisionKind.AUDIT, "reject"),
-    "approve": (PROMOTION_APPROVE_UPDATE, DecisionKind.APPROVAL, "approve"),
-    "reject": (PROMOTION_APPROVE_UPDATE, DecisionKind.APPROVAL, "reject"),
-    "override_alarms": (PROMOTION_OVERRIDE_ALARMS_UPDATE, DecisionKind.ALARM_OVERRIDE, "override"),
 }
 ALIAS_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 # Whitespace as every engine involved agrees on it: the schema's regex (ECMA), pydantic's
@@ -111,10 +106,10 @@ class DecisionOutcome(BaseModel):
     """What governance answered to a person's decision."""
 
     promotion_id: str
-    action: str
-    decision: str
+    action: PromotionDecision = Field(description="what the person decided (the policy's action)")
+    decision: Decision = Field(description="the verb of the recorded human_decision row")
     user: str
-    result: Any = Field(default=None, description="the promotion workflow's update result")
+    result: GateSummary = Field(description="the gate result governance recorded for it")
 
 
 class DeploymentRollback(BaseModel):
@@ -180,7 +175,7 @@ async def _admitted(db: Sessions, task_ids: list[str]) -> None:
     tasks = await db.read(runs.tasks_by_id, task_ids=task_ids)
     problems = [f"{t}: no such task" for t in task_ids if t not in tasks]
     problems += [f"{t}: task is {tasks[t].status}, not admitted" for t in task_ids
-                 if t in tasks and tasks[t].status != "admitted"]
+                 if t in tasks and tasks[t].status != TaskStatus.admitted]
     if problems:
         raise invalid("every task must exist and be admitted", problems)
 
@@ -253,7 +248,7 @@ async def control_run(
         raise conflict(f"run {run_id} has no workflow yet; try again in a moment")
     decision_id = await db.write(
         decisions.record_decision, kind=DecisionKind.RUN_CONTROL, subject=run_id,
-        decision=action, user=guard.principal.name, comment=reason)
+        decision=Decision(action), user=guard.principal.name, comment=reason)
     await services.orchestrator.signal_run(run.workflow_id, RUN_SIGNALS[action],
                                            RunControl(decision_id=decision_id))
     return run
@@ -261,33 +256,32 @@ async def control_run(
 
 async def decide_promotion(
     *, guard: Guard, db: Sessions, services: WebServices, promotion_id: str,
-    action: PromotionAction, comment: str,
+    decision: PromotionDecision, body: DecisionRequest,
 ) -> DecisionOutcome:
-    """An auditor's sign-off or an operator's decision, sent as a Temporal update."""
-    await guard.screen(action, "promotion", id=promotion_id)
+    """An auditor's sign-off or an operator's decision, sent as a Temporal update.
+
+    ``decision`` is the one word for it all the way: the policy's action here, the recorded
+    row's kind and verb, the gate whose update carries the row's id, and the action
+    governance asks the policy again for. ``body`` was validated once, where it was parsed.
+    """
+    await guard.screen(decision, "promotion", id=promotion_id)
     facts = await db.read(promotions.decision_facts, promotion_id=promotion_id)
     if facts is None:
         raise not_found("promotion", promotion_id)
     promotion = facts.promotion
-    attrs = {"submitted_by": promotion.submitted_by}
-    if facts.audited_by:
-        attrs["audited_by"] = facts.audited_by
-    await guard(action, "promotion", id=promotion_id, attrs=attrs)
-    if not re.search(NOT_BLANK, comment):
-        raise invalid("a comment saying why is required")
-    if promotion.status != "open":
+    await guard(decision, "promotion", id=promotion_id, attrs=facts.policy_attrs())
+    if promotion.status != PromotionStatus.open:
         raise conflict(f"promotion {promotion_id} is {promotion.status}; decisions need it open")
     if promotion.workflow_id is None:
         raise conflict(f"promotion {promotion_id} has no workflow to decide on")
-    update, kind, decision = PROMOTION_UPDATES[action]
     person = guard.principal
     decision_id = await db.write(
-        decisions.record_decision, kind=kind, subject=promotion_id, decision=decision,
-        user=person.name, comment=comment.strip())
+        decisions.record_decision, kind=decision.kind, subject=promotion_id,
+        decision=decision.verb, user=person.name, comment=body.comment.strip())
     result = await services.orchestrator.promotion_update(
-        promotion.workflow_id, update, DecisionRef(decision_id=decision_id))
-    return DecisionOutcome(promotion_id=promotion_id, action=action, decision=decision,
-                           user=person.name, result=_plain(result))
+        promotion.workflow_id, decision.gate, DecisionRef(decision_id=decision_id))
+    return DecisionOutcome(promotion_id=promotion_id, action=decision, decision=decision.verb,
+                           user=person.name, result=result)
 
 
 async def rollback(
@@ -311,7 +305,7 @@ async def rollback(
     # The operator's decision, target included, is what governance reads and carries out.
     decision_id = await db.write(
         decisions.record_decision, kind=DecisionKind.ROLLBACK, subject=body.alias,
-        decision="rollback", user=guard.principal.name, comment=body.reason.strip(),
+        decision=Decision.ROLLBACK, user=guard.principal.name, comment=body.reason.strip(),
         details={"to_revision": body.to_revision, "to_checkpoint_id": body.to_checkpoint_id})
     workflow_id = f"rollback-{body.alias}-{uuid.uuid4().hex[:12]}"
     request = RollbackInput(decision_id=decision_id, alias=body.alias)
@@ -337,7 +331,7 @@ async def preview_rollback(
 class AdmissionRequest(BaseModel):
     """An operator admits an assessed task (only an admissible one) or rejects it."""
 
-    decision: Literal["approve", "reject"]
+    decision: Literal[Decision.APPROVE, Decision.REJECT]
     comment: Comment
 
 
@@ -358,12 +352,14 @@ async def decide_admission(
     tasks = await db.read(runs.tasks_by_id, task_ids=[task_id])
     if task_id not in tasks:
         raise not_found("task", task_id)
-    await guard("admit" if body.decision == "approve" else "reject_task", "task", id=task_id)
-    if tasks[task_id].status != "pending":
+    await guard("admit" if body.decision == Decision.APPROVE else "reject_task", "task",
+                id=task_id)
+    if tasks[task_id].status != TaskStatus.pending:
         raise conflict(f"task {task_id} is already {tasks[task_id].status}")
     decision_id = await db.write(
         decisions.record_decision, kind=DecisionKind.ADMISSION, subject=task_id,
-        decision=body.decision, user=guard.principal.name, comment=body.comment.strip())
+        decision=Decision(body.decision), user=guard.principal.name,
+        comment=body.comment.strip())
     result = await services.orchestrator.admission_update(task_id, DecisionRef(decision_id))
     return AdmissionOutcome(task_id=task_id, status=result.status,
                             admissible=result.admissible, reasons=list(result.reasons),
@@ -372,20 +368,20 @@ async def decide_admission(
 
 def record_production_batch(*, session: Session, batch_id: str) -> None:
     """The ``rollout_batch`` row of people's production traffic (routing picks checkpoints)."""
-    session.add(RolloutBatch(id=batch_id, purpose="production", requested_by="web"))
+    session.add(RolloutBatch(id=batch_id, purpose=Purpose.PRODUCTION, requested_by="web"))
 
 
 async def start_episodes(
     *, guard: Guard, db: Sessions, services: WebServices, body: EpisodeRequest
 ) -> EpisodesStarted:
     """Production episodes on the execution queue, served by governance's routing."""
-    await guard("create", "trajectory", attrs={"purpose": "production"})
+    await guard("create", "trajectory", attrs={"purpose": Purpose.PRODUCTION})
     await _admitted(db, list(dict.fromkeys(item.task_id for item in body.items)))
     await _room_for_production(services)
     batch_id = new_id()
     workflow_id = f"{PRODUCTION_BATCH_PREFIX}{batch_id}"
     batch = RolloutBatchInput(
-        batch_id=batch_id, purpose="production",
+        batch_id=batch_id, purpose=Purpose.PRODUCTION,
         items=[RolloutItem(task_id=i.task_id, seed=i.seed, group_size=i.group_size)
                for i in body.items],
         max_concurrency=body.max_concurrency, deadline_s=body.deadline_s,
@@ -393,7 +389,7 @@ async def start_episodes(
     # The batch's row says people asked for it: execution stores its episodes only then.
     await db.write(record_production_batch, batch_id=batch_id)
     await services.orchestrator.start_episodes(batch, workflow_id)
-    return EpisodesStarted(batch_id=batch_id, workflow_id=workflow_id, purpose="production",
+    return EpisodesStarted(batch_id=batch_id, workflow_id=workflow_id, purpose=Purpose.PRODUCTION,
                            episodes=sum(i.group_size for i in body.items))
 
 
@@ -416,10 +412,3 @@ async def verify_audit(*, guard: Guard, services: WebServices) -> ChainVerificat
     await guard("verify", "audit_event")
     return await asyncio.to_thread(audit_data.verify, services.engine)
 
-
-def _plain(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    if value is None or isinstance(value, str | int | float | bool | list | dict):
-        return value
-    return str(value)

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from triloop.contract_upload import upload_problems
-from triloop.models import DecisionKind
+from triloop.statuses import Decision, DecisionKind
 from triloop.workflow_api import (
     GovernanceWriteInput,
     GovernanceWriteResult,
@@ -71,7 +71,7 @@ async def register_environment(
                       [str(p) for p in problems])
     decision_id, workflow_id, result = await _decide(
         guard=guard, db=db, services=services, kind=DecisionKind.ENVIRONMENT_VERSION,
-        subject=body.name, decision="register", comment=body.comment,
+        subject=body.name, decision=Decision.REGISTER, comment=body.comment,
         details={"contract_yaml": body.contract_yaml, "fixtures": body.fixtures})
     return EnvironmentRegistered(version_id=result.id, environment=result.name,
                                  version=result.version, created=result.created,
@@ -80,7 +80,7 @@ async def register_environment(
 
 async def _decide(
     *, guard: Guard, db: Sessions, services: WebServices, kind: DecisionKind, subject: str,
-    decision: str, comment: str, details: dict[str, Any],
+    decision: Decision, comment: str, details: dict[str, Any],
 ) -> tuple[str, str, GovernanceWriteResult]:
     """Record the person's decision, then run governance's write on it to the end."""
     decision_id = await db.write(
@@ -128,7 +128,7 @@ async def freeze_eval_set(
     await _admitted(db, body.task_ids)
     decision_id, workflow_id, result = await _decide(
         guard=guard, db=db, services=services, kind=DecisionKind.EVAL_SET, subject=body.name,
-        decision="create", comment=body.comment, details={"task_ids": body.task_ids})
+        decision=Decision.CREATE, comment=body.comment, details={"task_ids": body.task_ids})
     return EvalSetFrozen(eval_set_id=result.id, name=result.name, version=result.version,
                          content_hash=result.details.get("content_hash"),
                          task_ids=list(result.details.get("task_ids") or []),
@@ -164,7 +164,7 @@ async def set_threshold(
     await guard("create", "threshold", attrs={"name": body.name})
     decision_id, workflow_id, result = await _decide(
         guard=guard, db=db, services=services, kind=DecisionKind.THRESHOLD, subject=body.name,
-        decision="set", comment=body.comment,
+        decision=Decision.SET, comment=body.comment,
         details={"spec": body.spec, "eval_set": body.eval_set})
     return ThresholdStored(threshold_id=result.id, name=result.name, version=result.version,
                            eval_set_id=result.details.get("eval_set_id"),

@@ -2,9 +2,11 @@
 
 ``Orchestrator`` connects lazily (the API serves reads while Temporal is down) as
 ``web@<host>`` and turns Temporal's errors into problems: a workflow that is not
-running is a 409, a refused update (the governance validator re-checks duties)
-is a 409 or a 403 with the workflow's message, no answer in time is a 504 and an
-unreachable server a 503.
+running is a 409, a refused update or workflow is answered by its error's type
+(``triloop.workflow_api.ErrorType``, never its text): 403 when the policy or a duty rule
+refused the person, 422 when what they asked for cannot be stored, 503 when the policy
+was unreachable, 409 otherwise. No answer in time is a 504 and an unreachable server a
+503.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import socket
 from collections.abc import Awaitable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from temporalio.client import (
     Client,
@@ -26,6 +28,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from triloop import search_attributes
 from triloop.config import LoopName, Settings
+from triloop.statuses import Gate
 from triloop.temporal import connect, in_namespace
 from triloop.workflow_api import (
     ADMISSION_DECIDE_UPDATE,
@@ -38,6 +41,8 @@ from triloop.workflow_api import (
     TRAINING_RUN_WORKFLOW,
     AdmissionResult,
     DecisionRef,
+    ErrorType,
+    GateSummary,
     GovernanceWriteInput,
     GovernanceWriteResult,
     RollbackInput,
@@ -46,6 +51,7 @@ from triloop.workflow_api import (
     RunControl,
     TrainingRunInput,
     admission_workflow_id,
+    promotion_decision_update,
 )
 from web.problems import ProblemError, conflict
 
@@ -106,15 +112,18 @@ class Orchestrator:
         await self._call(handle.signal(signal, control), what=f"{signal} run {workflow_id}")
 
     async def promotion_update(
-        self, workflow_id: str, update: str, decision: DecisionRef
-    ) -> Any:
-        """Send a person's decision to the promotion workflow and wait for its answer."""
+        self, workflow_id: str, gate: Gate, decision: DecisionRef
+    ) -> GateSummary:
+        """Send a person's decision at ``gate`` to the promotion workflow; its gate result."""
         client = await self.client("governance")
         handle = client.get_workflow_handle(workflow_id)
-        return await self._call(
-            handle.execute_update(update, decision, rpc_timeout=self._rpc_timeout()),
+        update = promotion_decision_update(gate)
+        result: GateSummary = await self._call(
+            handle.execute_update(update, decision, result_type=GateSummary,
+                                  rpc_timeout=self._rpc_timeout()),
             what=f"{update} on promotion {workflow_id}",
         )
+        return result
 
     async def admission_update(self, task_id: str, decision: DecisionRef) -> AdmissionResult:
         """Send an operator's recorded decision to the task's admission workflow."""
@@ -197,26 +206,35 @@ class Orchestrator:
             raise conflict(f"{what}: Temporal refused the call ({exc.message})") from exc
 
 
+# The answer to a refusal, by its error's type; any other refusal is a 409.
+REFUSAL_STATUS: dict[str, tuple[int, str]] = {
+    ErrorType.POLICY_DENIED: (403, "Forbidden"),
+    ErrorType.DECISION_REFUSED: (403, "Forbidden"),
+    ErrorType.INVALID_REQUEST: (422, "Invalid input"),
+    ErrorType.POLICY_UNAVAILABLE: (503, "Policy unavailable"),
+}
+
+
 def refused(what: str, cause: BaseException) -> ProblemError:
-    """The workflow refused or failed: 403 when its policy check denied, 409 otherwise."""
+    """The workflow refused or failed: the answer its error's type calls for (``ErrorType``)."""
+    typed = _typed_cause(cause)
     message = _root_message(cause)
-    kind = cause.type if isinstance(cause, ApplicationError) else None
-    invalid = _invalid_request(cause)
-    if invalid is not None:  # what the person asked for cannot be stored as asked
-        details = invalid.details
-        reasons = details[0] if details and isinstance(details[0], list) else [invalid.message]
-        return ProblemError(422, "Invalid input", f"{what}: governance refused: {invalid.message}",
+    if typed is None or typed.type not in REFUSAL_STATUS:
+        return conflict(f"{what}: refused by the workflow: {message}")
+    status, title = REFUSAL_STATUS[typed.type]
+    if typed.type == ErrorType.INVALID_REQUEST:  # what the person asked cannot be stored
+        details = typed.details
+        reasons = details[0] if details and isinstance(details[0], list) else [typed.message]
+        return ProblemError(status, title, f"{what}: governance refused: {typed.message}",
                             reasons=[str(r) for r in reasons])
-    if kind == "PolicyDenied" or "may not" in message and "policy" in message.lower():
-        return ProblemError(403, "Forbidden", f"{what}: governance refused: {message}")
-    return conflict(f"{what}: refused by the workflow: {message}")
+    return ProblemError(status, title, f"{what}: governance refused: {message}")
 
 
-def _invalid_request(error: BaseException) -> ApplicationError | None:
-    """The loop's ``InvalidRequest`` error behind a failed activity or workflow, if any."""
+def _typed_cause(error: BaseException) -> ApplicationError | None:
+    """The first error in the chain whose type calls for an answer other than 409."""
     current: BaseException | None = error
     while current is not None:
-        if isinstance(current, ApplicationError) and current.type == "InvalidRequest":
+        if isinstance(current, ApplicationError) and current.type in REFUSAL_STATUS:
             return current
         current = current.__cause__
     return None

@@ -14,6 +14,7 @@ from sqlmodel import Session, col, select
 
 from triloop.models import RoleGrant, User
 from triloop.models._columns import utcnow
+from triloop.statuses import GrantStatus
 from web.pagination import Page, keyset, page_of
 
 # Roles that let a person supply the second person of a two-person rule.
@@ -71,7 +72,7 @@ def request_grant(*, session: Session, user_name: str, role: str,
         raise GrantConflict(f"user {user_name!r} already holds the {role!r} role")
     pending = session.exec(select(RoleGrant).where(
         RoleGrant.user_name == user_name, RoleGrant.role == role,
-        RoleGrant.status == "pending")).first()
+        RoleGrant.status == GrantStatus.pending)).first()
     if pending is not None:
         raise GrantConflict(f"grant {pending.id} of {role!r} to {user_name!r} is already"
                             f" pending; another admin confirms it")
@@ -93,10 +94,10 @@ def decide_grant(*, session: Session, grant_id: str, decided_by: str,
         select(RoleGrant).where(RoleGrant.id == grant_id).with_for_update()).first()
     if grant is None:
         raise LookupError(f"role grant {grant_id!r} does not exist")
-    if grant.status != "pending":
+    if grant.status != GrantStatus.pending:
         raise GrantConflict(f"role grant {grant_id} is already {grant.status}")
     now = utcnow()
-    grant.status = "active" if confirm else "refused"
+    grant.status = GrantStatus.active if confirm else GrantStatus.refused
     grant.confirmed_by = decided_by
     grant.confirmed_at = now
     session.add(grant)

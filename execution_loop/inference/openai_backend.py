@@ -8,6 +8,10 @@ older vLLM releases without ``return_token_ids`` still honour). So ids come back
 and are never re-tokenized. Logprobs are those of the sampling distribution only when the
 vLLM server runs with ``--logprobs-mode processed_logprobs``; its default (raw) reports
 them before temperature, which at temperature 1.0 is the same thing.
+
+A checkpoint the server does not hold is loaded before the first request: as a runtime LoRA
+adapter named by its id (the default), or, given a ``FullWeightServer``, by reloading the
+server's one model in place (``full_weights``; requests then name the served model).
 """
 
 from __future__ import annotations
@@ -30,49 +34,24 @@ from execution_loop.inference.base import (
     decode_action,
     validate_request,
 )
-from triloop.weights import WeightsIntegrityError
+from execution_loop.inference.full_weights import Audit, FullWeightServer
+from execution_loop.inference.served_weights import ServedWeightsMismatch, error_message
+
+__all__ = [
+    "OpenAICompatiblePolicyClient", "ServedWeightsMismatch", "normalise_base_url",
+    "parse_completion_choice",
+]
 
 TOKEN_ID_PREFIX = "token_id:"
-
-
-class ServedWeightsMismatch(WeightsIntegrityError):
-    """The inference server does not serve the checkpoint's weights under its id."""
-
-    def __init__(self, checkpoint_id: str, model_dir: Path, server: str, problem: str) -> None:
-        super().__init__(checkpoint_id, model_dir, f"inference server {server}: {problem}")
-        self.server = server
-        self.args = (
-            f"checkpoint {checkpoint_id} refused: the inference server {server} {problem}; "
-            "no request was sent. Start the server with runtime loading (vLLM: "
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora) on storage that holds "
-            f"{model_dir}, or serve the checkpoint under its id",
-        )
-
-    def __str__(self) -> str:
-        return str(self.args[0])
+# A request whose answer came from weights another worker loaded meanwhile is sent again;
+# this many times in a row means two checkpoints contend for one full-weight server.
+MOVED_ATTEMPTS = 3
 
 
 def normalise_base_url(base_url: str) -> str:
     """Accept ``http://host:8000`` or ``http://host:8000/v1``; return the form without /v1."""
     url = base_url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def _error_message(response: httpx.Response) -> str:
-    """Read vLLM's error body: ``{"error": {"message": ...}}`` or the older flat form."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500] or response.reason_phrase
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        if "message" in body:
-            return str(body["message"])
-        if "detail" in body:
-            return str(body["detail"])
-    return str(body)[:500]
 
 
 def parse_completion_choice(server: str, body: Any) -> tuple[list[int], list[float], str]:
@@ -137,6 +116,8 @@ class OpenAICompatiblePolicyClient:
         checkpoint_id: str | None = None,
         api_key: str | None = None,
         transport: httpx.BaseTransport | None = None,
+        full_weights: FullWeightServer | None = None,
+        audit: Audit | None = None,
     ) -> None:
         self.base_url = normalise_base_url(base_url)
         self.model = model
@@ -147,6 +128,8 @@ class OpenAICompatiblePolicyClient:
             base_url=self.base_url, timeout=timeout, headers=headers, transport=transport
         )
         self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._full = full_weights  # None: runtime LoRA loading under the checkpoint id
+        self._audit = audit
 
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The served checkpoint's tokenizer, read from a local copy of its directory."""
@@ -162,7 +145,7 @@ class OpenAICompatiblePolicyClient:
         except httpx.HTTPError as exc:
             raise InferenceServerError(url, f"unreachable: {exc}") from exc
         if response.status_code != 200:
-            raise InferenceServerError(url, _error_message(response),
+            raise InferenceServerError(url, error_message(response),
                                        status_code=response.status_code)
         try:
             data = response.json().get("data")
@@ -174,6 +157,9 @@ class OpenAICompatiblePolicyClient:
 
     def ensure_served(self, model_dir: Path) -> dict[str, Any]:
         """Make the server hold this checkpoint (loading it if needed); its model card."""
+        if self._full is not None:
+            with self._full.holding(self.checkpoint_id, model_dir) as tag:
+                return {"id": self.model, "weight_version": tag, "root": str(model_dir)}
         card = self._card()
         if card is None:
             self._load(model_dir)
@@ -199,13 +185,13 @@ class OpenAICompatiblePolicyClient:
         except httpx.HTTPError as exc:
             raise InferenceServerError(url, f"unreachable: {exc}") from exc
         if response.status_code >= 500:  # the server's trouble: worth retrying
-            raise InferenceServerError(url, _error_message(response),
+            raise InferenceServerError(url, error_message(response),
                                        status_code=response.status_code)
         if response.status_code != 200:
             raise ServedWeightsMismatch(
                 self.checkpoint_id, model_dir, self.base_url,
                 f"does not serve '{self.model}' and refused to load it "
-                f"(HTTP {response.status_code}: {_error_message(response)})")
+                f"(HTTP {response.status_code}: {error_message(response)})")
 
     def completion_request(
         self,
@@ -253,6 +239,32 @@ class OpenAICompatiblePolicyClient:
             seed=seed,
             stop_token_ids=stop_token_ids,
         )
+        if self._full is None:
+            return self._complete(body)
+        try:
+            return self._complete_on_held_weights(body)
+        except ServedWeightsMismatch as refused:  # found while serving: PolicyCache did not see it
+            if self._audit is not None:
+                self._audit(refused)
+            raise
+
+    def _complete_on_held_weights(self, body: dict[str, Any]) -> Generation:
+        """Send the request while holding the server on this checkpoint; an answer is kept
+        only if the server still reports the same reload's tag afterwards."""
+        assert self._full is not None
+        for _ in range(MOVED_ATTEMPTS):
+            with self._full.holding(self.checkpoint_id, self.tokenizer_dir) as tag:
+                generation = self._complete(body)
+                if self._full.still_holds(tag, self.checkpoint_id, self.tokenizer_dir):
+                    return generation
+        raise InferenceServerError(
+            self.base_url,
+            f"its weights moved to another checkpoint during each of {MOVED_ATTEMPTS} "
+            f"requests for {self.checkpoint_id}; the answers were discarded. A full-weight "
+            "server holds one checkpoint at a time: give each checkpoint served at once its "
+            "own server")
+
+    def _complete(self, body: dict[str, Any]) -> Generation:
         url = f"{self.base_url}/v1/completions"
         try:
             response = self._http.post("/v1/completions", json=body)
@@ -261,7 +273,7 @@ class OpenAICompatiblePolicyClient:
         except httpx.HTTPError as exc:
             raise InferenceServerError(url, f"unreachable: {exc}") from exc
         if response.status_code != 200:
-            message = _error_message(response)
+            message = error_message(response)
             # vLLM answers 400 "This model's maximum context length is N tokens..."; that is
             # the request's fault, not the server's, so it must not be retried.
             if response.status_code == 400 and "maximum context length" in message:

@@ -1,7 +1,8 @@
 """The checkpoints triloop's model server holds, each named and hashed.
 
 The server starts with one model (``--model``, served as ``--served-model-name``) and loads
-more at run time (``POST /v1/load_lora_adapter``). Each entry records the sha256 of the
+more at run time (``POST /v1/load_lora_adapter``), or replaces the start-up model's weights
+in place (dev mode's ``reload_weights``, ``dev_mode.py``). Each entry records the sha256 of the
 weights it actually loaded (``triloop.weights.safetensors_digest``, the checkpoint id), and
 ``/v1/models`` reports it as ``weights_sha256``: a client can see that the name it asks for
 is the weights it wants. A load under a name that is a sha256 (a checkpoint id) is refused
@@ -76,10 +77,29 @@ class ServedModels:
         self._loaded: OrderedDict[str, ServedModel] = OrderedDict()
         self._lock = threading.Lock()
 
+    def default(self) -> ServedModel:
+        """The start-up model (the one a full-weight reload replaces)."""
+        return self._base
+
+    def reload_default(self, model_dir: Path) -> ServedModel:
+        """Replace the start-up model's weights with ``model_dir``'s, keeping its name.
+
+        The caller pauses the server first (vLLM's reload_weights is done in place); the
+        new entry's ``weights_sha256`` is the digest of what was actually loaded.
+        """
+        if not (model_dir / "config.json").is_file():
+            raise LoadRefused(f"{model_dir} is not a checkpoint directory (no config.json)")
+        old = self._base
+        client = TorchPolicyClient(model_dir, device=self._device, checkpoint_id=old.name)
+        self._base = ServedModel(old.name, client, _digest(model_dir), int(time.time()))
+        old.client.close()
+        return self._base
+
     def get(self, name: str) -> ServedModel | None:
         """The model served under ``name``, if any."""
-        if name == self._base.name:
-            return self._base
+        base = self._base
+        if name == base.name:
+            return base
         with self._lock:
             served = self._loaded.get(name)
             if served is not None:

@@ -14,6 +14,10 @@ and ``--enable-lora``). Here ``lora_path`` may be a full checkpoint directory. E
 model's ``/v1/models`` card names the sha256 of the weights it actually holds
 (``weights_sha256``, triloop's checkpoint id), and a load under a 64-hex name whose weights
 hash to something else is refused: the server never answers under an id it does not hold.
+With ``--dev-mode`` (vLLM: ``VLLM_SERVER_DEV_MODE=1``) it also serves vLLM's full-weight
+reload routes (``dev_mode.py``): pause, ``collective_rpc`` ``update_config`` +
+``reload_weights`` of the start-up model, the weight version, and ``/weight_info``, which
+here also reports the sha256 of the weights actually served.
 Sampling is ``TorchPolicyClient.sample``, so logprobs are those of the sampling
 distribution, as vLLM reports with ``--logprobs-mode processed_logprobs``. Options it
 does not implement (streaming, n > 1, echo, stop strings, top-p/top-k) are refused with
@@ -38,6 +42,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from execution_loop.inference.base import PromptTooLongError
+from execution_loop.inference.dev_mode import WeightReloader, attach_dev_routes
 from execution_loop.inference.served_models import LoadRefused, ServedModels
 from execution_loop.inference.torch_backend import Sample, TorchPolicyClient
 
@@ -241,13 +246,20 @@ def create_app(
     client: TorchPolicyClient | None = None,
     allow_runtime_loading: bool = False,
     max_loaded: int = 4,
+    dev_mode: bool = False,
 ) -> FastAPI:
     """Build the app serving ``model_dir`` (or an already loaded ``client``)."""
     policy = client or TorchPolicyClient(model_dir, device=device)
     models = ServedModels(policy, served_model_name or str(model_dir), device=device,
                           max_loaded=max_loaded)
     service = CompletionService(models)
+    reloader = WeightReloader(models)
     app = FastAPI(title="triloop model server")
+    app.state.reloader = reloader  # tests read its events
+
+    @app.exception_handler(LoadRefused)
+    async def _load_refused(_: Request, exc: LoadRefused) -> JSONResponse:
+        return error_response(str(exc), HTTPStatus.BAD_REQUEST)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -288,9 +300,15 @@ def create_app(
             return Response(f"Success: LoRA adapter '{request.lora_name}' removed successfully.",
                             media_type="text/plain")
 
+    if dev_mode:  # vLLM: VLLM_SERVER_DEV_MODE=1
+        attach_dev_routes(app, reloader)
+
     @app.post("/v1/completions")
     def completions(request: CompletionRequest) -> dict[str, Any]:
-        return service.complete(request)
+        with reloader.gate.admit():  # held while the server is paused for a reload
+            body = service.complete(request)
+        reloader.events.append(("completion", models.default().weights_sha256))
+        return body
 
     return app
 
@@ -310,10 +328,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-loaded", type=int, default=4,
                         help="checkpoints held at once; the least recently used loaded one "
                              "is unloaded beyond it (vLLM: --max-loras)")
+    parser.add_argument("--dev-mode", action="store_true",
+                        help="serve the full-weight reload routes /pause, /resume, "
+                             "/collective_rpc, /update_weight_version, /weight_info "
+                             "(vLLM: VLLM_SERVER_DEV_MODE=1); unauthenticated: private "
+                             "networks only")
     args = parser.parse_args(argv)
     app = create_app(args.model, served_model_name=args.served_model_name, device=args.device,
                      allow_runtime_loading=args.allow_runtime_loading,
-                     max_loaded=args.max_loaded)
+                     max_loaded=args.max_loaded, dev_mode=args.dev_mode)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 

@@ -15,7 +15,8 @@ from temporalio import activity
 
 from governance_loop import store
 from governance_loop.activities.common import GovernanceShell, record, refused
-from governance_loop.activities.messages import (
+from governance_loop.admission import AdmissionBudgets, AdmissionEvidence, assess_admission
+from governance_loop.contracts import (
     DECIDE_TASK_ADMISSION,
     LOAD_ADMISSION_TASK,
     RECORD_ADMISSION_EVIDENCE,
@@ -26,11 +27,11 @@ from governance_loop.activities.messages import (
     AdmissionTask,
     AdmissionTaskRequest,
 )
-from governance_loop.admission import AdmissionBudgets, AdmissionEvidence, assess_admission
 from triloop.db import session_scope
 from triloop.models import DecisionKind
 from triloop.models._columns import utcnow
 from triloop.policy import Authorizer, Resource
+from triloop.statuses import Decision, TaskStatus
 
 
 class AdmissionActivities(GovernanceShell):
@@ -48,7 +49,7 @@ class AdmissionActivities(GovernanceShell):
         self._budgets = budgets or AdmissionBudgets()
         self._deadline_s = decision_deadline_s
 
-    @activity.defn(name=LOAD_ADMISSION_TASK)
+    @activity.defn(name=LOAD_ADMISSION_TASK.name)
     def load_admission_task(self, request: AdmissionTaskRequest) -> AdmissionTask:
         """The task's state and how much evidence the probe must gather."""
         with session_scope(self._engine) as session:
@@ -66,7 +67,7 @@ class AdmissionActivities(GovernanceShell):
             problem=problem,
         )
 
-    @activity.defn(name=RECORD_ADMISSION_EVIDENCE)
+    @activity.defn(name=RECORD_ADMISSION_EVIDENCE.name)
     def record_admission_evidence(
         self, request: AdmissionEvidenceInput
     ) -> AdmissionAssessmentRecord:
@@ -108,7 +109,7 @@ class AdmissionActivities(GovernanceShell):
                                           attrs={"admissible": assessment.admissible}))
         with session_scope(self._engine) as session:
             task = store.get_task(session=session, task_id=request.task_id, for_update=True)
-            if task.status != "pending":
+            if task.status != TaskStatus.pending:
                 raise refused(f"task {task.id} is already {task.status}")
             task.evidence = {**stored, "assessed_at": utcnow().isoformat()}
             session.add(task)
@@ -116,7 +117,7 @@ class AdmissionActivities(GovernanceShell):
                    payload={"admissible": assessment.admissible, "reasons": reasons})
         return AdmissionAssessmentRecord(admissible=assessment.admissible, reasons=reasons)
 
-    @activity.defn(name=DECIDE_TASK_ADMISSION)
+    @activity.defn(name=DECIDE_TASK_ADMISSION.name)
     def decide_task_admission(self, request: AdmissionDecisionInput) -> AdmissionDecided:
         """Admit (only an admissible task) or reject; returns the task's new status."""
         resource = Resource("task", id=request.task_id)
@@ -125,13 +126,13 @@ class AdmissionActivities(GovernanceShell):
                                 role="operator", resource=resource)
             decided_by, decision, comment = proven.user, proven.decision, proven.comment
         else:  # the automatic rejection at the deadline is governance's own act
-            proven, decided_by, decision = None, "governance", "reject"
+            proven, decided_by, decision = None, "governance", Decision.REJECT
             comment = request.automatic_reason
-        if decision not in ("approve", "reject"):
+        if decision not in (Decision.APPROVE, Decision.REJECT):
             raise refused(f"unknown decision {decision!r}: approve or reject")
         if not comment.strip():
             raise refused("an admission decision needs a comment saying why")
-        admit = decision == "approve"
+        admit = decision == Decision.APPROVE
         with session_scope(self._engine) as session:
             task = store.get_task(session=session, task_id=request.task_id)
             assessment = (task.evidence or {}).get("assessment") or {}
@@ -143,10 +144,10 @@ class AdmissionActivities(GovernanceShell):
             self.authorize_for(proven, action, resource)
         else:
             self.authorize(action, resource, context={"comment": comment})
-        status = "admitted" if admit else "rejected"
+        status = TaskStatus.admitted if admit else TaskStatus.rejected
         with session_scope(self._engine) as session:
             task = store.get_task(session=session, task_id=request.task_id, for_update=True)
-            if task.status not in ("pending", status):
+            if task.status not in (TaskStatus.pending, status):
                 raise refused(f"task {task.id} is already {task.status}")
             task.status = status
             task.decided_by = decided_by

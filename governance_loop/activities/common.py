@@ -13,17 +13,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from governance_loop import store
-from governance_loop.activities.messages import (
-    GOVERNANCE_REFUSED,
-    POLICY_DENIED,
-    POLICY_UNAVAILABLE,
-    GateOutcome,
-)
+from governance_loop.contracts import GateOutcome
 from governance_loop.gates import GateDecision
 from triloop.audit import append_event
-from triloop.decisions import DecisionRefused, ProvenDecision, audit_refusal, load_decision
+from triloop.decisions import DecisionRefused, HumanDecision, audit_refusal, load_decision
 from triloop.models import DecisionKind, GateResult
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
+from triloop.workflow_api import ErrorType
 
 GOVERNANCE = Actor(service="governance")
 _ROW_IDS = uuid.UUID("5b0f8c1e-7a55-4c39-9d0e-3f1c2a9e6b71")
@@ -31,7 +27,7 @@ _ROW_IDS = uuid.UUID("5b0f8c1e-7a55-4c39-9d0e-3f1c2a9e6b71")
 
 def refused(message: str) -> ApplicationError:
     """A non-retryable refusal by a rule of the governance loop itself."""
-    return ApplicationError(message, type=GOVERNANCE_REFUSED, non_retryable=True)
+    return ApplicationError(message, type=ErrorType.GOVERNANCE_REFUSED, non_retryable=True)
 
 
 def parse_time(value: str) -> datetime:
@@ -64,7 +60,7 @@ class GovernanceShell:
     def prove(
         self, decision_id: str, kind: DecisionKind, subject: str, *, role: str,
         resource: Resource,
-    ) -> ProvenDecision:
+    ) -> HumanDecision:
         """The person's recorded decision, read from the database; a refusal is audited."""
         try:
             with Session(self._engine) as session:
@@ -75,7 +71,7 @@ class GovernanceShell:
                           resource=resource.to_input(), decision_id=decision_id, reason=str(exc))
             raise refused(str(exc)) from exc
 
-    def authorize_for(self, proven: ProvenDecision, action: str, resource: Resource) -> None:
+    def authorize_for(self, proven: HumanDecision, action: str, resource: Resource) -> None:
         """Ask OPA again, as governance carrying out this person's recorded decision.
 
         ``on_behalf_of.role_since`` (when the role became active, read from the database
@@ -101,8 +97,8 @@ def policy_error(denied: PolicyDenied) -> ApplicationError:
     """Retry when OPA was unreachable (failed closed); never when it said no."""
     reasons = denied.decision.reasons
     if reasons and all(r.startswith("failed closed") for r in reasons):
-        return ApplicationError(str(denied), type=POLICY_UNAVAILABLE)
-    return ApplicationError(str(denied), type=POLICY_DENIED, non_retryable=True)
+        return ApplicationError(str(denied), type=ErrorType.POLICY_UNAVAILABLE)
+    return ApplicationError(str(denied), type=ErrorType.POLICY_DENIED, non_retryable=True)
 
 
 def record(

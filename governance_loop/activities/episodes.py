@@ -18,6 +18,7 @@ from sqlmodel import Session
 from triloop.models import RolloutBatch
 from triloop.production_traffic import SHADOW_PAIRS_FROM
 from triloop.production_traffic import requested_traffic as _requested_traffic
+from triloop.statuses import Purpose
 
 # SQL: the episode was served without an injected fault (or every episode, when not clean).
 _CLEAN = "(NOT CAST(:clean AS boolean) OR (outcome->'injected_fault') IS NULL)"
@@ -58,7 +59,7 @@ class BoundOutcomes:
 
 
 def requested_batch_outcomes(
-    *, session: Session, batch_id: str, checkpoint_id: str, purpose: str = "eval",
+    *, session: Session, batch_id: str, checkpoint_id: str, purpose: str = Purpose.EVAL,
 ) -> BoundOutcomes:
     """Outcomes of a batch governance asked for, counting only what it asked for.
 

@@ -24,7 +24,7 @@ from governance_loop.activities.common import (
     parse_time,
     store_gate,
 )
-from governance_loop.activities.messages import (
+from governance_loop.contracts import (
     DECIDE_OFFLINE_EVAL,
     DECIDE_SHADOW,
     LOOK_CANARY,
@@ -37,8 +37,6 @@ from governance_loop.activities.messages import (
 )
 from governance_loop.evalsets import content_hash_problem
 from governance_loop.gates import (
-    OFFLINE_EVAL,
-    WATCH,
     BinomialCounts,
     CanaryObservation,
     EpisodeStats,
@@ -60,10 +58,8 @@ from triloop.db import session_scope
 from triloop.models import EvalSet, Threshold
 from triloop.policy import Resource
 from triloop.production_traffic import CANARY_PURPOSES
+from triloop.statuses import Gate, Purpose
 from triloop.weights import INTEGRITY_ACTION
-
-PRODUCTION = "production"
-CANARY = "canary"
 
 
 def _spec(session: Session, threshold_id: str) -> ThresholdSpec:
@@ -108,7 +104,7 @@ class EvidenceActivities(GovernanceShell):
                                   "examples": left_out.examples})
         return self._store(session, promotion_id, decision, threshold_id=threshold_id)
 
-    @activity.defn(name=DECIDE_OFFLINE_EVAL)
+    @activity.defn(name=DECIDE_OFFLINE_EVAL.name)
     def decide_offline_eval(self, request: OfflineEvalInput) -> GateOutcome:
         """Judge both eval batches on the frozen eval set against the threshold version."""
         with session_scope(self._engine) as session:
@@ -119,13 +115,13 @@ class EvidenceActivities(GovernanceShell):
             tampered = content_hash_problem(session=session, eval_set=eval_set)
             if tampered is not None:
                 decision = GateDecision(
-                    gate=OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL, reasons=[tampered],
+                    gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL, reasons=[tampered],
                     evidence={"threshold_version": spec.version,
                               "eval_set_content_hash": eval_set.content_hash},
                 )
             elif request.batch_errors:
                 decision = GateDecision(
-                    gate=OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
+                    gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
                     reasons=[f"offline eval did not run: {e}" for e in request.batch_errors],
                     evidence={"threshold_version": spec.version},
                 )
@@ -153,7 +149,7 @@ class EvidenceActivities(GovernanceShell):
                              "overlaps": [o.describe() for o in shared]}
         if shared:
             return GateDecision(
-                gate=OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
+                gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
                 reasons=[f"not held out: {o.describe()}" for o in shared],
                 evidence={"threshold_version": spec.version, "held_out": held_out_evidence},
             )
@@ -172,9 +168,9 @@ class EvidenceActivities(GovernanceShell):
                 record_event(self._engine, actor={"service": "governance", "roles": []},
                              action=INTEGRITY_ACTION,
                              resource={"kind": "promotion", "id": request.promotion_id},
-                             payload={"during": "offline_eval", "problem": problem})
+                             payload={"during": Gate.OFFLINE_EVAL, "problem": problem})
             return GateDecision(
-                gate=OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
+                gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
                 reasons=[f"integrity: {problem}" for problem in problems],
                 evidence={"threshold_version": spec.version, "integrity": problems},
             )
@@ -191,7 +187,7 @@ class EvidenceActivities(GovernanceShell):
             "requested_by": "governance"}
         return decision
 
-    @activity.defn(name=DECIDE_SHADOW)
+    @activity.defn(name=DECIDE_SHADOW.name)
     def decide_shadow(self, request: ShadowInput) -> GateOutcome:
         """Judge the shadow soak on paired production/shadow episodes."""
         with session_scope(self._engine) as session:
@@ -220,10 +216,10 @@ class EvidenceActivities(GovernanceShell):
             since = parse_time(request.since)
             return self._store_window_gate(
                 session, request.promotion_id, decision, threshold_id=request.threshold_id,
-                windows=[(request.candidate_checkpoint_id, ("shadow",), since, None),
-                         (request.production_checkpoint_id, (PRODUCTION,), since, None)])
+                windows=[(request.candidate_checkpoint_id, (Purpose.SHADOW,), since, None),
+                         (request.production_checkpoint_id, (Purpose.PRODUCTION,), since, None)])
 
-    @activity.defn(name=LOOK_CANARY)
+    @activity.defn(name=LOOK_CANARY.name)
     def look_canary(self, request: CanaryLook) -> GateOutcome:
         """One sequential-test look at canary vs production since the canary started."""
         since = parse_time(request.since)
@@ -237,7 +233,7 @@ class EvidenceActivities(GovernanceShell):
                 )
                 production = episodes.episode_counts(
                     session=session, checkpoint_id=request.production_checkpoint_id,
-                    purposes=(PRODUCTION,), since=since, clean=clean,
+                    purposes=(Purpose.PRODUCTION,), since=since, clean=clean,
                 )
                 canary_reward = episodes.reward_summary(
                     session=session, checkpoint_id=request.candidate_checkpoint_id,
@@ -245,7 +241,7 @@ class EvidenceActivities(GovernanceShell):
                 )
                 production_reward = episodes.reward_summary(
                     session=session, checkpoint_id=request.production_checkpoint_id,
-                    purposes=(PRODUCTION,), since=since, clean=clean,
+                    purposes=(Purpose.PRODUCTION,), since=since, clean=clean,
                 )
                 return decide_canary(CanaryObservation(
                     canary=BinomialCounts(*canary), production=BinomialCounts(*production),
@@ -257,7 +253,7 @@ class EvidenceActivities(GovernanceShell):
 
             canary_windows: list[episodes.Window] = [
                 (request.candidate_checkpoint_id, CANARY_PURPOSES, since, None),
-                (request.production_checkpoint_id, (PRODUCTION,), since, None),
+                (request.production_checkpoint_id, (Purpose.PRODUCTION,), since, None),
             ]
             faulted = episodes.fault_summary(session=session, windows=canary_windows)
             everything = decide(clean=False)
@@ -272,17 +268,17 @@ class EvidenceActivities(GovernanceShell):
                                            threshold_id=request.threshold_id,
                                            windows=canary_windows)
 
-    @activity.defn(name=LOOK_WATCH)
+    @activity.defn(name=LOOK_WATCH.name)
     def look_watch(self, request: WatchLook) -> GateOutcome:
         """One look at production since promotion against both pre-promotion baselines."""
         promoted_at = parse_time(request.promoted_at)
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
-            deployment = store.get_deployment(session=session, alias=PRODUCTION)
+            deployment = store.get_deployment(session=session, alias=Purpose.PRODUCTION)
             if deployment is None or deployment.checkpoint_id != request.candidate_checkpoint_id:
                 now_serving = deployment.checkpoint_id if deployment is not None else None
                 decision = GateDecision(
-                    gate=WATCH, passed=False, verdict=Verdict.FAIL, evidence={},
+                    gate=Gate.WATCH, passed=False, verdict=Verdict.FAIL, evidence={},
                     reasons=[f"production no longer serves the candidate (now {now_serving}): "
                              "it was rolled back or replaced during the watch"],
                 )
@@ -290,8 +286,8 @@ class EvidenceActivities(GovernanceShell):
                                    threshold_id=request.threshold_id)
             before = parse_time(request.baseline_since)
             windows = {
-                "previous production": (request.baseline_checkpoint_id, (PRODUCTION,)),
-                "candidate during canary": (request.candidate_checkpoint_id, (CANARY,)),
+                "previous production": (request.baseline_checkpoint_id, (Purpose.PRODUCTION,)),
+                "candidate during canary": (request.candidate_checkpoint_id, (Purpose.CANARY,)),
             }
             candidate = request.candidate_checkpoint_id
 
@@ -309,10 +305,10 @@ class EvidenceActivities(GovernanceShell):
                     for name, (checkpoint, purposes) in windows.items()
                 }
                 promoted_counts = episodes.episode_counts(
-                    session=session, checkpoint_id=candidate, purposes=(PRODUCTION,),
+                    session=session, checkpoint_id=candidate, purposes=(Purpose.PRODUCTION,),
                     since=promoted_at, clean=clean)
                 promoted_reward = episodes.reward_summary(
-                    session=session, checkpoint_id=candidate, purposes=(PRODUCTION,),
+                    session=session, checkpoint_id=candidate, purposes=(Purpose.PRODUCTION,),
                     since=promoted_at, clean=clean)
                 return decide_watch_against_baselines(
                     counts,
@@ -327,7 +323,7 @@ class EvidenceActivities(GovernanceShell):
             watch_windows: list[episodes.Window] = [
                 *((checkpoint, purposes, before, promoted_at)
                   for checkpoint, purposes in windows.values()),
-                (candidate, (PRODUCTION,), promoted_at, None),
+                (candidate, (Purpose.PRODUCTION,), promoted_at, None),
             ]
             faulted = episodes.fault_summary(session=session, windows=watch_windows)
             everything = decide(clean=False)

@@ -22,11 +22,10 @@ from governance_loop.activities.common import (
     row_id,
     store_gate,
 )
-from governance_loop.activities.messages import (
+from governance_loop.contracts import (
     MARK_PROMOTION,
     OPEN_PROMOTION,
     PROMOTE_CANDIDATE,
-    PROMOTION_ENDED,
     RECORD_GATE,
     RECORD_HUMAN_DECISION,
     SET_ROUTING,
@@ -38,38 +37,32 @@ from governance_loop.activities.messages import (
     PromoteInput,
     PromoteResult,
     PromotionPlan,
-    PromotionTiming,
     RoutingChange,
     RoutingRequest,
 )
+from governance_loop.durations import PromotionTiming
 from governance_loop.gates import (
-    APPROVAL,
-    AUDIT,
-    PROMOTE,
-    STABILITY,
     GateDecision,
     HumanDecisionError,
     ThresholdSpec,
     Verdict,
-    decide_alarm_override,
-    decide_approval,
-    decide_audit,
+    decide_human,
+    deciding_role,
 )
-from governance_loop.gates import HumanDecision as GateHumanDecision
-from governance_loop.gates.human import AUDITOR_ROLE, OPERATOR_ROLE
 from triloop.artifacts import ArtifactCorrupted, ArtifactStore
 from triloop.db import session_scope
-from triloop.decisions import ProvenDecision, audit_refusal
+from triloop.decisions import HumanDecision, audit_refusal
 from triloop.models import (
     Approval,
     Checkpoint,
-    DecisionKind,
     Promotion,
     Proposal,
     Threshold,
     TrainingRun,
 )
 from triloop.policy import Authorizer, Resource
+from triloop.statuses import Decision, Gate, PromotionDecision, Purpose
+from triloop.statuses import PromotionStatus as Outcome
 from triloop.weights import (
     UnsupportedArtifactUri,
     WeightsIntegrityError,
@@ -77,25 +70,9 @@ from triloop.weights import (
     record_integrity_event,
     verify_weights,
 )
-from triloop.workflow_api import RolloutItem
+from triloop.workflow_api import ErrorType, RolloutItem
 
 DEFAULT_THRESHOLD_NAME = "promotion"
-PRODUCTION = "production"
-# Policy action for each (kind, decision) a person may take on a promotion.
-# The policy's action for each recorded decision (DecisionKind, decision).
-HUMAN_ACTIONS = {
-    (DecisionKind.AUDIT, "sign"): "sign_audit",
-    (DecisionKind.AUDIT, "reject"): "reject_audit",
-    (DecisionKind.APPROVAL, "approve"): "approve",
-    (DecisionKind.APPROVAL, "reject"): "reject",
-    (DecisionKind.ALARM_OVERRIDE, "override"): "override_alarms",
-}
-
-# Decisions that move a candidate toward production need a role held since before the
-# promotion opened (policy: duties.rego); a rejection needs no such age.
-ROLE_SINCE_ACTIONS = frozenset({"sign_audit", "approve", "override_alarms"})
-
-
 class PromotionActivities(GovernanceShell):
     """State changes of a promotion, each authorized, audited and idempotent under retry."""
 
@@ -115,7 +92,7 @@ class PromotionActivities(GovernanceShell):
         self._home = home  # relative artifact paths of checkpoints are under it
         self._store = store  # the shared artifact store, for artifact:// checkpoints
 
-    @activity.defn(name=OPEN_PROMOTION)
+    @activity.defn(name=OPEN_PROMOTION.name)
     def open_promotion(self, request: OpenPromotionInput) -> PromotionPlan:
         """Create the promotion row and read what it will be judged against."""
         with session_scope(self._engine) as session:
@@ -132,7 +109,7 @@ class PromotionActivities(GovernanceShell):
             # Separation of duties rests on who submitted the run: the web service wrote
             # that row, the proposer only claims it.
             submitted_by = run.submitted_by if run is not None else proposal.submitted_by
-            deployment = store.get_deployment(session=session, alias=PRODUCTION)
+            deployment = store.get_deployment(session=session, alias=Purpose.PRODUCTION)
             baseline = deployment.checkpoint_id if deployment is not None else None
         self.authorize(
             "create",
@@ -179,7 +156,7 @@ class PromotionActivities(GovernanceShell):
         plan.stability_reasons = list(check.decision.reasons)
         if check.decision.final:
             self.authorize("create", Resource("gate_result", attrs={
-                "promotion_id": plan.promotion_id, "gate": STABILITY}))
+                "promotion_id": plan.promotion_id, "gate": Gate.STABILITY}))
             plan.stability_gate_result_id = store_gate(
                 session, promotion_id=plan.promotion_id, decision=check.decision,
                 threshold_id=plan.threshold_id).gate_result_id
@@ -195,7 +172,7 @@ class PromotionActivities(GovernanceShell):
         if existing is None:
             return
         problem = None
-        if existing.status != "open":  # promoted, rejected, aborted, rolled_back, expired
+        if existing.status != Outcome.open:  # promoted, rejected, aborted, rolled_back, expired
             problem = (
                 f"promotion {existing.id} of proposal {proposal_id} already ended "
                 f"{existing.status}; an ended promotion is never run again (a rolled-back or "
@@ -213,7 +190,7 @@ class PromotionActivities(GovernanceShell):
                    resource={"kind": "promotion", "id": existing.id},
                    payload={"proposal_id": proposal_id, "workflow_id": workflow_id,
                             "status": existing.status, "reason": problem})
-        raise ApplicationError(problem, type=PROMOTION_ENDED, non_retryable=True)
+        raise ApplicationError(problem, type=ErrorType.PROMOTION_ENDED, non_retryable=True)
 
     def _plan_evaluation(self, session: Session, plan: PromotionPlan) -> None:
         """Fill in the threshold, the frozen eval set and its items, or the problem."""
@@ -239,7 +216,7 @@ class PromotionActivities(GovernanceShell):
         per_task = max(1, math.ceil(spec.min_samples / len(tasks)))
         plan.eval_items = [RolloutItem(task_id=t, seed=s, group_size=per_task) for t, s, _ in tasks]
 
-    @activity.defn(name=MARK_PROMOTION)
+    @activity.defn(name=MARK_PROMOTION.name)
     def mark_promotion(self, mark: MarkPromotion) -> None:
         """Record the gate the promotion is at, or how it ended."""
         self.authorize("update", Resource("promotion", id=mark.promotion_id,
@@ -250,7 +227,7 @@ class PromotionActivities(GovernanceShell):
                 current_gate=mark.gate, reason=mark.reason,
             )
 
-    @activity.defn(name=RECORD_GATE)
+    @activity.defn(name=RECORD_GATE.name)
     def record_gate(self, gate: GateRecord) -> GateOutcome:
         """Store a verdict the workflow reached itself (a deadline passed, a precondition)."""
         self.authorize("create", Resource("gate_result", attrs={"gate": gate.gate}))
@@ -264,10 +241,10 @@ class PromotionActivities(GovernanceShell):
                 threshold_id=gate.threshold_id, eval_set_id=gate.eval_set_id,
             )
 
-    @activity.defn(name=SET_ROUTING)
+    @activity.defn(name=SET_ROUTING.name)
     def set_routing(self, request: RoutingRequest) -> RoutingChange:
         """Claim a shadow/canary slot for a promotion, or release it; never take another's."""
-        if request.slot not in ("shadow", "canary"):
+        if request.slot not in (Purpose.SHADOW, Purpose.CANARY):
             raise refused(f"a promotion routes only the shadow and canary slots: {request.slot}")
         self.authorize("route", Resource("routing", id=request.slot, attrs={
             "checkpoint_id": request.checkpoint_id, "share": request.share,
@@ -279,7 +256,7 @@ class PromotionActivities(GovernanceShell):
             if holder not in (None, request.promotion_id):
                 assert holder is not None
                 other = store.get_promotion(session=session, promotion_id=holder)
-                if other.status == "open":
+                if other.status == Outcome.open:
                     if request.checkpoint_id is None:  # releasing: it is not ours anyway
                         return RoutingChange(ok=True, at=store.db_now(session).isoformat())
                     return RoutingChange(ok=False, at=store.db_now(session).isoformat(),
@@ -295,91 +272,77 @@ class PromotionActivities(GovernanceShell):
                             "promotion_id": request.promotion_id})
             return RoutingChange(ok=True, at=store.db_now(session).isoformat())
 
-    @activity.defn(name=RECORD_HUMAN_DECISION)
+    @activity.defn(name=RECORD_HUMAN_DECISION.name)
     def record_human_decision(self, request: HumanDecisionRecord) -> GateOutcome:
-        """Prove the person from their recorded decision, re-check duties and OPA, then write."""
-        if request.gate == STABILITY:
-            return self._record_alarm_override(request)
-        audit = request.gate == AUDIT
-        kind = DecisionKind.AUDIT if audit else DecisionKind.APPROVAL
+        """Carry out a person's decision at an audit, approval or stability gate.
+
+        One path for the three: prove the decision from the row the web role wrote (the
+        person and their roles read from the database), the duty rules once
+        (``decide_human``), a role held since before the promotion opened for a decision
+        that lets the candidate on, then OPA again acting for the person, then the write.
+        Each refusal is audited.
+        """
+        gate = request.gate
         attrs = {"submitted_by": request.submitted_by}
-        if not audit:
+        if gate is Gate.APPROVAL:
             attrs["audited_by"] = request.audited_by or ""
         resource = Resource("promotion", id=request.promotion_id, attrs=attrs)
-        proven = self.prove(request.decision_id, kind, request.promotion_id,
-                            role=AUDITOR_ROLE if audit else OPERATOR_ROLE, resource=resource)
-        action = HUMAN_ACTIONS.get((kind, proven.decision))
-        if action is None:
-            raise refused(f"unknown {kind} decision {proven.decision!r}")
-        opened_at = self._opened_at(request.promotion_id)
-        if action in ROLE_SINCE_ACTIONS:
-            self._refuse_newer_role(proven, action, resource, opened_at)
-        attrs["promotion_opened_at"] = rfc3339(opened_at)
-        human = GateHumanDecision(user=proven.user, service="web", roles=list(proven.roles),
-                                  decision=proven.decision, comment=proven.comment)
+        proven = self.prove(request.decision_id, PromotionDecision.kind_at(gate),
+                            request.promotion_id, role=deciding_role(gate), resource=resource)
         try:  # the pure duty rules first: their refusals say the most
-            if audit:
-                gate = decide_audit(human, submitter=request.submitted_by, awaiting=AUDIT)
-            else:
-                gate = decide_approval(human, submitter=request.submitted_by,
-                                       auditor=request.audited_by, awaiting=APPROVAL)
+            verdict = decide_human(proven, gate=gate, submitter=request.submitted_by,
+                                   auditor=request.audited_by)
         except HumanDecisionError as exc:
-            audit_refusal(self._engine, service="governance", action=action,
+            audit_refusal(self._engine, service="governance",
+                          action=proven.choice or f"{proven.kind}_decision",
                           resource=resource.to_input(), decision_id=proven.id, reason=str(exc))
             raise refused(str(exc)) from exc
-        self.authorize_for(proven, action, Resource("promotion", id=request.promotion_id, attrs={
-            **attrs, ("audited_by" if audit else "approved_by"): proven.user}))
-        with session_scope(self._engine) as session:
-            key = row_id("approval")
-            if session.get(Approval, key) is None:
-                store.add_approval(
-                    session=session, promotion_id=request.promotion_id,
-                    kind="audit" if audit else "operator",
-                    decision="approve" if gate.passed else "reject", user_name=proven.user,
-                    comment=proven.comment, row_id=key,
-                )
-            outcome = store_gate(session, promotion_id=request.promotion_id, decision=gate)
-        return replace(outcome, decided_by=proven.user)
-
-    def _record_alarm_override(self, request: HumanDecisionRecord) -> GateOutcome:
-        """An operator lets a candidate past its run's stability alarms, with a reason.
-
-        The same proof as an approval: the decision row the web role wrote, the operator
-        role held now and since before the promotion opened, not the run's submitter
-        (pure rule, then OPA acting for the person). Each refusal is audited; the override
-        is a passed ``stability`` gate result naming the operator, their reason and the
-        alarms they overrode.
-        """
-        kind = DecisionKind.ALARM_OVERRIDE
-        attrs = {"submitted_by": request.submitted_by}
-        resource = Resource("promotion", id=request.promotion_id, attrs=attrs)
-        proven = self.prove(request.decision_id, kind, request.promotion_id,
-                            role=OPERATOR_ROLE, resource=resource)
-        action = HUMAN_ACTIONS.get((kind, proven.decision))
-        if action is None:
-            raise refused(f"unknown {kind} decision {proven.decision!r}")
+        choice = proven.choice
+        assert choice is not None  # decide_human refused any other decision
         opened_at = self._opened_at(request.promotion_id)
-        self._refuse_newer_role(proven, action, resource, opened_at)
+        if choice.passes:
+            self._refuse_newer_role(proven, choice, resource, opened_at)
         attrs["promotion_opened_at"] = rfc3339(opened_at)
-        human = GateHumanDecision(user=proven.user, service="web", roles=list(proven.roles),
-                                  decision=proven.decision, comment=proven.comment)
-        try:
-            gate = decide_alarm_override(human, submitter=request.submitted_by,
-                                         awaiting=STABILITY)
-        except HumanDecisionError as exc:
-            audit_refusal(self._engine, service="governance", action=action,
-                          resource=resource.to_input(), decision_id=proven.id, reason=str(exc))
-            raise refused(str(exc)) from exc
-        self.authorize_for(proven, action, Resource("promotion", id=request.promotion_id,
+        if gate is not Gate.STABILITY:  # the policy compares the deciders
+            attrs["audited_by" if gate is Gate.AUDIT else "approved_by"] = proven.user
+        self.authorize_for(proven, choice, Resource("promotion", id=request.promotion_id,
                                                     attrs=attrs))
         with session_scope(self._engine) as session:
-            promotion = store.get_promotion(session=session, promotion_id=request.promotion_id)
-            alarms = stability.recorded_alarms(session=session, run_id=promotion.run_id)
-            gate = replace(gate, evidence={
-                **gate.evidence, "overridden": True, "human_decision_id": proven.id,
-                "recorded_alarms": [a.to_dict() for a in sorted(alarms)]})
-            outcome = store_gate(session, promotion_id=request.promotion_id, decision=gate)
+            if gate is Gate.STABILITY:
+                verdict = self._overriding(session, verdict, request, proven)
+            else:
+                self._add_approval(session, request, proven, verdict)
+            outcome = store_gate(session, promotion_id=request.promotion_id, decision=verdict)
         return replace(outcome, decided_by=proven.user)
+
+    @staticmethod
+    def _add_approval(session: Session, request: HumanDecisionRecord, proven: HumanDecision,
+                      verdict: GateDecision) -> None:
+        """The audit's or the approval's ``approval`` row (once under retries)."""
+        key = row_id("approval")
+        if session.get(Approval, key) is None:
+            store.add_approval(
+                session=session, promotion_id=request.promotion_id,
+                kind="audit" if request.gate is Gate.AUDIT else "operator",
+                decision=Decision.APPROVE if verdict.passed else Decision.REJECT,
+                user_name=proven.user, comment=proven.comment, row_id=key,
+            )
+
+    @staticmethod
+    def _overriding(session: Session, verdict: GateDecision, request: HumanDecisionRecord,
+                    proven: HumanDecision) -> GateDecision:
+        """An alarm override's gate result names the alarms it overrode.
+
+        The same proof as an approval (the row the web role wrote, the operator role held now
+        and since before the promotion opened, not the run's submitter, OPA acting for the
+        person); the override is a passed ``stability`` gate result naming the operator,
+        their reason and the alarms they overrode.
+        """
+        promotion = store.get_promotion(session=session, promotion_id=request.promotion_id)
+        alarms = stability.recorded_alarms(session=session, run_id=promotion.run_id)
+        return replace(verdict, evidence={
+            **verdict.evidence, "overridden": True, "human_decision_id": proven.id,
+            "recorded_alarms": [a.to_dict() for a in sorted(alarms)]})
 
     def _opened_at(self, promotion_id: str) -> datetime:
         """When the promotion opened, read from its row (never from a message)."""
@@ -389,8 +352,8 @@ class PromotionActivities(GovernanceShell):
             raise refused(f"promotion {promotion_id} does not exist")
         return promotion.created_at
 
-    def _refuse_newer_role(self, proven: ProvenDecision, action: str, resource: Resource,
-                           opened_at: datetime) -> None:
+    def _refuse_newer_role(self, proven: HumanDecision, action: PromotionDecision,
+                           resource: Resource, opened_at: datetime) -> None:
         """Refuse (audited) a role that became active after the promotion opened.
 
         Otherwise an admin could grant a role to someone for this very candidate once it is
@@ -407,7 +370,7 @@ class PromotionActivities(GovernanceShell):
                       resource=resource.to_input(), decision_id=proven.id, reason=reason)
         raise refused(reason)
 
-    @activity.defn(name=PROMOTE_CANDIDATE)
+    @activity.defn(name=PROMOTE_CANDIDATE.name)
     def promote_candidate(self, request: PromoteInput) -> PromoteResult:
         """Move production to the candidate in one transaction, then check the end state."""
         self.authorize("promote", Resource("promotion", id=request.promotion_id, attrs={
@@ -415,7 +378,8 @@ class PromotionActivities(GovernanceShell):
             "approved_by": request.approved_by,
         }))
         with session_scope(self._engine) as session:
-            current = store.get_deployment(session=session, alias=PRODUCTION, for_update=True)
+            current = store.get_deployment(session=session, alias=Purpose.PRODUCTION,
+                                           for_update=True)
             already = current is not None and current.promotion_id == request.promotion_id
             if not already and (current is None
                                 or current.checkpoint_id != request.baseline_checkpoint_id):
@@ -431,21 +395,21 @@ class PromotionActivities(GovernanceShell):
                     return PromoteResult(self._promote_gate(session, request, [problem],
                                                             passed=False))
                 store.move_alias(
-                    session=session, alias=PRODUCTION,
+                    session=session, alias=Purpose.PRODUCTION,
                     checkpoint_id=request.candidate_checkpoint_id,
                     rollback_target_id=request.baseline_checkpoint_id,
                     promotion_id=request.promotion_id, actor="governance",
                     reason=f"promotion {request.promotion_id} approved by {request.approved_by}",
                     kind="promote",
                 )
-                store.set_routing(session=session, slot=PRODUCTION,
+                store.set_routing(session=session, slot=Purpose.PRODUCTION,
                                   checkpoint_id=request.candidate_checkpoint_id, share=1.0,
                                   promotion_id=request.promotion_id, updated_by="governance")
-                for slot in ("canary", "shadow"):
+                for slot in (Purpose.CANARY, Purpose.SHADOW):
                     store.set_routing(session=session, slot=slot, checkpoint_id=None, share=0.0,
                                       promotion_id=None, updated_by="governance")
                 store.update_promotion(session=session, promotion_id=request.promotion_id,
-                                       status="promoted", current_gate="watch")
+                                       status=Outcome.promoted, current_gate=Gate.WATCH)
             promoted_at = store.db_now(session).isoformat()
         with session_scope(self._engine) as session:
             problems = self._end_state_problems(session, request)
@@ -476,7 +440,7 @@ class PromotionActivities(GovernanceShell):
         return None
 
     def _end_state_problems(self, session: Session, request: PromoteInput) -> list[str]:
-        deployment = store.get_deployment(session=session, alias=PRODUCTION)
+        deployment = store.get_deployment(session=session, alias=Purpose.PRODUCTION)
         routes = store.routing_table(session=session)
         problems = []
         if deployment is None or deployment.checkpoint_id != request.candidate_checkpoint_id:
@@ -485,10 +449,10 @@ class PromotionActivities(GovernanceShell):
             deployment.rollback_target_id != request.baseline_checkpoint_id
         ):
             problems.append("the rollback target is not the previous production checkpoint")
-        production = routes.get(PRODUCTION)
+        production = routes.get(Purpose.PRODUCTION)
         if production is None or production.checkpoint_id != request.candidate_checkpoint_id:
             problems.append("the production routing slot does not name the candidate")
-        for slot in ("canary", "shadow"):
+        for slot in (Purpose.CANARY, Purpose.SHADOW):
             if slot in routes and routes[slot].checkpoint_id is not None:
                 problems.append(f"the {slot} slot still routes traffic after promotion")
         return problems
@@ -497,7 +461,7 @@ class PromotionActivities(GovernanceShell):
         self, session: Session, request: PromoteInput, reasons: list[str], *, passed: bool
     ) -> GateOutcome:
         decision = GateDecision(
-            gate=PROMOTE, passed=passed, reasons=reasons,
+            gate=Gate.PROMOTE, passed=passed, reasons=reasons,
             evidence={"candidate": request.candidate_checkpoint_id,
                       "rollback_target": request.baseline_checkpoint_id,
                       "audited_by": request.audited_by, "approved_by": request.approved_by},

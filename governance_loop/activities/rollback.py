@@ -21,11 +21,12 @@ from temporalio import activity
 
 from governance_loop import store
 from governance_loop.activities.common import GOVERNANCE, GovernanceShell, record, refused
-from governance_loop.activities.messages import ROLLBACK_DEPLOYMENT
+from governance_loop.contracts import ROLLBACK_DEPLOYMENT
 from triloop.db import session_scope
 from triloop.deployment_history import RollbackRefused, plan_rollback
 from triloop.models import Checkpoint, DecisionKind, DeploymentHistory
 from triloop.policy import Authorizer, Resource
+from triloop.statuses import PromotionStatus, Purpose
 from triloop.workflow_api import RollbackInput, RollbackResult
 
 
@@ -41,7 +42,7 @@ def _request_key() -> str:
 class RollbackActivities(GovernanceShell):
     """Moves an alias back to its rollback target."""
 
-    @activity.defn(name=ROLLBACK_DEPLOYMENT)
+    @activity.defn(name=ROLLBACK_DEPLOYMENT.name)
     def rollback_deployment(self, request: RollbackInput) -> RollbackResult:
         """Authorize, then move the alias back through its history and reroute production."""
         to_revision: int | None = None
@@ -90,9 +91,9 @@ class RollbackActivities(GovernanceShell):
                 self._reroute(session, request.alias, target, actor)
                 if promotion_id is not None:
                     promotion = store.get_promotion(session=session, promotion_id=promotion_id)
-                    if promotion.status == "promoted":
+                    if promotion.status == PromotionStatus.promoted:
                         store.update_promotion(session=session, promotion_id=promotion_id,
-                                               status="rolled_back", reason=reason)
+                                               status=PromotionStatus.rolled_back, reason=reason)
                 record(session, action="rollback",
                        resource={"kind": "deployment", "id": request.alias},
                        payload={"from": previous, "to": target, "requested_by": actor,
@@ -116,7 +117,7 @@ class RollbackActivities(GovernanceShell):
 
     @staticmethod
     def _reroute(session: Session, alias: str, target: str, actor: str) -> None:
-        if alias != "production":
+        if alias != Purpose.PRODUCTION:
             return
         store.set_routing(session=session, slot="production", checkpoint_id=target,
                           share=1.0, promotion_id=None, updated_by=actor)

@@ -18,9 +18,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from governance_loop.activities.common import GovernanceShell, row_id
-from governance_loop.activities.messages import (
+from governance_loop.contracts import (
     CREATE_EVAL_SET,
-    INVALID_REQUEST,
     REGISTER_ENVIRONMENT_VERSION,
     SET_THRESHOLD,
 )
@@ -40,11 +39,11 @@ from governance_loop.evalsets import (
 from governance_loop.gates import ThresholdSpec, ThresholdSpecError
 from triloop.contract_upload import decode_fixtures, laid_out
 from triloop.contracts import ContractError
-from triloop.decisions import ProvenDecision
+from triloop.decisions import HumanDecision
 from triloop.environment_code import EnvironmentCodeError
 from triloop.models import DecisionKind
 from triloop.policy import Resource
-from triloop.workflow_api import GovernanceWriteInput, GovernanceWriteResult
+from triloop.workflow_api import ErrorType, GovernanceWriteInput, GovernanceWriteResult
 
 DECIDING_ROLE = "operator"
 
@@ -52,7 +51,7 @@ DECIDING_ROLE = "operator"
 def invalid_request(summary: str, reasons: Sequence[str]) -> ApplicationError:
     """What was asked cannot be stored: never retried; the web answers 422 with ``reasons``."""
     return ApplicationError(f"{summary}: {'; '.join(reasons)}", list(reasons),
-                            type=INVALID_REQUEST, non_retryable=True)
+                            type=ErrorType.INVALID_REQUEST, non_retryable=True)
 
 
 def contract_document(name: str, details: Mapping[str, Any]) -> ContractDocument:
@@ -83,11 +82,11 @@ def _strings(value: object, what: str) -> list[str]:
 class GovernanceWriteActivities(GovernanceShell):
     """Registers versions, freezes eval sets and sets thresholds for the person who decided."""
 
-    def _proven(self, request: GovernanceWriteInput, kind: DecisionKind) -> ProvenDecision:
+    def _proven(self, request: GovernanceWriteInput, kind: DecisionKind) -> HumanDecision:
         return self.prove(request.decision_id, kind, request.subject, role=DECIDING_ROLE,
                           resource=Resource(kind.value, attrs={"name": request.subject}))
 
-    @activity.defn(name=REGISTER_ENVIRONMENT_VERSION)
+    @activity.defn(name=REGISTER_ENVIRONMENT_VERSION.name)
     def register_environment_version(self, request: GovernanceWriteInput) -> GovernanceWriteResult:
         """Prove the decision, check the contract, ask OPA for the person, then register."""
         proven = self._proven(request, DecisionKind.ENVIRONMENT_VERSION)
@@ -99,7 +98,7 @@ class GovernanceWriteActivities(GovernanceShell):
             kind=DecisionKind.ENVIRONMENT_VERSION.value, id=stored.id,
             name=stored.environment_name, version=stored.version, created=stored.created)
 
-    @activity.defn(name=CREATE_EVAL_SET)
+    @activity.defn(name=CREATE_EVAL_SET.name)
     def create_eval_set(self, request: GovernanceWriteInput) -> GovernanceWriteResult:
         """Prove the decision, ask OPA for the person, then create and freeze the version."""
         proven = self._proven(request, DecisionKind.EVAL_SET)
@@ -117,7 +116,7 @@ class GovernanceWriteActivities(GovernanceShell):
             version=stored.version,
             details={"content_hash": stored.content_hash, "task_ids": stored.task_ids})
 
-    @activity.defn(name=SET_THRESHOLD)
+    @activity.defn(name=SET_THRESHOLD.name)
     def set_threshold(self, request: GovernanceWriteInput) -> GovernanceWriteResult:
         """Prove the decision, check the spec, ask OPA for the person, then store the version."""
         proven = self._proven(request, DecisionKind.THRESHOLD)

@@ -1,21 +1,14 @@
 """Promotion gates as pure functions: evidence in, ``GateDecision`` out.
 
-``GATE_ORDER`` fixes the path stability -> offline_eval -> shadow -> canary -> audit ->
-approval -> promote -> watch; ``next_gate`` says where a promotion stands.
+The gates are the kernel's ``triloop.statuses.Gate``; ``GATE_ORDER`` fixes the path
+stability -> offline_eval -> shadow -> canary -> audit -> approval -> promote -> watch;
+``next_gate`` says where a promotion stands.
 The statistical rules are stated in each module's docstring.
 """
 
 from governance_loop.gates.canary import CanaryObservation, decide_canary
 from governance_loop.gates.decision import (
-    APPROVAL,
-    AUDIT,
-    CANARY,
     GATE_ORDER,
-    OFFLINE_EVAL,
-    PROMOTE,
-    SHADOW,
-    STABILITY,
-    WATCH,
     GateDecision,
     GateOrderError,
     Verdict,
@@ -26,18 +19,11 @@ from governance_loop.gates.decision import (
 from governance_loop.gates.faults import describe_fault, without_fault_passes
 from governance_loop.gates.human import (
     AUDITOR_ROLE,
-    HUMAN_DECISION_SERVICE,
     OPERATOR_ROLE,
-    AlarmOverrideKind,
-    ApprovalDecisionKind,
-    AuditDecisionKind,
-    HumanDecision,
     HumanDecisionError,
-    decide_alarm_override,
-    decide_approval,
-    decide_audit,
-    validate_approval_decision,
-    validate_audit_decision,
+    decide_human,
+    deciding_role,
+    refuse_out_of_turn,
 )
 from governance_loop.gates.offline_eval import EvalSetResult, decide_offline_eval
 from governance_loop.gates.sequential import RewardSummary
@@ -64,22 +50,10 @@ from governance_loop.gates.watch import (
 )
 
 __all__ = [
-    "APPROVAL",
     "BLOCKING_ALARMS",
-    "AUDIT",
     "AUDITOR_ROLE",
-    "CANARY",
     "GATE_ORDER",
-    "HUMAN_DECISION_SERVICE",
-    "OFFLINE_EVAL",
     "OPERATOR_ROLE",
-    "PROMOTE",
-    "SHADOW",
-    "STABILITY",
-    "WATCH",
-    "AlarmOverrideKind",
-    "ApprovalDecisionKind",
-    "AuditDecisionKind",
     "BinomialCounts",
     "CanaryObservation",
     "CanarySpec",
@@ -87,7 +61,6 @@ __all__ = [
     "EvalSetResult",
     "GateDecision",
     "GateOrderError",
-    "HumanDecision",
     "HumanDecisionError",
     "Interval",
     "ShadowSample",
@@ -101,10 +74,9 @@ __all__ = [
     "RewardSummary",
     "WatchObservation",
     "WatchSpec",
-    "decide_alarm_override",
-    "decide_approval",
-    "decide_audit",
     "decide_canary",
+    "decide_human",
+    "deciding_role",
     "decide_offline_eval",
     "decide_shadow",
     "decide_stability",
@@ -113,8 +85,7 @@ __all__ = [
     "describe_fault",
     "failed_gate",
     "next_gate",
+    "refuse_out_of_turn",
     "results_from_decisions",
-    "validate_approval_decision",
-    "validate_audit_decision",
     "without_fault_passes",
 ]

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from governance_loop.gates.always_valid import evidence_boundary
-from governance_loop.gates.decision import CANARY, GateDecision, Verdict
+from governance_loop.gates.decision import GateDecision, Verdict
 from governance_loop.gates.sequential import (
     TEST_NAME,
     MetricTest,
@@ -33,6 +33,7 @@ from governance_loop.gates.sequential import (
 )
 from governance_loop.gates.stats import BinomialCounts, evidence_number, rate_difference
 from governance_loop.gates.thresholds import CanarySpec, ThresholdSpec
+from triloop.statuses import Gate
 
 # Verdict codes of the vectorised rule.
 CONTINUE, ABORT, PASS, FAIL = 0, 1, 2, 3
@@ -131,7 +132,7 @@ def decide_canary(observation: CanaryObservation, thresholds: ThresholdSpec) -> 
 
     def decision(reason: str) -> GateDecision:
         return GateDecision(
-            gate=CANARY, passed=verdict is Verdict.PASS,
+            gate=Gate.CANARY, passed=verdict is Verdict.PASS,
             reasons=[f"{reason} (thresholds {version})"], evidence=evidence, verdict=verdict,
             restore_routing=verdict in (Verdict.ABORT_REGRESSION, Verdict.FAIL),
         )

@@ -7,20 +7,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-STABILITY = "stability"
-OFFLINE_EVAL = "offline_eval"
-SHADOW = "shadow"
-CANARY = "canary"
-AUDIT = "audit"
-APPROVAL = "approval"
-PROMOTE = "promote"
-WATCH = "watch"
+from triloop.statuses import GATE_ORDER
 
-# A candidate must pass every gate in this order; none may be skipped.
-GATE_ORDER: tuple[str, ...] = (
-    STABILITY, OFFLINE_EVAL, SHADOW, CANARY, AUDIT, APPROVAL, PROMOTE, WATCH,
-)
-
+__all__ = ["GATE_ORDER", "GateDecision", "GateOrderError", "Verdict", "failed_gate",
+           "next_gate", "results_from_decisions"]
 
 class Verdict(StrEnum):
     """The outcome of one evaluation of a gate."""

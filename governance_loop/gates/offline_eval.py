@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from governance_loop.gates.decision import OFFLINE_EVAL, GateDecision, Verdict
+from governance_loop.gates.decision import GateDecision, Verdict
 from governance_loop.gates.stats import (
     EpisodeStats,
     evidence_number,
@@ -24,6 +24,7 @@ from governance_loop.gates.stats import (
     wilson_interval,
 )
 from governance_loop.gates.thresholds import ThresholdSpec
+from triloop.statuses import Gate
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def decide_offline_eval(
         per_set.append(evidence)
     passed = not reasons
     return GateDecision(
-        gate=OFFLINE_EVAL,
+        gate=Gate.OFFLINE_EVAL,
         passed=passed,
         reasons=reasons or [f"all {len(results)} eval sets meet thresholds {thresholds.version}"],
         evidence={

@@ -22,9 +22,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from governance_loop.gates.decision import SHADOW, GateDecision, Verdict
+from governance_loop.gates.decision import GateDecision, Verdict
 from governance_loop.gates.stats import evidence_number, mean_interval
 from governance_loop.gates.thresholds import ThresholdSpec
+from triloop.statuses import Gate
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def decide_shadow(samples: Sequence[ShadowSample], thresholds: ThresholdSpec) ->
         )
         reasons.append(f"shadow passed over {n} paired episodes: {why} (thresholds {version})")
     return GateDecision(
-        gate=SHADOW,
+        gate=Gate.SHADOW,
         passed=passed,
         reasons=reasons,
         evidence={

@@ -25,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from governance_loop.gates.decision import STABILITY, GateDecision, Verdict
+from governance_loop.gates.decision import GateDecision, Verdict
 from governance_loop.gates.thresholds import ThresholdSpec
+from triloop.statuses import Gate
 
 BLOCKING_ALARMS = frozenset({"echo_trap", "template_collapse"})
 
@@ -86,7 +87,7 @@ def decide_stability(
     ]
     if mismatches:
         return StabilityCheck(GateDecision(
-            gate=STABILITY, passed=False, verdict=Verdict.FAIL,
+            gate=Gate.STABILITY, passed=False, verdict=Verdict.FAIL,
             reasons=[*mismatches, "the proposal misstates its run's stability alarms; it "
                      "cannot be overridden: propose the checkpoint again"],
             evidence={**evidence, "mismatch": True},
@@ -98,14 +99,14 @@ def decide_stability(
         named = ", ".join(f"{a.kind.replace('_', ' ')} at iteration {a.iteration}"
                           for a in recent)
         return StabilityCheck(GateDecision(
-            gate=STABILITY, passed=False, verdict=Verdict.CONTINUE,
+            gate=Gate.STABILITY, passed=False, verdict=Verdict.CONTINUE,
             reasons=[f"the run raised {named}, within the last {window} iterations before "
                      f"iteration {proposed_iteration} (thresholds {version}); an operator who "
                      "did not submit the run may override with a written reason"],
             evidence=evidence,
         ), blocked=True, alarms=tuple(truth))
     return StabilityCheck(GateDecision(
-        gate=STABILITY, passed=True, verdict=Verdict.PASS,
+        gate=Gate.STABILITY, passed=True, verdict=Verdict.PASS,
         reasons=[f"no echo-trap or template-collapse alarm in the last {window} iterations "
                  f"before iteration {proposed_iteration} (thresholds {version})"],
         evidence=evidence,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from governance_loop.gates.decision import WATCH, GateDecision, Verdict
+from governance_loop.gates.decision import GateDecision, Verdict
 from governance_loop.gates.sequential import (
     MEAN_REWARD,
     TEST_NAME,
@@ -34,6 +34,7 @@ from governance_loop.gates.sequential import (
 )
 from governance_loop.gates.stats import BinomialCounts, evidence_number, rate_difference
 from governance_loop.gates.thresholds import ThresholdSpec, WatchSpec
+from triloop.statuses import Gate
 
 CONTINUE, ROLLBACK, PASS = 0, 1, 2
 
@@ -154,7 +155,8 @@ def decide_watch(observation: WatchObservation, thresholds: ThresholdSpec, *,
         state = "watch period complete" if observation.period_complete else "watching"
         reason = f"no regression detected at {look} ({state}): " + "; ".join(parts)
     return GateDecision(
-        gate=WATCH, passed=verdict is Verdict.PASS, reasons=[f"{reason} (thresholds {version})"],
+        gate=Gate.WATCH, passed=verdict is Verdict.PASS,
+        reasons=[f"{reason} (thresholds {version})"],
         evidence=evidence, verdict=verdict, rollback=verdict is Verdict.ROLLBACK,
     )
 
@@ -199,7 +201,7 @@ def decide_watch_against_baselines(
     else:
         verdict = Verdict.CONTINUE
     return GateDecision(
-        gate=WATCH,
+        gate=Gate.WATCH,
         passed=verdict is Verdict.PASS,
         reasons=reasons,
         evidence={"baselines": evidence, "look": look or None, "test": TEST_NAME},

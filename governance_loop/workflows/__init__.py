@@ -2,7 +2,7 @@
 people's writes to versioned data.
 
 Deterministic code only: every read and write is an activity named in
-``governance_loop.activities.messages`` (this package imports no database, HTTP
+``governance_loop.contracts`` (this package imports no database, HTTP
 or policy code; import-linter checks it).
 """
 

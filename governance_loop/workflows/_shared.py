@@ -1,39 +1,16 @@
-"""What the governance workflows share: activity calls, retry policies, refusals.
+"""What the governance workflows share: the execution loop's Nexus client, refusals.
 
 Deterministic code only, like every module of this package.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
-
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    import governance_loop.activities.messages as m
     from triloop.nexus_api import ExecutionService, endpoint_for
-
-QUICK = timedelta(seconds=60)
-RETRY = RetryPolicy(
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=[m.POLICY_DENIED, m.GOVERNANCE_REFUSED],
-)
-# A person waits on an update: fail fast instead of retrying for minutes.
-HUMAN_RETRY = RetryPolicy(
-    maximum_attempts=3, non_retryable_error_types=[m.POLICY_DENIED, m.GOVERNANCE_REFUSED]
-)
-
-
-async def act(name: str, arg: Any, result_type: type[Any] | None = None,
-              retry: RetryPolicy = RETRY) -> Any:
-    """Run a governance activity by name on the workflow's own queue."""
-    return await workflow.execute_activity(
-        name, arg, result_type=result_type, start_to_close_timeout=QUICK, retry_policy=retry
-    )
-
+    from triloop.workflow_api import ErrorType
 
 def execution_loop() -> workflow.NexusClient[ExecutionService]:
     """The execution loop's Nexus operations: governance's only way to ask it for work."""
@@ -51,8 +28,18 @@ def failure_chain(error: BaseException) -> str:
     return ": ".join(parts)
 
 
+# What a refusal of a person's decision says to the caller: OPA's own answers keep their
+# type; any other rule of the loop (duties, roles, the recorded row) refused the decision.
+_KEPT_TYPES = frozenset({ErrorType.POLICY_DENIED, ErrorType.POLICY_UNAVAILABLE})
+
+
 def refusal(error: ActivityError) -> ApplicationError:
-    """An update's failure that tells the person why the activity refused their decision."""
+    """An update's failure that tells the person why the activity refused their decision.
+
+    Its ``type`` says what refused (``ErrorType``), so the web service answers by type.
+    """
     cause = error.cause
     message = cause.message if isinstance(cause, ApplicationError) else str(cause or error)
-    return ApplicationError(f"refused: {message}", type=m.POLICY_DENIED, non_retryable=True)
+    kind = cause.type if isinstance(cause, ApplicationError) else None
+    typed = kind if kind in _KEPT_TYPES else ErrorType.DECISION_REFUSED
+    return ApplicationError(f"refused: {message}", type=typed, non_retryable=True)

@@ -8,10 +8,11 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, NexusOperationError
 
 with workflow.unsafe.imports_passed_through():
-    import governance_loop.activities.messages as m
+    import governance_loop.contracts as m
     from governance_loop.gates import HumanDecisionError
-    from governance_loop.workflows._shared import HUMAN_RETRY, act, execution_loop, refusal
+    from governance_loop.workflows._shared import execution_loop, refusal
     from triloop.nexus_api import ExecutionService
+    from triloop.statuses import TaskStatus
     from triloop.workflow_api import (
         ADMISSION_DECIDE_UPDATE,
         ADMISSION_STATUS_QUERY,
@@ -46,11 +47,10 @@ class AdmissionWorkflow:
     async def run(self, request: AdmissionInput) -> AdmissionResult:
         """Probe, assess, store, then wait for the operator (fail closed at the deadline)."""
         self._result.task_id = request.task_id
-        task: m.AdmissionTask = await act(
-            m.LOAD_ADMISSION_TASK, m.AdmissionTaskRequest(task_id=request.task_id),
-            m.AdmissionTask)
-        if task.status != "pending" or task.problem:
-            self._result.status = task.status if task.status != "pending" else "rejected"
+        task = await m.LOAD_ADMISSION_TASK.call(m.AdmissionTaskRequest(task_id=request.task_id))
+        if task.status != TaskStatus.pending or task.problem:
+            self._result.status = (task.status if task.status != TaskStatus.pending
+                                   else TaskStatus.rejected)
             self._result.reasons = [task.problem or f"task is already {task.status}"]
             return self._result
         probe: AdmissionProbeEvidence | None = None
@@ -64,10 +64,8 @@ class AdmissionWorkflow:
             )
         except NexusOperationError as failure:
             error = str(failure.cause or failure)
-        assessment: m.AdmissionAssessmentRecord = await act(
-            m.RECORD_ADMISSION_EVIDENCE,
-            m.AdmissionEvidenceInput(task_id=request.task_id, probe=probe, probe_error=error),
-            m.AdmissionAssessmentRecord)
+        assessment = await m.RECORD_ADMISSION_EVIDENCE.call(
+            m.AdmissionEvidenceInput(task_id=request.task_id, probe=probe, probe_error=error))
         self._result.admissible = assessment.admissible
         self._result.reasons = list(assessment.reasons)
         self._result.status = "awaiting_decision"
@@ -77,11 +75,10 @@ class AdmissionWorkflow:
         except TimeoutError:
             await workflow.wait_condition(lambda: not self._deciding)
         if self._decision is None:
-            decided: m.AdmissionDecided = await act(
-                m.DECIDE_TASK_ADMISSION, m.AdmissionDecisionInput(
-                    task_id=request.task_id,
-                    automatic_reason=f"no operator decision within {task.decision_deadline_s:g}s",
-                ), m.AdmissionDecided)
+            decided = await m.DECIDE_TASK_ADMISSION.call(m.AdmissionDecisionInput(
+                task_id=request.task_id,
+                automatic_reason=f"no operator decision within {task.decision_deadline_s:g}s",
+            ))
             self._result.status = decided.status
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._result
@@ -91,10 +88,9 @@ class AdmissionWorkflow:
         """An operator admits (only an admissible task) or rejects: their recorded decision."""
         self._deciding = True
         try:
-            decided: m.AdmissionDecided = await act(
-                m.DECIDE_TASK_ADMISSION, m.AdmissionDecisionInput(
-                    task_id=self._result.task_id, decision_id=decision.decision_id),
-                m.AdmissionDecided, retry=HUMAN_RETRY)
+            decided = await m.DECIDE_TASK_ADMISSION.call(m.AdmissionDecisionInput(
+                task_id=self._result.task_id, decision_id=decision.decision_id),
+                retry=m.HUMAN_RETRY)
         except ActivityError as error:
             raise refusal(error) from error
         finally:

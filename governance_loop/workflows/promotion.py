@@ -25,27 +25,18 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, NexusOperationError
 
 with workflow.unsafe.imports_passed_through():
-    import governance_loop.activities.messages as m
-    from governance_loop.gates import (
-        APPROVAL,
-        AUDIT,
-        CANARY,
-        OFFLINE_EVAL,
-        PROMOTE,
-        SHADOW,
-        STABILITY,
-        WATCH,
-        HumanDecisionError,
-    )
+    import governance_loop.contracts as m
+    from governance_loop.gates import HumanDecisionError, Verdict, refuse_out_of_turn
     from governance_loop.workflows._shared import (
-        HUMAN_RETRY,
-        act,
         execution_loop,
         failure_chain,
         refusal,
     )
     from triloop import search_attributes
+    from triloop.activity_contract import ActivityContract
     from triloop.nexus_api import ExecutionService
+    from triloop.statuses import Gate, Purpose
+    from triloop.statuses import PromotionStatus as Outcome
     from triloop.workflow_api import (
         PROMOTION_APPROVE_UPDATE,
         PROMOTION_OVERRIDE_ALARMS_UPDATE,
@@ -54,11 +45,11 @@ with workflow.unsafe.imports_passed_through():
         PROMOTION_STATUS_QUERY,
         PROMOTION_WORKFLOW,
         DecisionRef,
+        ErrorType,
         GateSummary,
         PromotionInput,
         PromotionStatus,
         RollbackInput,
-        RollbackResult,
         RolloutBatchInput,
     )
 
@@ -73,8 +64,8 @@ class PromotionWorkflow:
     def __init__(self) -> None:
         self._proposal_id = ""
         self._plan: m.PromotionPlan | None = None
-        self._status = "open"
-        self._gate: str | None = None
+        self._status = Outcome.open
+        self._gate: Gate | None = None
         self._waiting_for: str | None = None
         self._reason: str | None = None
         self._results: list[GateSummary] = []
@@ -109,18 +100,18 @@ class PromotionWorkflow:
         """Walk the gates; stop at the first that does not pass."""
         self._proposal_id = request.proposal_id
         try:
-            plan: m.PromotionPlan = await act(m.OPEN_PROMOTION, m.OpenPromotionInput(
+            plan: m.PromotionPlan = await m.OPEN_PROMOTION.call(m.OpenPromotionInput(
                 proposal_id=request.proposal_id, checkpoint_id=request.checkpoint_id,
                 run_id=request.run_id, submitted_by=request.submitted_by,
                 workflow_id=workflow.info().workflow_id,
                 stability_alarms=list(request.stability_alarms),
-            ), m.PromotionPlan)
+            ))
         except ActivityError as error:
             cause = error.cause
-            if isinstance(cause, ApplicationError) and cause.type == m.PROMOTION_ENDED:
+            if isinstance(cause, ApplicationError) and cause.type == ErrorType.PROMOTION_ENDED:
                 # Started again after it ended: its row says so, and nothing runs twice.
-                self._status, self._reason = "refused", cause.message
-                raise ApplicationError(f"refused: {cause.message}", type=m.PROMOTION_ENDED,
+                self._status, self._reason = Outcome.refused, cause.message
+                raise ApplicationError(f"refused: {cause.message}", type=ErrorType.PROMOTION_ENDED,
                                        non_retryable=True) from error
             raise
         self._plan = plan
@@ -137,29 +128,30 @@ class PromotionWorkflow:
         # A plan recorded before the stability gate existed has no verdict: replays skip it.
         if plan.stability_verdict is not None and not await self._stability(plan):
             return
-        await self._enter(OFFLINE_EVAL, "offline eval")
+        await self._enter(Gate.OFFLINE_EVAL, "offline eval")
         if plan.problem is not None:
-            await self._end("rejected", await self._record(OFFLINE_EVAL, [plan.problem]))
+            await self._end(Outcome.rejected, await self._record(Gate.OFFLINE_EVAL, [plan.problem]))
             return
         offline = await self._offline_eval(plan)
         if not offline.passed:
-            await self._end("rejected", offline)
+            await self._end(Outcome.rejected, offline)
             return
         for gate in (self._shadow, self._canary):
             outcome = await gate(plan)
             if not outcome.passed:
-                status = "aborted" if outcome.verdict == "abort_regression" else "rejected"
+                regressed = outcome.verdict == Verdict.ABORT_REGRESSION
+                status = Outcome.aborted if regressed else Outcome.rejected
                 await self._end(status, outcome)
                 return
-        for human_gate, deadline_s in ((AUDIT, plan.timing.audit_deadline_s),
-                                       (APPROVAL, plan.timing.approval_deadline_s)):
+        for human_gate, deadline_s in ((Gate.AUDIT, plan.timing.audit_deadline_s),
+                                       (Gate.APPROVAL, plan.timing.approval_deadline_s)):
             outcome_or_none = await self._await_human(human_gate, deadline_s)
             if outcome_or_none is None:
-                await self._end("expired", await self._record(
+                await self._end(Outcome.expired, await self._record(
                     human_gate, [f"no {human_gate} decision within {deadline_s:g}s"]))
                 return
             if not outcome_or_none.passed:
-                await self._end("rejected", outcome_or_none)
+                await self._end(Outcome.rejected, outcome_or_none)
                 return
         promoted_at = await self._promote(plan)
         if promoted_at is not None:
@@ -167,10 +159,10 @@ class PromotionWorkflow:
 
     # --- bookkeeping ---------------------------------------------------------------------
 
-    async def _enter(self, gate: str, waiting_for: str | None) -> None:
+    async def _enter(self, gate: Gate, waiting_for: str | None) -> None:
         self._gate, self._waiting_for = gate, waiting_for
         assert self._plan is not None
-        await act(m.MARK_PROMOTION, m.MarkPromotion(promotion_id=self._plan.promotion_id,
+        await m.MARK_PROMOTION.call(m.MarkPromotion(promotion_id=self._plan.promotion_id,
                                                      gate=gate))
 
     def _note(self, outcome: m.GateOutcome) -> m.GateOutcome:
@@ -180,45 +172,46 @@ class PromotionWorkflow:
         ))
         return outcome
 
-    async def _record(self, gate: str, reasons: list[str]) -> m.GateOutcome:
+    async def _record(self, gate: Gate, reasons: list[str]) -> m.GateOutcome:
         assert self._plan is not None
-        outcome: m.GateOutcome = await act(m.RECORD_GATE, m.GateRecord(
+        outcome: m.GateOutcome = await m.RECORD_GATE.call(m.GateRecord(
             promotion_id=self._plan.promotion_id, gate=gate, reasons=reasons,
             threshold_id=self._plan.threshold_id,
-        ), m.GateOutcome)
+        ))
         return self._note(outcome)
 
-    async def _end(self, status: str, outcome: m.GateOutcome | None, reason: str = "") -> None:
+    async def _end(self, status: Outcome, outcome: m.GateOutcome | None, reason: str = "") -> None:
         assert self._plan is not None
         self._status, self._waiting_for = status, None
         self._reason = reason or (f"{outcome.gate}: " + "; ".join(outcome.reasons)
                                   if outcome else status)
-        await act(m.MARK_PROMOTION, m.MarkPromotion(
+        await m.MARK_PROMOTION.call(m.MarkPromotion(
             promotion_id=self._plan.promotion_id, status=status, reason=self._reason[:2000]))
 
-    async def _judge(self, name: str, arg: Any) -> m.GateOutcome:
-        outcome: m.GateOutcome = await act(name, arg, m.GateOutcome)
-        return self._note(outcome) if outcome.verdict != "continue" else outcome
+    async def _judge(self, gate: ActivityContract[Any, m.GateOutcome], arg: Any
+                     ) -> m.GateOutcome:
+        outcome = await gate.call(arg)
+        return self._note(outcome) if outcome.verdict != Verdict.CONTINUE else outcome
 
     # --- stability ---------------------------------------------------------------------------
 
     async def _stability(self, plan: m.PromotionPlan) -> bool:
         """True when the candidate may go on: no recent alarm, or an operator overrode them."""
         reasons = list(plan.stability_reasons)
-        if plan.stability_verdict != "continue":
+        if plan.stability_verdict != Verdict.CONTINUE:
             outcome = self._note(m.GateOutcome(
-                gate=STABILITY, passed=plan.stability_verdict == "pass",
-                verdict=plan.stability_verdict or "fail", reasons=reasons,
+                gate=Gate.STABILITY, passed=plan.stability_verdict == Verdict.PASS,
+                verdict=plan.stability_verdict or Verdict.FAIL, reasons=reasons,
                 gate_result_id=plan.stability_gate_result_id))
             if not outcome.passed:
-                await self._enter(STABILITY, None)
-                await self._end("rejected", outcome)
+                await self._enter(Gate.STABILITY, None)
+                await self._end(Outcome.rejected, outcome)
             return outcome.passed
         self._alarm_block = reasons
-        self._gate, self._waiting_for = STABILITY, "operator (override of stability alarms)"
+        self._gate, self._waiting_for = Gate.STABILITY, "operator (override of stability alarms)"
         self._reason = "stability: " + "; ".join(reasons)
-        await act(m.MARK_PROMOTION, m.MarkPromotion(
-            promotion_id=plan.promotion_id, gate=STABILITY, reason=self._reason[:2000]))
+        await m.MARK_PROMOTION.call(m.MarkPromotion(
+            promotion_id=plan.promotion_id, gate=Gate.STABILITY, reason=self._reason[:2000]))
         deadline_s = plan.timing.approval_deadline_s
         try:
             await workflow.wait_condition(lambda: self._override is not None,
@@ -227,11 +220,11 @@ class PromotionWorkflow:
             await workflow.wait_condition(lambda: not self._deciding)
         self._alarm_block = []
         if self._override is None:
-            await self._end("rejected", await self._record(STABILITY, [
+            await self._end(Outcome.rejected, await self._record(Gate.STABILITY, [
                 *reasons, f"no operator overrode the alarms within {deadline_s:g}s"]))
             return False
         self._reason = None
-        await act(m.MARK_PROMOTION, m.MarkPromotion(
+        await m.MARK_PROMOTION.call(m.MarkPromotion(
             promotion_id=plan.promotion_id,
             reason=f"stability alarms overridden by {self._override.decided_by}"))
         return True
@@ -249,7 +242,7 @@ class PromotionWorkflow:
         runs = [
             execution.execute_operation(
                 ExecutionService.run_rollouts,
-                RolloutBatchInput(batch_id=f"{prefix}-{arm}", purpose="eval",
+                RolloutBatchInput(batch_id=f"{prefix}-{arm}", purpose=Purpose.EVAL,
                                   items=plan.eval_items, checkpoint_id=checkpoint,
                                   deadline_s=plan.timing.eval_timeout_s / 2),
                 schedule_to_close_timeout=timedelta(seconds=plan.timing.eval_timeout_s),
@@ -270,26 +263,26 @@ class PromotionWorkflow:
 
     # --- shadow and canary -------------------------------------------------------------------
 
-    async def _claim(self, plan: m.PromotionPlan, slot: str, share: float) -> str:
+    async def _claim(self, plan: m.PromotionPlan, slot: Purpose, share: float) -> str:
         """Route the slot to the candidate once no other open promotion holds it."""
         while True:
-            change: m.RoutingChange = await act(m.SET_ROUTING, m.RoutingRequest(
+            change: m.RoutingChange = await m.SET_ROUTING.call(m.RoutingRequest(
                 promotion_id=plan.promotion_id, slot=slot,
                 checkpoint_id=plan.candidate_checkpoint_id, share=share,
-            ), m.RoutingChange)
+            ))
             if change.ok:
                 return change.at
             self._waiting_for = f"the {slot} slot (held by promotion {change.holder})"
             await workflow.sleep(plan.timing.slot_wait_interval_s)
 
-    async def _release(self, plan: m.PromotionPlan, slot: str) -> None:
-        await act(m.SET_ROUTING, m.RoutingRequest(
-            promotion_id=plan.promotion_id, slot=slot, checkpoint_id=None), m.RoutingChange)
+    async def _release(self, plan: m.PromotionPlan, slot: Purpose) -> None:
+        await m.SET_ROUTING.call(m.RoutingRequest(
+            promotion_id=plan.promotion_id, slot=slot, checkpoint_id=None))
 
     async def _shadow(self, plan: m.PromotionPlan) -> m.GateOutcome:
         assert plan.threshold_id and plan.baseline_checkpoint_id
-        await self._enter(SHADOW, "shadow slot")
-        since = await self._claim(plan, "shadow", 1.0)
+        await self._enter(Gate.SHADOW, "shadow slot")
+        since = await self._claim(plan, Purpose.SHADOW, 1.0)
         self._waiting_for = "shadow soak"
         await workflow.sleep(plan.timing.shadow_soak_s)
         outcome = await self._judge(m.DECIDE_SHADOW, m.ShadowInput(
@@ -297,14 +290,14 @@ class PromotionWorkflow:
             candidate_checkpoint_id=plan.candidate_checkpoint_id,
             production_checkpoint_id=plan.baseline_checkpoint_id, since=since,
         ))
-        await self._release(plan, "shadow")
+        await self._release(plan, Purpose.SHADOW)
         return outcome
 
     async def _canary(self, plan: m.PromotionPlan) -> m.GateOutcome:
         assert plan.threshold_id and plan.baseline_checkpoint_id
         timing = plan.timing
-        await self._enter(CANARY, "canary slot")
-        since = await self._claim(plan, "canary", timing.canary_share)
+        await self._enter(Gate.CANARY, "canary slot")
+        since = await self._claim(plan, Purpose.CANARY, timing.canary_share)
         self._waiting_for = "canary soak"
         ends = workflow.now() + timedelta(seconds=timing.canary_soak_s)
         look = 0
@@ -319,92 +312,90 @@ class PromotionWorkflow:
                 production_checkpoint_id=plan.baseline_checkpoint_id, since=since,
                 soak_complete=workflow.now() >= ends, look=look,
             ))
-            if outcome.verdict != "continue":
+            if outcome.verdict != Verdict.CONTINUE:
                 break
         # Pass or fail, the canary share goes back to production before anything else.
-        await self._release(plan, "canary")
+        await self._release(plan, Purpose.CANARY)
         return outcome
 
     # --- audit and approval ------------------------------------------------------------------
 
-    async def _await_human(self, gate: str, deadline_s: float) -> m.GateOutcome | None:
-        await self._enter(gate, "auditor" if gate == AUDIT else "operator")
+    async def _await_human(self, gate: Gate, deadline_s: float) -> m.GateOutcome | None:
+        await self._enter(gate, "auditor" if gate == Gate.AUDIT else "operator")
 
         def decided() -> bool:
-            return (self._audit if gate == AUDIT else self._approval) is not None
+            return (self._audit if gate == Gate.AUDIT else self._approval) is not None
 
         try:
             await workflow.wait_condition(decided, timeout=timedelta(seconds=deadline_s))
         except TimeoutError:
             # A decision already being written when the deadline fires still counts.
             await workflow.wait_condition(lambda: not self._deciding)
-        return self._audit if gate == AUDIT else self._approval
+        return self._audit if gate == Gate.AUDIT else self._approval
 
-    def _check_open(self, gate: str) -> tuple[str, str]:
+    def _check_awaiting(self, gate: Gate, decision: DecisionRef) -> None:
+        """Refuse, before anything runs, a decision the promotion is not waiting for now.
+
+        Only the turn is checked here; who decided and whether they may is the activity's
+        (``decide_human``), once, on the decision it loads.
+        """
         if self._plan is None:
             raise HumanDecisionError("the promotion is still opening; try again shortly")
         if self._deciding:
             raise HumanDecisionError("another decision on this promotion is being recorded")
-        if self._status != "open":
+        if self._status != Outcome.open:
             raise HumanDecisionError(f"the promotion is {self._status}; no {gate} decision")
-        return self._plan.submitted_by, self._gate or ""
-
-    @workflow.update(name=PROMOTION_SIGN_AUDIT_UPDATE)
-    async def sign_audit(self, decision: DecisionRef) -> GateSummary:
-        """An auditor signs or rejects; the activity proves the person and asks OPA again."""
-        return await self._decide(AUDIT, decision)
-
-    @sign_audit.validator
-    def _validate_audit(self, decision: DecisionRef) -> None:
-        self._check_awaiting(AUDIT, decision)
-
-    @workflow.update(name=PROMOTION_APPROVE_UPDATE)
-    async def operator_decision(self, decision: DecisionRef) -> GateSummary:
-        """An operator approves or rejects; not the submitter, not the auditor who signed."""
-        return await self._decide(APPROVAL, decision)
-
-    @operator_decision.validator
-    def _validate_approval(self, decision: DecisionRef) -> None:
-        self._check_awaiting(APPROVAL, decision)
-
-    @workflow.update(name=PROMOTION_OVERRIDE_ALARMS_UPDATE)
-    async def override_alarms(self, decision: DecisionRef) -> GateSummary:
-        """An operator (not the submitter) lets the candidate past its run's alarms."""
-        return await self._decide(STABILITY, decision)
-
-    @override_alarms.validator
-    def _validate_override(self, decision: DecisionRef) -> None:
-        self._check_awaiting(STABILITY, decision)
-        if not self._alarm_block:
-            raise HumanDecisionError("no stability alarm blocks this candidate now")
-
-    def _check_awaiting(self, gate: str, decision: DecisionRef) -> None:
-        _, awaiting = self._check_open(gate)
-        if awaiting != gate:
-            raise HumanDecisionError(
-                f"this promotion is at gate {awaiting!r}, not {gate!r}: the {gate} decision "
-                "cannot be taken now")
+        refuse_out_of_turn(gate, self._gate)
         if not decision.decision_id:
             raise HumanDecisionError(
                 f"a {gate} decision is the id of the decision the web service recorded")
 
-    async def _decide(self, gate: str, decision: DecisionRef) -> GateSummary:
+    @workflow.update(name=PROMOTION_SIGN_AUDIT_UPDATE)
+    async def sign_audit(self, decision: DecisionRef) -> GateSummary:
+        """An auditor signs or rejects; the activity proves the person and asks OPA again."""
+        return await self._decide(Gate.AUDIT, decision)
+
+    @sign_audit.validator
+    def _validate_audit(self, decision: DecisionRef) -> None:
+        self._check_awaiting(Gate.AUDIT, decision)
+
+    @workflow.update(name=PROMOTION_APPROVE_UPDATE)
+    async def operator_decision(self, decision: DecisionRef) -> GateSummary:
+        """An operator approves or rejects; not the submitter, not the auditor who signed."""
+        return await self._decide(Gate.APPROVAL, decision)
+
+    @operator_decision.validator
+    def _validate_approval(self, decision: DecisionRef) -> None:
+        self._check_awaiting(Gate.APPROVAL, decision)
+
+    @workflow.update(name=PROMOTION_OVERRIDE_ALARMS_UPDATE)
+    async def override_alarms(self, decision: DecisionRef) -> GateSummary:
+        """An operator (not the submitter) lets the candidate past its run's alarms."""
+        return await self._decide(Gate.STABILITY, decision)
+
+    @override_alarms.validator
+    def _validate_override(self, decision: DecisionRef) -> None:
+        self._check_awaiting(Gate.STABILITY, decision)
+        if not self._alarm_block:
+            raise HumanDecisionError("no stability alarm blocks this candidate now")
+
+    async def _decide(self, gate: Gate, decision: DecisionRef) -> GateSummary:
         assert self._plan is not None
         self._deciding = True
         try:
-            outcome: m.GateOutcome = await act(m.RECORD_HUMAN_DECISION, m.HumanDecisionRecord(
+            outcome: m.GateOutcome = await m.RECORD_HUMAN_DECISION.call(m.HumanDecisionRecord(
                 promotion_id=self._plan.promotion_id, gate=gate,
                 decision_id=decision.decision_id, submitted_by=self._plan.submitted_by,
                 audited_by=self._auditor,
-            ), m.GateOutcome, retry=HUMAN_RETRY)
+            ))
         except ActivityError as error:
             raise refusal(error) from error
         finally:
             self._deciding = False
         self._note(outcome)
-        if gate == STABILITY:
+        if gate == Gate.STABILITY:
             self._override = outcome
-        elif gate == AUDIT:
+        elif gate == Gate.AUDIT:
             self._audit = outcome
             self._auditor = outcome.decided_by if outcome.passed else None
         else:
@@ -416,31 +407,31 @@ class PromotionWorkflow:
 
     async def _promote(self, plan: m.PromotionPlan) -> str | None:
         assert plan.baseline_checkpoint_id and self._auditor and self._approver
-        await self._enter(PROMOTE, None)
-        result: m.PromoteResult = await act(m.PROMOTE_CANDIDATE, m.PromoteInput(
+        await self._enter(Gate.PROMOTE, None)
+        result: m.PromoteResult = await m.PROMOTE_CANDIDATE.call(m.PromoteInput(
             promotion_id=plan.promotion_id, candidate_checkpoint_id=plan.candidate_checkpoint_id,
             baseline_checkpoint_id=plan.baseline_checkpoint_id,
             submitted_by=plan.submitted_by, audited_by=self._auditor,
             approved_by=self._approver,
-        ), m.PromoteResult)
+        ))
         self._note(result.outcome)
         if result.outcome.passed:
-            self._status = "promoted"
+            self._status = Outcome.promoted
             return result.promoted_at
         if result.promoted_at is not None:  # moved, but the end state is wrong: undo it
             await self._rollback(plan, "end state after promotion is wrong: "
                                  + "; ".join(result.outcome.reasons))
-        await self._end("aborted", result.outcome)
+        await self._end(Outcome.aborted, result.outcome)
         return None
 
     async def _rollback(self, plan: m.PromotionPlan, reason: str) -> None:
-        await act(m.ROLLBACK_DEPLOYMENT, RollbackInput(
-            reason=reason, promotion_id=plan.promotion_id), RollbackResult)
+        await m.ROLLBACK_DEPLOYMENT.call(RollbackInput(
+            reason=reason, promotion_id=plan.promotion_id))
 
     async def _watch(self, plan: m.PromotionPlan, promoted_at: str) -> None:
         assert plan.threshold_id and plan.baseline_checkpoint_id
         timing = plan.timing
-        self._gate, self._waiting_for = WATCH, "watch period"
+        self._gate, self._waiting_for = Gate.WATCH, "watch period"
         ends = workflow.now() + timedelta(seconds=timing.watch_period_s)
         look = 0
         while True:
@@ -455,13 +446,13 @@ class PromotionWorkflow:
                 baseline_since=plan.opened_at, promoted_at=promoted_at,
                 period_complete=workflow.now() >= ends, look=look,
             ))
-            if outcome.verdict != "continue":
+            if outcome.verdict != Verdict.CONTINUE:
                 break
         if outcome.rollback:
             await self._rollback(plan, "watch: " + "; ".join(outcome.reasons))
         if not outcome.passed:
-            await self._end("rolled_back", outcome)
+            await self._end(Outcome.rolled_back, outcome)
             return
         self._waiting_for = None
-        await act(m.MARK_PROMOTION, m.MarkPromotion(
+        await m.MARK_PROMOTION.call(m.MarkPromotion(
             promotion_id=plan.promotion_id, reason="watch passed: " + "; ".join(outcome.reasons)))

@@ -7,25 +7,26 @@ in one transaction. Refusals are never retried: a bad contract stays bad.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    import governance_loop.activities.messages as m
+    import governance_loop.contracts as m
+    from triloop.activity_contract import ActivityContract
+    from triloop.statuses import DecisionKind
     from triloop.workflow_api import (
         GOVERNANCE_WRITE_WORKFLOW,
+        ErrorType,
         GovernanceWriteInput,
         GovernanceWriteResult,
     )
 
 # decision kind -> the activity that carries it out
-WRITE_ACTIVITIES = {
-    "environment_version": m.REGISTER_ENVIRONMENT_VERSION,
-    "eval_set": m.CREATE_EVAL_SET,
-    "threshold": m.SET_THRESHOLD,
+WriteActivity = ActivityContract[GovernanceWriteInput, GovernanceWriteResult]
+WRITE_ACTIVITIES: dict[str, WriteActivity] = {
+    DecisionKind.ENVIRONMENT_VERSION: m.REGISTER_ENVIRONMENT_VERSION,
+    DecisionKind.EVAL_SET: m.CREATE_EVAL_SET,
+    DecisionKind.THRESHOLD: m.SET_THRESHOLD,
 }
 
 
@@ -39,14 +40,5 @@ class GovernanceWriteWorkflow:
         activity = WRITE_ACTIVITIES.get(request.kind)
         if activity is None:
             raise ApplicationError(f"no governance write for decision kind {request.kind!r}",
-                                   type=m.GOVERNANCE_REFUSED, non_retryable=True)
-        result: GovernanceWriteResult = await workflow.execute_activity(
-            activity, request, result_type=GovernanceWriteResult,
-            start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200),
-                                     maximum_attempts=5,
-                                     non_retryable_error_types=[m.POLICY_DENIED,
-                                                                m.GOVERNANCE_REFUSED,
-                                                                m.INVALID_REQUEST]),
-        )
-        return result
+                                   type=ErrorType.GOVERNANCE_REFUSED, non_retryable=True)
+        return await activity.call(request)

@@ -20,7 +20,7 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from learning_loop.activities.messages import (
+from learning_loop.contracts import (
     CONTROL_RUN,
     PROPOSE_CHECKPOINT,
     RECORD_MITIGATION,
@@ -39,7 +39,7 @@ from learning_loop.activities.messages import (
     TaskSeed,
     ValidateRunInput,
 )
-from learning_loop.lineage import (
+from learning_loop.store import (
     get_run,
     get_tasks,
     insert_proposal,
@@ -51,13 +51,19 @@ from triloop.audit import record_event
 from triloop.decisions import DecisionRefused, audit_refusal, load_decision
 from triloop.models import DecisionKind, EnvironmentVersion, Proposal
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
+from triloop.statuses import Decision, RunStatus
 from triloop.workflow_api import (
+    ErrorType,
     StabilityAlarm,
     promotion_workflow_id,
 )
 
 LEARNING = Actor(service="learning")
-CONTROL_STATUS = {"pause": "paused", "resume": "running", "cancel": "cancelled"}
+# What a person's run control makes of the run.
+CONTROL_STATUS: dict[str, RunStatus] = {
+    Decision.PAUSE: RunStatus.paused, Decision.RESUME: RunStatus.running,
+    Decision.CANCEL: RunStatus.cancelled,
+}
 _PROPOSAL_NAMESPACE = uuid.UUID("8f7d2a43-5a55-4f43-9a59-0c6f3b1d7e21")
 
 
@@ -73,7 +79,7 @@ class RunActivities:
         self._engine = engine
         self._authorizer = authorizer
 
-    @activity.defn(name=VALIDATE_RUN)
+    @activity.defn(name=VALIDATE_RUN.name)
     def validate_run(self, request: ValidateRunInput) -> RunPlan:
         """The run's row exists as submitted and every task is admitted on a live version."""
         run = get_run(engine=self._engine, run_id=request.run_id)
@@ -115,7 +121,7 @@ class RunActivities:
             environment_version_ids=sorted({t.environment_version_id for t in ordered}),
         )
 
-    @activity.defn(name=SET_RUN_STATUS)
+    @activity.defn(name=SET_RUN_STATUS.name)
     def set_run_status(self, request: RunStatusInput) -> None:
         """Record the run's status on its row (``update``; ``pause`` for an alarm's pause)."""
         self._authorizer.authorize(LEARNING, request.action, Resource(
@@ -124,7 +130,7 @@ class RunActivities:
         set_run_status(engine=self._engine, run_id=request.run_id, status=request.status,
                        reason=request.reason)
 
-    @activity.defn(name=CONTROL_RUN)
+    @activity.defn(name=CONTROL_RUN.name)
     def control_run(self, request: ControlInput) -> ControlDecision:
         """Carry out a person's recorded pause/resume/cancel if the policy allows it."""
         if request.action not in CONTROL_STATUS:
@@ -161,7 +167,7 @@ class RunActivities:
                        status=CONTROL_STATUS[request.action], reason=reason)
         return ControlDecision(True, proven.comment, proven.user)
 
-    @activity.defn(name=RECORD_MITIGATION)
+    @activity.defn(name=RECORD_MITIGATION.name)
     def record_mitigation(self, request: MitigationInput) -> MitigationRecorded:
         """Authorize a mitigation as an update of the run, then audit it on the run.
 
@@ -173,7 +179,7 @@ class RunActivities:
         try:
             self._authorizer.authorize(LEARNING, "update", resource)
         except PolicyDenied as denied:
-            raise ApplicationError(str(denied), type="PolicyDenied", non_retryable=True) \
+            raise ApplicationError(str(denied), type=ErrorType.POLICY_DENIED, non_retryable=True) \
                 from denied
         record_event(
             self._engine, actor=LEARNING.to_input(), action="stability_mitigation",
@@ -183,7 +189,7 @@ class RunActivities:
         )
         return MitigationRecorded()
 
-    @activity.defn(name=PROPOSE_CHECKPOINT)
+    @activity.defn(name=PROPOSE_CHECKPOINT.name)
     async def propose_checkpoint(self, request: ProposeInput) -> ProposeResult:
         """Write the proposal row; the workflow then hands it to governance through Nexus."""
         proposal_id = proposal_id_for(request.run_id, request.iteration)

@@ -27,7 +27,15 @@ from sqlalchemy import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from learning_loop.activities.messages import (
+from learning_loop.advantages import AdvantageInputError
+from learning_loop.batch import InvalidSampleError
+from learning_loop.checkpoints import (
+    CheckpointError,
+    CheckpointRef,
+    saved_weights_digest,
+    serving_hashes,
+)
+from learning_loop.contracts import (
     BASE_MODEL_NOT_FOUND,
     CHECKPOINT_BROKEN,
     INVALID_TRAINING_DATA,
@@ -39,30 +47,22 @@ from learning_loop.activities.messages import (
     UpdateInput,
     UpdateResult,
 )
-from learning_loop.activities.records import alarm_record, saved_iteration, stability_history
-from learning_loop.activities.training import (
+from learning_loop.iteration import (
     NoTrainableData,
     load_model,
     save_servable,
     train_iteration,
 )
-from learning_loop.advantages import AdvantageInputError
-from learning_loop.batch import InvalidSampleError
-from learning_loop.checkpoints import (
-    CheckpointError,
-    CheckpointRef,
-    saved_weights_digest,
-    serving_hashes,
-)
-from learning_loop.lineage import (
+from learning_loop.iteration_records import alarm_record, saved_iteration, stability_history
+from learning_loop.mitigation import with_mitigations
+from learning_loop.stability import StabilityInputError
+from learning_loop.store import (
     get_checkpoint,
     get_training_step,
     record_iteration,
     register_root,
     stability_rows,
 )
-from learning_loop.mitigation import with_mitigations
-from learning_loop.stability import StabilityInputError
 from learning_loop.trajectory_reader import load_rollout_data
 from learning_loop.update import UpdateError
 from triloop.artifacts import ARTIFACT_SCHEME, ArtifactStore, materialize, publish_directory
@@ -141,7 +141,7 @@ class UpdateActivities:
         # One update at a time per worker: the accelerator (or the CPU) is the bottleneck.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner")
 
-    @activity.defn(name=REGISTER_BASE_CHECKPOINT)
+    @activity.defn(name=REGISTER_BASE_CHECKPOINT.name)
     def register_base_checkpoint(self, request: RegisterBaseInput) -> BaseCheckpoint:
         """The base model as a root checkpoint: a registered id, or a directory to copy in."""
         existing = get_checkpoint(engine=self._engine, checkpoint_id=request.base)
@@ -171,7 +171,7 @@ class UpdateActivities:
                                 serving=asdict(serving_hashes(ref.path)))
         return BaseCheckpoint(ref.id, created=created)
 
-    @activity.defn(name=UPDATE_POLICY)
+    @activity.defn(name=UPDATE_POLICY.name)
     async def update_policy(self, request: UpdateInput) -> UpdateResult:
         """Train one iteration (once), heartbeating while the training thread works."""
         resume = _Progress.resumed(activity.info().heartbeat_details)

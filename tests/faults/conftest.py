@@ -27,7 +27,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 
 from execution_loop.inference.base import FINISH_STOP, Generation, PolicyClient
-from execution_loop.policies import PolicyFactory
+from execution_loop.serving import PolicyFactory
 from tests.temporal_helpers import own_queues as shared_own_queues
 from triloop.config import Settings
 from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres

@@ -24,8 +24,8 @@ from sqlalchemy import Engine
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
-from learning_loop.activities.messages import UPDATE_POLICY
-from learning_loop.lineage import lineage
+from learning_loop.contracts import UPDATE_POLICY
+from learning_loop.store import lineage
 from tests.factories_learning import (
     frozen_lake_tasks,
     loops_running,
@@ -43,15 +43,6 @@ from triloop.workflow_api import RunStatus
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
 ITERATIONS = 3
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model, created locally (no download)."""
-    from learning_loop.tiny_model import create_tiny_model
-
-    torch.set_num_threads(1)
-    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 @pytest.fixture
@@ -119,7 +110,7 @@ async def update_in_progress(handle: WorkflowHandle[object, object]) -> bool:
     """Whether an update activity has been picked up by a worker right now."""
     description = await handle.describe()
     return any(
-        activity.activity_type.name == UPDATE_POLICY
+        activity.activity_type.name == UPDATE_POLICY.name
         and activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
         for activity in description.raw_description.pending_activities
     )
@@ -195,7 +186,7 @@ async def _update_attempts(handle: WorkflowHandle[object, object]) -> dict[int, 
     async for event in handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
-            if attrs.activity_type.name == UPDATE_POLICY:
+            if attrs.activity_type.name == UPDATE_POLICY.name:
                 scheduled[event.event_id] = len(scheduled) + 1
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             started = event.activity_task_started_event_attributes

@@ -22,9 +22,10 @@ from temporalio.worker import Worker
 
 from execution_loop.workflows import AdmissionProbeWorkflow
 from governance_loop import store
+from governance_loop.durations import PromotionTiming
 from governance_loop.environments import retire_environment_version
-from governance_loop.worker import build_worker, promotion_timing
-from learning_loop.lineage import get_tasks
+from governance_loop.worker import build_worker
+from learning_loop.store import get_tasks
 from tests.factories import make_person, make_task, record_decision
 from tests.factories_governance import wait_for
 from tests.temporal_helpers import execution_nexus, loop_client, own_queues
@@ -91,7 +92,8 @@ async def workers(client: Client, settings: Settings, engine: Engine, authorizer
     Nexus handlers with a stand-in probe activity."""
     from concurrent.futures import ThreadPoolExecutor
 
-    timing = replace(promotion_timing("test"), approval_deadline_s=decision_deadline_s)
+    timing = replace(PromotionTiming.for_profile("test"),
+                     approval_deadline_s=decision_deadline_s)
     governance = build_worker(client, settings, engine=engine, authorizer=authorizer,
                               timing=timing)
     execution = await loop_client(settings, "execution", "execution-stand-in")

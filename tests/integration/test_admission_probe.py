@@ -14,7 +14,7 @@ from execution_loop.admission_probe import AdmissionProbe
 from execution_loop.environments import frozen_lake
 from execution_loop.environments.base import Environment, Outcome, fingerprint
 from execution_loop.environments.registry import get_environment
-from execution_loop.policies import TaskEnvironments
+from execution_loop.serving import TaskEnvironments
 from tests.factories_execution import make_task_on, register_builtin
 from triloop.workflow_api import AdmissionProbeEvidence, AdmissionProbeInput
 

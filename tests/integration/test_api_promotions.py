@@ -19,6 +19,7 @@ import pytest_asyncio
 from sqlalchemy import Engine, text
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tests.factories_web import (
@@ -39,6 +40,8 @@ from triloop.workflow_api import (
     PROMOTION_STATUS_QUERY,
     PROMOTION_WORKFLOW,
     DecisionRef,
+    ErrorType,
+    GateSummary,
     PromotionInput,
 )
 
@@ -48,28 +51,39 @@ pytest_plugins = ["tests.factories_web_fixtures"]
 
 @workflow.defn(name=PROMOTION_WORKFLOW)
 class StandInPromotion:
-    """Records the decision ids it is sent; refuses every decision when started to refuse."""
+    """Records the decision ids it is sent; refuses every decision when started to refuse.
+
+    Started for ``refuse-me``, its validator refuses (a ``ValueError``); for an
+    ``ErrorType`` value, the update fails with an error of that type, as governance's
+    activity refusals do.
+    """
 
     def __init__(self) -> None:
         self.decisions: list[dict[str, Any]] = []
         self.done = False
         self.refuse = False
+        self.fail_as: str | None = None
 
     @workflow.run
     async def run(self, candidate: PromotionInput) -> None:
         self.refuse = candidate.submitted_by == "refuse-me"
+        if candidate.submitted_by in set(ErrorType):
+            self.fail_as = candidate.submitted_by
         await workflow.wait_condition(lambda: self.done)
 
-    def _record(self, kind: str, decision: DecisionRef) -> dict[str, Any]:
+    def _record(self, kind: str, decision: DecisionRef) -> GateSummary:
+        if self.fail_as is not None:  # worded so that no text says what refused
+            raise ApplicationError("refused: the rules say no", ["because"],
+                                   type=self.fail_as, non_retryable=True)
         self.decisions.append({"kind": kind, "decision_id": decision.decision_id})
-        return {"recorded": kind}
+        return GateSummary(gate=kind, passed=True, verdict="pass", reasons=[f"recorded {kind}"])
 
     def _check(self) -> None:
         if self.refuse:
             raise ValueError("separation of duties re-checked by governance: refused")
 
     @workflow.update(name=PROMOTION_SIGN_AUDIT_UPDATE)
-    def sign_audit(self, decision: DecisionRef) -> dict[str, Any]:
+    def sign_audit(self, decision: DecisionRef) -> GateSummary:
         return self._record("audit", decision)
 
     @sign_audit.validator
@@ -77,18 +91,20 @@ class StandInPromotion:
         self._check()
 
     @workflow.update(name=PROMOTION_APPROVE_UPDATE)
-    def operator_decision(self, decision: DecisionRef) -> dict[str, Any]:
+    def operator_decision(self, decision: DecisionRef) -> GateSummary:
+        summary = self._record("operator", decision)
         self.done = True
-        return self._record("operator", decision)
+        return summary
 
     @operator_decision.validator
     def _check_operator(self, decision: DecisionRef) -> None:
         self._check()
 
     @workflow.update(name=PROMOTION_OVERRIDE_ALARMS_UPDATE)
-    def override_alarms(self, decision: DecisionRef) -> dict[str, Any]:
+    def override_alarms(self, decision: DecisionRef) -> GateSummary:
+        summary = self._record("alarm_override", decision)
         self.done = True
-        return self._record("alarm_override", decision)
+        return summary
 
     @override_alarms.validator
     def _check_override(self, decision: DecisionRef) -> None:
@@ -139,7 +155,8 @@ async def test_auditor_signs_then_operator_approves(
                             json={"comment": "lineage and evidence checked"},
                             headers=auditor.headers)
     assert signed.status_code == 200, signed.text
-    assert signed.json()["result"] == {"recorded": "audit"}
+    assert signed.json()["result"] == {"gate": "audit", "passed": True, "verdict": "pass",
+                                       "reasons": ["recorded audit"], "gate_result_id": None}
     # Governance records the sign-off; seeded here as it would have written it.
     add_approval(owner_engine, seeded.promotion_id, "audit", auditor.name)
     approved = await api.post(f"/api/promotions/{seeded.promotion_id}/approve",
@@ -189,6 +206,27 @@ async def test_workflow_validator_refusal_is_409(
     response = await api.post(f"/api/promotions/{seeded.promotion_id}/approve",
                               json={"comment": "looks fine"}, headers=people["operator"].headers)
     assert_problem(response, 409, "re-checked by governance")
+    assert await handle.query(PROMOTION_STATUS_QUERY) == []
+    await handle.terminate()
+
+
+@pytest.mark.parametrize(("error_type", "status"), [
+    (ErrorType.DECISION_REFUSED, 403), (ErrorType.POLICY_DENIED, 403),
+    (ErrorType.POLICY_UNAVAILABLE, 503), (ErrorType.INVALID_REQUEST, 422),
+    (ErrorType.GOVERNANCE_REFUSED, 409), (ErrorType.PROMOTION_ENDED, 409),
+])
+async def test_a_refused_update_is_answered_by_its_error_type(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+    governance: Client, web_settings: Settings, error_type: ErrorType, status: int,
+) -> None:
+    """Governance's refusal reaches the person with the status its type calls for; the
+    message is the same for every type, so nothing is read from the text."""
+    seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name)
+    handle = await _start(governance, web_settings, seeded, submitted_by=error_type)
+    add_approval(owner_engine, seeded.promotion_id, "audit", people["auditor"].name)
+    response = await api.post(f"/api/promotions/{seeded.promotion_id}/approve",
+                              json={"comment": "looks fine"}, headers=people["operator"].headers)
+    assert_problem(response, status, "the rules say no")
     assert await handle.query(PROMOTION_STATUS_QUERY) == []
     await handle.terminate()
 

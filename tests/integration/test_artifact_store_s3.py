@@ -15,7 +15,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from execution_loop.policies import PolicyCache
+from execution_loop.serving import PolicyCache
 from learning_loop.tiny_model import create_tiny_model
 from tests.factories_execution import register_checkpoint_dir
 from triloop.artifacts import (

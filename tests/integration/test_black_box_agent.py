@@ -23,13 +23,13 @@ from temporalio.client import Client
 
 from execution_loop.environments.registry import CONTRACTS_DIR
 from execution_loop.sandboxes import bubblewrap_problem
+from governance_loop.durations import PromotionTiming
 from governance_loop.environments import (
     add_task,
     document_from_file,
     register_environment_version,
 )
 from governance_loop.worker import build_worker as build_governance_worker
-from governance_loop.worker import promotion_timing
 from tests.factories import make_person, record_decision
 from tests.factories_governance import wait_for
 from tests.factories_learning import loops_running, make_run, make_user, rows, run_config, start_run
@@ -53,24 +53,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CONTRACT = CONTRACTS_DIR / "tool_arithmetic_agent.yaml"
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model, created locally (no download)."""
-    import torch
-
-    from learning_loop.tiny_model import create_tiny_model
-
-    torch.set_num_threads(1)
-    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
 @contextlib.asynccontextmanager
 async def admission_workers(settings: Settings, gov: Engine) -> AsyncIterator[Client]:
     """Governance's real worker and the real execution worker (with its probe)."""
     from execution_loop.worker import build_worker as build_execution_worker
 
     client = await connect(settings, identity="admission-test", service="governance")
-    timing = replace(promotion_timing("test"), approval_deadline_s=120.0)
+    timing = replace(PromotionTiming.for_profile("test"), approval_deadline_s=120.0)
     governance = build_governance_worker(client, settings, engine=gov,
                                          authorizer=build_authorizer(settings, "governance"),
                                          timing=timing)

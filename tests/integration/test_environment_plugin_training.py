@@ -9,12 +9,11 @@ import pytest
 from sqlalchemy import Engine
 
 from tests.environment_plugins import install_example, on_path
-from tests.factories_byo import admit, register, tiny_dir, train_briefly
+from tests.factories_byo import admit, register, train_briefly
 from tests.factories_learning import rows
 from triloop.config import ServiceName, Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-__all__ = ["tiny_dir"]  # a fixture this module uses
 
 
 @pytest.fixture

@@ -18,14 +18,13 @@ from execution_loop.environments.service import (
 )
 from execution_loop.environments.service_verifier import ServiceVerdictError, verify
 from tests.environment_services import SERVICE_DIR, free_port, reference_service, write_contract
-from tests.factories_byo import admit, register, tiny_dir, train_briefly
+from tests.factories_byo import admit, register, train_briefly
 from tests.factories_learning import rows
 from triloop.config import ServiceName, Settings
 from triloop.contracts import ContractError, contract_id, load_contract
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "docs" / "environment-service.openapi.json"
-__all__ = ["tiny_dir"]  # a fixture this module uses
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from governance_loop.activities.messages import OfflineEvalInput
+from governance_loop.contracts import OfflineEvalInput
 from tests.factories import uid
 from tests.factories_governance import Scene, look_canary, write_episodes
 

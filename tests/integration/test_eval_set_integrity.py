@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from governance_loop.activities.evidence import EvidenceActivities
-from governance_loop.activities.messages import OfflineEvalInput
+from governance_loop.contracts import OfflineEvalInput
 from governance_loop.evalsets import create_eval_set, set_threshold
 from tests.factories import make_task, uid
 from tests.factories_governance import TEST_SPEC

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from governance_loop.activities.messages import ShadowInput
+from governance_loop.contracts import ShadowInput
 from tests.factories_governance import Scene, look_canary, write_episodes
 
 pytestmark = pytest.mark.integration

@@ -38,17 +38,6 @@ from web.data.runs import run_metrics
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model, created locally (no download)."""
-    import torch
-
-    from learning_loop.tiny_model import create_tiny_model
-
-    torch.set_num_threads(1)
-    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[Client]:
     """A Temporal client standing in for the web service."""
@@ -138,8 +127,8 @@ def test_a_mitigation_is_audited_and_refused_without_the_policy(
     settings: Settings, owner_engine: Engine, role_engine: Callable[[ServiceName], Engine],
     tiny_dir: Path,
 ) -> None:
-    from learning_loop.activities.messages import MitigationInput
     from learning_loop.activities.run_state import RunActivities
+    from learning_loop.contracts import MitigationInput
 
     alice = make_user(owner_engine)
     run_id = make_run(owner_engine, run_config(tiny_dir, ["t"]), alice)

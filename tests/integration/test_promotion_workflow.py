@@ -29,8 +29,8 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.worker import Replayer
 
-from governance_loop.activities.messages import PromotionTiming
 from governance_loop.activities.rollback import bootstrap_production
+from governance_loop.durations import PromotionTiming
 from governance_loop.worker import build_worker
 from governance_loop.workflows import PromotionWorkflow
 from tests.factories import make_checkpoint, make_person, make_weights_dir, record_decision

@@ -46,17 +46,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model, created locally (no download)."""
-    import torch
-
-    from learning_loop.tiny_model import create_tiny_model
-
-    torch.set_num_threads(1)
-    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
 def checkpoint(owner_engine: Engine, tiny_dir: Path) -> str:
     """The tiny model registered as a checkpoint row."""
     return register_checkpoint_dir(owner_engine, tiny_dir)

@@ -31,12 +31,6 @@ from triloop.workflow_api import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tiny_model_dir: Path) -> Path:
-    """The session's tiny model."""
-    return tiny_model_dir
-
-
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[Client]:
     yield await connect(settings, identity="faults-test", service="execution")

@@ -26,7 +26,7 @@ from execution_loop.episode import turn_seed
 from execution_loop.inference.base import FINISH_STOP, Generation, PolicyClient
 from execution_loop.worker import build_worker
 from governance_loop.activities.evidence import EvidenceActivities
-from governance_loop.activities.messages import ShadowInput
+from governance_loop.contracts import ShadowInput
 from tests.factories import insert, uid
 from tests.factories_execution import (
     make_builtin_task,

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import ProgrammingError
 from temporalio.client import Client
 
-from learning_loop.lineage import lineage
+from learning_loop.store import lineage
 from learning_loop.tiny_model import create_tiny_model
 from tests.factories_learning import (
     frozen_lake_tasks,

@@ -19,7 +19,7 @@ from sqlalchemy.exc import ProgrammingError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.worker import Replayer
 
-from learning_loop.lineage import lineage
+from learning_loop.store import lineage
 from learning_loop.workflows import TrainingRunWorkflow
 from tests.factories import record_decision
 from tests.factories_learning import (
@@ -47,17 +47,6 @@ from triloop.workflow_api import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model, created locally (no download)."""
-    import torch
-
-    from learning_loop.tiny_model import create_tiny_model
-
-    torch.set_num_threads(1)
-    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from execution_loop.episode import episode_limits
-from learning_loop.activities.messages import TaskSeed
 from learning_loop.advantages import TrajectoryTurns, compute_turn_advantages
 from learning_loop.batch import TrainingSample, collate, without_groups
 from learning_loop.batch_metrics import dynamic_sampling_series
+from learning_loop.contracts import TaskSeed
 from learning_loop.dynamic_data import (
     groups_to_resample,
     informative_groups,

@@ -11,7 +11,6 @@ from temporalio.exceptions import ApplicationError
 from execution_loop.activities import episode_seed, is_infrastructure_error, non_retryable
 from execution_loop.admission_probe import verifier_hash
 from execution_loop.inference.base import InferenceServerError, PromptTooLongError
-from execution_loop.policies import UnsupportedArtifactUri, checkpoint_dir
 from execution_loop.routing import (
     NoProductionCheckpoint,
     Routes,
@@ -20,6 +19,7 @@ from execution_loop.routing import (
     situation_hashes,
     step_agreement,
 )
+from execution_loop.serving import UnsupportedArtifactUri, checkpoint_dir
 from execution_loop.workflows import EpisodeSummary, plan_episodes, shadow_spec, summarize
 from triloop.policy import Actor, Decision, PolicyDenied, Resource
 from triloop.workflow_api import RolloutBatchInput, RolloutItem

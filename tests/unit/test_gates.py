@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from governance_loop.durations import GateDurations
+from governance_loop.durations import PromotionTiming
 from governance_loop.gates import (
     GATE_ORDER,
     BinomialCounts,
@@ -18,7 +18,6 @@ from governance_loop.gates import (
     EvalSetResult,
     GateDecision,
     GateOrderError,
-    HumanDecision,
     HumanDecisionError,
     ShadowSample,
     ShadowSpec,
@@ -27,18 +26,18 @@ from governance_loop.gates import (
     Verdict,
     WatchObservation,
     WatchSpec,
-    decide_approval,
-    decide_audit,
     decide_canary,
+    decide_human,
     decide_offline_eval,
     decide_shadow,
     decide_watch,
     failed_gate,
     next_gate,
+    refuse_out_of_turn,
     results_from_decisions,
-    validate_approval_decision,
-    validate_audit_decision,
 )
+from triloop.decisions import HumanDecision
+from triloop.statuses import DecisionKind, Gate
 
 
 @pytest.fixture
@@ -318,23 +317,26 @@ def test_watch_does_not_roll_back_before_min_samples(thresholds: ThresholdSpec) 
 # --- audit and approval -----------------------------------------------------------------
 
 
-def person(user: str | None, role: str, decision: str, comment: str | None = "looks right",
-           service: str = "web") -> HumanDecision:
-    return HumanDecision(user=user, service=service, roles=[role], decision=decision,
-                         comment=comment)
+def person(user: str, role: str, decision: str, comment: str = "looks right",
+           kind: DecisionKind | None = None) -> HumanDecision:
+    """A decision as ``load_decision`` returns it: of the kind its verb belongs to."""
+    kind = kind or (DecisionKind.AUDIT if decision == "sign" or role == "auditor"
+                    else DecisionKind.APPROVAL)
+    return HumanDecision(id="d-1", kind=kind, subject="p-1", decision=decision,
+                         comment=comment, details={}, user=user, roles=(role,))
 
 
 def test_audit_and_approval_by_different_people_pass() -> None:
-    audit = decide_audit(person("carol", "auditor", "sign"), submitter="alice", awaiting="audit")
+    audit = decide_human(person("carol", "auditor", "sign"), gate=Gate.AUDIT, submitter="alice")
     assert audit.passed and audit.evidence["user"] == "carol"
-    approval = decide_approval(
-        person("olga", "operator", "approve"), submitter="alice", auditor="carol",
-        awaiting="approval",
+    approval = decide_human(
+        person("olga", "operator", "approve"), gate=Gate.APPROVAL, submitter="alice",
+        auditor="carol",
     )
     assert approval.passed and approval.gate == "approval"
-    rejected = decide_approval(
-        person("olga", "operator", "reject", "canary too short"), submitter="alice",
-        auditor="carol", awaiting="approval",
+    rejected = decide_human(
+        person("olga", "operator", "reject", "canary too short"), gate=Gate.APPROVAL,
+        submitter="alice", auditor="carol",
     )
     assert not rejected.passed and "canary too short" in rejected.reasons[0]
 
@@ -342,46 +344,45 @@ def test_audit_and_approval_by_different_people_pass() -> None:
 @pytest.mark.parametrize("user", ["alice", " Alice "])
 def test_submitter_can_neither_audit_nor_approve(user: str) -> None:
     with pytest.raises(HumanDecisionError, match="submitted the training run"):
-        validate_audit_decision(person(user, "auditor", "sign"), submitter="alice",
-                                awaiting="audit")
+        decide_human(person(user, "auditor", "sign"), gate=Gate.AUDIT, submitter="alice")
     with pytest.raises(HumanDecisionError, match="submitted the training run"):
-        validate_approval_decision(person(user, "operator", "approve"), submitter="alice",
-                                   auditor="carol", awaiting="approval")
+        decide_human(person(user, "operator", "approve"), gate=Gate.APPROVAL,
+                     submitter="alice", auditor="carol")
 
 
 def test_auditor_who_signed_cannot_approve() -> None:
     with pytest.raises(HumanDecisionError, match="signed the audit"):
-        validate_approval_decision(person("CAROL", "operator", "approve"), submitter="alice",
-                                   auditor="carol", awaiting="approval")
+        decide_human(person("CAROL", "operator", "approve"), gate=Gate.APPROVAL,
+                     submitter="alice", auditor="carol")
 
 
 @pytest.mark.parametrize(
     ("decision", "match"),
     [
-        (person("olga", "operator", "approve", comment=None), "needs a comment"),
+        (person("olga", "operator", "approve", comment=""), "needs a comment"),
         (person("olga", "operator", "reject", comment="  "), "needs a comment"),
         (person("olga", "operator", "sign"), "unknown approval decision"),
         (person("olga", "auditor", "approve"), "lacks the 'operator' role"),
-        (person(None, "operator", "approve"), "signed-in user"),
-        (person("olga", "operator", "approve", service="learning"), "service 'learning'"),
+        (person("", "operator", "approve"), "signed-in user"),
+        # An audit's verb recorded as an approval's is no approval decision either.
+        (person("olga", "operator", "sign", kind=DecisionKind.APPROVAL),
+         "unknown approval decision 'sign'"),
     ],
 )
 def test_invalid_approval_is_refused(decision: HumanDecision, match: str) -> None:
     with pytest.raises(HumanDecisionError, match=match):
-        validate_approval_decision(decision, submitter="alice", auditor="carol",
-                                   awaiting="approval")
+        decide_human(decision, gate=Gate.APPROVAL, submitter="alice", auditor="carol")
 
 
 def test_human_decisions_refused_out_of_turn() -> None:
     with pytest.raises(HumanDecisionError, match="no signed audit"):
-        validate_approval_decision(person("olga", "operator", "approve"), submitter="alice",
-                                   auditor=None, awaiting="approval")
+        decide_human(person("olga", "operator", "approve"), gate=Gate.APPROVAL,
+                     submitter="alice", auditor=None)
     with pytest.raises(HumanDecisionError, match="at gate 'canary'"):
-        validate_approval_decision(person("olga", "operator", "approve"), submitter="alice",
-                                   auditor="carol", awaiting="canary")
+        refuse_out_of_turn(Gate.APPROVAL, awaiting="canary")
     with pytest.raises(HumanDecisionError, match="needs a comment"):
-        validate_audit_decision(person("carol", "auditor", "reject", comment=""),
-                                submitter="alice", awaiting="audit")
+        decide_human(person("carol", "auditor", "reject", comment=""), gate=Gate.AUDIT,
+                     submitter="alice")
 
 
 # --- gate order -------------------------------------------------------------------------
@@ -428,15 +429,27 @@ def test_results_from_decisions_ignores_continue(thresholds: ThresholdSpec) -> N
 
 
 def test_durations_days_in_production_seconds_in_tests() -> None:
-    prod, fast = GateDurations(), GateDurations.for_tests()
+    prod, fast = PromotionTiming.for_profile("production"), PromotionTiming.for_profile("test")
     assert prod.canary_soak_s >= 86_400 and prod.watch_period_s >= 86_400
     assert fast.canary_soak_s < 60 and fast.as_timedelta("canary_soak_s").total_seconds() == 3
     with pytest.raises(KeyError, match="not a duration"):
         fast.as_timedelta("canary_share")
     with pytest.raises(ValueError, match="canary_check_interval_s"):
-        GateDurations(canary_soak_s=10, canary_check_interval_s=20)
+        PromotionTiming(canary_soak_s=10, canary_check_interval_s=20)
     with pytest.raises(ValueError):
-        GateDurations(canary_share=0.9)
+        PromotionTiming(canary_share=0.9)
+
+
+def test_one_timing_per_profile_and_nothing_else() -> None:
+    """The worker's profiles are ``PromotionTiming``'s own: minutes for the demo, and an
+    unknown profile is refused rather than read as production."""
+    demo = PromotionTiming.for_profile("demo")
+    assert 60 <= demo.canary_soak_s + demo.shadow_soak_s < 3600
+    assert demo.slot_wait_interval_s == demo.canary_check_interval_s
+    with pytest.raises(ValueError, match="unknown gate profile"):
+        PromotionTiming.for_profile("staging")
+    with pytest.raises(ValueError, match="eval_timeout_s must be greater than 0"):
+        PromotionTiming(eval_timeout_s=0)
 
 
 def test_watch_rolls_back_against_the_candidates_own_canary_baseline() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from governance_loop.gates import (
-    HumanDecision,
     HumanDecisionError,
     RecordedAlarm,
     StabilityCheck,
@@ -13,9 +12,12 @@ from governance_loop.gates import (
     ThresholdSpec,
     ThresholdSpecError,
     Verdict,
-    decide_alarm_override,
+    decide_human,
     decide_stability,
+    refuse_out_of_turn,
 )
+from triloop.decisions import HumanDecision
+from triloop.statuses import DecisionKind, Gate
 
 BASE = {"version": "thr-9", "min_success_rate": 0.5, "max_regression_vs_production": 0.1,
         "min_samples": 10}
@@ -93,15 +95,15 @@ def test_a_proposal_that_misstates_its_alarms_fails_and_cannot_be_overridden() -
     assert invented.decision.verdict is Verdict.FAIL
 
 
-def override(user: str | None, roles: list[str], comment: str | None = "checked by hand",
-             decision: str = "override", service: str = "web") -> HumanDecision:
-    return HumanDecision(user=user, service=service, roles=roles, decision=decision,
-                         comment=comment)
+def override(user: str, roles: list[str], comment: str = "checked by hand",
+             decision: str = "override",
+             kind: DecisionKind = DecisionKind.ALARM_OVERRIDE) -> HumanDecision:
+    return HumanDecision(id="d-1", kind=kind, subject="p-1", decision=decision,
+                         comment=comment, details={}, user=user, roles=tuple(roles))
 
 
 def test_an_operator_overrides_with_a_reason() -> None:
-    gate = decide_alarm_override(override("olga", ["operator"]), submitter="sam",
-                                 awaiting="stability")
+    gate = decide_human(override("olga", ["operator"]), gate=Gate.STABILITY, submitter="sam")
     assert gate.passed and gate.gate == "stability"
     assert gate.evidence["user"] == "olga" and gate.evidence["comment"] == "checked by hand"
 
@@ -111,11 +113,12 @@ def test_an_operator_overrides_with_a_reason() -> None:
     (override("ada", ["auditor", "ml_engineer"]), "lacks the 'operator' role"),
     (override("olga", ["operator"], comment="  "), "needs a comment saying why"),
     (override("olga", ["operator"], decision="approve"), "unknown stability decision"),
-    (override("olga", ["operator"], service="learning"), "through the web service"),
+    # An approval recorded by the operator is no override of the alarms.
+    (override("olga", ["operator"], kind=DecisionKind.APPROVAL, decision="approve"),
+     "unknown stability decision 'approve'"),
 ])
 def test_override_refusals(decision: HumanDecision, why: str) -> None:
     with pytest.raises(HumanDecisionError, match=why):
-        decide_alarm_override(decision, submitter="sam", awaiting="stability")
+        decide_human(decision, gate=Gate.STABILITY, submitter="sam")
     with pytest.raises(HumanDecisionError, match="at gate 'audit'"):
-        decide_alarm_override(override("olga", ["operator"]), submitter="sam",
-                              awaiting="audit")
+        refuse_out_of_turn(Gate.STABILITY, awaiting="audit")

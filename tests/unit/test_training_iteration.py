@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from learning_loop.activities.records import saved_iteration
-from learning_loop.activities.training import load_model, save_servable, train_iteration
 from learning_loop.batch import TrainingSample
 from learning_loop.checkpoints import CheckpointRef, saved_weights_digest
+from learning_loop.iteration import load_model, save_servable, train_iteration
+from learning_loop.iteration_records import saved_iteration
 from learning_loop.objective import policy_action_logprobs
 from learning_loop.tiny_model import create_tiny_model
 from learning_loop.trajectory_reader import StoredStep, StoredTrajectory, to_rollout_data

@@ -7,9 +7,9 @@ import math
 import pytest
 from temporalio import workflow
 
-from learning_loop.activities.messages import TaskSeed
-from learning_loop.activities.records import finite, stability_history
 from learning_loop.activities.run_state import proposal_id_for
+from learning_loop.contracts import TaskSeed
+from learning_loop.iteration_records import finite, stability_history
 from learning_loop.stability import IterationMetrics
 from learning_loop.workflows import TrainingRunWorkflow, rollout_items
 from triloop.run_config import RunConfig

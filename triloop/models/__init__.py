@@ -1,7 +1,7 @@
 """All tables; importing this module registers them on ``SQLModel.metadata``."""
 
 from triloop.models.audit import AccessEvent, AuditEvent
-from triloop.models.decisions import DecisionKind, HumanDecision
+from triloop.models.decisions import DecisionKind, HumanDecisionRow
 from triloop.models.environments import Environment, EnvironmentVersion, Task
 from triloop.models.evaluation import EvalItem, EvalSet, Threshold
 from triloop.models.governance import (
@@ -30,7 +30,7 @@ __all__ = [
     "EvalItem",
     "EvalSet",
     "GateResult",
-    "HumanDecision",
+    "HumanDecisionRow",
     "Promotion",
     "Proposal",
     "RoleGrant",

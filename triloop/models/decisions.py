@@ -10,37 +10,22 @@ from here and their current roles from ``app_user``, never from a payload.
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Column, Text, text
 from sqlmodel import Field, SQLModel
 
 from triloop.models._columns import created_at_field, json_field, new_id
+from triloop.statuses import DecisionKind
+
+__all__ = ["WEB_ROLE", "DecisionKind", "HumanDecisionRow"]
 
 WEB_ROLE = "triloop_web"
 
 
-class DecisionKind(StrEnum):
-    """What a person decided about, and so what ``subject`` names."""
-
-    AUDIT = "audit"  # subject: a promotion; decision: sign | reject
-    APPROVAL = "approval"  # subject: a promotion; decision: approve | reject
-    ADMISSION = "admission"  # subject: a task; decision: approve | reject
-    ROLLBACK = "rollback"  # subject: a deployment alias; decision: rollback
-    RUN_CONTROL = "run_control"  # subject: a training run; decision: pause | resume | cancel
-    # subject: a promotion; decision: override (its run's stability alarms; comment: why)
-    ALARM_OVERRIDE = "alarm_override"
-    # subject: an environment's name; decision: register (details: contract text, fixtures)
-    ENVIRONMENT_VERSION = "environment_version"
-    # subject: an eval set's name; decision: create (details: task ids; frozen at once)
-    EVAL_SET = "eval_set"
-    # subject: a threshold's name; decision: set (details: spec, eval set)
-    THRESHOLD = "threshold"
-
-
-class HumanDecision(SQLModel, table=True):
-    """One decision of one signed-in person."""
+class HumanDecisionRow(SQLModel, table=True):
+    """One decision of one signed-in person, as stored (``triloop.decisions.HumanDecision``
+    is the same decision as a loop may trust it)."""
 
     __tablename__ = "human_decision"
     id: str = Field(default_factory=new_id, primary_key=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from triloop.statuses import PromotionStatus
+from triloop.statuses import PromotionDecision, PromotionStatus
 from web import actions
-from web.actions import DecisionOutcome, DecisionRequest, PromotionAction
+from web.actions import DecisionOutcome, DecisionRequest
 from web.api.common import IdPrefix, Short
 from web.api.documented_errors import WORKFLOW_ERRORS
 from web.data import promotions
@@ -45,12 +45,12 @@ async def get_promotion(promotion_id: str, guard: AuthorizeDep, db: SessionDep) 
 
 
 async def _decide(
-    action: PromotionAction, promotion_id: str, body: DecisionRequest, guard: AuthorizeDep,
+    decision: PromotionDecision, promotion_id: str, body: DecisionRequest, guard: AuthorizeDep,
     db: SessionDep, services: ServicesDep,
 ) -> DecisionOutcome:
     return await actions.decide_promotion(
-        guard=guard, db=db, services=services, promotion_id=promotion_id, action=action,
-        comment=body.comment,
+        guard=guard, db=db, services=services, promotion_id=promotion_id, decision=decision,
+        body=body,
     )
 
 
@@ -61,7 +61,7 @@ async def sign_audit(
     services: ServicesDep,
 ) -> DecisionOutcome:
     """An auditor signs the audit (not the run's submitter)."""
-    return await _decide("sign_audit", promotion_id, body, guard, db, services)
+    return await _decide(PromotionDecision.SIGN_AUDIT, promotion_id, body, guard, db, services)
 
 
 @router.post("/{promotion_id}/reject-audit", response_model=DecisionOutcome,
@@ -71,7 +71,7 @@ async def reject_audit(
     services: ServicesDep,
 ) -> DecisionOutcome:
     """An auditor refuses to sign, with the reason."""
-    return await _decide("reject_audit", promotion_id, body, guard, db, services)
+    return await _decide(PromotionDecision.REJECT_AUDIT, promotion_id, body, guard, db, services)
 
 
 @router.post("/{promotion_id}/approve", response_model=DecisionOutcome,
@@ -81,7 +81,7 @@ async def approve_promotion(
     services: ServicesDep,
 ) -> DecisionOutcome:
     """An operator approves (not the submitter, not the auditor who signed)."""
-    return await _decide("approve", promotion_id, body, guard, db, services)
+    return await _decide(PromotionDecision.APPROVE, promotion_id, body, guard, db, services)
 
 
 @router.post("/{promotion_id}/reject", response_model=DecisionOutcome,
@@ -91,7 +91,7 @@ async def reject_promotion(
     services: ServicesDep,
 ) -> DecisionOutcome:
     """An operator rejects the candidate."""
-    return await _decide("reject", promotion_id, body, guard, db, services)
+    return await _decide(PromotionDecision.REJECT, promotion_id, body, guard, db, services)
 
 
 @router.post("/{promotion_id}/override-alarms", response_model=DecisionOutcome,
@@ -104,4 +104,4 @@ async def override_alarms(
 
     The comment is the written reason, kept with the decision and the gate result.
     """
-    return await _decide("override_alarms", promotion_id, body, guard, db, services)
+    return await _decide(PromotionDecision.OVERRIDE_ALARMS, promotion_id, body, guard, db, services)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from triloop.statuses import PromotionDecision, PromotionStatus
 from web.data import promotions
 from web.data.promotions import DecisionFacts, PromotionSummary
 from web.deps import Guard, Sessions
 
-# decision -> gate at which it can be taken
-DECISION_GATE = {"sign_audit": "audit", "reject_audit": "audit",
-                 "approve": "approval", "reject": "approval", "override_alarms": "stability"}
+# The gates where a person decides.
+HUMAN_GATES = frozenset(decision.gate for decision in PromotionDecision)
 
 
 @dataclass(frozen=True)
@@ -23,28 +23,20 @@ class Waiting:
     """An open promotion this person can decide now."""
 
     promotion: PromotionSummary
-    decisions: list[str]
+    decisions: list[PromotionDecision]
 
 
-def facts_attrs(facts: DecisionFacts) -> dict[str, str]:
-    """The duty facts the policy needs about a promotion."""
-    attrs = {"submitted_by": facts.promotion.submitted_by}
-    if facts.audited_by:
-        attrs["audited_by"] = facts.audited_by
-    return attrs
-
-
-async def decisions_for(guard: Guard, facts: DecisionFacts) -> list[str]:
+async def decisions_for(guard: Guard, facts: DecisionFacts) -> list[PromotionDecision]:
     """The decisions this person may take on this promotion now."""
     promotion = facts.promotion
-    if promotion.status != "open" or promotion.workflow_id is None:
+    if promotion.status != PromotionStatus.open or promotion.workflow_id is None:
         return []
     allowed = []
-    for decision, gate in DECISION_GATE.items():
-        if promotion.current_gate != gate:
+    for decision in PromotionDecision:
+        if promotion.current_gate != decision.gate:
             continue
         if await guard.would_allow(decision, "promotion", id=promotion.id,
-                                   attrs=facts_attrs(facts)):
+                                   attrs=facts.policy_attrs()):
             allowed.append(decision)
     return allowed
 
@@ -53,10 +45,11 @@ async def awaiting_me(guard: Guard, db: Sessions, limit: int = 20) -> list[Waiti
     """Open promotions at a gate where this person could decide."""
     if not await guard.would_allow("read", "promotion"):
         return []
-    listing = await db.read(promotions.list_promotions, limit=limit, cursor=None, status="open")
+    listing = await db.read(promotions.list_promotions, limit=limit, cursor=None,
+                            status=PromotionStatus.open)
     waiting = []
     for promotion in listing.items:
-        if promotion.current_gate not in ("audit", "approval", "stability"):
+        if promotion.current_gate not in HUMAN_GATES:
             continue
         facts = await db.read(promotions.decision_facts, promotion_id=promotion.id)
         if facts is None:

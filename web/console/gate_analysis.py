@@ -13,17 +13,20 @@ still renders.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+
+from triloop.statuses import Gate
 
 Outcome = Literal["pass", "fail", "inconclusive"]
 RowOutcome = Literal["pass", "fail", "inconclusive", "context"]  # context: no bar of its own
 
-# The section of a threshold spec that each gate reads (offline eval reads the top level).
-SECTION = {"shadow": "shadow", "canary": "canary", "watch": "watch", "stability": "stability"}
+# The gates that read the section of a threshold spec named after them (offline eval reads
+# the top level).
+SECTION_GATES = (Gate.SHADOW, Gate.CANARY, Gate.WATCH, Gate.STABILITY)
 METRIC_WORDS = {"success_rate": "success rate", "mean_reward": "mean reward"}
-HUMAN_GATES = ("audit", "approval", "promote")
+HUMAN_GATES = (Gate.AUDIT, Gate.APPROVAL, Gate.PROMOTE)
 
 
 @dataclass(frozen=True)
@@ -84,10 +87,9 @@ def relevant_thresholds(gate: str, spec: Mapping[str, Any] | None,
     """The thresholds this gate is held to: its section of the threshold version, else the
     copy the gate wrote into its evidence."""
     if spec:
-        section = SECTION.get(gate)
-        if section is not None and isinstance(spec.get(section), Mapping):
-            return dict(spec[section])
-        if gate == "offline_eval":
+        if gate in SECTION_GATES and isinstance(spec.get(gate), Mapping):
+            return dict(spec[gate])
+        if gate == Gate.OFFLINE_EVAL:
             return {k: v for k, v in spec.items() if not isinstance(v, Mapping)
                     and k != "version"}
     copied = evidence.get("thresholds")
@@ -264,8 +266,10 @@ def _stability_checks(evidence: Mapping[str, Any], bars: Mapping[str, Any]) -> l
                   "an operator who did not submit the run may override them")]
 
 
-CHECKS = {"offline_eval": _offline_checks, "shadow": _shadow_checks,
-          "canary": _canary_checks, "watch": _watch_checks, "stability": _stability_checks}
+CHECKS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], list[Check]]] = {
+    Gate.OFFLINE_EVAL: _offline_checks, Gate.SHADOW: _shadow_checks,
+    Gate.CANARY: _canary_checks, Gate.WATCH: _watch_checks, Gate.STABILITY: _stability_checks,
+}
 
 
 def _verdict(gate: str, passed: bool, checks: list[Check], reasons: list[str]) -> str:

@@ -10,24 +10,26 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from pydantic import ValidationError
 
+from triloop.statuses import GATE_ORDER, PromotionDecision, PromotionStatus, Purpose
+from triloop.workflow_api import GateSummary
 from web import actions
-from web.actions import RollbackRequest
+from web.actions import DecisionRequest, RollbackRequest
 from web.console.decisions import decisions_for
 from web.console.gate_analysis import analyse_gate, waiting_gate_note
 from web.console.rendering import ConsoleGuard, CsrfChecked, page, redirect
 from web.data import audit, deployments, lineage, promotions
-from web.data.promotions import GATE_ORDER
+from web.data.promotions import GateView
 from web.deps import Guard, ServicesDep, SessionDep
 from web.pagination import CursorParam
 from web.problems import ProblemError, invalid, not_found
 from web.request_fields import field_with_nul
 
 router = APIRouter(include_in_schema=False)
-FORM_ACTIONS = {"sign-audit": "sign_audit", "reject-audit": "reject_audit",
-                "approve": "approve", "reject": "reject", "override-alarms": "override_alarms"}
-DONE = {"sign_audit": "Audit signed", "reject_audit": "Audit refused",
-        "approve": "Approved", "reject": "Rejected",
-        "override_alarms": "Stability alarms overridden"}
+# What the notice says once governance recorded the decision.
+DONE = {PromotionDecision.SIGN_AUDIT: "Audit signed",
+        PromotionDecision.REJECT_AUDIT: "Audit refused",
+        PromotionDecision.APPROVE: "Approved", PromotionDecision.REJECT: "Rejected",
+        PromotionDecision.OVERRIDE_ALARMS: "Stability alarms overridden"}
 
 
 @router.get("/promotions", response_class=HTMLResponse)
@@ -54,24 +56,25 @@ async def promotion_page(
     if detail is None or facts is None:
         raise not_found("promotion", promotion_id)
     decisions = await decisions_for(guard, facts)
-    production = await db.read(deployments.get_deployment, alias="production")
+    production = await db.read(deployments.get_deployment, alias=Purpose.PRODUCTION)
     # The button names where a rollback would go, and is offered only when the rules
     # (triloop.deployment_history) find a target: never a rolled-back candidate.
-    preview = (await db.read(deployments.rollback_preview, alias="production")
+    preview = (await db.read(deployments.rollback_preview, alias=Purpose.PRODUCTION)
                if production is not None else None)
     can_rollback = (
         preview is not None and preview.target is not None
-        and await guard.would_allow("rollback", "deployment", id="production")
+        and await guard.would_allow("rollback", "deployment", id=Purpose.PRODUCTION)
     )
     by_gate = {g.gate: g for g in detail.gates}
-    timeline = [(gate, by_gate.get(gate)) for gate in GATE_ORDER]
+    timeline: list[tuple[str, GateView | None]] = [(gate, by_gate.get(gate))
+                                                   for gate in GATE_ORDER]
     timeline += [(g.gate, g) for g in detail.gates if g.gate not in GATE_ORDER]
     analyses = {g.id: analyse_gate(gate=g.gate, passed=g.passed, reasons=g.reasons,
                                    evidence=g.evidence, threshold_spec=g.threshold_spec)
                 for g in detail.gates}
     spec = next((g.threshold_spec for g in detail.gates if g.threshold_spec), None)
     waiting_note = (waiting_gate_note(detail.current_gate, spec)
-                    if detail.status == "open" and detail.current_gate else None)
+                    if detail.status == PromotionStatus.open and detail.current_gate else None)
     return page(request, "promotion.html", guard.principal, title=f"Promotion {promotion_id}",
                 promotion=detail, timeline=timeline, decisions=decisions,
                 can_rollback=can_rollback, production=production, preview=preview,
@@ -85,25 +88,29 @@ async def decide(
     principal: CsrfChecked, services: ServicesDep, db: SessionDep,
     comment: Annotated[str, Form(max_length=4000)] = "",
 ) -> Response:
-    """Send a decision to governance; the policy is asked again here, whatever the page showed."""
-    action = FORM_ACTIONS[form_action]
+    """Send a decision to governance; the policy is asked again here, whatever the page showed.
+
+    The form's path names the decision as the API's does (``sign-audit``: its words with
+    dashes), so the console sends the same ``PromotionDecision`` the API does.
+    """
+    decision = PromotionDecision(form_action.replace("-", "_"))
     guard = Guard(services, principal, refused_input=await field_with_nul(request))
+    try:
+        body = DecisionRequest(comment=comment)
+    except ValidationError as exc:
+        raise invalid("a comment saying why is required") from exc
     outcome = await actions.decide_promotion(
-        guard=guard, db=db, services=services, promotion_id=promotion_id,
-        action=action,  # type: ignore[arg-type]
-        comment=comment,
-    )
+        guard=guard, db=db, services=services, promotion_id=promotion_id, decision=decision,
+        body=body)
     result = f" Governance answered: {describe_result(outcome.result)}"
     return redirect(request, f"/promotions/{promotion_id}",
-                    notice=("success", f"{DONE[action]} as {principal.name}.{result}"))
+                    notice=("success", f"{DONE[decision]} as {principal.name}.{result}"))
 
 
-def describe_result(result: object) -> str:
-    """A gate summary (``GateSummary`` as JSON) in words; anything else as text."""
-    if isinstance(result, dict) and "gate" in result and "verdict" in result:
-        reasons = "; ".join(str(r) for r in result.get("reasons") or [])
-        return f"{result['gate']} gate {result['verdict']}" + (f" ({reasons})" if reasons else "")
-    return "recorded" if result is None else str(result)
+def describe_result(result: GateSummary) -> str:
+    """A gate summary in words."""
+    reasons = "; ".join(result.reasons)
+    return f"{result.gate} gate {result.verdict}" + (f" ({reasons})" if reasons else "")
 
 
 @router.get("/rollback", response_class=HTMLResponse)

@@ -11,16 +11,17 @@ from typing import Any
 
 from sqlmodel import Session
 
-from triloop.models import DecisionKind, HumanDecision
+from triloop.models import HumanDecisionRow
+from triloop.statuses import Decision, DecisionKind
 
 
 def record_decision(
-    *, session: Session, kind: DecisionKind, subject: str, decision: str, user: str,
+    *, session: Session, kind: DecisionKind, subject: str, decision: Decision, user: str,
     comment: str = "", details: Mapping[str, Any] | None = None,
 ) -> str:
     """Insert the decision (the database stamps ``recorded_by``); returns its id."""
-    row = HumanDecision(kind=kind.value, subject=subject, decision=decision, user_name=user,
-                        comment=comment, details=dict(details or {}))
+    row = HumanDecisionRow(kind=kind, subject=subject, decision=decision, user_name=user,
+                           comment=comment, details=dict(details or {}))
     session.add(row)
     session.flush()
     return row.id

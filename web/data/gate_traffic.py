@@ -22,8 +22,9 @@ from triloop.production_traffic import (
     count_requested_episodes,
     count_shadow_pairs,
 )
+from triloop.statuses import Gate, PromotionStatus, Purpose
 
-TRAFFIC_GATES = ("shadow", "canary")
+TRAFFIC_GATES = (Gate.SHADOW, Gate.CANARY)
 # The threshold key that sets each gate's bar, in the gate's own section of the version.
 _BAR = {"shadow": "min_samples", "canary": "min_samples_per_arm"}
 
@@ -52,7 +53,7 @@ class TrafficProgress(BaseModel):
 def traffic_progress(*, session: Session, promotion: Promotion) -> TrafficProgress | None:
     """The traffic count of an open promotion at shadow or canary; None at any other gate."""
     gate = promotion.current_gate
-    if promotion.status != "open" or gate not in TRAFFIC_GATES:
+    if promotion.status != PromotionStatus.open or gate not in TRAFFIC_GATES:
         return None
     threshold = _threshold(session, promotion.id)
     needed = _needed(gate, threshold.spec if threshold is not None else None)
@@ -82,7 +83,7 @@ def traffic_progress(*, session: Session, promotion: Promotion) -> TrafficProgre
                 purposes=CANARY_PURPOSES, since=since),
             "production": count_requested_episodes(
                 session=session, checkpoint_id=promotion.baseline_checkpoint_id,
-                purposes=("production",), since=since),
+                purposes=(Purpose.PRODUCTION,), since=since),
         }
         counted = min(arms.values())
         unit = (f"episodes in the smaller arm (canary {arms['canary']}, "

@@ -17,11 +17,9 @@ from triloop.models import (
     Threshold,
     TrainingStep,
 )
+from triloop.statuses import GATE_ORDER, Decision
 from web.data.gate_traffic import TrafficProgress, traffic_progress
 from web.pagination import Page, keyset, page_of
-
-GATE_ORDER = ("stability", "offline_eval", "shadow", "canary", "audit", "approval", "promote",
-              "watch")
 
 
 class PromotionSummary(BaseModel):
@@ -102,6 +100,13 @@ class DecisionFacts(BaseModel):
     audited_by: str | None = None
     approved_by: str | None = None
 
+    def policy_attrs(self) -> dict[str, str]:
+        """The duty facts the policy needs about the promotion."""
+        attrs = {"submitted_by": self.promotion.submitted_by}
+        if self.audited_by:
+            attrs["audited_by"] = self.audited_by
+        return attrs
+
 
 def list_promotions(
     *, session: Session, limit: int, cursor: str | None, status: str | None = None,
@@ -131,7 +136,7 @@ def _approvals(session: Session, promotion_id: str) -> list[Approval]:
 def _signer(approvals: list[Approval], kind: str) -> str | None:
     # Governance records an audit sign-off as "approve" (the wire word) or "sign".
     signed = [a.user_name for a in approvals
-              if a.kind == kind and a.decision in ("approve", "sign")]
+              if a.kind == kind and a.decision in (Decision.APPROVE, Decision.SIGN)]
     return signed[-1] if signed else None
 
 

@@ -13,7 +13,7 @@ from sqlmodel import Session, col, select
 
 from triloop.models import Checkpoint, Task, TrainingRun, TrainingStep
 from triloop.models._columns import utcnow
-from triloop.statuses import FINISHED_RUN_STATUSES
+from triloop.statuses import FINISHED_RUN_STATUSES, RunStatus
 from web.pagination import Page, keyset, page_of
 
 TERMINAL_STATUSES = FINISHED_RUN_STATUSES
@@ -189,7 +189,7 @@ def insert_run(
     run = TrainingRun(
         id=run_id, name=name, submitted_by=submitted_by, config=config,
         base_checkpoint_id=base_checkpoint_id, environment_version_ids=environment_version_ids,
-        workflow_id=workflow_id, status="submitted",
+        workflow_id=workflow_id, status=RunStatus.submitted,
     )
     session.add(run)
     session.flush()
@@ -200,7 +200,7 @@ def mark_failed(*, session: Session, run_id: str, reason: str) -> None:
     """Record that a run could not be started."""
     run = session.get(TrainingRun, run_id)
     if run is not None:
-        run.status, run.status_reason, run.updated_at = "failed", reason, utcnow()
+        run.status, run.status_reason, run.updated_at = RunStatus.failed, reason, utcnow()
         session.add(run)
 
 

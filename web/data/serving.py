@@ -13,8 +13,9 @@ from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
 from triloop.models import Approval, Deployment, DeploymentHistory, Promotion, Routing
+from triloop.statuses import Purpose
 
-PRODUCTION = "production"
+PRODUCTION = Purpose.PRODUCTION  # the alias production traffic is served by
 TRIAL_SLOTS = ("canary", "shadow")
 
 

@@ -9,53 +9,24 @@ episode rows are stamped by that clock and gate windows must match them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
-from triloop.workflow_api import AdmissionProbeEvidence, RolloutItem, StabilityAlarm
+from temporalio.common import RetryPolicy
 
-OPEN_PROMOTION = "governance_open_promotion"
-MARK_PROMOTION = "governance_mark_promotion"
-RECORD_GATE = "governance_record_gate"
-DECIDE_OFFLINE_EVAL = "governance_decide_offline_eval"
-SET_ROUTING = "governance_set_routing"
-DECIDE_SHADOW = "governance_decide_shadow"
-LOOK_CANARY = "governance_look_canary"
-RECORD_HUMAN_DECISION = "governance_record_human_decision"
-PROMOTE_CANDIDATE = "governance_promote_candidate"
-LOOK_WATCH = "governance_look_watch"
-ROLLBACK_DEPLOYMENT = "governance_rollback_deployment"
-LOAD_ADMISSION_TASK = "governance_load_admission_task"
-RECORD_ADMISSION_EVIDENCE = "governance_record_admission_evidence"
-DECIDE_TASK_ADMISSION = "governance_decide_task_admission"
-# A person's recorded write, by the decision's kind.
-REGISTER_ENVIRONMENT_VERSION = "governance_register_environment_version"
-CREATE_EVAL_SET = "governance_create_eval_set"
-SET_THRESHOLD = "governance_set_threshold"
-
-# ApplicationError types the workflows recognise.
-POLICY_DENIED = "PolicyDenied"  # OPA refused: never retried
-POLICY_UNAVAILABLE = "PolicyUnavailable"  # OPA unreachable (failed closed): retried
-GOVERNANCE_REFUSED = "GovernanceRefused"  # a rule of the loop itself: never retried
-# What a person asked for cannot be stored as asked (a bad contract or threshold spec, a task
-# not admitted): never retried; the web service answers 422 with ``details[0]``'s reasons.
-INVALID_REQUEST = "InvalidRequest"
-PROMOTION_ENDED = "PromotionEnded"  # a promotion that ended is never run again
-
-
-@dataclass
-class PromotionTiming:
-    """Seconds each gate waits (``GateDurations`` chosen by ``settings.gate_profile``)."""
-
-    shadow_soak_s: float
-    canary_soak_s: float
-    canary_share: float  # fraction of production episodes routed to the candidate
-    canary_check_interval_s: float
-    audit_deadline_s: float
-    approval_deadline_s: float
-    watch_period_s: float
-    watch_check_interval_s: float
-    eval_timeout_s: float  # how long an offline-eval rollout batch may take
-    slot_wait_interval_s: float  # how often to retry a routing slot another promotion holds
+from governance_loop.durations import PromotionTiming
+from triloop.activity_contract import ActivityContract
+from triloop.statuses import Gate
+from triloop.workflow_api import (
+    AdmissionProbeEvidence,
+    ErrorType,
+    GovernanceWriteInput,
+    GovernanceWriteResult,
+    RollbackInput,
+    RollbackResult,
+    RolloutItem,
+    StabilityAlarm,
+)
 
 
 @dataclass
@@ -194,7 +165,7 @@ class HumanDecisionRecord:
     """
 
     promotion_id: str
-    gate: str  # audit | approval
+    gate: Gate  # audit | approval | stability
     decision_id: str
     submitted_by: str
     audited_by: str | None = None  # the auditor who signed (approval decisions)
@@ -291,3 +262,62 @@ class AdmissionDecided:
     status: str
     decided_by: str
     decision: str  # approve | reject
+
+
+# Every governance activity is short database (and OPA) work on the governance queue.
+# OPA's refusals and the loop's own rules are never retried; an unreachable OPA is.
+QUICK = timedelta(seconds=60)
+NEVER_RETRIED = [ErrorType.POLICY_DENIED, ErrorType.GOVERNANCE_REFUSED]
+RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30),
+                    non_retryable_error_types=NEVER_RETRIED)
+# A person waits on an update or a write: fail fast instead of retrying for minutes.
+HUMAN_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3,
+                          non_retryable_error_types=NEVER_RETRIED)
+# A write that cannot be stored as asked (a bad contract or threshold spec) stays refused.
+WRITE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5,
+                          non_retryable_error_types=[*NEVER_RETRIED, ErrorType.INVALID_REQUEST])
+
+
+def _quick(name: str, arg: type[Any], out: type[Any], retry: RetryPolicy = RETRY) -> Any:
+    # Before the one naming scheme these were "governance_<name>" on the wire.
+    return ActivityContract(f"governance.{name}", arg, out, QUICK, retry,
+                            legacy_name=f"governance_{name}")
+
+
+OPEN_PROMOTION: ActivityContract[OpenPromotionInput, PromotionPlan] = _quick(
+    "open_promotion", OpenPromotionInput, PromotionPlan)
+MARK_PROMOTION: ActivityContract[MarkPromotion, None] = _quick(
+    "mark_promotion", MarkPromotion, type(None))
+RECORD_GATE: ActivityContract[GateRecord, GateOutcome] = _quick(
+    "record_gate", GateRecord, GateOutcome)
+DECIDE_OFFLINE_EVAL: ActivityContract[OfflineEvalInput, GateOutcome] = _quick(
+    "decide_offline_eval", OfflineEvalInput, GateOutcome)
+SET_ROUTING: ActivityContract[RoutingRequest, RoutingChange] = _quick(
+    "set_routing", RoutingRequest, RoutingChange)
+DECIDE_SHADOW: ActivityContract[ShadowInput, GateOutcome] = _quick(
+    "decide_shadow", ShadowInput, GateOutcome)
+LOOK_CANARY: ActivityContract[CanaryLook, GateOutcome] = _quick(
+    "look_canary", CanaryLook, GateOutcome)
+RECORD_HUMAN_DECISION: ActivityContract[HumanDecisionRecord, GateOutcome] = _quick(
+    "record_human_decision", HumanDecisionRecord, GateOutcome, HUMAN_RETRY)
+PROMOTE_CANDIDATE: ActivityContract[PromoteInput, PromoteResult] = _quick(
+    "promote_candidate", PromoteInput, PromoteResult)
+LOOK_WATCH: ActivityContract[WatchLook, GateOutcome] = _quick(
+    "look_watch", WatchLook, GateOutcome)
+ROLLBACK_DEPLOYMENT: ActivityContract[RollbackInput, RollbackResult] = _quick(
+    "rollback_deployment", RollbackInput, RollbackResult)
+LOAD_ADMISSION_TASK: ActivityContract[AdmissionTaskRequest, AdmissionTask] = _quick(
+    "load_admission_task", AdmissionTaskRequest, AdmissionTask)
+RECORD_ADMISSION_EVIDENCE: ActivityContract[
+    AdmissionEvidenceInput, AdmissionAssessmentRecord] = _quick(
+    "record_admission_evidence", AdmissionEvidenceInput, AdmissionAssessmentRecord)
+DECIDE_TASK_ADMISSION: ActivityContract[AdmissionDecisionInput, AdmissionDecided] = _quick(
+    "decide_task_admission", AdmissionDecisionInput, AdmissionDecided)
+# A person's recorded write, by the decision's kind.
+REGISTER_ENVIRONMENT_VERSION: ActivityContract[
+    GovernanceWriteInput, GovernanceWriteResult] = _quick(
+    "register_environment_version", GovernanceWriteInput, GovernanceWriteResult, WRITE_RETRY)
+CREATE_EVAL_SET: ActivityContract[GovernanceWriteInput, GovernanceWriteResult] = _quick(
+    "create_eval_set", GovernanceWriteInput, GovernanceWriteResult, WRITE_RETRY)
+SET_THRESHOLD: ActivityContract[GovernanceWriteInput, GovernanceWriteResult] = _quick(
+    "set_threshold", GovernanceWriteInput, GovernanceWriteResult, WRITE_RETRY)

@@ -23,7 +23,6 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from learning_loop.activities.records import alarm_record, step_columns
 from learning_loop.batch import TrainingSample, build_training_samples, collate, without_groups
 from learning_loop.batch_metrics import dynamic_sampling_series, merge_series, reward_series
 from learning_loop.checkpoints import (
@@ -32,6 +31,7 @@ from learning_loop.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
+from learning_loop.iteration_records import alarm_record, step_columns
 from learning_loop.objective import score_cross_input, token_entropy
 from learning_loop.stability import (
     Alarm,

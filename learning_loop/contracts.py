@@ -1,4 +1,9 @@
-"""Activity names and their inputs/outputs: plain dataclasses, one in and one out.
+"""The learning loop's activities: each one's input, output, timeout and retry.
+
+The dataclasses are the messages, one in and one out; the ``ActivityContract`` constants
+at the end name each activity once, for the workflow that calls it
+(``await VALIDATE_RUN.call(...)``) and the class that implements it
+(``@activity.defn(name=VALIDATE_RUN.name)``).
 
 Torch-free and database-free so ``learning_loop.workflows`` can import it inside the
 workflow sandbox. Fields may be added later (with defaults) without breaking histories.
@@ -7,20 +12,14 @@ with ``get_type_hints``, which cannot see this module's globals from inside the 
 """
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
+from temporalio.common import RetryPolicy
+
+from triloop.activity_contract import ActivityContract
 from triloop.run_config import RunConfig
 from triloop.workflow_api import StabilityAlarm
-
-# Light activities on the ``learning`` queue.
-VALIDATE_RUN = "learning.validate_run"
-SET_RUN_STATUS = "learning.set_run_status"
-CONTROL_RUN = "learning.control_run"
-PROPOSE_CHECKPOINT = "learning.propose_checkpoint"
-RECORD_MITIGATION = "learning.record_mitigation"
-# Torch activities on the ``learning-gpu`` queue.
-REGISTER_BASE_CHECKPOINT = "learning.register_base_checkpoint"
-UPDATE_POLICY = "learning.update_policy"
 
 # Error types raised as non-retryable ApplicationErrors (the workflow reports them as is).
 RUN_NOT_FOUND = "RunNotFound"
@@ -187,3 +186,30 @@ class MitigationRecorded:
     """The mitigation was allowed and its audit event written."""
 
     recorded: bool = True
+
+
+# Light activities on the ``learning`` queue: short database work, retried a while.
+LIGHT_TIMEOUT = timedelta(seconds=60)
+LIGHT_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=20))
+VALIDATE_RUN = ActivityContract(
+    "learning.validate_run", ValidateRunInput, RunPlan, LIGHT_TIMEOUT, LIGHT_RETRY)
+SET_RUN_STATUS = ActivityContract(
+    "learning.set_run_status", RunStatusInput, type(None), LIGHT_TIMEOUT, LIGHT_RETRY)
+CONTROL_RUN = ActivityContract(
+    "learning.control_run", ControlInput, ControlDecision, LIGHT_TIMEOUT, LIGHT_RETRY)
+PROPOSE_CHECKPOINT = ActivityContract(
+    "learning.propose_checkpoint", ProposeInput, ProposeResult, LIGHT_TIMEOUT, LIGHT_RETRY)
+RECORD_MITIGATION = ActivityContract(
+    "learning.record_mitigation", MitigationInput, MitigationRecorded, LIGHT_TIMEOUT,
+    LIGHT_RETRY)
+# Torch activities on the ``learning-gpu`` queue. Loading a base model may download
+# nothing but can still take a while on a cold disk; an update can take hours, so the
+# run's own heartbeat timeout (``TrainingRunInput.update_heartbeat_timeout_s``) is what
+# notices a dead worker.
+REGISTER_BASE_CHECKPOINT = ActivityContract(
+    "learning.register_base_checkpoint", RegisterBaseInput, BaseCheckpoint,
+    timedelta(hours=1), LIGHT_RETRY)
+UPDATE_POLICY = ActivityContract(
+    "learning.update_policy", UpdateInput, UpdateResult, timedelta(hours=12),
+    RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                maximum_interval=timedelta(seconds=30), maximum_attempts=20))

@@ -33,6 +33,7 @@ from triloop.artifacts import ArtifactCorrupted, ArtifactStore
 from triloop.config import Settings
 from triloop.contracts import EnvironmentContract, parse_contract_text
 from triloop.models import Checkpoint, EnvironmentVersion, Task
+from triloop.statuses import TaskStatus
 from triloop.weights import (
     UnsupportedArtifactUri,
     WeightsIntegrityError,
@@ -44,7 +45,7 @@ from triloop.weights import (
 __all__ = [
     "EnvironmentLookup", "OpenedTask", "PolicyCache", "PolicyFactory", "TaskEnvironments",
     "TaskNotAdmitted", "UnknownCheckpoint", "UnsupportedArtifactUri", "WeightsIntegrityError",
-    "backend_factory", "checkpoint_dir",
+    "backend_factory", "checkpoint_dir", "serving_refusals",
 ]
 
 PolicyFactory = Callable[[str, Path], PolicyClient]
@@ -55,21 +56,38 @@ class UnknownCheckpoint(LookupError):
     """No checkpoint row with that id: the caller or the routing names a missing checkpoint."""
 
 
-def backend_factory(settings: Settings) -> PolicyFactory:
-    """The configured backend: ``torch`` loads in-process, ``openai`` asks a server."""
+def backend_factory(
+    settings: Settings, *, audit: Callable[[WeightsIntegrityError], None] | None = None,
+) -> PolicyFactory:
+    """The configured backend: ``torch`` loads in-process, ``openai`` asks a server.
+
+    ``audit`` records a refusal found while serving rather than loading (a full-weight
+    server that another worker moved, then reloaded wrongly); loading refusals are
+    recorded by ``PolicyCache``.
+    """
     if settings.inference_backend == "openai":
         if not settings.inference_url:
             raise ValueError(
                 "TRILOOP_INFERENCE_BACKEND=openai needs TRILOOP_INFERENCE_URL (the vLLM server)"
             )
         base_url = settings.inference_url
+        full_server = None
+        if settings.inference_reload == "full":
+            from execution_loop.inference.full_weights import DevModeControl, FullWeightServer
+            from execution_loop.inference.openai_backend import normalise_base_url
+
+            # One per worker: every checkpoint's client shares the server's lease.
+            full_server = FullWeightServer(DevModeControl(normalise_base_url(base_url)))
 
         def remote(checkpoint_id: str, model_dir: Path) -> PolicyClient:
             from execution_loop.inference.openai_backend import OpenAICompatiblePolicyClient
 
-            # The server serves the checkpoint under its id; the tokenizer is read locally.
+            # LoRA: the server serves the checkpoint under its id. Full: under its served
+            # model name, reloaded to this checkpoint. The tokenizer is read locally.
+            model = checkpoint_id if full_server is None else full_server.served_model()
             client = OpenAICompatiblePolicyClient(
-                base_url, checkpoint_id, model_dir, checkpoint_id=checkpoint_id
+                base_url, model, model_dir, checkpoint_id=checkpoint_id,
+                full_weights=full_server, audit=audit,
             )
             try:  # before the first request: the server loads it, or the batch is refused
                 client.ensure_served(model_dir)
@@ -86,6 +104,16 @@ def backend_factory(settings: Settings) -> PolicyFactory:
         return TorchPolicyClient(model_dir, checkpoint_id=checkpoint_id)
 
     return local
+
+
+def serving_refusals(engine: Engine) -> Callable[[WeightsIntegrityError], None]:
+    """Records, as an integrity event, a server refused while serving (not while loading)."""
+
+    def record(error: WeightsIntegrityError) -> None:
+        record_integrity_event(engine, service="execution", error=error,
+                               during="serving from the inference server")
+
+    return record
 
 
 class PolicyCache:
@@ -223,7 +251,7 @@ class TaskEnvironments:
             task = session.get(Task, task_id)
             if task is None:
                 raise LookupError(f"task {task_id!r} does not exist")
-            if task.status != "admitted" and not pending_ok:
+            if task.status != TaskStatus.admitted and not pending_ok:
                 raise TaskNotAdmitted(
                     f"task {task_id!r} is {task.status}: episodes run only on admitted tasks "
                     "(governance's AdmissionWorkflow admits them)"
@@ -233,7 +261,7 @@ class TaskEnvironments:
             raise LookupError(f"environment version {task.environment_version_id!r} is missing")
         contract = self._parse(version)
         opened = OpenedTask(task.id, version.id, task.seed, contract, self._factory(contract))
-        if task.status == "admitted":
+        if task.status == TaskStatus.admitted:
             with self._lock:
                 self._tasks[task_id] = opened
         return opened
