@@ -48,6 +48,7 @@ from bench.trl_peer import ACTIONS, LAKE, action_share
 from execution_loop.environments.base import Outcome, StepResult, fingerprint
 from triloop.config import Settings
 from triloop.db import owner_engine
+from triloop.run_config import run_config_from_data
 from triloop.temporal import connect
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -177,7 +178,7 @@ async def run_triloop(settings: Settings, args: argparse.Namespace, base: Path
             await stack.enter_async_context(worker)
         handle = await web.start_workflow(
             TRAINING_RUN_WORKFLOW, TrainingRunInput(run_id=run_id, submitted_by=submitter,
-                                                    config=config),
+                                                    config=run_config_from_data(config)),
             id=training_run_workflow_id(run_id), task_queue=settings.task_queue(LEARNING_QUEUE),
         )
         await wait_for_iterations(owner, handle, run_id, config["schedule"]["iterations"])

@@ -50,7 +50,7 @@ from triloop.temporal import connect
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-UPDATE_ACTIVITY = "learning.update_policy"
+UPDATE_ACTIVITY = "learning.update_policy"  # learning_loop.contracts.UPDATE_POLICY.name
 EPISODE_ACTIVITY = "run_episode_activity"
 Interval = tuple[float, float]
 
@@ -141,6 +141,7 @@ async def measure(settings: Settings, base: Path, args: argparse.Namespace) -> l
     """One run per window, in turn, on the same workers; each one's idle shares."""
     from execution_loop.worker import build_worker as build_execution_worker
     from learning_loop.worker import build_worker as build_learning_workers
+    from triloop.run_config import run_config_from_data
     from triloop.workflow_api import (
         LEARNING_QUEUE,
         TRAINING_RUN_WORKFLOW,
@@ -177,7 +178,7 @@ async def measure(settings: Settings, base: Path, args: argparse.Namespace) -> l
             print(f"k = {window}: {args.iterations} iterations…", file=sys.stderr, flush=True)
             handle = await web.start_workflow(
                 TRAINING_RUN_WORKFLOW, TrainingRunInput(run_id=run_id, submitted_by=submitter,
-                                                        config=config),
+                                                        config=run_config_from_data(config)),
                 id=training_run_workflow_id(run_id),
                 task_queue=settings.task_queue(LEARNING_QUEUE))
             await wait_for_iterations(owner, handle, run_id, args.iterations)

@@ -270,7 +270,7 @@ class RolloutActivities:
         env = opened.open()
         seed = episode_seed(spec.shadow_of or spec.episode_id)
         try:
-            limits = episode_limits(opened.contract.limits, job.max_turns)
+            limits = episode_limits(opened.contract.limits, job.max_turns, job.max_new_tokens)
             if opened.contract.agent is not None:  # a black-box agent, through the gateway
                 record = run_command_episode(
                     env, policy, contract=opened.contract, sandbox=self._agent_sandbox,

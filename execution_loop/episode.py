@@ -119,12 +119,17 @@ def replay(env: Environment, steps: Sequence[StepRecord], tools: list[ToolSpec])
                 " stored: the environment is not deterministic given seed and actions")
 
 
-def episode_limits(contract_limits: Limits, max_turns: int | None) -> Limits:
-    """The contract's limits, with the caller's turn limit if it is lower (a training run's
-    ``rollout.max_turns`` or horizon curriculum); a caller never raises a contract's limit."""
-    if max_turns is None or max_turns >= contract_limits.max_turns:
-        return contract_limits
-    return contract_limits.model_copy(update={"max_turns": max_turns})
+def episode_limits(contract_limits: Limits, max_turns: int | None,
+                   max_new_tokens: int | None = None) -> Limits:
+    """The contract's limits, with the caller's turn and per-turn token limits where they are
+    lower (a training run's ``rollout.max_turns`` or horizon curriculum, and its
+    ``rollout.max_new_tokens``); a caller never raises a contract's limit."""
+    lower: dict[str, int] = {}
+    if max_turns is not None and max_turns < contract_limits.max_turns:
+        lower["max_turns"] = max_turns
+    if max_new_tokens is not None and max_new_tokens < contract_limits.max_tokens_per_turn:
+        lower["max_tokens_per_turn"] = max_new_tokens
+    return contract_limits.model_copy(update=lower) if lower else contract_limits
 
 
 def turn_seed(seed: int, index: int) -> int:

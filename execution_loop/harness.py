@@ -115,11 +115,6 @@ class ChatHarness:
         kept = kept_turns(turns, keep_last_turns)
         return self._render(self._system(system), initial_observation, kept)
 
-    @property
-    def tools_in_template(self) -> bool:
-        """Whether the chat template itself renders the tools (else the system message does)."""
-        return self._tools is not None
-
     # -- rendering --------------------------------------------------------------------------
 
     def _template_renders_tools(self) -> bool:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -246,19 +245,6 @@ class DockerSandbox:
         ]
         return self._local.run(command, limits=limits, workdir=workdir, stdin=stdin,
                                extra_env=extra_env)
-
-
-def docker_reachable(docker: str | None = None) -> str | None:
-    """None when a Docker daemon answers; otherwise why not (for a skip or a log line)."""
-    found = docker or shutil.which("docker")
-    if found is None:
-        return "the docker client is not installed"
-    try:
-        done = subprocess.run([found, "info", "--format", "{{.ServerVersion}}"],
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"docker info failed: {exc}"
-    return None if done.returncode == 0 else f"no Docker daemon: {done.stderr.strip()[:200]}"
 
 
 @cache

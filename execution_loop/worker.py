@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
@@ -23,6 +21,7 @@ from temporalio.worker import Worker
 
 from execution_loop.activities import RolloutActivities, activities_of
 from execution_loop.admission_probe import AdmissionProbe
+from execution_loop.environments.registry import ensure_plugins_load
 from execution_loop.nexus_handlers import ExecutionNexusHandlers
 from execution_loop.sandboxes import default_sandbox
 from execution_loop.serving import (
@@ -40,18 +39,12 @@ from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.faults import read_serving_faults
 from triloop.nexus_caller import NexusCallerCheck
-from triloop.temporal import connect
 from triloop.wiring import build_authorizer
+from triloop.worker_serve import serve, worker_identity
 from triloop.workflow_api import EXECUTION_QUEUE
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=30)
 DEFAULT_CONCURRENT_EPISODES = 16
-log = logging.getLogger("execution_loop.worker")
-
-
-def worker_identity() -> str:
-    """How this worker appears in workflow histories."""
-    return f"execution-worker@{socket.gethostname()}"
 
 
 def build_worker(
@@ -94,29 +87,18 @@ def build_worker(
         activity_executor=executor,
         max_concurrent_activities=max_concurrent_episodes,
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
-        identity=worker_identity(),
+        identity=worker_identity("execution"),
     )
-
-
-async def serve(settings: Settings) -> None:
-    """Run the worker until SIGTERM or SIGINT, then shut down gracefully."""
-    client = await connect(settings, identity=worker_identity(), service="execution")
-    worker = build_worker(client, settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    log.info("polling %s as %s", settings.task_queue(EXECUTION_QUEUE), worker_identity())
-    async with worker:  # leaving the block calls worker.shutdown(): running episodes finish
-        await stop.wait()
-        log.info("shutting down: no new episodes, waiting for running ones")
-    log.info("stopped")
 
 
 def main() -> None:
     """Entry point of ``python -m execution_loop.worker``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(get_settings()))
+    # A broken installed environment, or one taking a built-in's name, stops the worker
+    # here with its name, rather than failing (or being shadowed) episode by episode.
+    ensure_plugins_load()
+    settings = get_settings()
+    asyncio.run(serve(settings, "execution", lambda client: [build_worker(client, settings)]))
 
 
 if __name__ == "__main__":

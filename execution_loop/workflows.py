@@ -90,6 +90,7 @@ class EpisodeInput:
     temperature: float
     deadline_epoch_s: float  # Unix time; the episode stops at its next turn after it
     max_turns: int | None = None  # None: the contract's limit; never raises it
+    max_new_tokens: int | None = None  # per turn; None: the contract's; never raises it
 
 
 @dataclass
@@ -242,7 +243,8 @@ class RolloutWorkflow:
 
         def episode_input(spec: EpisodeSpec) -> EpisodeInput:
             return EpisodeInput(spec, batch.batch_id, batch.run_id, batch.policy_version,
-                                batch.temperature, deadline_epoch, batch.max_turns)
+                                batch.temperature, deadline_epoch, batch.max_turns,
+                                batch.max_new_tokens)
 
         async def run_one(spec: EpisodeSpec) -> None:
             left = deadline_epoch - workflow.now().timestamp()

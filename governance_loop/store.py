@@ -31,7 +31,7 @@ from triloop.models import (
     Threshold,
 )
 from triloop.models._columns import new_id, utcnow
-from triloop.statuses import PromotionStatus, TaskStatus
+from triloop.statuses import PromotionStatus
 
 ROUTING_SLOTS = ("production", "canary", "shadow")
 
@@ -276,19 +276,6 @@ def get_task(*, session: Session, task_id: str, for_update: bool = False) -> Tas
     return row
 
 
-def admitted_task_ids(*, session: Session, env_version_ids: Sequence[str]) -> list[str]:
-    """Ids of admitted tasks on these (not retired) versions: the only ones training may use."""
-    query = (
-        select(Task.id)
-        .join(EnvironmentVersion, col(EnvironmentVersion.id) == col(Task.environment_version_id))
-        .where(
-            Task.status == TaskStatus.admitted,
-            col(Task.environment_version_id).in_(list(env_version_ids)),
-            col(EnvironmentVersion.retired_at).is_(None),
-        )
-        .order_by(col(Task.id))
-    )
-    return list(session.exec(query))
 
 
 # --- eval sets and thresholds ------------------------------------------------------------

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import Engine
@@ -41,11 +39,10 @@ from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.nexus_caller import NexusCallerCheck
 from triloop.policy import Authorizer
-from triloop.temporal import connect
 from triloop.wiring import build_authorizer
+from triloop.worker_serve import serve
 from triloop.workflow_api import GOVERNANCE_QUEUE
 
-log = logging.getLogger("governance_loop.worker")
 
 def build_worker(
     client: Client,
@@ -90,24 +87,11 @@ def build_worker(
     )
 
 
-async def serve(settings: Settings) -> None:
-    """Connect, poll until SIGINT/SIGTERM, then finish in-flight tasks and stop."""
-    client = await connect(settings, identity=f"governance-worker@{socket.gethostname()}",
-                           service="governance")
-    worker = build_worker(client, settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    log.info("governance worker polling %s", settings.task_queue(GOVERNANCE_QUEUE))
-    async with worker:
-        await stop.wait()
-
-
 def main() -> None:
     """Entry point of ``python -m governance_loop.worker``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(get_settings()))
+    settings = get_settings()
+    asyncio.run(serve(settings, "governance", lambda client: [build_worker(client, settings)]))
 
 
 if __name__ == "__main__":

@@ -101,11 +101,6 @@ class AdvantageResult:
     turn_advantages: dict[str, tuple[float, ...]] = field(default_factory=dict)
     zero_variance_group_ids: frozenset[str] = frozenset()
 
-    @property
-    def zero_variance_share(self) -> float:
-        """Share of groups whose rewards did not vary (0..1)."""
-        return self.zero_variance_groups / self.groups if self.groups else 0.0
-
 
 _R = TypeVar("_R", "TrajectoryReturn", "TrajectoryTurns")
 
@@ -129,15 +124,6 @@ def returns_to_go(rewards: Sequence[float], gamma: float) -> tuple[float, ...]:
         running = rewards[t] + gamma * running
         out[t] = running
     return tuple(out)
-
-
-def compute_advantages(
-    returns: Sequence[TrajectoryReturn], config: AdvantageConfig
-) -> AdvantageResult:
-    """Trajectory-level advantages (`outcome` credit: one turn per trajectory)."""
-    turns = [TrajectoryTurns(r.trajectory_id, r.group_id, r.task_id, (r.total_reward,),
-                             r.environment) for r in returns]
-    return compute_turn_advantages(turns, config.model_copy(update={"credit": "outcome"}))
 
 
 def compute_turn_advantages(

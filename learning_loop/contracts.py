@@ -18,6 +18,7 @@ from typing import Any
 from temporalio.common import RetryPolicy
 
 from triloop.activity_contract import ActivityContract
+from triloop.run_config import RunConfig
 from triloop.workflow_api import StabilityAlarm
 
 # Error types raised as non-retryable ApplicationErrors (the workflow reports them as is).
@@ -113,7 +114,7 @@ class UpdateInput:
     parent_checkpoint_id: str  # policy version ``iteration - 1``
     base_checkpoint_id: str  # root of the lineage (and the KL reference)
     batch_ids: list[str]
-    config: dict[str, Any]
+    config: RunConfig  # the run's, as the web service validated it
     environment_version_ids: list[str] = field(default_factory=list)
     # The run's admitted training tasks -> their environment's name. The learner refuses a
     # trajectory of any other task (empty: an update started before this field existed).

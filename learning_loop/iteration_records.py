@@ -50,11 +50,14 @@ def step_columns(
                       "truncated_excluded": data.truncated_excluded,
                       "groups": groups, "zero_variance_groups": zero_variance_groups,
                       "policy_versions": sorted(set(data.policy_versions))},
-            "alarm_messages": [a.message for a in alarms],
+            # Each alarm as one object (kind, iteration, message, evidence), as audited.
+            "alarms": [alarm_record(a) for a in alarms],
             # Flat name -> number keys (reward/task/<id>, reward/env/<name>, ...): see
             # learning_loop.batch_metrics.
             "series": dict(series or {}),
         },
+        # The kinds alone: an index for SQL (the console's alarm list, governance's
+        # stability gate); the alarms themselves are metrics.alarms.
         "alarms": [a.kind for a in alarms],
     })
     return columns

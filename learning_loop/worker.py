@@ -20,10 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
-import socket
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AsyncExitStack
 from datetime import timedelta
 
 from temporalio.client import Client
@@ -33,18 +30,12 @@ from learning_loop.activities.run_state import RunActivities
 from learning_loop.workflows import TrainingRunWorkflow
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
-from triloop.temporal import connect
 from triloop.wiring import build_authorizer
+from triloop.worker_serve import serve, worker_identity
 from triloop.workflow_api import LEARNING_GPU_QUEUE, LEARNING_QUEUE
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=30)
 QUEUES = (LEARNING_QUEUE, LEARNING_GPU_QUEUE)
-log = logging.getLogger("learning_loop.worker")
-
-
-def worker_identity() -> str:
-    """How this worker appears in workflow histories."""
-    return f"learning-worker@{socket.gethostname()}"
 
 
 def build_workflow_worker(client: Client, settings: Settings) -> Worker:
@@ -61,7 +52,7 @@ def build_workflow_worker(client: Client, settings: Settings) -> Worker:
                     run_state.propose_checkpoint, run_state.record_mitigation],
         activity_executor=ThreadPoolExecutor(max_workers=8, thread_name_prefix="learning"),
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
-        identity=worker_identity(),
+        identity=worker_identity("learning"),
     )
 
 
@@ -83,7 +74,7 @@ def build_update_worker(client: Client, settings: Settings) -> Worker:
         # One update at a time: it owns the accelerator (registration may run beside it).
         max_concurrent_activities=2,
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
-        identity=worker_identity(),
+        identity=worker_identity("learning"),
     )
 
 
@@ -98,23 +89,6 @@ def build_worker(
     return [builders[q](client, settings) for q in queues]
 
 
-async def serve(settings: Settings, queues: tuple[str, ...] = QUEUES) -> None:
-    """Run the workers until SIGTERM or SIGINT, then shut down gracefully."""
-    client = await connect(settings, identity=worker_identity(), service="learning")
-    workers = build_worker(client, settings, queues=queues)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with AsyncExitStack() as stack:
-        for worker in workers:
-            await stack.enter_async_context(worker)
-        log.info("polling %s as %s", [settings.task_queue(q) for q in queues], worker_identity())
-        await stop.wait()
-        log.info("shutting down: no new tasks, waiting for running ones")
-    log.info("stopped")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m learning_loop.worker``."""
     parser = argparse.ArgumentParser(prog="python -m learning_loop.worker",
@@ -123,7 +97,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="poll only this queue (repeatable); default: both")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(get_settings(), tuple(args.queues or QUEUES)))
+    settings = get_settings()
+    queues = tuple(args.queues or QUEUES)
+    asyncio.run(serve(settings, "learning",
+                      lambda client: build_worker(client, settings, queues=queues)))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, NexusOperationError
@@ -74,20 +74,11 @@ with workflow.unsafe.imports_passed_through():
         sibling_queue,
     )
 
-__all__ = ["TrainingRunWorkflow", "completion", "parse_config", "rollout_items"]
+__all__ = ["TrainingRunWorkflow", "completion", "rollout_items"]
 
 T = TypeVar("T")
 MAX_ROLLOUT_CONCURRENCY = 16
 PROPOSAL_TIMEOUT = timedelta(minutes=10)
-
-
-def parse_config(config: dict[str, Any]) -> RunConfig:
-    """The run's validated configuration, or a non-retryable error that says what is wrong."""
-    try:
-        return RunConfig.model_validate(config)
-    except (ValidationError, RunConfigError) as exc:
-        raise ApplicationError(f"invalid run configuration: {exc}", type="InvalidRunConfig",
-                               non_retryable=True) from exc
 
 
 def completion(iterations: int, state: RunStatus) -> tuple[str, str]:
@@ -103,7 +94,10 @@ def completion(iterations: int, state: RunStatus) -> tuple[str, str]:
                                      f" stability alarm(s){last}")
 
 
-@workflow.defn(name=TRAINING_RUN_WORKFLOW)
+# The input's RunConfig was validated by the web service; one that fails to decode (a
+# client that skipped the web) fails the run at once instead of retrying its first task.
+@workflow.defn(name=TRAINING_RUN_WORKFLOW,
+               failure_exception_types=[ValidationError, RunConfigError])
 class TrainingRunWorkflow:
     """Iterations of rollout (execution loop) and update (learning-gpu) for one run."""
 
@@ -145,7 +139,7 @@ class TrainingRunWorkflow:
     @workflow.run
     async def run(self, run: TrainingRunInput) -> RunStatus:
         """Validate, register the base, iterate; fail with the cause if a step fails."""
-        config = parse_config(run.config)
+        config = run.config
         state = self._state
         state.run_id, state.iterations = run.run_id, config.schedule.iterations
         state.iterations_done, state.latest_checkpoint_id = run.start_iteration, \
@@ -393,7 +387,7 @@ class TrainingRunWorkflow:
             max_concurrency=min(MAX_ROLLOUT_CONCURRENCY,
                                 count * rollout.group_size + len(continued)),
             deadline_s=rollout.deadline_s, temperature=rollout.temperature,
-            max_turns=max_turns,
+            max_turns=max_turns, max_new_tokens=rollout.max_new_tokens,
         )
         self._batch_items[batch.batch_id] = items
         # Only the keys of features the run uses: the run page charts every key.

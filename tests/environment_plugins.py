@@ -36,15 +36,21 @@ def install_example(into: Path, source: Path = EXAMPLE) -> Path:
     return site
 
 
+def forget_plugins() -> None:
+    """Drop the registry's loaded plugins, so packages installed since are found."""
+    from execution_loop.environments import registry
+
+    registry._plugin.cache_clear()
+    registry.load_builtin_contract.cache_clear()
+
+
 @contextmanager
 def on_path(site: Path) -> Iterator[None]:
     """The installed folder on ``sys.path``, with the registry's plugin cache fresh."""
-    from execution_loop.environments import registry
-
     sys.path.insert(0, str(site))
-    registry.forget_plugins()
+    forget_plugins()
     try:
         yield
     finally:
         sys.path.remove(str(site))
-        registry.forget_plugins()
+        forget_plugins()

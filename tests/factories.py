@@ -144,3 +144,12 @@ def record_decision(engine: Engine, *, kind: str, subject: str, decision: str, u
     insert(engine, "human_decision", id=decision_id, kind=kind, subject=subject,
            decision=decision, user_name=user, comment=comment, details=details or {})
     return decision_id
+
+
+def outcome_advantages(returns: Any, config: Any) -> Any:
+    """``compute_turn_advantages`` under ``outcome`` credit, one turn per trajectory return."""
+    from learning_loop.advantages import TrajectoryTurns, compute_turn_advantages
+
+    turns = [TrajectoryTurns(r.trajectory_id, r.group_id, r.task_id, (r.total_reward,),
+                             r.environment) for r in returns]
+    return compute_turn_advantages(turns, config.model_copy(update={"credit": "outcome"}))

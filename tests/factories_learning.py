@@ -23,6 +23,7 @@ from tests.factories_execution import make_builtin_task
 from tests.learning_standins import StandInPromotionWorkflow
 from tests.temporal_helpers import governance_nexus, loop_client, own_queues
 from triloop.config import Settings
+from triloop.run_config import run_config_from_data
 from triloop.workflow_api import (
     GOVERNANCE_QUEUE,
     LEARNING_QUEUE,
@@ -121,10 +122,12 @@ async def start_run(
     client: Client, settings: Settings, run_id: str, config: dict[str, Any], submitted_by: str,
     **carried: Any,
 ) -> WorkflowHandle[Any, Any]:
-    """Start a run's workflow on the learning queue, as the web service does."""
+    """Start a run's workflow on the learning queue, as the web service does (config
+    validated here, once, and carried typed)."""
     return await client.start_workflow(
         TRAINING_RUN_WORKFLOW,
-        TrainingRunInput(run_id=run_id, submitted_by=submitted_by, config=config, **carried),
+        TrainingRunInput(run_id=run_id, submitted_by=submitted_by,
+                         config=run_config_from_data(config), **carried),
         id=training_run_workflow_id(run_id), task_queue=settings.task_queue(LEARNING_QUEUE),
         result_type=RunStatus,
     )

@@ -60,34 +60,69 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
 PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (("rollback", "web.cli:rollback_command"),)
 
 
-def _load(target: str) -> object | None:
+class PluginBroken(Exception):
+    """A service package is installed but its commands cannot be loaded; says which and why."""
+
+
+def _load(target: str, kind: type | None = None) -> object | None:
+    """The object ``module:attribute`` names; None only if its package is not installed.
+
+    A package that is installed but fails to import (a missing dependency, a syntax error)
+    or does not publish the object is a fault to report, never a silently missing command.
+    """
     module_name, attribute = target.split(":")
     if importlib.util.find_spec(module_name.split(".")[0]) is None:
         return None
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError:
-        return None
-    return getattr(module, attribute, None)
+    except Exception as exc:  # any import error of a plugin: name the plugin, keep the cause
+        raise PluginBroken(f"{target} failed to import: {type(exc).__name__}: {exc}") from exc
+    found = getattr(module, attribute, None)
+    if not (isinstance(found, kind) if kind is not None else callable(found)):
+        expected = kind.__name__ if kind is not None else "a command function"
+        raise PluginBroken(f"{target} is not {expected} (got {type(found).__name__})")
+    return found
 
 
-def _mount_plugins() -> None:
-    mounted: dict[str, typer.Typer] = {"audit": audit_app}
-    for name, target in PLUGIN_GROUPS:
-        group = _load(target)
-        if not isinstance(group, typer.Typer):
+def mount_plugins(
+    root: typer.Typer, groups: tuple[tuple[str, str], ...],
+    commands: tuple[tuple[str, str], ...], mounted: dict[str, typer.Typer],
+) -> list[str]:
+    """Mount each installed package's command groups and commands on ``root``.
+
+    Returns one line per plugin that could not be loaded; the others are mounted anyway,
+    so one broken package does not take the whole command line down.
+    """
+    problems: list[str] = []
+    for name, target in groups:
+        try:
+            group = _load(target, typer.Typer)
+        except PluginBroken as broken:
+            problems.append(f"the `{name}` commands are unavailable: {broken}")
             continue
+        if not isinstance(group, typer.Typer):
+            continue  # its package is not installed
         if name in mounted:
             # Two packages contribute to one group (``env``: validate from the
             # execution loop, register/diff/retire from governance).
             mounted[name].registered_commands.extend(group.registered_commands)
             continue
         mounted[name] = group
-        app.add_typer(group, name=name)
-    for name, target in PLUGIN_COMMANDS:
-        command = _load(target)
+        root.add_typer(group, name=name)
+    for name, target in commands:
+        try:
+            command = _load(target)
+        except PluginBroken as broken:
+            problems.append(f"the `{name}` command is unavailable: {broken}")
+            continue
         if callable(command):
-            app.command(name)(command)
+            root.command(name)(command)
+    return problems
+
+
+def _mount_plugins() -> None:
+    for problem in mount_plugins(app, PLUGIN_GROUPS, PLUGIN_COMMANDS, {"audit": audit_app}):
+        sys.stderr.write(f"warning: {problem}\n")
 
 
 @dev_app.command("up")

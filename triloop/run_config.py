@@ -47,111 +47,167 @@ class _Section(BaseModel):
 class ModelSection(_Section):
     """Which policy the run starts from."""
 
-    # Path of a Hugging Face model directory, or the sha256 id of a triloop checkpoint.
-    base: str = Field(min_length=1)
+    base: str = Field(
+        min_length=1,
+        description="Path of a Hugging Face model directory, or the sha256 id of a triloop "
+        "checkpoint.")
 
 
 class RolloutSection(_Section):
     """How the execution loop samples trajectories for each iteration."""
 
-    # Admitted task ids to sample from; each iteration draws groups from these tasks.
-    # Bounded so that one request cannot ask the database about millions of ids.
-    task_ids: list[TaskId] = Field(min_length=1, max_length=MAX_TASK_IDS)
-    # Samples per group (same task and seed), G in GRPO; a group needs 2+ for a baseline.
-    group_size: int = Field(default=8, ge=2, le=1024)
-    # Groups sampled per iteration (count); samples per iteration = groups * group_size.
-    groups_per_iteration: int = Field(default=4, ge=1)
-    # Turns (model actions) per episode at most (count); longer episodes are truncated.
-    # None: the environment contract's limits.max_turns. A run may lower an environment's
-    # limit, never raise it; sampling.horizon_schedule changes it over the run.
-    max_turns: int | None = Field(default=None, ge=1)
-    # Tokens the policy may generate per turn at most (tokens).
-    max_new_tokens: int = Field(default=64, ge=1)
-    # Sampling temperature (unitless, > 0); 1.0 keeps behaviour logprobs of the true policy.
-    temperature: float = Field(default=1.0, gt=0.0, le=2.0)
-    # Wall-clock budget for one rollout batch (seconds); unfinished episodes count as truncated.
-    deadline_s: float = Field(default=600.0, gt=0.0)
+    task_ids: list[TaskId] = Field(
+        min_length=1, max_length=MAX_TASK_IDS,
+        description="Admitted task ids to sample from; each iteration draws groups from these "
+        "tasks. Bounded so that one request cannot ask the database about millions of "
+        "ids.")
+    group_size: int = Field(
+        default=8, ge=2, le=1024,
+        description="Samples per group (same task and seed), G in GRPO; a group needs 2+ for a "
+        "baseline.")
+    groups_per_iteration: int = Field(
+        default=4, ge=1,
+        description="Groups sampled per iteration (count); samples per iteration = groups * "
+        "group_size.")
+    max_turns: int | None = Field(
+        default=None, ge=1,
+        description="Turns (model actions) per episode at most (count); longer episodes are "
+        "truncated. None: the environment contract's limits.max_turns. A run may lower "
+        "an environment's limit, never raise it; sampling.horizon_schedule changes it "
+        "over the run.")
+    max_new_tokens: int | None = Field(
+        default=None, ge=1,
+        description="Tokens the policy may generate per turn at most (tokens): the inference "
+        "backend's generation limit. None: the environment contract's "
+        "limits.max_tokens_per_turn. Like max_turns, a run may lower an environment's "
+        "limit, never raise it.")
+    temperature: float = Field(
+        default=1.0, gt=0.0, le=2.0,
+        description="Sampling temperature (unitless, > 0); 1.0 keeps behaviour logprobs of the "
+        "true policy.")
+    deadline_s: float = Field(
+        default=600.0, gt=0.0,
+        description="Wall-clock budget for one rollout batch (seconds); unfinished episodes count "
+        "as truncated.")
 
 
 class AdvantageConfig(_Section):
     """How trajectory returns become advantages (see learning_loop.advantages)."""
 
-    # Divide by the group's reward std as in GRPO; False keeps r - mean only (Dr. GRPO).
-    scale_by_group_std: bool = True
-    # Scale by the std of the group-centred returns of all informative groups of the same
-    # task instead of each group's own std (AgentRL), so tasks with different reward scales
-    # weigh the same in a multi-task batch. (Dividing again after the group std would do
-    # nothing: every group already has std 1.)
-    task_normalization: bool = False
-    # Added to a std before dividing (reward units); keeps near-constant groups finite.
-    eps: float = Field(default=1e-6, gt=0.0)
-    # A group whose reward std is at most this (reward units) has zero variance: advantage 0.
-    zero_variance_tolerance: float = Field(default=1e-8, ge=0.0)
+    scale_by_group_std: bool = Field(
+        default=True,
+        description="Divide by the group's reward std as in GRPO; False keeps r - mean only (Dr. "
+        "GRPO).")
+    task_normalization: bool = Field(
+        default=False,
+        description="Scale by the std of the group-centred returns of all informative groups of "
+        "the same task instead of each group's own std (AgentRL), so tasks with "
+        "different reward scales weigh the same in a multi-task batch. (Dividing again "
+        "after the group std would do nothing: every group already has std 1.)")
+    eps: float = Field(
+        default=1e-6, gt=0.0,
+        description="Added to a std before dividing (reward units); keeps near-constant groups "
+        "finite.")
+    zero_variance_tolerance: float = Field(
+        default=1e-8, ge=0.0,
+        description="A group whose reward std is at most this (reward units) has zero variance: "
+        "advantage 0.")
     # --- issue 18: turn-level credit and environment-level normalisation ---
-    # Scale by the std of the group-centred returns of every informative group of the same
-    # environment (ERPO, AutoForge); takes precedence over task_normalization.
-    environment_normalization: bool = False
-    # What each turn is credited with: "outcome" = the episode's return on every turn
-    # (GRPO; use with outcome-only rewards and short horizons); "discounted" = the turn's
-    # discounted return-to-go against the group's mean return (use with per-step rewards
-    # on long horizons); "turn_grpo" = returns-to-go normalised against all turns of the
-    # group (turn-level GRPO; dense process rewards whose scale varies over turns).
-    credit: Literal["outcome", "discounted", "turn_grpo"] = "outcome"
-    # Discount per turn for "discounted" and "turn_grpo" (unitless, 0 < gamma <= 1).
-    gamma: float = Field(default=1.0, gt=0.0, le=1.0)
+    environment_normalization: bool = Field(
+        default=False,
+        description="Scale by the std of the group-centred returns of every informative group of "
+        "the same environment (ERPO, AutoForge); takes precedence over "
+        "task_normalization.")
+    credit: Literal["outcome", "discounted", "turn_grpo"] = Field(
+        default="outcome",
+        description="What each turn is credited with: \"outcome\" = the episode's return on every "
+        "turn (GRPO; use with outcome-only rewards and short horizons); \"discounted\" "
+        "= the turn's discounted return-to-go against the group's mean return (use "
+        "with per-step rewards on long horizons); \"turn_grpo\" = returns-to-go "
+        "normalised against all turns of the group (turn-level GRPO; dense process "
+        "rewards whose scale varies over turns).")
+    gamma: float = Field(
+        default=1.0, gt=0.0, le=1.0,
+        description="Discount per turn for \"discounted\" and \"turn_grpo\" (unitless, 0 < gamma "
+        "<= 1).")
 
 
 class ObjectiveConfig(_Section):
     """The GRPO clipped objective (see learning_loop.objective)."""
 
-    # Lower clip range (unitless): the ratio is clipped below at 1 - clip_eps_low.
-    clip_eps_low: float = Field(default=0.2, gt=0.0, lt=1.0)
-    # Upper clip range (unitless): clipped above at 1 + clip_eps_high (DAPO "clip-higher").
-    clip_eps_high: float = Field(default=0.28, gt=0.0, le=10.0)
-    # "token": mean over all action tokens of the batch (DAPO); "sequence": mean per sample,
-    # then mean over samples (original GRPO).
-    aggregation: Literal["token", "sequence"] = "token"
-    # Weight of the k3 KL penalty to the frozen reference (unitless); 0 disables the reference.
-    kl_coef: float = Field(default=0.0, ge=0.0)
-    # issue 18: weight of the entropy bonus (unitless): the loss subtracts entropy_coef times
-    # the policy's entropy per action token (nats). 0 = none; mitigation.on_alarm may raise it.
-    entropy_coef: float = Field(default=0.0, ge=0.0, le=1.0)
+    clip_eps_low: float = Field(
+        default=0.2, gt=0.0, lt=1.0,
+        description="Lower clip range (unitless): the ratio is clipped below at 1 - clip_eps_low.")
+    clip_eps_high: float = Field(
+        default=0.28, gt=0.0, le=10.0,
+        description="Upper clip range (unitless): clipped above at 1 + clip_eps_high (DAPO "
+        "\"clip-higher\").")
+    aggregation: Literal["token", "sequence"] = Field(
+        default="token",
+        description="\"token\": mean over all action tokens of the batch (DAPO); \"sequence\": "
+        "mean per sample, then mean over samples (original GRPO).")
+    kl_coef: float = Field(
+        default=0.0, ge=0.0,
+        description="Weight of the k3 KL penalty to the frozen reference (unitless); 0 disables "
+        "the reference.")
+    entropy_coef: float = Field(
+        default=0.0, ge=0.0, le=1.0,
+        description="issue 18: weight of the entropy bonus (unitless): the loss subtracts "
+        "entropy_coef times the policy's entropy per action token (nats). 0 = none; "
+        "mitigation.on_alarm may raise it.")
 
 
 class OptimizerConfig(_Section):
     """AdamW with linear warm-up to a constant learning rate."""
 
-    # Peak learning rate (per optimizer step).
-    learning_rate: float = Field(default=1e-5, gt=0.0, le=1.0)
-    # Decoupled weight decay (unitless, per step, scaled by the learning rate).
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    # AdamW first and second moment decay rates (unitless).
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(default=0.999, ge=0.0, lt=1.0)
-    # AdamW denominator epsilon (unitless).
-    adam_eps: float = Field(default=1e-8, gt=0.0)
-    # Linear warm-up length (optimizer steps); the rate is constant afterwards.
-    warmup_steps: int = Field(default=0, ge=0)
+    learning_rate: float = Field(
+        default=1e-5, gt=0.0, le=1.0,
+        description="Peak learning rate (per optimizer step).")
+    weight_decay: float = Field(
+        default=0.0, ge=0.0,
+        description="Decoupled weight decay (unitless, per step, scaled by the learning rate).")
+    beta1: float = Field(
+        default=0.9, ge=0.0, lt=1.0,
+        description="AdamW first moment decay rate (unitless).")
+    beta2: float = Field(default=0.999, ge=0.0, lt=1.0,
+                         description="AdamW second moment decay rate (unitless).")
+    adam_eps: float = Field(
+        default=1e-8, gt=0.0,
+        description="AdamW denominator epsilon (unitless).")
+    warmup_steps: int = Field(
+        default=0, ge=0,
+        description="Linear warm-up length (optimizer steps); the rate is constant afterwards.")
 
 
 class UpdateConfig(_Section):
     """Batching of one policy update and the off-policy guard (see learning_loop.update)."""
 
-    # Sequences per forward/backward pass (count; one per trajectory, or per segment where a
-    # prompt did not extend the one before); gradients accumulate across micro-batches.
-    micro_batch_size: int = Field(default=8, ge=1)
-    # Optimizer steps per batch of rollouts (count); the batch is split into this many
-    # mini-batches. 1 = one step per iteration, as in most GRPO set-ups.
-    optimizer_steps_per_batch: int = Field(default=1, ge=1)
-    # Global gradient L2 norm is clipped to this (unitless); the pre-clip norm is reported.
-    max_grad_norm: float = Field(default=1.0, gt=0.0)
-    # Samples generated more than this many policy versions ago are stale (policy versions).
-    max_staleness: int = Field(default=1, ge=0)
-    # What to do with stale samples: "drop" them, or "importance_correct" them (clip against
-    # the current policy and weight by a truncated current/behaviour ratio).
-    stale_samples: Literal["drop", "importance_correct"] = "drop"
-    # Upper bound of the per-token importance weight for corrected samples (unitless, >= 1).
-    importance_weight_cap: float = Field(default=2.0, ge=1.0)
+    micro_batch_size: int = Field(
+        default=8, ge=1,
+        description="Sequences per forward/backward pass (count; one per trajectory, or per "
+        "segment where a prompt did not extend the one before); gradients accumulate across "
+        "micro-batches.")
+    optimizer_steps_per_batch: int = Field(
+        default=1, ge=1,
+        description="Optimizer steps per batch of rollouts (count); the batch is split into this "
+        "many mini-batches. 1 = one step per iteration, as in most GRPO set-ups.")
+    max_grad_norm: float = Field(
+        default=1.0, gt=0.0,
+        description="Global gradient L2 norm is clipped to this (unitless); the pre-clip norm is "
+        "reported.")
+    max_staleness: int = Field(
+        default=1, ge=0,
+        description="Samples generated more than this many policy versions ago are stale (policy "
+        "versions).")
+    stale_samples: Literal["drop", "importance_correct"] = Field(
+        default="drop",
+        description="What to do with stale samples: \"drop\" them, or \"importance_correct\" them "
+        "(clip against the current policy and weight by a truncated current/behaviour "
+        "ratio).")
+    importance_weight_cap: float = Field(
+        default=2.0, ge=1.0,
+        description="Upper bound of the per-token importance weight for corrected samples "
+        "(unitless, >= 1).")
     # --- issue 14: a learner beyond one device ---
     world_size: int = Field(default=1, ge=1, le=64, description=(
         "Ranks (processes) that run the policy update (count). 1: inside the learning-gpu"
@@ -177,45 +233,71 @@ class UpdateConfig(_Section):
 class StabilityConfig(_Section):
     """Thresholds and windows of the stability detectors (see learning_loop.stability)."""
 
-    # Iterations looked at by the echo-trap detector (count); needs this much history.
-    echo_window: int = Field(default=6, ge=3)
-    # Reward plateau: fitted change of mean reward across the window at most this (reward units).
-    reward_plateau_tolerance: float = Field(default=0.05, ge=0.0)
-    # Within-group reward variance must fall by at least this share of its window mean.
-    variance_drop: float = Field(default=0.3, gt=0.0)
-    # Token entropy must fall by at least this share of its window mean.
-    entropy_drop: float = Field(default=0.1, gt=0.0)
-    # Gradient norm must rise by at least this share of its window mean.
-    grad_norm_rise: float = Field(default=0.3, gt=0.0)
-    # Template collapse: retrieval accuracy at most chance + this margin (share, 0..1) ...
-    retrieval_margin: float = Field(default=0.1, ge=0.0, le=1.0)
-    # ... while token entropy stays at or above this (nats per token).
-    collapse_min_entropy: float = Field(default=0.5, ge=0.0)
-    # Alarm only if an earlier iteration discriminated clearly (accuracy above chance +
-    # margin): for runs from a randomly initialised model, which never depends on its input.
-    collapse_requires_prior_discrimination: bool = False
-    # "Clearly": a one-sided binomial test of the hits against chance must reach this
-    # significance (probability, 0..1), so a lucky reading over few prompts does not count.
-    discrimination_alpha: float = Field(default=0.05, gt=0.0, le=1.0)
-    # Fewer distinct prompts than this make retrieval accuracy too noisy to judge (count).
-    min_discrimination_prompts: int = Field(default=4, ge=2)
-    # Distinct prompts scored against each other per iteration (count; cost grows as n^2).
-    discrimination_prompts: int = Field(default=8, ge=2)
-    # Pause the run on an alarm and wait for an ML engineer to resume or cancel it.
-    pause_on_alarm: bool = True
+    echo_window: int = Field(
+        default=6, ge=3,
+        description="Iterations looked at by the echo-trap detector (count); needs this much "
+        "history.")
+    reward_plateau_tolerance: float = Field(
+        default=0.05, ge=0.0,
+        description="Reward plateau: fitted change of mean reward across the window at most this "
+        "(reward units).")
+    variance_drop: float = Field(
+        default=0.3, gt=0.0,
+        description="Within-group reward variance must fall by at least this share of its window "
+        "mean.")
+    entropy_drop: float = Field(
+        default=0.1, gt=0.0,
+        description="Token entropy must fall by at least this share of its window mean.")
+    grad_norm_rise: float = Field(
+        default=0.3, gt=0.0,
+        description="Gradient norm must rise by at least this share of its window mean.")
+    retrieval_margin: float = Field(
+        default=0.1, ge=0.0, le=1.0,
+        description="Template collapse: retrieval accuracy at most chance + this margin (share, "
+        "0..1) ...")
+    collapse_min_entropy: float = Field(
+        default=0.5, ge=0.0,
+        description="... while token entropy stays at or above this (nats per token).")
+    collapse_requires_prior_discrimination: bool = Field(
+        default=False,
+        description="Alarm only if an earlier iteration discriminated clearly (accuracy above "
+        "chance + margin): for runs from a randomly initialised model, which never "
+        "depends on its input.")
+    discrimination_alpha: float = Field(
+        default=0.05, gt=0.0, le=1.0,
+        description="\"Clearly\": a one-sided binomial test of the hits against chance must reach "
+        "this significance (probability, 0..1), so a lucky reading over few prompts "
+        "does not count.")
+    min_discrimination_prompts: int = Field(
+        default=4, ge=2,
+        description="Fewer distinct prompts than this make retrieval accuracy too noisy to judge "
+        "(count).")
+    discrimination_prompts: int = Field(
+        default=8, ge=2,
+        description="Distinct prompts scored against each other per iteration (count; cost grows "
+        "as n^2).")
+    pause_on_alarm: bool = Field(
+        default=True,
+        description="Pause the run on an alarm and wait for an ML engineer to resume or cancel it.")
 
 
 class ScheduleSection(_Section):
     """How long the run lasts and how often it checkpoints and proposes."""
 
-    # Iterations of rollout + update (count).
-    iterations: int = Field(default=10, ge=1)
-    # Propose the latest checkpoint to governance every this many iterations (count).
-    propose_every: int = Field(default=5, ge=1)
-    # Save a checkpoint every this many iterations (count); resume restarts from the last one.
-    checkpoint_every: int = Field(default=1, ge=1)
-    # Seed for torch, python and sampling (integer); the same seed repeats the run on CPU.
-    seed: int = Field(default=0, ge=0)
+    iterations: int = Field(default=10, ge=1, description="Iterations of rollout + update (count).")
+    propose_every: int = Field(
+        default=5, ge=1,
+        description="Propose the latest checkpoint to governance every this many iterations "
+        "(count).")
+    checkpoint_every: int = Field(
+        default=1, ge=1,
+        description="Checkpoint interval (count). Not yet in effect: every iteration writes its "
+        "checkpoint, since the next rollouts are served from it; propose_every must be a "
+        "multiple of it.")
+    seed: int = Field(
+        default=0, ge=0,
+        description="Seed for torch, python and sampling (integer); the same seed repeats the run "
+        "on CPU.")
 
 
 # --- issue 18: the seeds' learning practices (dynamic data, asynchrony, mitigations) ---
@@ -224,79 +306,107 @@ class ScheduleSection(_Section):
 class HorizonStage(_Section):
     """From an iteration on, episodes get at most this many turns."""
 
-    # First iteration (1-based) of the stage (count).
-    from_iteration: int = Field(ge=1)
-    # Turns per episode at most from then on (count); still capped by the contract's limit.
-    max_turns: int = Field(ge=1)
+    from_iteration: int = Field(ge=1, description="First iteration (1-based) of the stage (count).")
+    max_turns: int = Field(
+        ge=1,
+        description="Turns per episode at most from then on (count); still capped by the "
+        "contract's limit.")
 
 
 class SamplingConfig(_Section):
     """Which tasks and groups an iteration trains on (see learning_loop.dynamic_data)."""
 
-    # Dynamic sampling (DAPO): groups whose rewards do not vary are dropped before the
-    # update (so their zero-advantage tokens leave the loss denominator) and more groups
-    # are sampled until the iteration has min_informative_groups, within the budget.
-    dynamic_sampling: bool = False
-    # Groups with reward variance an iteration aims for (count); None: groups_per_iteration.
-    min_informative_groups: int | None = Field(default=None, ge=1)
-    # Extra rollout batches per iteration at most (count); the budget of the resampling.
-    max_resample_rounds: int = Field(default=2, ge=0, le=16)
-    # Pass-rate filtering: a task whose success rate over its last pass_rate_window groups
-    # is below min_pass_rate or above max_pass_rate is not sampled (always solved or never
-    # solved). If every task is filtered, all are sampled.
-    pass_rate_filter: bool = False
-    # Groups of a task looked at (count); a task with fewer is always sampled.
-    pass_rate_window: int = Field(default=3, ge=1, le=100)
-    # Bounds of the success rate a sampled task keeps (share, 0..1).
-    min_pass_rate: float = Field(default=0.05, ge=0.0, le=1.0)
-    max_pass_rate: float = Field(default=0.95, ge=0.0, le=1.0)
-    # Horizon curriculum (ScalingInter-RL, AgentGym-RL): max_turns per stage, in order of
-    # from_iteration; before the first stage rollout.max_turns applies. Empty: no schedule.
-    horizon_schedule: list[HorizonStage] = Field(default_factory=list, max_length=64)
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="Dynamic sampling (DAPO): groups whose rewards do not vary are dropped before "
+        "the update (so their zero-advantage tokens leave the loss denominator) and "
+        "more groups are sampled until the iteration has min_informative_groups, "
+        "within the budget.")
+    min_informative_groups: int | None = Field(
+        default=None, ge=1,
+        description="Groups with reward variance an iteration aims for (count); None: "
+        "groups_per_iteration.")
+    max_resample_rounds: int = Field(
+        default=2, ge=0, le=16,
+        description="Extra rollout batches per iteration at most (count); the budget of the "
+        "resampling.")
+    pass_rate_filter: bool = Field(
+        default=False,
+        description="Pass-rate filtering: a task whose success rate over its last pass_rate_window "
+        "groups is below min_pass_rate or above max_pass_rate is not sampled (always "
+        "solved or never solved). If every task is filtered, all are sampled.")
+    pass_rate_window: int = Field(
+        default=3, ge=1, le=100,
+        description="Groups of a task looked at (count); a task with fewer is always sampled.")
+    min_pass_rate: float = Field(
+        default=0.05, ge=0.0, le=1.0,
+        description="Lower bound of the success rate a sampled task keeps (share, 0..1).")
+    max_pass_rate: float = Field(
+        default=0.95, ge=0.0, le=1.0,
+        description="Upper bound of the success rate a sampled task keeps (share, 0..1).")
+    horizon_schedule: list[HorizonStage] = Field(
+        default_factory=list, max_length=64,
+        description="Horizon curriculum (ScalingInter-RL, AgentGym-RL): max_turns per stage, in "
+        "order of from_iteration; before the first stage rollout.max_turns applies. "
+        "Empty: no schedule.")
 
 
 class AsynchronyConfig(_Section):
     """How far rollouts may run ahead of the update, and what a cut episode teaches."""
 
-    # Rollouts in flight ahead of the update (policy versions); 1 = today's one-step overlap.
-    # Samples older than update.max_staleness are dropped or importance-corrected.
-    staleness_window: int = Field(default=1, ge=1, le=8)
-    # Truncated episodes: "exclude_clock" leaves out episodes the clock cut (batch deadline,
-    # episode deadline, wall time), whose partial reward would teach "finish fast", and
-    # trains on episodes the horizon ended (max_turns, tokens: the environment's own rule);
-    # "exclude_all" leaves out every truncated episode; "train" trains on all (before
-    # issue 18). Left-out episodes are neither in the group baseline nor in the loss.
-    truncated_episodes: Literal["exclude_clock", "exclude_all", "train"] = "exclude_clock"
-    # Partial rollouts: an episode the batch deadline cut is continued in the run's next
-    # rollout batch under the newer policy (the environment is reset with the same seed and
-    # the stored actions replayed), its turns keeping the version that sampled them; its
-    # group trains once it finished. false: cut episodes only follow truncated_episodes.
-    partial_rollouts: bool = False
-    # Continuations of one episode at most (count); one still cut after this many is given
-    # up and left out per truncated_episodes, and its group trains without it.
-    max_continuations: int = Field(default=2, ge=1, le=16)
+    staleness_window: int = Field(
+        default=1, ge=1, le=8,
+        description="Rollouts in flight ahead of the update (policy versions); 1 = today's "
+        "one-step overlap. Samples older than update.max_staleness are dropped or "
+        "importance-corrected.")
+    truncated_episodes: Literal["exclude_clock", "exclude_all", "train"] = Field(
+        default="exclude_clock",
+        description="Truncated episodes: \"exclude_clock\" leaves out episodes the clock cut "
+        "(batch deadline, episode deadline, wall time), whose partial reward would "
+        "teach \"finish fast\", and trains on episodes the horizon ended (max_turns, "
+        "tokens: the environment's own rule); \"exclude_all\" leaves out every "
+        "truncated episode; \"train\" trains on all (before issue 18). Left-out "
+        "episodes are neither in the group baseline nor in the loss.")
+    partial_rollouts: bool = Field(
+        default=False,
+        description="Partial rollouts: an episode the batch deadline cut is continued in the "
+        "run's next rollout batch under the newer policy (the environment is reset with the "
+        "same seed and the stored actions replayed), its turns keeping the version that "
+        "sampled them; its group trains once it finished. false: cut episodes only follow "
+        "truncated_episodes.")
+    max_continuations: int = Field(
+        default=2, ge=1, le=16,
+        description="Continuations of one episode at most (count); one still cut after this "
+        "many is given up and left out per truncated_episodes, and its group trains without "
+        "it.")
 
 
 class MitigationConfig(_Section):
     """What the run does itself when a stability alarm fires (see learning_loop.mitigation)."""
 
-    # "none": only alarm (and pause per stability.pause_on_alarm); "raise_entropy": add
-    # entropy_step to the entropy bonus; "lower_learning_rate": multiply the learning rate
-    # by learning_rate_factor; "rollback": continue from the checkpoint before the alarm.
-    on_alarm: Literal["none", "raise_entropy", "lower_learning_rate", "rollback"] = "none"
-    # Added to objective.entropy_coef per alarm (unitless).
-    entropy_step: float = Field(default=0.01, gt=0.0, le=1.0)
-    # Multiplies the learning rate per alarm (unitless, 0 < f < 1).
-    learning_rate_factor: float = Field(default=0.5, gt=0.0, lt=1.0)
-    # Mitigations at most per run (count); later alarms only alarm.
-    max_actions: int = Field(default=3, ge=1, le=100)
+    on_alarm: Literal["none", "raise_entropy", "lower_learning_rate", "rollback"] = Field(
+        default="none",
+        description="\"none\": only alarm (and pause per stability.pause_on_alarm); "
+        "\"raise_entropy\": add entropy_step to the entropy bonus; "
+        "\"lower_learning_rate\": multiply the learning rate by learning_rate_factor; "
+        "\"rollback\": continue from the checkpoint before the alarm.")
+    entropy_step: float = Field(
+        default=0.01, gt=0.0, le=1.0,
+        description="Added to objective.entropy_coef per alarm (unitless).")
+    learning_rate_factor: float = Field(
+        default=0.5, gt=0.0, lt=1.0,
+        description="Multiplies the learning rate per alarm (unitless, 0 < f < 1).")
+    max_actions: int = Field(
+        default=3, ge=1, le=100,
+        description="Mitigations at most per run (count); later alarms only alarm.")
 
 
 class RunConfig(_Section):
     """A whole training run, as submitted in RUN.yaml."""
 
-    # Human-readable run name (shown in the console; not an identifier).
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(
+        min_length=1, max_length=200,
+        description="Human-readable run name (shown in the console; not an identifier).")
     # Sections; each class above documents its fields and units. Only model and rollout
     # are required, the others have defaults.
     model: ModelSection

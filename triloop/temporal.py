@@ -1,10 +1,19 @@
-"""Connecting to Temporal as a service: its own token, its own loop's namespace."""
+"""Connecting to Temporal as a service: its own token, its own loop's namespace.
+
+Every client, worker and replayer uses ``DATA_CONVERTER``, temporalio's pydantic converter:
+a workflow or activity input may carry a pydantic model (the typed ``RunConfig``) inside its
+dataclass, and it arrives as that model, validated once on the way in.
+"""
 
 from __future__ import annotations
 
 from temporalio.client import Client, TLSConfig
+from temporalio.contrib.pydantic import pydantic_data_converter
 
 from triloop.config import LoopName, ServiceName, Settings
+
+# One converter for the whole project: a payload written by one service is read by another.
+DATA_CONVERTER = pydantic_data_converter
 
 
 async def connect(
@@ -31,6 +40,7 @@ async def connect(
         identity=identity,
         api_key=settings.temporal_credential(service),
         tls=tls,
+        data_converter=DATA_CONVERTER,
     )
 
 

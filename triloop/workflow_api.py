@@ -2,7 +2,8 @@
 
 Services never import each other's code; they start, signal, update and query
 each other's workflows by these names with these dataclasses (plain data, so
-Temporal's JSON converter carries them and fields can be added later).
+Temporal's JSON converter carries them and fields can be added later). A field may be a
+pydantic model (``RunConfig``): ``triloop.temporal.DATA_CONVERTER`` carries it typed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from triloop.run_config import RunConfig
 from triloop.statuses import Gate
 
 # Task queues: a loop's worker is the only poller of its queues.
@@ -132,13 +134,15 @@ class RolloutBatchInput:
     max_concurrency: int = 8
     deadline_s: float = 600.0
     temperature: float = 1.0
-    apply_actions: bool = True  # False for shadow: actions recorded, never applied
     # Seconds without a heartbeat (one per step) before an episode attempt counts as lost.
     heartbeat_timeout_s: float = 60.0
     # Turns per episode at most (count); None: the contract's limit, which it never raises.
     max_turns: int | None = None
     # Cut episodes of earlier batches of the run to continue in this one (training only).
     continue_episodes: list[ContinuedEpisode] = field(default_factory=list)
+    # Tokens generated per turn at most (tokens); None: the contract's max_tokens_per_turn,
+    # which it never raises.
+    max_new_tokens: int | None = None
 
 
 @dataclass
@@ -173,7 +177,7 @@ class TrainingRunInput:
 
     run_id: str
     submitted_by: str
-    config: dict[str, Any]
+    config: RunConfig  # validated once, by the web service; carried typed from there on
     # Carried across continue-as-new:
     start_iteration: int = 0
     latest_checkpoint_id: str | None = None

@@ -12,12 +12,13 @@ import asyncio
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
 from sqlmodel import Session
 
 from triloop import held_out
 from triloop.models import RolloutBatch
 from triloop.models._columns import new_id
+from triloop.run_config import RunConfig, RunConfigError
 from triloop.statuses import (
     Decision,
     DecisionKind,
@@ -47,7 +48,7 @@ from web.data.runs import RunSummary
 from web.deps import Guard, Sessions, WebServices
 from web.orchestration import PRODUCTION_BATCH_PREFIX
 from web.problems import ProblemError, conflict, invalid, not_found
-from web.run_submission import RunConfigInvalid, validate_run_config
+from web.run_submission import validate_run_config
 
 RunAction = Literal["pause", "resume", "cancel"]
 RUN_SIGNALS: dict[str, str] = {
@@ -65,13 +66,26 @@ Comment = Annotated[
 ]
 
 
+def _json_object(value: Any) -> dict[str, Any]:
+    # Checked in the validation pool (time-bounded, with every problem's path); here only
+    # its shape, so that OpenAPI can show the RunConfig schema without FastAPI applying it.
+    if not isinstance(value, dict):
+        raise ValueError("RUN.yaml as JSON must be an object")
+    return value
+
+
+# A RUN.yaml as JSON, documented in OpenAPI with RunConfig's schema and field descriptions.
+RunConfigJson = Annotated[dict[str, Any], PlainValidator(_json_object,
+                                                         json_schema_input_type=RunConfig)]
+
+
 class RunSubmit(BaseModel):
     """A RUN.yaml as a JSON object (``config``) or as YAML text (``config_yaml``): exactly one."""
 
     model_config = ConfigDict(json_schema_extra={
         "oneOf": [{"required": ["config"]}, {"required": ["config_yaml"]}],
     })
-    config: dict[str, Any] | None = Field(default=None, description="RUN.yaml as JSON")
+    config: RunConfigJson | None = Field(default=None, description="RUN.yaml as JSON")
     config_yaml: str | None = Field(default=None, max_length=200_000,
                                     description="RUN.yaml as text (YAML aliases refused)")
 
@@ -185,27 +199,30 @@ async def submit_run(
     person = guard.principal
     await guard("submit", "training_run", owner=person.name)
     try:
-        valid = await services.validation.run(
+        config = await services.validation.run(
             "the run configuration", validate_run_config, config=body.config,
             config_yaml=body.config_yaml,
         )
-    except RunConfigInvalid as exc:
-        raise invalid("the run configuration is invalid", exc.problems) from exc
-    await _admitted(db, valid.task_ids)
-    await _held_out(db, valid.task_ids)
-    tasks = await db.read(runs.tasks_by_id, task_ids=valid.task_ids)
-    base_is_checkpoint = await db.read(runs.checkpoint_exists, checkpoint_id=valid.base)
+    except RunConfigError as exc:
+        raise invalid("the run configuration is invalid",
+                      [f"{p.path}: {p.message}" for p in exc.problems]) from exc
+    task_ids, base = list(config.rollout.task_ids), config.model.base
+    await _admitted(db, task_ids)
+    await _held_out(db, task_ids)
+    tasks = await db.read(runs.tasks_by_id, task_ids=task_ids)
+    base_is_checkpoint = await db.read(runs.checkpoint_exists, checkpoint_id=base)
     run_id = new_id()
     workflow_id = training_run_workflow_id(run_id)
     row = await db.write(
-        runs.insert_run, run_id=run_id, name=valid.name, submitted_by=person.name,
-        config=valid.config, base_checkpoint_id=valid.base if base_is_checkpoint else None,
+        runs.insert_run, run_id=run_id, name=config.name, submitted_by=person.name,
+        config=config.model_dump(mode="json"),
+        base_checkpoint_id=base if base_is_checkpoint else None,
         environment_version_ids=sorted({t.environment_version_id for t in tasks.values()}),
         workflow_id=workflow_id,
     )
     try:
         await services.orchestrator.start_training_run(
-            TrainingRunInput(run_id=run_id, submitted_by=person.name, config=valid.config),
+            TrainingRunInput(run_id=run_id, submitted_by=person.name, config=config),
             workflow_id,
         )
     except ProblemError as exc:

@@ -72,12 +72,6 @@ def ensure_plugins_load() -> None:
         _builtin(name)
 
 
-def forget_plugins() -> None:
-    """Drop loaded plugins, so packages installed since are found (tests, long shells)."""
-    _plugin.cache_clear()
-    load_builtin_contract.cache_clear()
-
-
 def _builtin(name: str) -> _Builtin:
     entry = _BUILTINS.get(name) or _plugin(name)
     if entry is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,7 +70,6 @@ from learning_loop.update import UpdateError
 from triloop.artifacts import ARTIFACT_SCHEME, ArtifactStore, materialize, publish_directory
 from triloop.models import Checkpoint, TrainingStep
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
-from triloop.run_config import RunConfig
 
 LEARNING = Actor(service="learning")
 _BAD_DATA = (InvalidSampleError, NoTrainableData, AdvantageInputError, UpdateError,
@@ -106,6 +106,24 @@ class _Progress:
 
     def details(self) -> dict[str, Any]:
         return {"stage": self.stage, "checkpoint_id": self.checkpoint_id}
+
+    @classmethod
+    def resumed(cls, details: Sequence[Any]) -> _Progress:
+        """How far an earlier attempt got, from its last heartbeat (nothing: from scratch)."""
+        last = details[0] if details and isinstance(details[0], dict) else {}
+        checkpoint_id = last.get("checkpoint_id")
+        return cls(stage=str(last.get("stage") or "starting"),
+                   checkpoint_id=checkpoint_id if isinstance(checkpoint_id, str) else None)
+
+
+@dataclass(frozen=True)
+class TrainedIteration:
+    """An iteration trained but not yet stored: its checkpoint and what is written for it."""
+
+    checkpoint_id: str  # the parent's id when the weights did not change
+    path: Path  # the checkpoint's directory on this worker
+    step_columns: dict[str, Any]  # the ``training_step`` columns (records.step_columns)
+    alarms: list[dict[str, Any]]  # each alarm as audited (records.alarm_record)
 
 
 class UpdateActivities:
@@ -158,8 +176,7 @@ class UpdateActivities:
     @activity.defn(name=UPDATE_POLICY.name)
     async def update_policy(self, request: UpdateInput) -> UpdateResult:
         """Train one iteration (once), heartbeating while the training thread works."""
-        details = activity.info().heartbeat_details
-        resume: dict[str, Any] = details[0] if details and isinstance(details[0], dict) else {}
+        resume = _Progress.resumed(activity.info().heartbeat_details)
         progress, abort = _Progress(), threading.Event()
         timeout = activity.info().heartbeat_timeout
         interval = max(0.5, timeout.total_seconds() / 4) if timeout else 10.0
@@ -191,7 +208,7 @@ class UpdateActivities:
 
     def _update(
         self, request: UpdateInput, progress: _Progress, abort: threading.Event,
-        resume: dict[str, Any],
+        resume: _Progress,
     ) -> UpdateResult:
         stored = get_training_step(engine=self._engine, run_id=request.run_id,
                                    iteration=request.iteration)
@@ -201,12 +218,12 @@ class UpdateActivities:
         if parent is None:
             raise CheckpointError(f"parent checkpoint {request.parent_checkpoint_id} has no row")
         parent_dir = self._local_dir(parent)
-        record = self._saved(resume, request)
-        if record is None:
-            record = self._train(request, parent, parent_dir, progress)
+        trained = self._saved(resume, request)
+        if trained is None:
+            trained = self._train(request, parent, parent_dir, progress)
         if abort.is_set():
             raise UpdateCancelled(f"update of iteration {request.iteration} was cancelled")
-        return self._store(request, parent, record)
+        return self._store(request, parent, trained)
 
     def _publish(self, directory: Path) -> str:
         """The URI recorded for a saved checkpoint: the shared store's, or this machine's."""
@@ -218,10 +235,10 @@ class UpdateActivities:
         return local_dir(checkpoint.artifact_uri, store=self._shared_store,
                          cache=self._cache_dir, checkpoint_id=checkpoint.id)
 
-    def _saved(self, resume: dict[str, Any], request: UpdateInput) -> dict[str, Any] | None:
+    def _saved(self, resume: _Progress, request: UpdateInput) -> TrainedIteration | None:
         """A previous attempt's saved checkpoint for this iteration, if it got that far."""
-        checkpoint_id = resume.get("checkpoint_id")
-        if resume.get("stage") != "saved" or not isinstance(checkpoint_id, str):
+        checkpoint_id = resume.checkpoint_id
+        if resume.stage != "saved" or checkpoint_id is None:
             return None
         path = self._artifact_dir / "checkpoints" / checkpoint_id
         saved = saved_iteration(path, run_id=request.run_id, iteration=request.iteration)
@@ -229,13 +246,13 @@ class UpdateActivities:
             return None
         activity.logger.info("iteration %s: reusing checkpoint %s saved by an earlier attempt",
                              request.iteration, checkpoint_id)
-        return {**saved, "checkpoint_id": checkpoint_id, "path": str(path)}
+        return TrainedIteration(checkpoint_id, path, dict(saved["training_step"]),
+                                list(saved.get("alarms") or []))
 
     def _train(
         self, request: UpdateInput, parent: Checkpoint, parent_dir: Path, progress: _Progress
-    ) -> dict[str, Any]:
-        config = with_mitigations(RunConfig.model_validate(request.config),
-                                  entropy_coef_bonus=request.entropy_coef_bonus,
+    ) -> TrainedIteration:
+        config = with_mitigations(request.config, entropy_coef_bonus=request.entropy_coef_bonus,
                                   learning_rate_scale=request.learning_rate_scale)
         data = load_rollout_data(engine=self._engine, run_id=request.run_id,
                                  batch_ids=request.batch_ids,
@@ -267,14 +284,13 @@ class UpdateActivities:
         )
         if outcome.weights_changed:
             progress.stage, progress.checkpoint_id = "saved", outcome.checkpoint.id
-        return {"training_step": outcome.step_columns,
-                "alarms": [alarm_record(a) for a in outcome.alarms],
-                "checkpoint_id": outcome.checkpoint.id, "path": str(outcome.checkpoint.path)}
+        return TrainedIteration(outcome.checkpoint.id, outcome.checkpoint.path,
+                                outcome.step_columns, [alarm_record(a) for a in outcome.alarms])
 
-    def _store(self, request: UpdateInput, parent: Checkpoint, record: dict[str, Any]
+    def _store(self, request: UpdateInput, parent: Checkpoint, trained: TrainedIteration
                ) -> UpdateResult:
-        checkpoint_id: str = record["checkpoint_id"]
-        columns: dict[str, Any] = dict(record["training_step"])
+        checkpoint_id = trained.checkpoint_id
+        columns: dict[str, Any] = dict(trained.step_columns)
         columns["metrics"] = {**columns.get("metrics", {}),
                               "weights_changed": checkpoint_id != parent.id}
         batch = (columns.get("metrics") or {}).get("batch") or {}
@@ -287,8 +303,8 @@ class UpdateActivities:
                 data={"trajectory_batches": list(request.batch_ids),
                       "trajectories": batch.get("trajectories"),
                       "policy_versions": batch.get("policy_versions")},
-                artifact_uri=self._publish(Path(record["path"])), created_by="learning",
-                **asdict(serving_hashes(Path(record["path"]))),
+                artifact_uri=self._publish(trained.path), created_by="learning",
+                **asdict(serving_hashes(trained.path)),
             )
             self._authorizer.authorize(LEARNING, "create", Resource(
                 "checkpoint", id=checkpoint_id,
@@ -300,12 +316,11 @@ class UpdateActivities:
             "training_run", id=request.run_id, attrs={"iterations_done": request.iteration}))
         step = TrainingStep(run_id=request.run_id, iteration=request.iteration,
                             checkpoint_id=checkpoint_id, **columns)
-        alarms = list(record.get("alarms") or [])
         events = [{
             "actor": LEARNING.to_input(), "action": "stability_alarm",
             "resource": {"kind": "training_run", "id": request.run_id, "attrs": {}},
             "decision": "record", "payload": alarm,
-        } for alarm in alarms]
+        } for alarm in trained.alarms]
         stored = record_iteration(engine=self._engine, step=step, checkpoint=child,
                                   alarm_events=events)
         if not stored:  # a concurrent attempt won; report what it stored
@@ -319,13 +334,11 @@ class UpdateActivities:
 def result_of(step: TrainingStep, *, already_done: bool) -> UpdateResult:
     """The workflow's view of a stored iteration."""
     metrics = step.metrics or {}
-    messages = list(metrics.get("alarm_messages") or [])
-    kinds = list(step.alarms or [])
     update = metrics.get("update") or {}
     return UpdateResult(
         iteration=step.iteration, checkpoint_id=step.checkpoint_id or "",
         reward_mean=step.reward_mean, loss=step.loss, samples=int(update.get("samples") or 0),
-        alarms=[AlarmReport(kind, messages[i] if i < len(messages) else kind)
-                for i, kind in enumerate(kinds)],
+        alarms=[AlarmReport(str(a["kind"]), str(a.get("message") or a["kind"]))
+                for a in metrics.get("alarms") or []],
         already_done=already_done,
     )

@@ -25,10 +25,12 @@ from governance_loop import store
 from governance_loop.durations import PromotionTiming
 from governance_loop.environments import retire_environment_version
 from governance_loop.worker import build_worker
+from learning_loop.store import get_tasks
 from tests.factories import make_person, make_task, record_decision
 from tests.factories_governance import wait_for
 from tests.temporal_helpers import execution_nexus, loop_client, own_queues
 from triloop.config import Settings
+from triloop.models import EnvironmentVersion
 from triloop.policy import Authorizer
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
@@ -181,14 +183,19 @@ async def test_admissible_task_is_admitted_by_an_operator_only(
     assert evidence["assessment"]["admissible"] is True
     with Session(gov) as session:
         version = store.get_task(session=session, task_id=task_id).environment_version_id
-    # The learning loop asks the same question with its own role before using tasks.
-    for service in ("governance", "learning"):
-        with Session(role_engine(service)) as session:
-            assert store.admitted_task_ids(session=session, env_version_ids=[version]) == [task_id]
+    # The learning loop asks the same question with its own role before using tasks
+    # (RunActivities.validate_run: admitted, on an environment version not retired).
+    learning = role_engine("learning")
+    assert get_tasks(engine=learning, task_ids=[task_id])[task_id].status == "admitted"
+    with Session(learning) as session:
+        live = session.get(EnvironmentVersion, version)
+        assert live is not None and live.retired_at is None
     retire_environment_version(engine=gov, authorizer=authorizer, version_id=version,
                                requested_by="gov-admin")
-    with Session(gov) as session:
-        assert store.admitted_task_ids(session=session, env_version_ids=[version]) == []
+    for service in ("governance", "learning"):
+        with Session(role_engine(service)) as session:
+            retired = session.get(EnvironmentVersion, version)
+            assert retired is not None and retired.retired_at is not None
 
 
 async def test_inadmissible_task_can_only_be_rejected(

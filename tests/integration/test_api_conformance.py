@@ -84,6 +84,17 @@ async def test_schema_and_server_agree_on_what_is_refused(
                    422, "pattern")
 
 
+def test_the_openapi_schema_documents_run_yaml(web_app: FastAPI) -> None:
+    from triloop.run_config import RolloutSection
+
+    schemas = web_app.openapi()["components"]["schemas"]
+    config = schemas["RunSubmit"]["properties"]["config"]["anyOf"][0]
+    assert config == {"$ref": "#/components/schemas/RunConfig"}
+    documented = schemas["RolloutSection"]["properties"]["max_new_tokens"]["description"]
+    assert documented == RolloutSection.model_fields["max_new_tokens"].description
+    assert "inference backend" in documented
+
+
 @pytest.mark.parametrize("comment", ["\x1f", "\ufeff", "\x85 \u3000", "\t\n"])
 def test_a_blank_comment_is_blank_for_the_schema_pydantic_and_python_alike(
     web_app: FastAPI, comment: str

@@ -33,7 +33,7 @@ from tests.factories import make_task, uid
 from tests.factories_governance import TEST_SPEC
 from tests.factories_web import Person, admitted_task, assert_problem
 from triloop.config import Settings
-from triloop.temporal import connect
+from triloop.temporal import DATA_CONVERTER, connect
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import (
     GOVERNANCE_QUEUE,
@@ -72,7 +72,8 @@ async def _replays(client: Client, workflow_id: str) -> None:
     """The workflow replays its own history; TRILOOP_RECORD_HISTORIES keeps it for
     tests/workflows/test_governance_replay.py."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
-    await Replayer(workflows=[GovernanceWriteWorkflow]).replay_workflow(history)
+    replayer = Replayer(workflows=[GovernanceWriteWorkflow], data_converter=DATA_CONVERTER)
+    await replayer.replay_workflow(history)
     if os.environ.get("TRILOOP_RECORD_HISTORIES"):
         RECORDED.write_text(json.dumps({"workflow_id": history.workflow_id,
                                         "history": json.loads(history.to_json())}))

@@ -9,6 +9,7 @@ decision and writes nothing.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -330,7 +331,9 @@ def _alarmed(engine: Engine, seeded: SeededPromotion) -> None:
                 "INSERT INTO training_step (run_id, iteration, alarms, length_stats, metrics)"
                 " VALUES (:r, :i, '{template_collapse}', '{}', CAST(:m AS jsonb))"),
                 {"r": seeded.run_id, "i": iteration,
-                 "m": '{"alarm_messages": ["retrieval accuracy near chance"]}'})
+                 "m": json.dumps({"alarms": [{
+                     "kind": "template_collapse", "iteration": iteration,
+                     "message": "retrieval accuracy near chance", "evidence": {}}]})})
         conn.execute(text("UPDATE proposal SET evidence = '{\"iteration\": 10}' WHERE id ="
                           " (SELECT proposal_id FROM promotion WHERE id = :p)"),
                      {"p": seeded.promotion_id})

@@ -49,7 +49,7 @@ class StandInTrainingRun:
     @workflow.run
     async def run(self, run: TrainingRunInput) -> None:
         self.seen.append(f"start {run.run_id} by {run.submitted_by} base "
-                         f"{run.config['model']['base']}")
+                         f"{run.config.model.base}")
         await workflow.wait_condition(lambda: self.cancelled)
 
     @workflow.signal(name=RUN_PAUSE_SIGNAL)

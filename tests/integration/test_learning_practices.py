@@ -53,7 +53,8 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
              make_builtin_task(owner_engine, "tool_arithmetic", 72)]
     config = run_config(
         tiny_dir, tasks,
-        rollout={"group_size": 3, "groups_per_iteration": 2, "max_turns": 1},
+        rollout={"group_size": 3, "groups_per_iteration": 2, "max_turns": 1,
+                 "max_new_tokens": 3},
         advantage={"credit": "discounted", "gamma": 0.9, "environment_normalization": True},
         sampling={"dynamic_sampling": True, "max_resample_rounds": 1,
                   "horizon_schedule": [{"from_iteration": 3, "max_turns": 2}]},
@@ -100,6 +101,11 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
         owner_engine, "SELECT split_part(substr(batch_id, length(:r) + 2), '-', 1) AS i,"
         " max(num_steps) AS n FROM trajectory WHERE run_id = :r GROUP BY 1", r=run_id)}
     assert longest["1"] <= 1 and longest["2"] <= 1 and longest["3"] <= 2
+    # rollout.max_new_tokens reached the inference backend (tool_arithmetic allows 256).
+    generated = rows(owner_engine, "SELECT max((outcome->>'generated_tokens')::int"
+                     " / greatest(num_steps, 1)) AS g FROM trajectory WHERE run_id = :r",
+                     r=run_id)[0]
+    assert 0 < generated["g"] <= 3
     lengths = rows(owner_engine, "SELECT count(DISTINCT batch_id) AS b"
                    " FROM trajectory WHERE run_id = :r", r=run_id)[0]
     rounds = sum(p.extra_metrics["dynamic_sampling/resample_rounds"] for p in metrics.metrics)

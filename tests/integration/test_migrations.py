@@ -63,3 +63,28 @@ def test_0003_moves_existing_tokens_and_back(database_url: str) -> None:
     with psycopg.connect(plain) as conn:
         assert conn.execute("SELECT token_hash FROM app_user WHERE name = 'ann'").fetchone() == (
             "hash-of-ann",)
+
+
+def test_0019_stores_each_alarm_as_one_object_and_back(database_url: str) -> None:
+    name = uid("mig_")
+    admin = database_url.replace("+psycopg", "").rsplit("/", 1)[0] + "/postgres"
+    ensure_database(admin, name)
+    url = database_url.rsplit("/", 1)[0] + f"/{name}"
+    plain = url.replace("+psycopg", "")
+    upgrade(url, "0016")
+    with psycopg.connect(plain) as conn:
+        conn.execute("INSERT INTO training_run (id, name, submitted_by, status, iterations_done)"
+                     " VALUES ('r', 'r', 'ann', 'running', 2)")
+        conn.execute("INSERT INTO training_step (run_id, iteration, alarms, length_stats, metrics)"
+                      " VALUES ('r', 2, '{echo_trap,template_collapse}', '{}',"
+                      " '{\"alarm_messages\": [\"echo\", \"collapse\"], \"series\": {}}')")
+    upgrade(url, "0019")
+    with psycopg.connect(plain) as conn:
+        (metrics,) = conn.execute("SELECT metrics FROM training_step").fetchone() or (None,)
+    assert metrics == {"series": {}, "alarms": [
+        {"kind": "echo_trap", "iteration": 2, "message": "echo", "evidence": {}},
+        {"kind": "template_collapse", "iteration": 2, "message": "collapse", "evidence": {}}]}
+    downgrade(url, "0016")
+    with psycopg.connect(plain) as conn:
+        (metrics,) = conn.execute("SELECT metrics FROM training_step").fetchone() or (None,)
+    assert metrics == {"series": {}, "alarm_messages": ["echo", "collapse"]}

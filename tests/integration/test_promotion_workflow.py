@@ -46,7 +46,7 @@ from tests.temporal_helpers import own_queues
 from triloop import search_attributes
 from triloop.config import Settings
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
-from triloop.temporal import connect
+from triloop.temporal import DATA_CONVERTER, connect
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import (
     GOVERNANCE_QUEUE,
@@ -303,7 +303,8 @@ async def test_whole_path_to_promotion_with_refused_decisions(deps: Deps) -> Non
         history = await run.handle.fetch_history()
     # The code replays its own history (determinism); set TRILOOP_RECORD_HISTORIES to refresh
     # the recorded one that tests/workflows/test_governance_replay.py replays offline.
-    await Replayer(workflows=[PromotionWorkflow]).replay_workflow(history)
+    replayer = Replayer(workflows=[PromotionWorkflow], data_converter=DATA_CONVERTER)
+    await replayer.replay_workflow(history)
     if os.environ.get("TRILOOP_RECORD_HISTORIES"):
         RECORDED.parent.mkdir(parents=True, exist_ok=True)
         RECORDED.write_text(json.dumps({"workflow_id": history.workflow_id,

@@ -35,7 +35,7 @@ from tests.factories_execution import (
 )
 from triloop.config import Settings
 from triloop.db import engine_for_url
-from triloop.temporal import connect
+from triloop.temporal import DATA_CONVERTER, connect
 from triloop.workflow_api import (
     EXECUTION_QUEUE,
     ROLLOUT_WORKFLOW,
@@ -121,6 +121,23 @@ async def test_batch_stores_every_episode_once_with_tokens(
     for turn in turns:
         assert turn.prompt_token_ids and turn.action_token_ids
         assert len(turn.behaviour_logprobs) == len(turn.action_token_ids)
+
+
+async def test_a_batch_lowers_the_tokens_each_turn_may_generate(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str,
+) -> None:
+    # tool_arithmetic allows 256 tokens per turn; the batch (a run's rollout.max_new_tokens)
+    # allows 2, and that is what the inference backend was asked for.
+    task = make_builtin_task(owner_engine, "tool_arithmetic", seed=8)
+    batch = new_batch("training", [RolloutItem(task, 8, group_size=2)], checkpoint_id=checkpoint,
+                      max_concurrency=2, deadline_s=240, max_new_tokens=2)
+    await run_batch(client, queue_settings, batch)
+    with owner_engine.connect() as conn:
+        lengths = conn.execute(text(
+            "SELECT cardinality(s.action_token_ids) FROM step s JOIN trajectory t"
+            " ON t.id = s.trajectory_id WHERE t.batch_id = :b"), {"b": batch.batch_id}).scalars()
+        per_turn = list(lengths)
+    assert per_turn and max(per_turn) <= 2
 
 
 async def test_deadline_records_unfinished_episodes_as_truncated(
@@ -251,7 +268,8 @@ async def test_production_routing_canary_share_and_shadow(
 
     # The workflow is deterministic: its recorded history replays without divergence.
     history = await client.get_workflow_handle(f"rollout-{batch.batch_id}").fetch_history()
-    await Replayer(workflows=[RolloutWorkflow]).replay_workflow(history)
+    replayer = Replayer(workflows=[RolloutWorkflow], data_converter=DATA_CONVERTER)
+    await replayer.replay_workflow(history)
 
 
 async def test_stuck_episodes_never_hold_the_batch_past_its_deadline(

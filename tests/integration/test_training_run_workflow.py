@@ -34,7 +34,7 @@ from tests.factories_learning import (
 )
 from triloop.config import ServiceName, Settings
 from triloop.policy import Actor, PolicyDenied, Resource
-from triloop.temporal import connect, in_namespace
+from triloop.temporal import DATA_CONVERTER, connect, in_namespace
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import (
     RUN_CANCEL_SIGNAL,
@@ -109,7 +109,7 @@ async def test_run_writes_steps_lineage_and_proposals(
     first_run = client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
     assert (await first_run.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
     # Both recorded histories replay against today's workflow code (determinism).
-    replayer = Replayer(workflows=[TrainingRunWorkflow])
+    replayer = Replayer(workflows=[TrainingRunWorkflow], data_converter=DATA_CONVERTER)
     for recorded in (first_run, client.get_workflow_handle(handle.id)):
         await replayer.replay_workflow(await recorded.fetch_history())
     run_row = rows(owner_engine, "SELECT * FROM training_run WHERE id = :r", r=run_id)[0]

@@ -131,6 +131,15 @@ def test_a_run_lowers_a_contracts_turn_limit_and_never_raises_it() -> None:
     assert episode_limits(contract, 10).max_turns == 6
 
 
+def test_a_run_lowers_a_contracts_token_limit_per_turn_and_never_raises_it() -> None:
+    contract = Limits(max_turns=6, wall_time_s=60, max_tokens_per_turn=32, max_total_tokens=512)
+    assert episode_limits(contract, None, None) is contract
+    assert episode_limits(contract, None, 8).max_tokens_per_turn == 8
+    assert episode_limits(contract, 2, 8).max_turns == 2
+    assert episode_limits(contract, None, 64).max_tokens_per_turn == 32
+    assert run_config().rollout.max_new_tokens is None  # the contract decides
+
+
 @pytest.mark.parametrize(("sections", "path"), [
     ({"sampling": {"min_pass_rate": 0.9, "max_pass_rate": 0.1}}, "sampling.min_pass_rate"),
     ({"sampling": {"horizon_schedule": [{"from_iteration": 5, "max_turns": 2},

@@ -10,7 +10,7 @@ import pytest
 from execution_loop.environments import registry
 from execution_loop.environments.plugins import PluginError
 from execution_loop.verification import VerifierRequest, run_verifier
-from tests.environment_plugins import install_example, on_path
+from tests.environment_plugins import forget_plugins, install_example, on_path
 from triloop.contracts import ContractError, contract_id, load_contract
 from triloop.environment_code import environment_code_hashes, environment_verifier_hash
 
@@ -41,7 +41,7 @@ def fake_distribution(site: Path, name: str, entry: str) -> None:
 
 
 def test_without_the_package_there_is_no_such_environment() -> None:
-    registry.forget_plugins()
+    forget_plugins()
     assert "letter_count" not in registry.list_environments()
     with pytest.raises(registry.UnknownEnvironmentError):
         registry.get_environment("letter_count")

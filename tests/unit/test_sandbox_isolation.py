@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -25,7 +26,6 @@ from execution_loop.sandboxes import (
     default_sandbox,
     describe,
     describe_environment_sandbox,
-    docker_reachable,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,6 +214,19 @@ def test_the_local_backend_says_it_does_not_isolate(monkeypatch: pytest.MonkeyPa
     assert isinstance(chosen, LocalProcessSandbox) and chosen.name == "local"
     record = describe(chosen)
     assert record["isolation"].startswith("none:") and record["why"]
+
+
+def docker_reachable() -> str | None:
+    """None when a Docker daemon answers; otherwise why not (the skip's reason)."""
+    found = shutil.which("docker")
+    if found is None:
+        return "the docker client is not installed"
+    try:
+        done = subprocess.run([found, "info", "--format", "{{.ServerVersion}}"],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"docker info failed: {exc}"
+    return None if done.returncode == 0 else f"no Docker daemon: {done.stderr.strip()[:200]}"
 
 
 def test_docker_backend_runs_where_a_daemon_answers(tmp_path: Path) -> None:

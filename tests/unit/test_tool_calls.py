@@ -90,9 +90,9 @@ def test_tools_go_into_a_template_that_renders_them(tokenizer: PreTrainedTokeniz
     own = copy.deepcopy(tokenizer)
     own.chat_template = TOOLS_TEMPLATE
     harness = ChatHarness(own, tools=[ADD, ANSWER])
-    assert harness.tools_in_template
     prompt = own.decode(harness.prompt_token_ids(system=None, initial_observation="2+3?",
                                                  turns=[]))
+    assert '"name": "add"' not in prompt  # the template rendered them, not a system message
     assert "TOOLS: add answer" in prompt
     action = own('<tool_call>{"name": "add"}</tool_call>', add_special_tokens=False).input_ids
     ids, mask = harness.conversation_token_ids_and_mask(
@@ -104,9 +104,9 @@ def test_a_template_without_tools_gets_them_in_the_system_message(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
     harness = ChatHarness(tokenizer, tools=[ADD])
-    assert not harness.tools_in_template
     prompt = tokenizer.decode(harness.prompt_token_ids(system="Be exact.",
                                                        initial_observation="2+3?", turns=[]))
+    assert "TOOLS:" not in prompt  # the template itself does not render tools
     assert prompt.index('"name": "add"') < prompt.index("Be exact.") < prompt.index("2+3?")
     assert "<tool_call>" in prompt
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 
 import pytest
-from temporalio.exceptions import ApplicationError
+from temporalio import workflow
 
 from learning_loop.activities.run_state import proposal_id_for
 from learning_loop.contracts import TaskSeed
 from learning_loop.iteration_records import finite, stability_history
 from learning_loop.stability import IterationMetrics
-from learning_loop.workflows import parse_config, rollout_items
+from learning_loop.workflows import TrainingRunWorkflow, rollout_items
+from triloop.run_config import RunConfig
+from triloop.temporal import DATA_CONVERTER
+from triloop.workflow_api import TrainingRunInput
 
 
 def test_rollout_groups_cycle_through_the_tasks_across_iterations() -> None:
@@ -39,6 +42,21 @@ def test_stored_columns_have_no_nan_and_monitors_round_trip() -> None:
 
 
 def test_an_invalid_config_fails_the_run_without_retrying() -> None:
-    with pytest.raises(ApplicationError) as error:
-        parse_config({"name": "x", "model": {"base": "m"}, "rollout": {"task_ids": []}})
-    assert error.value.non_retryable and "rollout.task_ids" in error.value.message
+    # A client that skipped the web's validation: decoding the input refuses the config,
+    # with an exception type the workflow declares a failure (no retry of its first task).
+    converter = DATA_CONVERTER.payload_converter
+    payloads = converter.to_payloads([{"run_id": "r", "submitted_by": "u", "config": {
+        "name": "x", "model": {"base": "m"}, "rollout": {"task_ids": []}}}])
+    failures = workflow._Definition.from_class(TrainingRunWorkflow).failure_exception_types
+    with pytest.raises(Exception) as error:
+        converter.from_payloads(payloads, [TrainingRunInput])
+    assert isinstance(error.value, tuple(failures)) and "rollout.task_ids" in str(error.value)
+
+
+def test_the_run_config_crosses_temporal_typed() -> None:
+    config = RunConfig.model_validate({"name": "x", "model": {"base": "m"},
+                                       "rollout": {"task_ids": ["t"], "max_new_tokens": 7}})
+    sent = TrainingRunInput(run_id="r", submitted_by="u", config=config)
+    converter = DATA_CONVERTER.payload_converter
+    (received,) = converter.from_payloads(converter.to_payloads([sent]), [TrainingRunInput])
+    assert isinstance(received.config, RunConfig) and received.config == config

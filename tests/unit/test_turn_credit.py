@@ -9,12 +9,12 @@ import pytest
 from learning_loop.advantages import (
     TrajectoryReturn,
     TrajectoryTurns,
-    compute_advantages,
     compute_turn_advantages,
     mean_and_std,
     returns_to_go,
 )
 from learning_loop.batch import StepRecord, build_training_samples
+from tests.factories import outcome_advantages
 from triloop.run_config import AdvantageConfig, RunConfigError, run_config_from_data
 
 EXACT = AdvantageConfig(eps=1e-12)
@@ -94,13 +94,13 @@ def test_task_normalisation_did_nothing_after_the_group_std_and_now_does() -> No
     # One task, two groups with reward scales 1 and 3: group std scaling gives +-1 to both.
     batch = [TrajectoryReturn("a1", "g1", "t", 0.0), TrajectoryReturn("a2", "g1", "t", 2.0),
              TrajectoryReturn("b1", "g2", "t", 0.0), TrajectoryReturn("b2", "g2", "t", 6.0)]
-    group_only = compute_advantages(batch, EXACT).advantages
+    group_only = outcome_advantages(batch, EXACT).advantages
     assert group_only == pytest.approx({"a1": -1, "a2": 1, "b1": -1, "b2": 1})
     # The old rule (divide the group-scaled advantages again by their task std) is a no-op:
     _, old_task_std = mean_and_std(list(group_only.values()))
     assert old_task_std == pytest.approx(1.0)
     # The task std of centred returns (+-1, +-3) is sqrt(5): the groups keep their scale.
-    with_task = compute_advantages(batch, EXACT.model_copy(update={"task_normalization": True}))
+    with_task = outcome_advantages(batch, EXACT.model_copy(update={"task_normalization": True}))
     s = math.sqrt(5)
     assert with_task.advantages == pytest.approx({"a1": -1 / s, "a2": 1 / s,
                                                   "b1": -3 / s, "b2": 3 / s})
@@ -111,7 +111,7 @@ def test_task_normalisation_equalises_tasks_under_the_default_std_scaling() -> N
             ("a4", "ga2", "big", 20.0), ("b1", "gb", "small", 0.0), ("b2", "gb", "small", 1.0),
             ("b3", "gb2", "small", 0.0), ("b4", "gb2", "small", 2.0)]
     batch = [TrajectoryReturn(*row) for row in rows]
-    adv = compute_advantages(batch, EXACT.model_copy(update={"task_normalization": True}))
+    adv = outcome_advantages(batch, EXACT.model_copy(update={"task_normalization": True}))
     # Both tasks have the same shape at scales 10 and 1: identical advantages.
     assert [adv.advantages[i] for i in ("a1", "a2", "a3", "a4")] == pytest.approx(
         [adv.advantages[i] for i in ("b1", "b2", "b3", "b4")])
@@ -127,13 +127,13 @@ def test_environment_normalisation_pools_the_tasks_of_one_environment() -> None:
         TrajectoryReturn("c2", "gc", "calc", 100.0, "arith"),
     ]
     config = EXACT.model_copy(update={"environment_normalization": True})
-    adv = compute_advantages(batch, config).advantages
+    adv = outcome_advantages(batch, config).advantages
     lake_std = math.sqrt((0.25 + 0.25 + 2.25 + 2.25) / 4)
     assert adv["a2"] == pytest.approx(0.5 / lake_std)
     assert adv["b2"] == pytest.approx(1.5 / lake_std)
     assert adv["c2"] == pytest.approx(1.0)  # an environment of its own is scaled to +-1
     # It takes precedence over task normalisation (which would give +-1 per task).
-    both = compute_advantages(batch, config.model_copy(update={"task_normalization": True}))
+    both = outcome_advantages(batch, config.model_copy(update={"task_normalization": True}))
     assert both.advantages == pytest.approx(adv)
 
 

@@ -9,12 +9,13 @@ import pytest
 from itsdangerous import TimestampSigner, URLSafeTimedSerializer
 
 from triloop.contract_diff import diff_contracts
+from triloop.run_config import RunConfigError
 from web.auth import ConsoleSession, CookieSigner, bearer_token, hash_token, same_secret
 from web.console.charts import run_chart_data
 from web.console.rendering import flatten
 from web.pagination import decode_cursor, encode_cursor
 from web.problems import ProblemError
-from web.run_submission import RunConfigInvalid, validate_run_config
+from web.run_submission import validate_run_config
 
 
 def test_contract_diff_aligns_lists_and_compares_types() -> None:
@@ -123,9 +124,9 @@ def test_evidence_flattening_and_sample_sizes() -> None:
 def test_run_config_validation_lists_problems() -> None:
     good = validate_run_config(config={"name": "r", "model": {"base": "tiny"},
                                        "rollout": {"task_ids": ["t1"]}}, config_yaml=None)
-    assert good.task_ids == ["t1"] and good.base == "tiny" and good.config["name"] == "r"
-    with pytest.raises(RunConfigInvalid) as caught:
+    assert good.rollout.task_ids == ["t1"] and good.model.base == "tiny" and good.name == "r"
+    with pytest.raises(RunConfigError) as caught:
         validate_run_config(config=None, config_yaml="name: r\nmodel: {}\n")
-    assert any(p.startswith("model.base") for p in caught.value.problems)
-    with pytest.raises(RunConfigInvalid):
+    assert any(p.path.startswith("model.base") for p in caught.value.problems)
+    with pytest.raises(RunConfigError):
         validate_run_config(config=None, config_yaml=None)

@@ -16,6 +16,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from governance_loop.workflows import GovernanceWriteWorkflow, PromotionWorkflow
+from triloop.temporal import DATA_CONVERTER
 
 RECORDED = Path(__file__).parent / "histories" / "promotion_workflow.json"
 # From tests/integration/test_api_governance_writes.py (an operator registers a version).
@@ -25,12 +26,14 @@ RECORDED_WRITE = Path(__file__).parent / "histories" / "governance_write.json"
 async def test_recorded_promotion_replays() -> None:
     recorded = json.loads(RECORDED.read_text())
     history = WorkflowHistory.from_json(recorded["workflow_id"], recorded["history"])
-    result = await Replayer(workflows=[PromotionWorkflow]).replay_workflow(history)
+    replayer = Replayer(workflows=[PromotionWorkflow], data_converter=DATA_CONVERTER)
+    result = await replayer.replay_workflow(history)
     assert result.replay_failure is None
 
 
 async def test_recorded_governance_write_replays() -> None:
     recorded = json.loads(RECORDED_WRITE.read_text())
     history = WorkflowHistory.from_json(recorded["workflow_id"], recorded["history"])
-    result = await Replayer(workflows=[GovernanceWriteWorkflow]).replay_workflow(history)
+    replayer = Replayer(workflows=[GovernanceWriteWorkflow], data_converter=DATA_CONVERTER)
+    result = await replayer.replay_workflow(history)
     assert result.replay_failure is None

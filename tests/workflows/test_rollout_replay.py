@@ -17,6 +17,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from execution_loop.workflows import RolloutWorkflow
+from triloop.temporal import DATA_CONVERTER
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -26,5 +27,6 @@ HISTORIES = Path(__file__).parent / "histories"
 )
 async def test_recorded_rollout_replays(name: str) -> None:
     history = WorkflowHistory.from_json(name, (HISTORIES / f"{name}.json").read_text())
-    result = await Replayer(workflows=[RolloutWorkflow]).replay_workflow(history)
+    replayer = Replayer(workflows=[RolloutWorkflow], data_converter=DATA_CONVERTER)
+    result = await replayer.replay_workflow(history)
     assert result.replay_failure is None

@@ -31,6 +31,7 @@ from triloop.devstack.processes import (
 )
 from triloop.devstack.temporal_keys import ADMIN, ensure_tokens
 from triloop.nexus_api import ENDPOINT_TARGETS, endpoint_name
+from triloop.temporal import DATA_CONVERTER
 
 SERVER_LOG_LEVEL = "warn"
 NAMESPACE_RETENTION_DAYS = 7
@@ -275,7 +276,8 @@ async def _connect_when_up(settings: Settings, token: str | None, timeout_s: flo
     while True:
         try:
             return await Client.connect(settings.temporal_address, namespace="temporal-system",
-                                        api_key=token, tls=False, identity="triloop-dev-up")
+                                        api_key=token, tls=False, identity="triloop-dev-up",
+                                        data_converter=DATA_CONVERTER)
         except RuntimeError:
             if time.monotonic() > deadline:
                 raise

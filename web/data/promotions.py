@@ -160,10 +160,9 @@ def candidate_alarms(*, session: Session, run_id: str, up_to: int | None
         statement = statement.where(col(TrainingStep.iteration) <= up_to)
     alarms = []
     for step in session.exec(statement.order_by(col(TrainingStep.iteration))):
-        messages = list((step.metrics or {}).get("alarm_messages") or [])
-        for index, kind in enumerate(step.alarms or []):
-            message = str(messages[index]) if index < len(messages) else ""
-            alarms.append(CandidateAlarm(iteration=step.iteration, kind=kind, message=message))
+        for alarm in (step.metrics or {}).get("alarms") or []:
+            alarms.append(CandidateAlarm(iteration=step.iteration, kind=str(alarm["kind"]),
+                                         message=str(alarm.get("message") or "")))
     return alarms
 
 
