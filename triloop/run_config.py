@@ -282,18 +282,17 @@ class StabilityConfig(_Section):
 
 
 class ScheduleSection(_Section):
-    """How long the run lasts and how often it checkpoints and proposes."""
+    """How long the run lasts and how often it proposes.
+
+    Every iteration writes its checkpoint: the next rollouts are served from it and a
+    retried update resumes from it, so there is no checkpoint interval to set.
+    """
 
     iterations: int = Field(default=10, ge=1, description="Iterations of rollout + update (count).")
     propose_every: int = Field(
         default=5, ge=1,
         description="Propose the latest checkpoint to governance every this many iterations "
         "(count).")
-    checkpoint_every: int = Field(
-        default=1, ge=1,
-        description="Checkpoint interval (count). Not yet in effect: every iteration writes its "
-        "checkpoint, since the next rollouts are served from it; propose_every must be a "
-        "multiple of it.")
     seed: int = Field(
         default=0, ge=0,
         description="Seed for torch, python and sampling (integer); the same seed repeats the run "
@@ -442,12 +441,6 @@ def cross_field_problems(config: RunConfig) -> list[ConfigProblem]:
             "schedule.propose_every",
             f"{schedule.propose_every} is more than schedule.iterations ({schedule.iterations}):"
             " the run would never propose a candidate",
-        ))
-    if schedule.propose_every % schedule.checkpoint_every != 0:
-        problems.append(ConfigProblem(
-            "schedule.propose_every",
-            f"{schedule.propose_every} is not a multiple of schedule.checkpoint_every"
-            f" ({schedule.checkpoint_every}): a proposal needs a checkpoint of that iteration",
         ))
     samples = rollout.groups_per_iteration * rollout.group_size
     if update.optimizer_steps_per_batch > samples:

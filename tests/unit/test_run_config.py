@@ -38,7 +38,7 @@ objective: {clip_eps_low: 0.1, clip_eps_high: 0.3, aggregation: sequence, kl_coe
 optimizer: {learning_rate: 0.001, warmup_steps: 2}
 update: {micro_batch_size: 4, max_staleness: 2, stale_samples: importance_correct}
 stability: {echo_window: 4, pause_on_alarm: false}
-schedule: {iterations: 20, propose_every: 10, checkpoint_every: 5, seed: 3}
+schedule: {iterations: 20, propose_every: 10, seed: 3}
 """
     config = load_run_config(text)
     assert config.objective.aggregation == "sequence"
@@ -79,14 +79,27 @@ name: x
 model: {base: m}
 rollout: {task_ids: [a], group_size: 2, groups_per_iteration: 1}
 update: {optimizer_steps_per_batch: 3}
-schedule: {iterations: 4, propose_every: 6, checkpoint_every: 4}
+schedule: {iterations: 4, propose_every: 6}
 """)
     found = [(p.path, p.message) for p in info.value.problems]
     assert [path for path, _ in found] == [
-        "schedule.propose_every", "schedule.propose_every", "update.optimizer_steps_per_batch",
+        "schedule.propose_every", "update.optimizer_steps_per_batch",
     ]
-    assert "never propose" in found[0][1] and "not a multiple" in found[1][1]
-    assert "2 trajectories" in found[2][1]
+    assert "never propose" in found[0][1]
+    assert "2 trajectories" in found[1][1]
+
+
+def test_a_checkpoint_interval_is_refused_by_name() -> None:
+    # Every iteration writes its checkpoint (the next rollouts are served from it), so the
+    # setting that promised otherwise is gone; a config that still sets it is told so.
+    with pytest.raises(RunConfigError) as info:
+        load_run_config("""
+name: x
+model: {base: m}
+rollout: {task_ids: [a]}
+schedule: {iterations: 4, propose_every: 2, checkpoint_every: 2}
+""")
+    assert [p.path for p in info.value.problems] == ["schedule.checkpoint_every"]
 
 
 def test_error_message_lists_everything() -> None:
