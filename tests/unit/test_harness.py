@@ -12,9 +12,9 @@ from execution_loop.harness import (
     conversation_token_ids_and_mask,
     kept_turns,
     prompt_token_ids,
-    step_action_mask,
 )
 from learning_loop.tiny_model import build_tokenizer
+from triloop.token_sequence import step_action_mask
 
 SYSTEM = "Reach the goal. Answer with one of L, R, U, D."
 INITIAL = "Map:\nS F\nH G"
