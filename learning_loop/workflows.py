@@ -76,7 +76,10 @@ LIGHT_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(second
 UPDATE_TIMEOUT = timedelta(hours=12)
 UPDATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                            maximum_interval=timedelta(seconds=30), maximum_attempts=20)
-MAX_ROLLOUT_CONCURRENCY = 16
+# Episodes of one training batch at once: as many as the batching engine decodes together
+# (execution_loop.inference.batching), so a batch's groups share one decode; each
+# execution worker still runs at most its own max_concurrent_episodes.
+MAX_ROLLOUT_CONCURRENCY = 64
 PROPOSAL_TIMEOUT = timedelta(minutes=10)
 
 
