@@ -319,7 +319,9 @@ class RolloutWorkflow:
 
         async def occupy(count: int) -> None:
             limit = max(1, batch.max_concurrency)  # a chunk is never larger than it
-            await workflow.wait_condition(lambda: in_use[0] + count <= limit)
+            # Check again on waking: every waiter whose condition held resumes together.
+            while in_use[0] + count > limit:
+                await workflow.wait_condition(lambda: in_use[0] + count <= limit)
             in_use[0] += count
 
         async def run_chunk_with_shadows(chunk: list[EpisodeSpec]) -> None:
