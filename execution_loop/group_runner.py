@@ -125,8 +125,11 @@ class EpisodeGroupRunner:
     def run_group(self, request: EpisodeGroupInput) -> EpisodeGroupResult:
         """Play the group's unstored episodes together, store them once, report each."""
         order = [job.spec.episode_id for job in request.episodes]
-        summaries = self._rollout.stored_summaries(order)  # earlier attempts' work
-        timeout = activity.info().heartbeat_timeout
+        info = activity.info()
+        # A retry reports what earlier attempts stored; a first attempt has nothing stored
+        # (and should a row exist anyway, the insert keeps it: first write wins).
+        summaries = self._rollout.stored_summaries(order) if info.attempt > 1 else {}
+        timeout = info.heartbeat_timeout
         beat = GroupHeartbeat(timeout.total_seconds() if timeout else None)
         played = self._play_all(
             [job for job in request.episodes if job.spec.episode_id not in summaries], beat)
