@@ -17,7 +17,8 @@ same run on the same machine.
 Time per iteration is the median gap between consecutive ``training_step`` rows after the
 warm-up iterations. The breakdown sums what the workflow histories say each activity,
 Nexus operation and child workflow took, per iteration: rollout and update overlap by one
-step, so the parts can add up to more than the whole.
+step, so the parts can add up to more than the whole, and the execution activities (one per
+group of episodes, groups concurrent) add up to activity-seconds, not wall clock.
 
     .venv/bin/python bench/iteration.py                  # about five minutes on 2 cores
     .venv/bin/python bench/iteration.py --iterations 6 --group-size 8 --json
@@ -255,7 +256,7 @@ async def history_breakdown(learning: Any, execution: Any,
 
     await walk(learning, run_workflow_id, "learning ")
     async for listed in execution.list_workflows("WorkflowType = 'RolloutWorkflow'"):
-        # Episodes run concurrently: their activities add up to episode-seconds, not wall.
+        # Groups (or episodes) run concurrently: their activities add up, not wall clock.
         await walk(execution, listed.id, "execution RolloutWorkflow: ")
     return {name: seconds / max(1, iterations) for name, seconds in sorted(spent.items())}
 
@@ -319,7 +320,7 @@ def main() -> int:
     verdict = "meets" if ratio <= GOAL else "misses"
     print(f"  ratio triloop / TRL {ratio:.2f}x: {verdict} the goal of at most {GOAL}x")
     print("  where triloop's time goes, seconds per iteration (parts overlap; an execution "
-          "activity is summed over concurrent episodes):")
+          "activity is summed over its concurrent runs):")
     for name, seconds in sorted(ours["breakdown"].items(), key=lambda kv: -kv[1]):
         print(f"    {seconds:7.2f}  {name}")
     return 0

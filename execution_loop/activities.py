@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import sqlalchemy.exc
 from sqlalchemy import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
@@ -178,6 +178,11 @@ def _summary(row: Trajectory | TrajectoryRow, *, written: bool) -> EpisodeSummar
                           written, row.checkpoint_id, row.failure_reason)
 
 
+def episode_summary(row: Trajectory | TrajectoryRow, *, written: bool) -> EpisodeSummary:
+    """What the workflow is told about an episode this call wrote (or found stored)."""
+    return _summary(row, written=written)
+
+
 class RolloutActivities:
     """The execution loop's activities, bound to their dependencies."""
 
@@ -239,7 +244,19 @@ class RolloutActivities:
                                     purpose=current.purpose)
         return dataclasses.replace(job, spec=moved), spec.checkpoint_id
 
-    def _play(self, job: EpisodeInput) -> tuple[TrajectoryRow, list[StepRow]]:
+    def play(
+        self, job: EpisodeInput, on_progress: Callable[[int], None] | None = None
+    ) -> tuple[TrajectoryRow, list[StepRow]]:
+        """Play one episode and build its rows (not stored); a group runner's entry point.
+
+        ``on_progress(steps_done)`` replaces the episode's own heartbeat (a group runner
+        heartbeats for all its episodes); it may raise to stop the episode.
+        """
+        return self._play(job, on_progress)
+
+    def _play(
+        self, job: EpisodeInput, on_progress: Callable[[int], None] | None = None
+    ) -> tuple[TrajectoryRow, list[StepRow]]:
         job, rerouted_from = self._rerouted(job)
         spec = job.spec
         opened = self._environments.task(spec.task_id)
@@ -267,6 +284,7 @@ class RolloutActivities:
                 last_beat[0] = now
 
         prior = self._prior(job, agent=opened.contract.agent is not None)
+        report = on_progress or progress
         env = opened.open()
         seed = episode_seed(spec.shadow_of or spec.episode_id)
         try:
@@ -276,13 +294,13 @@ class RolloutActivities:
                     env, policy, contract=opened.contract, sandbox=self._agent_sandbox,
                     seed=seed, task_seed=spec.task_seed, limits=limits,
                     temperature=temperature, deadline=job.deadline_epoch_s,
-                    on_progress=progress,
+                    on_progress=report,
                 )
             else:
                 record = run_episode(
                     env, policy, seed=seed, task_seed=spec.task_seed,
                     limits=limits, context_rule=opened.contract.context,
-                    on_step=lambda step: progress(step.index + 1),
+                    on_step=lambda step: report(step.index + 1),
                     deadline=job.deadline_epoch_s, temperature=temperature,
                     resume=prior.steps if prior else (),
                 )
@@ -332,6 +350,15 @@ class RolloutActivities:
                                   run_id=job.run_id, task_id=spec.task_id,
                                   group_id=spec.group_id)
 
+    def stored_summaries(self, episode_ids: list[str]) -> dict[str, EpisodeSummary]:
+        """What is already stored among ``episode_ids`` (a retried group reports it)."""
+        if not episode_ids:
+            return {}
+        with Session(self._engine) as session:
+            rows = session.exec(
+                select(Trajectory).where(col(Trajectory.id).in_(episode_ids))).all()
+        return {row.id: _summary(row, written=False) for row in rows}
+
     @activity.defn(name=ROUTE_EPISODES_ACTIVITY)
     def route_production_episodes(self, request: RouteInput) -> RouteResult:
         """Ask governance's routing tables who serves each production episode."""
@@ -350,6 +377,8 @@ class RolloutActivities:
         """Store a truncated row for every episode without one; report what is stored."""
         ids = [job.spec.episode_id for job in request.episodes]
         present = trajectory_statuses(engine=self._engine, ids=ids)
+        if not request.record_missing:
+            return TruncateResult(present)
         for job in request.episodes:
             if job.spec.episode_id in present:
                 continue

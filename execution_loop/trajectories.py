@@ -1,4 +1,5 @@
-"""Trajectory storage: one transaction per episode, one token sequence, steps by binary COPY.
+"""Trajectory storage: one transaction per episode or per group, one token sequence per
+episode, steps by binary COPY.
 
 An episode's id is the trajectory's primary key, so writing is idempotent: the
 trajectory row goes in with ``ON CONFLICT DO NOTHING`` and its steps follow in the
@@ -11,6 +12,11 @@ behaviour logprobs; see ``triloop.token_sequence`` for the layout and the rule w
 prompt does not extend the sequence). Each ``step`` row keeps the turn's feedback and
 reward and points into the sequence by token offsets, so storage grows linearly with
 the turns (``bench/sequence_layout.py`` measures it against one full prompt per step).
+
+``write_trajectories`` stores a group of episodes the same way in one transaction: one
+existence query, one authorization per set of episodes whose decision inputs are the same
+(the policy sees every id of the set), the rows with ``ON CONFLICT DO NOTHING``, then the
+sequences and one COPY with the steps of the rows that insert created.
 
 Steps go through ``COPY step FROM STDIN (FORMAT BINARY)``, the sequence's arrays travel
 as PostgreSQL binary arrays, with no text formatting or parsing on either side
@@ -30,7 +36,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
 from triloop.models import Step, Trajectory, TrajectorySequence
-from triloop.policy import Actor, Authorizer, Resource
+from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
 from triloop.token_sequence import (
     SequenceLayoutError,
     TokenSequence,
@@ -225,6 +231,30 @@ def insert_trajectory(
     return True
 
 
+def _insert_trajectories(
+    cursor: Cursor[Any], episodes: Sequence[tuple[TrajectoryRow, Sequence[StepRow]]]
+) -> set[str]:
+    """Insert rows (first write wins), each new one's token sequence, then one COPY with
+    the new rows' steps; the new ids. Every episode's turns are packed (and a layout that
+    does not fit refused) before anything is written."""
+    packed = {row.id: pack_steps(steps) for row, steps in episodes}
+    created: set[str] = set()
+    for row, steps in episodes:
+        cursor.execute(_INSERT_TRAJECTORY, _trajectory_values(row))
+        if cursor.fetchone() is not None:
+            created.add(row.id)
+            if steps:
+                insert_sequence(cursor, row.id, packed[row.id][0])
+    if any(steps for row, steps in episodes if row.id in created):
+        with cursor.copy(_COPY_STEPS) as copy:
+            copy.set_types(list(_STEP_TYPES))
+            for row, steps in episodes:
+                if row.id in created:
+                    for step, at in zip(steps, packed[row.id][1], strict=True):
+                        copy.write_row(_step_values(row.id, step, at))
+    return created
+
+
 def trajectory_resource(trajectory: TrajectoryRow) -> Resource:
     """The policy resource for creating this trajectory."""
     return Resource(
@@ -262,6 +292,92 @@ def write_trajectory(
         raw = conn.connection.driver_connection
         with raw.cursor() as cursor:  # type: ignore[union-attr]
             return insert_trajectory(cursor, trajectory, steps)
+
+
+# What one authorization of a set decides over: the facts every episode of the set shares.
+_SHARED_ATTRS = ("purpose", "batch_id", "run_id", "task_id", "checkpoint_id", "group_id")
+
+
+def trajectory_set_resource(trajectories: Sequence[TrajectoryRow]) -> Resource:
+    """The policy resource for creating several trajectories that share ``_SHARED_ATTRS``.
+
+    One episode gets ``trajectory_resource``, exactly as a lone write. A set is named by
+    its group and lists every id, status and step count, so the decision (and its audit
+    event) covers each episode it lets in.
+    """
+    if len(trajectories) == 1:
+        return trajectory_resource(trajectories[0])
+    first = trajectories[0]
+    shared = {name: getattr(first, name) for name in _SHARED_ATTRS}
+    if any({name: getattr(t, name) for name in _SHARED_ATTRS} != shared for t in trajectories):
+        raise ValueError("one authorization covers only trajectories with the same "
+                         f"{', '.join(_SHARED_ATTRS)}")
+    return Resource("trajectory", first.group_id, attrs={
+        **shared,
+        "trajectory_ids": [t.id for t in trajectories],
+        "statuses": [t.status for t in trajectories],
+        "num_steps": [t.num_steps for t in trajectories],
+    })
+
+
+def authorization_sets(
+    trajectories: Sequence[TrajectoryRow],
+) -> list[list[TrajectoryRow]]:
+    """The rows split by the facts a decision depends on, in first-seen order."""
+    sets: dict[tuple[Any, ...], list[TrajectoryRow]] = {}
+    for row in trajectories:
+        sets.setdefault(tuple(getattr(row, n) for n in _SHARED_ATTRS), []).append(row)
+    return list(sets.values())
+
+
+@dataclass(frozen=True)
+class GroupWrite:
+    """What ``write_trajectories`` did with each episode it was given."""
+
+    written: set[str] = field(default_factory=set)  # stored by this call
+    present: dict[str, str] = field(default_factory=dict)  # stored before: id -> status
+    denied: dict[str, str] = field(default_factory=dict)  # refused by the policy: id -> why
+
+
+def write_trajectories(
+    *,
+    engine: Engine,
+    authorizer: Authorizer,
+    episodes: Sequence[tuple[TrajectoryRow, Sequence[StepRow]]],
+    present: Mapping[str, str] | None = None,
+) -> GroupWrite:
+    """Authorize each set of alike episodes once, then store all allowed ones in one transaction.
+
+    Episodes already stored (a retried activity) are neither authorized nor written again;
+    ``present`` is what the caller has just read of that (None: look it up here). A row
+    stored meanwhile by a concurrent run still wins: the insert skips it.
+    A denied set writes none of its episodes and does not stop the other sets.
+    """
+    if not episodes:
+        return GroupWrite()
+    present = dict(present) if present is not None else trajectory_statuses(
+        engine=engine, ids=[row.id for row, _ in episodes])
+    fresh = [(row, steps) for row, steps in episodes if row.id not in present]
+    allowed: set[str] = set()
+    denied: dict[str, str] = {}
+    for alike in authorization_sets([row for row, _ in fresh]):
+        try:
+            authorizer.authorize(EXECUTION, "create", trajectory_set_resource(alike))
+        except PolicyDenied as refusal:
+            denied.update({row.id: str(refusal) for row in alike})
+        else:
+            allowed.update(row.id for row in alike)
+    to_write = [(row, steps) for row, steps in fresh if row.id in allowed]
+    written: set[str] = set()
+    if to_write:
+        with engine.begin() as conn:
+            raw = conn.connection.driver_connection
+            with raw.cursor() as cursor:  # type: ignore[union-attr]
+                written = _insert_trajectories(cursor, to_write)
+    if len(written) < len(to_write):  # a concurrent run of some episode got there first
+        present.update(trajectory_statuses(
+            engine=engine, ids=[row.id for row, _ in to_write if row.id not in written]))
+    return GroupWrite(written=written, present=present, denied=denied)
 
 
 def trajectory_statuses(*, engine: Engine, ids: Sequence[str]) -> dict[str, str]:

@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 from execution_loop.activities import RolloutActivities, activities_of
 from execution_loop.admission_probe import AdmissionProbe
 from execution_loop.environments.registry import ensure_plugins_load
+from execution_loop.group_runner import EpisodeGroupRunner
 from execution_loop.nexus_handlers import ExecutionNexusHandlers
 from execution_loop.sandboxes import default_sandbox
 from execution_loop.serving import (
@@ -72,6 +73,13 @@ def build_worker(
         # elsewhere locally, and each episode's record says which and why.
         agent_sandbox=default_sandbox(),
     )
+    # A group activity plays its episodes on these threads: at most
+    # max_concurrent_episodes at once on this worker, whatever the groups.
+    groups = EpisodeGroupRunner(
+        rollout=rollout, engine=engine, authorizer=authorizer,
+        episodes=ThreadPoolExecutor(max_workers=max_concurrent_episodes,
+                                    thread_name_prefix="group-episode"),
+    )
     probe = AdmissionProbe(environments=environments)
     # Episodes are synchronous (torch, subprocess sandboxes): one thread each.
     executor = ThreadPoolExecutor(
@@ -81,7 +89,7 @@ def build_worker(
         client,
         task_queue=settings.task_queue(EXECUTION_QUEUE),
         workflows=[RolloutWorkflow, AdmissionProbeWorkflow],
-        activities=[*activities_of(rollout), probe.probe_admission],
+        activities=[*activities_of(rollout), groups.run_group, probe.probe_admission],
         nexus_service_handlers=[ExecutionNexusHandlers(
             NexusCallerCheck(settings, server=EXECUTION, authorizer=authorizer), engine)],
         activity_executor=executor,

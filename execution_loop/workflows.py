@@ -1,4 +1,4 @@
-"""``RolloutWorkflow``: a batch of episodes, bounded concurrency, one activity per episode.
+"""``RolloutWorkflow``: a batch of episodes, bounded concurrency, one activity per group.
 
 Deterministic code only (no torch, database or network here); the activities in
 ``execution_loop.activities`` are called by name with the dataclasses below.
@@ -6,6 +6,12 @@ Deterministic code only (no torch, database or network here); the activities in
 - Episode ids are ``f"{batch_id}:{item_index}:{sample}"``: a retried activity, a
   replayed workflow or a restarted worker all write under the same id, and the
   store keeps the first write only.
+- Each group of episodes (cut into chunks of at most ``max_concurrency``) runs as one
+  activity with its episodes concurrent (``execution_loop.group_runner``): the inference
+  engine batches their turns, and their trajectories are authorized per set and stored in
+  one transaction. An episode that fails on its own fails alone; an infrastructure error
+  retries the activity, which reports what it stored and plays only the rest. Shadow
+  episodes run one activity each after their production episode is stored.
 - At most ``max_concurrency`` episodes run at once. Each gets the batch deadline;
   it stops itself at its next turn after it (recorded ``truncated``, with the
   steps it took). A workflow timer at the deadline plus a grace period cancels
@@ -43,6 +49,10 @@ with workflow.unsafe.imports_passed_through():
     )
 
 RUN_EPISODE_ACTIVITY = "run_episode_activity"
+RUN_EPISODE_GROUP_ACTIVITY = "run_episode_group_activity"
+# Batches started since this marker run a group's episodes in one activity (histories
+# recorded before it replay the one-activity-per-episode path).
+EPISODE_GROUPS_PATCH = "episode-groups-in-one-activity"
 ROUTE_EPISODES_ACTIVITY = "route_production_episodes"
 RECORD_TRUNCATED_ACTIVITY = "record_truncated_episodes"
 PRODUCTION, SHADOW = Purpose.PRODUCTION, Purpose.SHADOW
@@ -108,6 +118,35 @@ class EpisodeSummary:
 
 
 @dataclass
+class EpisodeGroupInput:
+    """Episodes of one group (or a chunk of one) played together by one activity."""
+
+    episodes: list[EpisodeInput]
+
+
+@dataclass
+class EpisodeGroupResult:
+    """Every stored episode of the group, and why each of the others stored nothing."""
+
+    summaries: list[EpisodeSummary] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def episode_groups(specs: list[EpisodeSpec], max_concurrency: int) -> list[list[EpisodeSpec]]:
+    """The batch's episodes by group, each group cut into chunks of ``max_concurrency``.
+
+    A chunk runs as one activity with its episodes concurrent, so the inference engine
+    batches their turns and the chunk's trajectories are authorized and stored together.
+    """
+    size = max(1, max_concurrency)
+    groups: dict[str, list[EpisodeSpec]] = {}
+    for spec in specs:
+        groups.setdefault(spec.group_id, []).append(spec)
+    return [members[start:start + size] for members in groups.values()
+            for start in range(0, len(members), size)]
+
+
+@dataclass
 class RouteInput:
     """Production episode ids to route."""
 
@@ -137,6 +176,8 @@ class TruncateInput:
 
     episodes: list[EpisodeInput]
     reason: str = "batch_deadline"
+    # False: only report what is stored (episodes of a group that failed for good).
+    record_missing: bool = True
 
 
 @dataclass
@@ -270,7 +311,63 @@ class RolloutWorkflow:
                 if spec.shadow_checkpoint_id is not None and spec.episode_id in summaries:
                     await run_one(shadow_spec(spec))
 
-        tasks = [asyncio.create_task(run_with_shadow(spec)) for spec in specs]
+        unsettled: list[EpisodeSpec] = []  # groups that failed for good: what got stored?
+        in_use = [0]  # episodes running (grouped path), at most max_concurrency
+
+        async def run_group(chunk: list[EpisodeSpec]) -> None:
+            left = deadline_epoch - workflow.now().timestamp()
+            if left <= 0:
+                return  # never started: recorded as truncated below
+            try:
+                result = await workflow.execute_activity(
+                    RUN_EPISODE_GROUP_ACTIVITY,
+                    EpisodeGroupInput([episode_input(s) for s in chunk]),
+                    result_type=EpisodeGroupResult,
+                    schedule_to_close_timeout=timedelta(seconds=left + grace),
+                    heartbeat_timeout=heartbeat, retry_policy=EPISODE_RETRY,
+                )
+            except ActivityError as err:
+                if not isinstance(err.cause, TemporalTimeout):
+                    unsettled.extend(chunk)
+                    workflow.logger.warning("episode group %s failed: %s",
+                                            chunk[0].group_id, err.cause)
+                return
+            for summary in result.summaries:
+                summaries[summary.episode_id] = summary
+                statuses[summary.episode_id] = summary.status
+            for episode_id, why in result.failed.items():
+                statuses[episode_id] = FAILED
+                workflow.logger.warning("episode %s failed: %s", episode_id, why)
+
+        async def occupy(count: int) -> None:
+            limit = max(1, batch.max_concurrency)  # a chunk is never larger than it
+            # Check again on waking: every waiter whose condition held resumes together.
+            while in_use[0] + count > limit:
+                await workflow.wait_condition(lambda: in_use[0] + count <= limit)
+            in_use[0] += count
+
+        async def run_chunk_with_shadows(chunk: list[EpisodeSpec]) -> None:
+            await occupy(len(chunk))
+            try:
+                await run_group(chunk)
+            finally:
+                in_use[0] -= len(chunk)
+
+            async def shadow(spec: EpisodeSpec) -> None:  # needs production's stored steps
+                await occupy(1)
+                try:
+                    await run_one(shadow_spec(spec))
+                finally:
+                    in_use[0] -= 1
+
+            await asyncio.gather(*(shadow(s) for s in chunk if s.shadow_checkpoint_id
+                                   is not None and s.episode_id in summaries))
+
+        if workflow.patched(EPISODE_GROUPS_PATCH):
+            tasks = [asyncio.create_task(run_chunk_with_shadows(chunk))
+                     for chunk in episode_groups(specs, batch.max_concurrency)]
+        else:
+            tasks = [asyncio.create_task(run_with_shadow(spec)) for spec in specs]
         try:
             await workflow.wait_condition(
                 lambda: all(t.done() for t in tasks), timeout=batch.deadline_s + grace
@@ -281,6 +378,16 @@ class RolloutWorkflow:
         await asyncio.gather(*tasks, return_exceptions=True)
 
         stored = set(summaries)
+        if unsettled:
+            found = await workflow.execute_activity(
+                RECORD_TRUNCATED_ACTIVITY,
+                TruncateInput([episode_input(s) for s in unsettled], record_missing=False),
+                result_type=TruncateResult, start_to_close_timeout=QUICK_TIMEOUT,
+                retry_policy=QUICK_RETRY,
+            )
+            for spec in unsettled:
+                statuses[spec.episode_id] = found.statuses.get(spec.episode_id, FAILED)
+            stored.update(found.statuses)
         left_over = [episode_input(s) for s in specs if s.episode_id not in statuses]
         if left_over:
             recorded = await workflow.execute_activity(

@@ -77,7 +77,10 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["TrainingRunWorkflow", "completion", "rollout_items"]
 
 T = TypeVar("T")
-MAX_ROLLOUT_CONCURRENCY = 16
+# Episodes of one training batch at once: as many as the batching engine decodes together
+# (execution_loop.inference.batching), so a batch's groups share one decode; each
+# execution worker still runs at most its own max_concurrent_episodes.
+MAX_ROLLOUT_CONCURRENCY = 64
 PROPOSAL_TIMEOUT = timedelta(minutes=10)
 
 

@@ -6,23 +6,31 @@ what was stored reads the database.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 from sqlmodel import Session
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Replayer
 
-from execution_loop.inference.base import PolicyClient
+from execution_loop.activities import episode_seed
+from execution_loop.episode import turn_seed
+from execution_loop.inference.base import Generation, InferenceError, PolicyClient
 from execution_loop.routing import canary_bucket
 from execution_loop.trajectories import load_turn_tokens
 from execution_loop.worker import build_worker
-from execution_loop.workflows import RolloutWorkflow
+from execution_loop.workflows import (
+    RUN_EPISODE_ACTIVITY,
+    RUN_EPISODE_GROUP_ACTIVITY,
+    RolloutWorkflow,
+)
 from tests.factories_execution import (
     StuckPolicy,
     make_builtin_task,
@@ -172,7 +180,7 @@ async def test_policy_denial_writes_no_trajectory(
         denials = conn.execute(text(
             "SELECT count(*) FROM audit_event WHERE decision = 'deny' AND action = 'create' "
             "AND resource->>'id' LIKE :b"), {"b": f"{batch.batch_id}:%"}).scalar_one()
-    assert denials == 2
+    assert denials == 1  # the group's two episodes are decided (and refused) together
 
 
 async def test_batch_must_name_its_checkpoint_unless_production(
@@ -356,11 +364,124 @@ async def test_a_continuation_replays_a_cut_episode_of_its_own_run_only(
     assert row["outcome"]["continues"] == cut_id and row["num_steps"] >= 2
     with owner_engine.connect() as conn:
         steps = conn.execute(text(
-            "SELECT trajectory_id, index, policy_version, action_token_ids, observation"
-            " FROM step WHERE trajectory_id = ANY(:ids) ORDER BY trajectory_id, index"),
+            "SELECT s.trajectory_id, s.index, s.policy_version, s.observation,"
+            " q.token_ids[s.action_start + 1:s.action_end] AS action_token_ids"
+            " FROM step s JOIN trajectory_sequence q USING (trajectory_id)"
+            " WHERE s.trajectory_id = ANY(:ids) ORDER BY s.trajectory_id, s.index"),
             {"ids": [cut_id, continued]}).mappings().all()
     before = [s for s in steps if s["trajectory_id"] == cut_id]
     after = [s for s in steps if s["trajectory_id"] == continued]
     assert [s["policy_version"] for s in after] == [0] + [None] * (len(after) - 1)
     assert (after[0]["action_token_ids"], after[0]["observation"]) == (
         before[0]["action_token_ids"], before[0]["observation"])
+
+
+# --- A group's episodes in one activity. Which episode fails is fixed by its id: an
+# episode's sampling seeds come from its id (episode_seed), so a policy that refuses one
+# first-turn seed fails exactly that episode.
+
+
+def first_turn_seed(episode_id: str) -> int:
+    """The sampling seed of an episode's first turn."""
+    return turn_seed(episode_seed(episode_id), 0)
+
+
+class RefusingPolicy(StuckPolicy):
+    """Answers at once, but raises ``error`` on the first turn of chosen episodes.
+
+    ``times``: how often each chosen episode is refused (1: a retry gets through).
+    """
+
+    def __init__(self, checkpoint_id: str, model_dir: Path, *, refused: set[int],
+                 error: type[Exception], times: int | None = None) -> None:
+        super().__init__(checkpoint_id, model_dir, delay_s=0.0)
+        self._refused, self._error, self._times = refused, error, times
+        self._count: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def generate(self, prompt_token_ids: list[int], *, max_new_tokens: int, temperature: float,
+                 seed: int | None, stop_token_ids: Sequence[int] = ()) -> Generation:
+        if seed in self._refused:
+            with self._lock:
+                self._count[seed] = self._count.get(seed, 0) + 1
+                refuse = self._times is None or self._count[seed] <= self._times
+            if refuse:
+                raise self._error(f"refused turn seed {seed}")
+        return super().generate(prompt_token_ids, max_new_tokens=max_new_tokens,
+                                temperature=temperature, seed=seed,
+                                stop_token_ids=stop_token_ids)
+
+
+def trajectory_decisions(engine: Engine, batch_id: str) -> list[dict[str, Any]]:
+    """The audited ``create trajectory`` decisions of a batch, oldest first."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT decision, resource FROM audit_event WHERE action = 'create' AND "
+            "resource->>'kind' = 'trajectory' AND resource->'attrs'->>'batch_id' = :b "
+            "ORDER BY seq"), {"b": batch_id}).all()
+    return [{"decision": decision, **resource} for decision, resource in rows]
+
+
+async def scheduled_activities(client: Client, batch_id: str) -> list[str]:
+    """The activity types the batch's workflow scheduled, in order."""
+    history = await client.get_workflow_handle(f"rollout-{batch_id}").fetch_history()
+    return [e.activity_task_scheduled_event_attributes.activity_type.name
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+
+
+async def test_a_group_runs_as_one_activity_with_one_decision_and_isolated_failures(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str,
+) -> None:
+    task = make_builtin_task(owner_engine, "frozen_lake", seed=21)
+    batch = new_batch("training", [RolloutItem(task, 21, group_size=4)],
+                      checkpoint_id=checkpoint, max_concurrency=4, deadline_s=240)
+    doomed = f"{batch.batch_id}:0:1"
+
+    def factory(checkpoint_id: str, model_dir: Path) -> PolicyClient:
+        return RefusingPolicy(checkpoint_id, model_dir, refused={first_turn_seed(doomed)},
+                              error=ValueError)
+
+    result = await run_batch(client, queue_settings, batch, policy_factory=factory)
+
+    others = [f"{batch.batch_id}:0:{i}" for i in (0, 2, 3)]
+    rows = stored(owner_engine, batch.batch_id)
+    assert sorted(rows) == sorted(result.trajectory_ids) == others
+    assert result.statuses[doomed] == "failed" and result.failed == 1
+    assert all(row["stored_steps"] == row["num_steps"] >= 1 for row in rows.values())
+    # One activity for the group; one decision that names every episode it let in.
+    assert await scheduled_activities(client, batch.batch_id) == [RUN_EPISODE_GROUP_ACTIVITY]
+    decisions = trajectory_decisions(owner_engine, batch.batch_id)
+    assert len(decisions) == 1 and decisions[0]["decision"] == "allow"
+    assert decisions[0]["id"] == f"{batch.batch_id}:0"
+    assert sorted(decisions[0]["attrs"]["trajectory_ids"]) == others
+
+
+async def test_an_infrastructure_error_retries_only_the_unstored_episode(
+    client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str,
+) -> None:
+    task = make_builtin_task(owner_engine, "frozen_lake", seed=22)
+    batch = new_batch("training", [RolloutItem(task, 22, group_size=3)],
+                      checkpoint_id=checkpoint, max_concurrency=3, deadline_s=240)
+    flaky = f"{batch.batch_id}:0:2"
+
+    def factory(checkpoint_id: str, model_dir: Path) -> PolicyClient:
+        return RefusingPolicy(checkpoint_id, model_dir, refused={first_turn_seed(flaky)},
+                              error=InferenceError, times=1)
+
+    result = await run_batch(client, queue_settings, batch, policy_factory=factory)
+
+    rows = stored(owner_engine, batch.batch_id)
+    assert sorted(rows) == sorted(result.trajectory_ids) == [
+        f"{batch.batch_id}:0:{i}" for i in range(3)]
+    assert result.failed == 0
+    assert all(row["stored_steps"] == row["num_steps"] >= 1 for row in rows.values())
+    # The first attempt stored the other two; the retry played the flaky one alone.
+    assert {k: v["outcome"]["attempt"] for k, v in rows.items()} == {
+        f"{batch.batch_id}:0:0": 1, f"{batch.batch_id}:0:1": 1, flaky: 2}
+    decisions = trajectory_decisions(owner_engine, batch.batch_id)
+    assert [d.get("attrs", {}).get("trajectory_ids") for d in decisions] == [
+        [f"{batch.batch_id}:0:0", f"{batch.batch_id}:0:1"], None]
+    assert decisions[1]["id"] == flaky  # a set of one is the lone episode's own decision
+    activities = await scheduled_activities(client, batch.batch_id)
+    assert RUN_EPISODE_ACTIVITY not in activities

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, text
 from sqlmodel import Session
@@ -18,6 +19,7 @@ from execution_loop.trajectories import (
     load_steps,
     load_turn_tokens,
     trajectory_statuses,
+    write_trajectories,
     write_trajectory,
 )
 from learning_loop.trajectory_reader import load_rollout_data
@@ -223,3 +225,60 @@ def test_turns_that_cannot_be_laid_out_store_nothing(
     with pytest.raises(SequenceLayoutError, match="turn 1: 1 behaviour logprobs"):
         write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
     assert trajectory_statuses(engine=engine, ids=[row.id]) == {}
+
+
+def test_a_group_is_decided_once_and_stored_once(
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine,
+    requested_batches: Callable[[str], str],
+) -> None:
+    batch = requested_batches(uid("group-batch-"))
+    task = make_task(owner_engine)
+    group = [episode(task, batch_id=batch, steps=n) for n in (1, 2, 3)]
+    # One of them was stored already (an earlier attempt): it is neither decided nor written.
+    assert write_trajectory(engine=engine, authorizer=authorizer, trajectory=group[0][0],
+                            steps=group[0][1])
+    first = write_trajectories(engine=engine, authorizer=authorizer, episodes=group)
+    assert first.written == {group[1][0].id, group[2][0].id}
+    assert first.present == {group[0][0].id: "completed"} and first.denied == {}
+    again = write_trajectories(engine=engine, authorizer=authorizer, episodes=group)
+    assert again.written == set() and set(again.present) == {row.id for row, _ in group}
+
+    with Session(engine) as session:
+        assert count_steps(session=session, trajectory_ids=[r.id for r, _ in group]) == {
+            group[0][0].id: 1, group[1][0].id: 2, group[2][0].id: 3}
+    with owner_engine.connect() as conn:
+        decisions = conn.execute(text(
+            "SELECT resource FROM audit_event WHERE action = 'create' AND "
+            "resource->'attrs'->>'batch_id' = :b ORDER BY seq"), {"b": batch}).scalars().all()
+    assert len(decisions) == 2  # the lone episode's own, then one for the other two
+    assert decisions[1]["id"] == f"{batch}:0"
+    assert decisions[1]["attrs"]["trajectory_ids"] == [group[1][0].id, group[2][0].id]
+    assert decisions[1]["attrs"]["num_steps"] == [2, 3]
+
+
+def test_a_denied_group_stores_none_of_its_episodes(
+    engine: Engine, settings: Settings, owner_engine: Engine,
+) -> None:
+    dead_opa = build_authorizer(settings.model_copy(update={"opa_url": "http://127.0.0.1:9"}),
+                                "execution")
+    task = make_task(owner_engine)
+    group = [episode(task) for _ in range(2)]
+    result = write_trajectories(engine=engine, authorizer=dead_opa, episodes=group)
+    assert result.written == set() and set(result.denied) == {row.id for row, _ in group}
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT count(*) FROM trajectory WHERE id = ANY(:i)"),
+                              {"i": [row.id for row, _ in group]}).scalar_one()
+    assert stored == 0
+
+
+def test_the_database_refuses_a_group_in_a_batch_nobody_asked_for(
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine,
+) -> None:
+    task = make_task(owner_engine)
+    group = [episode(task, batch_id=uid("unrequested-")) for _ in range(2)]
+    with pytest.raises(psycopg.Error):
+        write_trajectories(engine=engine, authorizer=authorizer, episodes=group)
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT count(*) FROM trajectory WHERE id = ANY(:i)"),
+                              {"i": [row.id for row, _ in group]}).scalar_one()
+    assert stored == 0  # one transaction: neither row

@@ -116,3 +116,24 @@ deny_reasons contains sprintf("%s may not %s their own user record", [human.user
 	action in write_actions
 	resource_id == human.user
 }
+
+# One decision may let in a set of episodes (execution's group writes): the set must list
+# every trajectory it covers, one status and one step count each, so the decision and its
+# audit event name each episode. A lone episode carries no trajectory_ids.
+trajectory_set_listed(attrs) if {
+	is_array(attrs.trajectory_ids)
+	count(attrs.trajectory_ids) > 0
+	every id in attrs.trajectory_ids {
+		is_string(id)
+		id != ""
+	}
+	count(attrs.statuses) == count(attrs.trajectory_ids)
+	count(attrs.num_steps) == count(attrs.trajectory_ids)
+}
+
+deny_reasons contains "a set of trajectories must list every episode it covers (resource.attrs.trajectory_ids, with one status and one num_steps each)" if {
+	kind == "trajectory"
+	action == "create"
+	"trajectory_ids" in object.keys(input.resource.attrs)
+	not trajectory_set_listed(input.resource.attrs)
+}

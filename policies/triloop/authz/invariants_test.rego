@@ -131,3 +131,34 @@ test_nobody_changes_their_own_user_record if {
 	}
 	denied_because(inp, "root may not update their own user record")
 }
+
+trajectory_set(attrs) := {
+	"actor": {"service": "execution"},
+	"action": "create",
+	"resource": {"kind": "trajectory", "id": "b:0", "attrs": object.union(
+		{"purpose": "training", "batch_id": "b", "checkpoint_id": "c"},
+		attrs,
+	)},
+}
+
+test_a_listed_set_of_trajectories_is_allowed if {
+	authz.decision.allow with input as trajectory_set({
+		"trajectory_ids": ["b:0:0", "b:0:1"],
+		"statuses": ["completed", "truncated"], "num_steps": [3, 5],
+	})
+}
+
+test_a_set_of_trajectories_must_list_its_episodes if {
+	every attrs in [
+		{"trajectory_ids": [], "statuses": [], "num_steps": []},
+		{"trajectory_ids": "b:0:0", "statuses": ["completed"], "num_steps": [1]},
+		{"trajectory_ids": ["b:0:0", ""], "statuses": ["completed", "completed"], "num_steps": [1, 1]},
+		{"trajectory_ids": ["b:0:0", "b:0:1"], "statuses": ["completed"], "num_steps": [1, 1]},
+		{"trajectory_ids": ["b:0:0"], "statuses": ["completed"]},
+	] {
+		d := authz.decision with input as trajectory_set(attrs)
+		d.allow == false
+		some reason in d.reasons
+		contains(reason, "must list every episode")
+	}
+}
