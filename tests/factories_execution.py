@@ -103,11 +103,37 @@ def register_checkpoint_dir(
     from triloop.weights import safetensors_digest
 
     ckpt = checkpoint_id or safetensors_digest(model_dir)
+    stored = model_dir if checkpoint_id else content_addressed(model_dir, ckpt)
     _insert_once(
         engine, "checkpoint", "id", id=ckpt, base_model="tiny",
-        artifact_uri=model_dir.resolve().as_uri(), created_by="learning", data={},
+        artifact_uri=stored.resolve().as_uri(), created_by="learning", data={},
     )
     return ckpt
+
+
+def content_addressed(model_dir: Path, checkpoint_id: str) -> Path:
+    """The model saved as the learning loop saves a checkpoint: a directory named by its
+    digest, with trainer state. A checkpoint id names the same weights in every test, so
+    whichever module registers it first must leave a row the learner can train from too
+    (it refuses a directory whose name is not its weights' digest)."""
+    import torch
+
+    from learning_loop.iteration import load_model, save_servable
+
+    import shutil
+
+    from learning_loop.checkpoints import CheckpointError
+
+    target = model_dir.parent / "checkpoints"
+    if (target / checkpoint_id).is_dir():
+        return target / checkpoint_id
+    try:
+        model = load_model(model_dir, torch.device("cpu"))
+    except CheckpointError:  # a serving-only variant (an extra tensor): named, not trainable
+        return Path(shutil.copytree(model_dir, target / checkpoint_id))
+    ref = save_servable(target, model, model_dir, data_cursor={}, metadata={"source": "tests"})
+    assert ref.id == checkpoint_id, (ref.id, checkpoint_id)
+    return ref.path
 
 
 def weights_variant(model_dir: Path, into: Path) -> Path:
