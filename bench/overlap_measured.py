@@ -43,6 +43,8 @@ from typing import Any
 from sqlalchemy import text
 
 from bench.iteration import LakeMoves, register, wait_for_iterations
+from execution_loop.contracts import RUN_EPISODE_GROUP
+from learning_loop.contracts import UPDATE_POLICY
 from triloop.config import Settings
 from triloop.db import owner_engine
 from triloop.temporal import connect
@@ -50,8 +52,9 @@ from triloop.temporal import connect
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-UPDATE_ACTIVITY = "learning.update_policy"  # learning_loop.contracts.UPDATE_POLICY.name
-EPISODE_ACTIVITY = "run_episode_activity"
+UPDATE_ACTIVITY = UPDATE_POLICY.name
+# A group of episodes (a chunk of at most max_concurrency) plays as one activity.
+EPISODE_ACTIVITY = RUN_EPISODE_GROUP.name
 Interval = tuple[float, float]
 
 

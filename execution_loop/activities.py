@@ -30,6 +30,19 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from execution_loop.command_agent import run_command_episode
+from execution_loop.contracts import (
+    RECORD_TRUNCATED,
+    ROUTE_EPISODES,
+    RUN_EPISODE,
+    EpisodeInput,
+    EpisodeSpec,
+    EpisodeSummary,
+    RouteDecision,
+    RouteInput,
+    RouteResult,
+    TruncateInput,
+    TruncateResult,
+)
 from execution_loop.episode import (
     INFRASTRUCTURE_ERRORS,
     EpisodeRecord,
@@ -51,19 +64,6 @@ from execution_loop.trajectories import (
     TrajectoryRow,
     trajectory_statuses,
     write_trajectory,
-)
-from execution_loop.workflows import (
-    RECORD_TRUNCATED_ACTIVITY,
-    ROUTE_EPISODES_ACTIVITY,
-    RUN_EPISODE_ACTIVITY,
-    EpisodeInput,
-    EpisodeSpec,
-    EpisodeSummary,
-    RouteDecision,
-    RouteInput,
-    RouteResult,
-    TruncateInput,
-    TruncateResult,
 )
 from triloop.faults import ServingFault
 from triloop.faults import describe as describe_fault
@@ -200,7 +200,7 @@ class RolloutActivities:
         self._environments = environments
         self._serving_faults = serving_faults
 
-    @activity.defn(name=RUN_EPISODE_ACTIVITY, no_thread_cancel_exception=True)
+    @activity.defn(name=RUN_EPISODE.name, no_thread_cancel_exception=True)
     def run_episode(self, job: EpisodeInput) -> EpisodeSummary:
         """Play one episode, heartbeating every step, and store it once."""
         if activity.info().attempt > 1:
@@ -359,7 +359,7 @@ class RolloutActivities:
                 select(Trajectory).where(col(Trajectory.id).in_(episode_ids))).all()
         return {row.id: _summary(row, written=False) for row in rows}
 
-    @activity.defn(name=ROUTE_EPISODES_ACTIVITY)
+    @activity.defn(name=ROUTE_EPISODES.name)
     def route_production_episodes(self, request: RouteInput) -> RouteResult:
         """Ask governance's routing tables who serves each production episode."""
         try:
@@ -372,7 +372,7 @@ class RolloutActivities:
             for e, d in zip(request.episode_ids, decisions, strict=True)
         ])
 
-    @activity.defn(name=RECORD_TRUNCATED_ACTIVITY)
+    @activity.defn(name=RECORD_TRUNCATED.name)
     def record_truncated_episodes(self, request: TruncateInput) -> TruncateResult:
         """Store a truncated row for every episode without one; report what is stored."""
         ids = [job.spec.episode_id for job in request.episodes]

@@ -27,13 +27,13 @@ from pathlib import Path
 
 from temporalio import activity
 
+from execution_loop.contracts import PROBE_ADMISSION
 from execution_loop.reward_hacks import probe_reward_hacks
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits, SandboxResult
 from execution_loop.serving import OpenedTask, TaskEnvironments
 from triloop.contracts import EnvironmentContract
 from triloop.environment_code import verifier_hash
 from triloop.workflow_api import (
-    PROBE_ADMISSION_ACTIVITY,
     AdmissionProbeEvidence,
     AdmissionProbeInput,
 )
@@ -87,7 +87,7 @@ class AdmissionProbe:
         self._environments = environments
         self._reference = reference or _default_reference
 
-    @activity.defn(name=PROBE_ADMISSION_ACTIVITY)
+    @activity.defn(name=PROBE_ADMISSION.name)
     def probe_admission(self, request: AdmissionProbeInput) -> AdmissionProbeEvidence:
         """Reset, recover and replay the reference solution; report what was observed."""
         task = self._environments.task(request.task_id, pending_ok=True)

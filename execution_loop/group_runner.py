@@ -40,13 +40,13 @@ from execution_loop.activities import (
     is_infrastructure_error,
     non_retryable,
 )
-from execution_loop.trajectories import StepRow, TrajectoryRow, write_trajectories
-from execution_loop.workflows import (
-    RUN_EPISODE_GROUP_ACTIVITY,
+from execution_loop.contracts import (
+    RUN_EPISODE_GROUP,
     EpisodeGroupInput,
     EpisodeGroupResult,
     EpisodeInput,
 )
+from execution_loop.trajectories import StepRow, TrajectoryRow, write_trajectories
 from triloop.policy import Authorizer
 
 # How often the waiting activity looks for a cancellation while its episodes play.
@@ -121,7 +121,7 @@ class EpisodeGroupRunner:
         self._authorizer = authorizer
         self._episodes = episodes
 
-    @activity.defn(name=RUN_EPISODE_GROUP_ACTIVITY, no_thread_cancel_exception=True)
+    @activity.defn(name=RUN_EPISODE_GROUP.name, no_thread_cancel_exception=True)
     def run_group(self, request: EpisodeGroupInput) -> EpisodeGroupResult:
         """Play the group's unstored episodes together, store them once, report each."""
         order = [job.spec.episode_id for job in request.episodes]

@@ -1,7 +1,8 @@
 """``RolloutWorkflow``: a batch of episodes, bounded concurrency, one activity per group.
 
 Deterministic code only (no torch, database or network here); the activities in
-``execution_loop.activities`` are called by name with the dataclasses below.
+``execution_loop.activities`` are called through the typed contracts in
+``execution_loop.contracts``.
 
 - Episode ids are ``f"{batch_id}:{item_index}:{sample}"``: a retried activity, a
   replayed workflow or a restarted worker all write under the same id, and the
@@ -27,19 +28,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
+    from execution_loop import contracts as c
+    from execution_loop.contracts import (
+        EpisodeGroupInput,
+        EpisodeInput,
+        EpisodeSpec,
+        EpisodeSummary,
+        RouteInput,
+        TruncateInput,
+    )
     from triloop.statuses import EpisodeStatus, Purpose
     from triloop.workflow_api import (
         ADMISSION_PROBE_WORKFLOW,
-        PROBE_ADMISSION_ACTIVITY,
         ROLLOUT_WORKFLOW,
         AdmissionProbeEvidence,
         AdmissionProbeInput,
@@ -48,88 +55,14 @@ with workflow.unsafe.imports_passed_through():
         continuation_episode_id,
     )
 
-RUN_EPISODE_ACTIVITY = "run_episode_activity"
-RUN_EPISODE_GROUP_ACTIVITY = "run_episode_group_activity"
 # Batches started since this marker run a group's episodes in one activity (histories
 # recorded before it replay the one-activity-per-episode path).
 EPISODE_GROUPS_PATCH = "episode-groups-in-one-activity"
-ROUTE_EPISODES_ACTIVITY = "route_production_episodes"
-RECORD_TRUNCATED_ACTIVITY = "record_truncated_episodes"
 PRODUCTION, SHADOW = Purpose.PRODUCTION, Purpose.SHADOW
 COMPLETED, TRUNCATED, FAILED = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED,
                                 EpisodeStatus.FAILED)
 # Truncation reasons of the batch deadline: the episode's own check, and never started.
 BATCH_CUTS = frozenset({"deadline", "batch_deadline"})
-# Infrastructure errors: retry with backoff while the batch deadline allows.
-EPISODE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30), maximum_attempts=10,
-)
-# Routing and truncation records: short database work.
-QUICK_TIMEOUT = timedelta(seconds=60)
-QUICK_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
-# The admission probe resets the environment and runs its reference solution k times.
-PROBE_TIMEOUT = timedelta(minutes=30)
-PROBE_RETRY = RetryPolicy(maximum_attempts=3)
-
-
-@dataclass
-class EpisodeSpec:
-    """One episode: what to run and under which id, checkpoint and purpose."""
-
-    episode_id: str
-    task_id: str
-    task_seed: int
-    group_id: str
-    sample_index: int
-    checkpoint_id: str
-    purpose: str
-    shadow_checkpoint_id: str | None = None  # production: who acts beside it, unapplied
-    shadow_of: str | None = None  # shadow: the production episode it mirrors
-    continues: str | None = None  # partial rollouts: the cut episode it replays, then goes on
-
-
-@dataclass
-class EpisodeInput:
-    """The episode activity's input: the spec and the batch's settings."""
-
-    spec: EpisodeSpec
-    batch_id: str
-    run_id: str | None
-    policy_version: int
-    temperature: float
-    deadline_epoch_s: float  # Unix time; the episode stops at its next turn after it
-    max_turns: int | None = None  # None: the contract's limit; never raises it
-    max_new_tokens: int | None = None  # per turn; None: the contract's; never raises it
-
-
-@dataclass
-class EpisodeSummary:
-    """What the activity stored (or found already stored) for one episode."""
-
-    episode_id: str
-    status: str
-    success: bool = False
-    total_reward: float = 0.0
-    num_steps: int = 0
-    written: bool = True  # False: a previous attempt had stored it already
-    checkpoint_id: str | None = None  # who served it (a production episode may be rerouted)
-    failure_reason: str | None = None  # why it was truncated or failed
-
-
-@dataclass
-class EpisodeGroupInput:
-    """Episodes of one group (or a chunk of one) played together by one activity."""
-
-    episodes: list[EpisodeInput]
-
-
-@dataclass
-class EpisodeGroupResult:
-    """Every stored episode of the group, and why each of the others stored nothing."""
-
-    summaries: list[EpisodeSummary] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
 
 
 def episode_groups(specs: list[EpisodeSpec], max_concurrency: int) -> list[list[EpisodeSpec]]:
@@ -144,47 +77,6 @@ def episode_groups(specs: list[EpisodeSpec], max_concurrency: int) -> list[list[
         groups.setdefault(spec.group_id, []).append(spec)
     return [members[start:start + size] for members in groups.values()
             for start in range(0, len(members), size)]
-
-
-@dataclass
-class RouteInput:
-    """Production episode ids to route."""
-
-    episode_ids: list[str]
-
-
-@dataclass
-class RouteDecision:
-    """Who serves one episode (checkpoint, purpose production|canary) and who shadows it."""
-
-    episode_id: str
-    checkpoint_id: str
-    purpose: str
-    shadow_checkpoint_id: str | None = None
-
-
-@dataclass
-class RouteResult:
-    """One decision per episode, in input order."""
-
-    decisions: list[RouteDecision] = field(default_factory=list)
-
-
-@dataclass
-class TruncateInput:
-    """Episodes the deadline left without a trajectory row."""
-
-    episodes: list[EpisodeInput]
-    reason: str = "batch_deadline"
-    # False: only report what is stored (episodes of a group that failed for good).
-    record_missing: bool = True
-
-
-@dataclass
-class TruncateResult:
-    """Status stored for each episode after recording (an earlier write wins)."""
-
-    statuses: dict[str, str] = field(default_factory=dict)
 
 
 def plan_episodes(batch: RolloutBatchInput, checkpoint_id: str) -> list[EpisodeSpec]:
@@ -292,11 +184,9 @@ class RolloutWorkflow:
             if left <= 0:
                 return  # never started: recorded as truncated below
             try:
-                summary = await workflow.execute_activity(
-                    RUN_EPISODE_ACTIVITY, episode_input(spec), result_type=EpisodeSummary,
-                    schedule_to_close_timeout=timedelta(seconds=left + grace),
-                    heartbeat_timeout=heartbeat, retry_policy=EPISODE_RETRY,
-                )
+                summary = await c.RUN_EPISODE.call(
+                    episode_input(spec), schedule_to_close=timedelta(seconds=left + grace),
+                    heartbeat=heartbeat)
             except ActivityError as err:
                 if not isinstance(err.cause, TemporalTimeout):
                     statuses[spec.episode_id] = FAILED
@@ -319,13 +209,9 @@ class RolloutWorkflow:
             if left <= 0:
                 return  # never started: recorded as truncated below
             try:
-                result = await workflow.execute_activity(
-                    RUN_EPISODE_GROUP_ACTIVITY,
+                result = await c.RUN_EPISODE_GROUP.call(
                     EpisodeGroupInput([episode_input(s) for s in chunk]),
-                    result_type=EpisodeGroupResult,
-                    schedule_to_close_timeout=timedelta(seconds=left + grace),
-                    heartbeat_timeout=heartbeat, retry_policy=EPISODE_RETRY,
-                )
+                    schedule_to_close=timedelta(seconds=left + grace), heartbeat=heartbeat)
             except ActivityError as err:
                 if not isinstance(err.cause, TemporalTimeout):
                     unsettled.extend(chunk)
@@ -379,21 +265,14 @@ class RolloutWorkflow:
 
         stored = set(summaries)
         if unsettled:
-            found = await workflow.execute_activity(
-                RECORD_TRUNCATED_ACTIVITY,
-                TruncateInput([episode_input(s) for s in unsettled], record_missing=False),
-                result_type=TruncateResult, start_to_close_timeout=QUICK_TIMEOUT,
-                retry_policy=QUICK_RETRY,
-            )
+            found = await c.RECORD_TRUNCATED.call(
+                TruncateInput([episode_input(s) for s in unsettled], record_missing=False))
             for spec in unsettled:
                 statuses[spec.episode_id] = found.statuses.get(spec.episode_id, FAILED)
             stored.update(found.statuses)
         left_over = [episode_input(s) for s in specs if s.episode_id not in statuses]
         if left_over:
-            recorded = await workflow.execute_activity(
-                RECORD_TRUNCATED_ACTIVITY, TruncateInput(left_over), result_type=TruncateResult,
-                start_to_close_timeout=QUICK_TIMEOUT, retry_policy=QUICK_RETRY,
-            )
+            recorded = await c.RECORD_TRUNCATED.call(TruncateInput(left_over))
             statuses.update(recorded.statuses)
             stored.update(recorded.statuses)
         return summarize(batch.batch_id, specs, summaries, statuses, stored,
@@ -415,10 +294,7 @@ class RolloutWorkflow:
                 type="CheckpointNotRoutable",
             )
         specs = plan_episodes(batch, "")
-        routed = await workflow.execute_activity(
-            ROUTE_EPISODES_ACTIVITY, RouteInput([s.episode_id for s in specs]),
-            result_type=RouteResult, start_to_close_timeout=QUICK_TIMEOUT, retry_policy=QUICK_RETRY,
-        )
+        routed = await c.ROUTE_EPISODES.call(RouteInput([s.episode_id for s in specs]))
         for spec, decision in zip(specs, routed.decisions, strict=True):
             spec.checkpoint_id = decision.checkpoint_id
             spec.purpose = decision.purpose
@@ -432,8 +308,4 @@ class AdmissionProbeWorkflow:
 
     @workflow.run
     async def run(self, request: AdmissionProbeInput) -> AdmissionProbeEvidence:
-        evidence: AdmissionProbeEvidence = await workflow.execute_activity(
-            PROBE_ADMISSION_ACTIVITY, request, result_type=AdmissionProbeEvidence,
-            start_to_close_timeout=PROBE_TIMEOUT, retry_policy=PROBE_RETRY,
-        )
-        return evidence
+        return await c.PROBE_ADMISSION.call(request)

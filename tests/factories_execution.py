@@ -116,13 +116,12 @@ def content_addressed(model_dir: Path, checkpoint_id: str) -> Path:
     digest, with trainer state. A checkpoint id names the same weights in every test, so
     whichever module registers it first must leave a row the learner can train from too
     (it refuses a directory whose name is not its weights' digest)."""
-    import torch
-
-    from learning_loop.iteration import load_model, save_servable
-
     import shutil
 
+    import torch
+
     from learning_loop.checkpoints import CheckpointError
+    from learning_loop.iteration import load_model, save_servable
 
     target = model_dir.parent / "checkpoints"
     if (target / checkpoint_id).is_dir():

@@ -290,8 +290,6 @@ def sibling_queue(current_queue: str, loop_queue: str) -> str:
     return queue_prefix(current_queue) + loop_queue
 
 
-# The execution loop's probe activity (run by its AdmissionProbeWorkflow).
-PROBE_ADMISSION_ACTIVITY = "probe_admission"
 
 
 @dataclass

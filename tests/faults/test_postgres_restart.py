@@ -24,8 +24,8 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 
+from execution_loop.contracts import RUN_EPISODE_GROUP
 from execution_loop.worker import build_worker
-from execution_loop.workflows import RUN_EPISODE_ACTIVITY
 from tests.factories_execution import make_builtin_task, register_checkpoint_dir, request_batch
 from tests.faults.conftest import (
     assert_each_episode_whole_and_once,
@@ -54,16 +54,17 @@ pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow,
               pytest.mark.timeout(120)]
 
 EPISODES = 16
+CONCURRENCY = 4  # the batch's max_concurrency: its one group runs as chunks of this many
 TURN_DELAY_S = 0.1  # an episode: 10 turns, about 1 s
 MIN_OUTAGE_S = 4.0  # long enough for episodes to finish, fail to write and back off
 MAX_OUTAGE_S = 20.0
 
 
 async def retried_episodes(handle: WorkflowHandle[object, object]) -> int:
-    """Episode activities the server is retrying right now (attempt > 1)."""
+    """Episode-group activities the server is retrying right now (attempt > 1)."""
     description = await handle.describe()
     return sum(1 for a in description.raw_description.pending_activities
-               if a.activity_type.name == RUN_EPISODE_ACTIVITY and a.attempt > 1)
+               if a.activity_type.name == RUN_EPISODE_GROUP.name and a.attempt > 1)
 
 
 @pytest.mark.parametrize("shutdown", [signal.SIGINT, signal.SIGQUIT], ids=["fast", "immediate"])
@@ -78,7 +79,8 @@ async def test_batch_survives_postgres_restart_without_half_written_trajectories
     test_settings = own_queues(settings, database_url=pg.address)
     batch = RolloutBatchInput(
         batch_id=f"pgr{uuid.uuid4().hex[:8]}", purpose="training", checkpoint_id=checkpoint,
-        items=[RolloutItem(task, 3, group_size=EPISODES)], max_concurrency=4, deadline_s=100,
+        items=[RolloutItem(task, 3, group_size=EPISODES)], max_concurrency=CONCURRENCY,
+        deadline_s=100,
         heartbeat_timeout_s=5,
     )
     client = await connect(test_settings, identity="fault-test", service="execution")
@@ -109,13 +111,14 @@ async def test_batch_survives_postgres_restart_without_half_written_trajectories
     rewritten = [r["id"] for r in rows if r["attempt"] > 1]
     assert rewritten, "no episode was written by a retry after the restart"
 
-    # Temporal scheduled each episode once; retries are attempts of that one activity.
+    # Temporal scheduled each chunk of the group once; retries are attempts of that one
+    # activity (a retried chunk plays only the episodes it had not stored).
     history = await handle.fetch_history()
     scheduled = [e for e in history.events
                  if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
                  and e.activity_task_scheduled_event_attributes.activity_type.name
-                 == RUN_EPISODE_ACTIVITY]
-    assert len(scheduled) == EPISODES
+                 == RUN_EPISODE_GROUP.name]
+    assert len(scheduled) == EPISODES // CONCURRENCY
     final_attempts = [e.activity_task_started_event_attributes.attempt for e in history.events
                       if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED]
     chain = verify_chain(owner)

@@ -23,8 +23,8 @@ from sqlalchemy import Engine
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import WorkflowHandle
 
+from execution_loop.contracts import RUN_EPISODE_GROUP
 from execution_loop.worker import build_worker
-from execution_loop.workflows import RUN_EPISODE_ACTIVITY
 from tests.factories_execution import make_builtin_task, register_checkpoint_dir, request_batch
 from tests.faults.conftest import (
     assert_each_episode_whole_and_once,
@@ -51,16 +51,19 @@ pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow,
               pytest.mark.timeout(120)]
 
 EPISODES = 16
+CONCURRENCY = 4  # the batch's max_concurrency: its one group runs as chunks of this many
 TURN_DELAY_S = 0.1  # an episode: 10 turns, about 1 s
 OUTAGE_S = 3.0  # kept down this long: episodes finish and fail to report meanwhile
 
 
 async def episodes_playing(handle: WorkflowHandle[object, object]) -> int:
-    """Episode activities a worker has started and not yet reported."""
+    """Episodes a worker has started and not yet reported: the batch's one group runs as
+    chunks of ``CONCURRENCY`` episodes, one activity each."""
     description = await handle.describe()
-    return sum(1 for a in description.raw_description.pending_activities
-               if a.activity_type.name == RUN_EPISODE_ACTIVITY
-               and a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED)
+    return CONCURRENCY * sum(
+        1 for a in description.raw_description.pending_activities
+        if a.activity_type.name == RUN_EPISODE_GROUP.name
+        and a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED)
 
 
 async def test_running_batch_survives_temporal_restart_with_each_episode_once(
@@ -73,7 +76,8 @@ async def test_running_batch_survives_temporal_restart_with_each_episode_once(
     test_settings = own_queues(settings, temporal_address=temporal.address)
     batch = RolloutBatchInput(
         batch_id=f"tmp{uuid.uuid4().hex[:8]}", purpose="training", checkpoint_id=checkpoint,
-        items=[RolloutItem(task, 21, group_size=EPISODES)], max_concurrency=4, deadline_s=100,
+        items=[RolloutItem(task, 21, group_size=EPISODES)], max_concurrency=CONCURRENCY,
+        deadline_s=100,
         heartbeat_timeout_s=5,
     )
     client = await connect(test_settings, identity="fault-test", service="execution")
@@ -110,8 +114,9 @@ async def test_running_batch_survives_temporal_restart_with_each_episode_once(
     scheduled = [e for e in history.events
                  if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
     assert all(e.activity_task_scheduled_event_attributes.activity_type.name
-               == RUN_EPISODE_ACTIVITY for e in scheduled)
-    assert list(episode_events.values()) == [EPISODES, EPISODES], episode_events
+               == RUN_EPISODE_GROUP.name for e in scheduled)
+    chunks = EPISODES // CONCURRENCY
+    assert list(episode_events.values()) == [chunks, chunks], episode_events
     # An attempt whose completion the server never got timed out and was retried; the
     # retry found the trajectory stored and reported it without writing it again.
     final_attempts = [e.activity_task_started_event_attributes.attempt for e in history.events

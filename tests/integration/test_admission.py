@@ -20,6 +20,7 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from execution_loop.contracts import PROBE_ADMISSION
 from execution_loop.workflows import AdmissionProbeWorkflow
 from governance_loop import store
 from governance_loop.durations import PromotionTiming
@@ -40,7 +41,6 @@ from triloop.workflow_api import (
     ADMISSION_WORKFLOW,
     EXECUTION_QUEUE,
     GOVERNANCE_QUEUE,
-    PROBE_ADMISSION_ACTIVITY,
     AdmissionInput,
     AdmissionProbeEvidence,
     AdmissionProbeInput,
@@ -57,7 +57,7 @@ VERIFIER = "a" * 64
 PROBE_MODES: dict[str, str] = {}
 
 
-@activity.defn(name=PROBE_ADMISSION_ACTIVITY)
+@activity.defn(name=PROBE_ADMISSION.name)
 def standin_probe(request: AdmissionProbeInput) -> AdmissionProbeEvidence:
     """Evidence as the execution loop would report it, shaped by ``PROBE_MODES``."""
     mode = PROBE_MODES.get(request.task_id, "good")

@@ -21,16 +21,13 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Replayer
 
 from execution_loop.activities import episode_seed
+from execution_loop.contracts import RUN_EPISODE, RUN_EPISODE_GROUP
 from execution_loop.episode import turn_seed
 from execution_loop.inference.base import Generation, InferenceError, PolicyClient
 from execution_loop.routing import canary_bucket
 from execution_loop.trajectories import load_turn_tokens
 from execution_loop.worker import build_worker
-from execution_loop.workflows import (
-    RUN_EPISODE_ACTIVITY,
-    RUN_EPISODE_GROUP_ACTIVITY,
-    RolloutWorkflow,
-)
+from execution_loop.workflows import RolloutWorkflow
 from tests.factories_execution import (
     StuckPolicy,
     make_builtin_task,
@@ -450,7 +447,7 @@ async def test_a_group_runs_as_one_activity_with_one_decision_and_isolated_failu
     assert result.statuses[doomed] == "failed" and result.failed == 1
     assert all(row["stored_steps"] == row["num_steps"] >= 1 for row in rows.values())
     # One activity for the group; one decision that names every episode it let in.
-    assert await scheduled_activities(client, batch.batch_id) == [RUN_EPISODE_GROUP_ACTIVITY]
+    assert await scheduled_activities(client, batch.batch_id) == [RUN_EPISODE_GROUP.name]
     decisions = trajectory_decisions(owner_engine, batch.batch_id)
     assert len(decisions) == 1 and decisions[0]["decision"] == "allow"
     assert decisions[0]["id"] == f"{batch.batch_id}:0"
@@ -484,4 +481,4 @@ async def test_an_infrastructure_error_retries_only_the_unstored_episode(
         [f"{batch.batch_id}:0:0", f"{batch.batch_id}:0:1"], None]
     assert decisions[1]["id"] == flaky  # a set of one is the lone episode's own decision
     activities = await scheduled_activities(client, batch.batch_id)
-    assert RUN_EPISODE_ACTIVITY not in activities
+    assert RUN_EPISODE.name not in activities

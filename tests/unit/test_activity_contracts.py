@@ -23,6 +23,7 @@ from triloop.activity_contract import ActivityContract
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPS = {"learning_loop": "learning_loop.activities",
+         "execution_loop": "execution_loop",
          "governance_loop": "governance_loop.activities"}
 
 

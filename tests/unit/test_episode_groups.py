@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from execution_loop.contracts import EpisodeSpec
 from execution_loop.group_runner import GroupHeartbeat
 from execution_loop.trajectories import (
     TrajectoryRow,
@@ -12,7 +13,7 @@ from execution_loop.trajectories import (
     trajectory_resource,
     trajectory_set_resource,
 )
-from execution_loop.workflows import EpisodeSpec, episode_groups
+from execution_loop.workflows import episode_groups
 
 
 def spec(group: int, sample: int) -> EpisodeSpec:
