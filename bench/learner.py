@@ -163,20 +163,27 @@ def run_variant(args: argparse.Namespace, variant: str) -> Result:
     return measure(VARIANTS[variant], step, args.repeats, device)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def learner_arguments(parser: argparse.ArgumentParser, *, layers: int, variants: list[str]
+                      ) -> argparse.ArgumentParser:
+    """The batch and model shape every learner bench takes, and its child-process switch."""
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=96)
     parser.add_argument("--action-tokens", type=int, default=32)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=layers)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
     parser.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=variants, help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    parser = learner_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]),
+                               layers=2, variants=sorted(VARIANTS))
     args = parser.parse_args()
     if args.variant:  # child process: one variant, result as JSON on the last line
         print(json.dumps(asdict(run_variant(args, args.variant))))

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from bench.learner import Result, make_model, make_samples, measure
+from bench.learner import Result, learner_arguments, make_model, make_samples, measure
 from learning_loop.update import (
     UpdateSettings,
     build_optimizer,
@@ -155,19 +155,8 @@ def run_ranks2(argv: list[str]) -> OptionResult:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=32)
-    parser.add_argument("--prompt-tokens", type=int, default=96)
-    parser.add_argument("--action-tokens", type=int, default=32)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
-    parser.add_argument("--device", default=None, help="default: cuda when present, else cpu")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
+    parser = learner_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]),
+                               layers=4, variants=sorted(VARIANTS))
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:  # a child: one variant, result as JSON (a file per rank for ranks2)
