@@ -59,18 +59,21 @@ class UnsupportedArtifactUri(ValueError):
 
 def checkpoint_dir(
     artifact_uri: str, *, home: Path, store: ArtifactStore | None = None,
-    checkpoint_id: str = "content",
+    checkpoint_id: str = "content", cache: Path | None = None,
 ) -> Path:
     """The local directory of a checkpoint: ``file://`` URIs, paths (relative to home), or
-    ``artifact://sha256/<manifest>`` fetched from the shared ``store`` into
-    ``home/artifact-cache`` (every file verified against its sha256 on the way)."""
+    ``artifact://sha256/<manifest>`` fetched from the shared ``store`` into ``cache``
+    (default ``home/artifact-cache``; every file verified against its sha256 on the way).
+
+    The one place a checkpoint URI becomes a path: the execution loop (to serve it) and
+    the learning loop (to train from it) resolve the same row the same way."""
     parsed = urlparse(artifact_uri)
     if parsed.scheme == ARTIFACT_SCHEME:
         if store is None:
             raise UnsupportedArtifactUri(
                 f"checkpoint artifact_uri {artifact_uri!r} is in the shared artifact store, "
                 "which this process has not been given: set TRILOOP_ARTIFACT_URL")
-        return materialize(store, artifact_uri, home / "artifact-cache", checkpoint_id)
+        return materialize(store, artifact_uri, cache or home / "artifact-cache", checkpoint_id)
     if parsed.scheme == "file":
         return Path(unquote(parsed.path))
     if parsed.scheme == "":

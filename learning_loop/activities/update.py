@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import torch
 from sqlalchemy import Engine
@@ -67,9 +66,10 @@ from learning_loop.store import (
 )
 from learning_loop.trajectory_reader import load_rollout_data
 from learning_loop.update import UpdateError
-from triloop.artifacts import ARTIFACT_SCHEME, ArtifactStore, materialize, publish_directory
+from triloop.artifacts import ArtifactStore, publish_directory
 from triloop.models import Checkpoint, TrainingStep
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
+from triloop.weights import UnsupportedArtifactUri, checkpoint_dir
 
 LEARNING = Actor(service="learning")
 _BAD_DATA = (InvalidSampleError, NoTrainableData, AdvantageInputError, UpdateError,
@@ -78,23 +78,6 @@ _BAD_DATA = (InvalidSampleError, NoTrainableData, AdvantageInputError, UpdateErr
 
 class UpdateCancelled(RuntimeError):
     """The workflow cancelled the update before its results were stored."""
-
-
-def local_dir(
-    artifact_uri: str, *, store: ArtifactStore | None = None, cache: Path | None = None,
-    checkpoint_id: str = "content",
-) -> Path:
-    """The directory of a ``file://`` (or plain path) checkpoint artifact, or a verified
-    local copy of an ``artifact://`` one from the shared store."""
-    parsed = urlparse(artifact_uri)
-    if parsed.scheme in ("file", ""):
-        return Path(unquote(parsed.path))
-    if parsed.scheme == ARTIFACT_SCHEME and store is not None and cache is not None:
-        return materialize(store, artifact_uri, cache, checkpoint_id)
-    raise CheckpointError(
-        f"artifact {artifact_uri!r} is not a local directory and no shared artifact store is "
-        "configured (TRILOOP_ARTIFACT_URL)"
-    )
 
 
 @dataclass
@@ -132,10 +115,13 @@ class UpdateActivities:
     def __init__(
         self, *, engine: Engine, authorizer: Authorizer, artifact_dir: Path,
         store: ArtifactStore | None = None, cache_dir: Path | None = None,
+        home: Path | None = None,
     ) -> None:
         self._engine = engine
         self._authorizer = authorizer
         self._artifact_dir = artifact_dir
+        # Relative artifact paths are relative to home, as the execution loop reads them.
+        self._home = home or artifact_dir.parent
         # With a shared store, checkpoints are published there (their URI names the store)
         # and read back through a verified local cache; without one they stay file:// here.
         self._shared_store = store
@@ -232,8 +218,12 @@ class UpdateActivities:
         return publish_directory(self._shared_store, directory)
 
     def _local_dir(self, checkpoint: Checkpoint) -> Path:
-        return local_dir(checkpoint.artifact_uri, store=self._shared_store,
-                         cache=self._cache_dir, checkpoint_id=checkpoint.id)
+        try:
+            return checkpoint_dir(checkpoint.artifact_uri, home=self._home,
+                                  store=self._shared_store, cache=self._cache_dir,
+                                  checkpoint_id=checkpoint.id)
+        except UnsupportedArtifactUri as exc:
+            raise CheckpointError(str(exc)) from exc
 
     def _saved(self, resume: _Progress, request: UpdateInput) -> TrainedIteration | None:
         """A previous attempt's saved checkpoint for this iteration, if it got that far."""

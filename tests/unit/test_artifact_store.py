@@ -121,14 +121,18 @@ def test_sigv4_matches_the_published_s3_example() -> None:
 
 
 def test_the_learner_reads_a_parent_from_the_shared_store(tmp_path: Path) -> None:
-    """learning_loop's URI boundary: artifact:// parents come through the store's cache."""
-    from learning_loop.activities.update import CheckpointError, local_dir
+    """The one URI boundary (both loops): artifact:// parents come through the store's cache;
+    relative paths are relative to home."""
+    from triloop.weights import UnsupportedArtifactUri, checkpoint_dir
 
     store = LocalArtifactStore(tmp_path / "store")
     uri = publish_directory(store, _tree(tmp_path / "ckpt"))
-    with pytest.raises(CheckpointError, match="TRILOOP_ARTIFACT_URL"):
-        local_dir(uri)
-    parent = local_dir(uri, store=store, cache=tmp_path / "cache", checkpoint_id="p" * 64)
+    with pytest.raises(UnsupportedArtifactUri, match="TRILOOP_ARTIFACT_URL"):
+        checkpoint_dir(uri, home=tmp_path)
+    parent = checkpoint_dir(uri, home=tmp_path, store=store, cache=tmp_path / "cache",
+                            checkpoint_id="p" * 64)
     assert parent.name == "p" * 64  # the learner checks a checkpoint's directory name
+    assert parent.is_relative_to(tmp_path / "cache")
     assert (parent / "nested" / "weights.bin").is_file()
-    assert local_dir((tmp_path / "ckpt").as_uri()) == tmp_path / "ckpt"
+    assert checkpoint_dir((tmp_path / "ckpt").as_uri(), home=tmp_path) == tmp_path / "ckpt"
+    assert checkpoint_dir("ckpt", home=tmp_path) == tmp_path / "ckpt"
