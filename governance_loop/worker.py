@@ -20,11 +20,11 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from governance_loop.activities.admission import AdmissionActivities
-from governance_loop.activities.common import GOVERNANCE
 from governance_loop.activities.evidence import EvidenceActivities
 from governance_loop.activities.promotion import DEFAULT_THRESHOLD_NAME, PromotionActivities
 from governance_loop.activities.rollback import RollbackActivities
 from governance_loop.activities.writes import GovernanceWriteActivities
+from governance_loop.activity_support import GOVERNANCE
 from governance_loop.admission import AdmissionBudgets
 from governance_loop.durations import PromotionTiming
 from governance_loop.nexus_handlers import GovernanceNexusHandlers

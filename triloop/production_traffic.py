@@ -1,6 +1,6 @@
 """The production traffic the shadow and canary gates may count, as SQL both sides share.
 
-Governance's gates (``governance_loop.activities.episodes``) judge these episodes; the web
+Governance's gates (``governance_loop.gate_windows``) judge these episodes; the web
 service counts the same ones to say how far an open gate is from its ``min_samples``. The
 fragments live here, in the kernel, so the console's count and the gate's can never mean
 different episodes.

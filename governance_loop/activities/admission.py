@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from temporalio import activity
 
 from governance_loop import store
-from governance_loop.activities.common import GovernanceShell, record, refused
+from governance_loop.activity_support import GovernanceShell, record, refused
 from governance_loop.admission import AdmissionBudgets, AdmissionEvidence, assess_admission
 from governance_loop.contracts import (
     DECIDE_TASK_ADMISSION,

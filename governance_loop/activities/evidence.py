@@ -16,9 +16,9 @@ from typing import Any
 from sqlmodel import Session
 from temporalio import activity
 
+from governance_loop import gate_windows as episodes
 from governance_loop import store
-from governance_loop.activities import episodes
-from governance_loop.activities.common import (
+from governance_loop.activity_support import (
     GovernanceShell,
     outcome_of,
     parse_time,

@@ -14,7 +14,7 @@ from temporalio.exceptions import ApplicationError
 
 from governance_loop import store
 from governance_loop.activities import stability
-from governance_loop.activities.common import (
+from governance_loop.activity_support import (
     GovernanceShell,
     record,
     refused,

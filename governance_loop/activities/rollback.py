@@ -20,7 +20,7 @@ from sqlmodel import Session, col, select
 from temporalio import activity
 
 from governance_loop import store
-from governance_loop.activities.common import GOVERNANCE, GovernanceShell, record, refused
+from governance_loop.activity_support import GOVERNANCE, GovernanceShell, record, refused
 from governance_loop.contracts import ROLLBACK_DEPLOYMENT
 from triloop.db import session_scope
 from triloop.deployment_history import RollbackRefused, plan_rollback

@@ -17,7 +17,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from governance_loop.activities.common import GovernanceShell, row_id
+from governance_loop.activity_support import GovernanceShell, row_id
 from governance_loop.contracts import (
     CREATE_EVAL_SET,
     REGISTER_ENVIRONMENT_VERSION,
