@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from triloop.nexus_api import ExecutionService, GovernanceService, endpoint_for
     from triloop.run_config import RunConfig, RunConfigError
+    from triloop.statuses import RunStatus as RunState
     from triloop.workflow_api import (
         GOVERNANCE_QUEUE,
         LEARNING_GPU_QUEUE,
@@ -91,9 +92,9 @@ def completion(iterations: int, state: RunStatus) -> tuple[str, str]:
     ``completed``: whoever looks at the run, or proposes from it, sees that it alarmed.
     """
     if not state.alarms_raised:
-        return "completed", f"{iterations} iterations"
+        return RunState.completed, f"{iterations} iterations"
     last = f"; last: {state.alarms[-1]}" if state.alarms else ""
-    return "completed_with_alarms", (f"{iterations} iterations with {state.alarms_raised}"
+    return RunState.completed_with_alarms, (f"{iterations} iterations with {state.alarms_raised}"
                                      f" stability alarm(s){last}")
 
 
@@ -105,7 +106,7 @@ class TrainingRunWorkflow:
     """Iterations of rollout (execution loop) and update (learning-gpu) for one run."""
 
     def __init__(self) -> None:
-        self._state = RunStatus(run_id="", status="starting")
+        self._state = RunStatus(run_id="", status=RunState.starting)
         self._controls: list[tuple[str, RunControl]] = []
         self._cancelled = False
         # Dynamic data (issue 18): each batch's groups and what the learner should record.
@@ -152,16 +153,16 @@ class TrainingRunWorkflow:
         self._mitigation = MitigationState(run.mitigation_actions, run.entropy_coef_bonus,
                                            run.learning_rate_scale)
         if run.paused:
-            state.status, state.paused_reason = "paused", "paused before continue-as-new"
+            state.status, state.paused_reason = RunState.paused, "paused before continue-as-new"
         try:
             await self._iterate(run, config)
         except asyncio.CancelledError:  # cancelled through Temporal rather than by a person
-            await self._set_status(run.run_id, "cancelled", "workflow cancelled in Temporal")
+            await self._set_status(run.run_id, RunState.cancelled, "workflow cancelled in Temporal")
             raise
         except (ActivityError, NexusOperationError) as err:
             cause = err.cause if isinstance(err.cause, ApplicationError) else None
             message = cause.message if cause else str(err.cause or err)
-            await self._set_status(run.run_id, "failed", message[:2000])
+            await self._set_status(run.run_id, RunState.failed, message[:2000])
             raise ApplicationError(message, type=cause.type if cause else "StepFailed",
                                    non_retryable=True) from err
         return state
@@ -177,8 +178,8 @@ class TrainingRunWorkflow:
         state.base_checkpoint_id = base
         latest = run.latest_checkpoint_id or base
         state.latest_checkpoint_id = latest
-        if state.status != "paused":
-            await self._set_status(run.run_id, "running", None)
+        if state.status != RunState.paused:
+            await self._set_status(run.run_id, RunState.running, None)
         k, total = run.start_iteration, config.schedule.iterations
         # Rollouts in flight for iterations k+1, k+2, ... (at most asynchrony.staleness_window
         # ahead of the update; 1 = the one-step overlap).
@@ -201,7 +202,7 @@ class TrainingRunWorkflow:
             groups = self._plan_partial(config, batch)
             cycle_end = (k + 1 - run.start_iteration >= run.continue_as_new_every
                          or workflow.info().is_continue_as_new_suggested())
-            if not (cycle_end or self._cancelled or state.status == "paused"):
+            if not (cycle_end or self._cancelled or state.status == RunState.paused):
                 # Overlap: the next rollouts run with c_k while c_{k+1} is being trained.
                 for iteration in rollouts_to_start(
                         next_iteration=k + 2 + len(pending), in_flight=len(pending),
@@ -225,7 +226,7 @@ class TrainingRunWorkflow:
                 await self._continue_as_new(run, k, latest, base)
         await self._cancel_rollouts(pending)
         if self._cancelled:
-            state.status = "cancelled"
+            state.status = RunState.cancelled
         elif k >= total:
             status, reason = completion(k, state)
             state.status, state.paused_reason = status, None
@@ -249,8 +250,8 @@ class TrainingRunWorkflow:
             state.alarms_raised += len(messages)
             rolled_back_to = await self._mitigate(run, config, result, parent, messages)
             if config.stability.pause_on_alarm and not self._cancelled:
-                state.status, state.paused_reason = "paused", "; ".join(messages)
-                await self._set_status(run.run_id, "paused", state.paused_reason[:2000],
+                state.status, state.paused_reason = RunState.paused, "; ".join(messages)
+                await self._set_status(run.run_id, RunState.paused, state.paused_reason[:2000],
                                        action="pause")
         if result.iteration % config.schedule.propose_every == 0 and not self._cancelled:
             proposed = await m.PROPOSE_CHECKPOINT.call(m.ProposeInput(
@@ -295,7 +296,7 @@ class TrainingRunWorkflow:
         workflow.continue_as_new(TrainingRunInput(
             run_id=run.run_id, submitted_by=run.submitted_by, config=run.config,
             start_iteration=k, latest_checkpoint_id=latest,
-            paused=self._state.status == "paused", base_checkpoint_id=base,
+            paused=self._state.status == RunState.paused, base_checkpoint_id=base,
             continue_as_new_every=run.continue_as_new_every,
             update_heartbeat_timeout_s=run.update_heartbeat_timeout_s,
             alarms_raised=self._state.alarms_raised,
@@ -454,7 +455,7 @@ class TrainingRunWorkflow:
 
     async def _wait_while_paused(self, run_id: str) -> None:
         await self._handle_controls(run_id)
-        while self._state.status == "paused" and not self._cancelled:
+        while self._state.status == RunState.paused and not self._cancelled:
             await workflow.wait_condition(lambda: bool(self._controls))
             await self._handle_controls(run_id)
 
@@ -462,7 +463,7 @@ class TrainingRunWorkflow:
         state = self._state
         while self._controls:
             action, control = self._controls.pop(0)
-            paused = state.status == "paused"
+            paused = state.status == RunState.paused
             if self._cancelled or (action == "pause" and paused) or (
                 action == "resume" and not paused
             ):
@@ -474,12 +475,13 @@ class TrainingRunWorkflow:
                 state.refused_controls.append(f"{action} by {who}: {decision.reason}")
                 continue
             if action == "pause":
-                state.status, state.paused_reason = "paused", f"paused by {decision.user}" + (
-                    f": {decision.reason}" if decision.reason else "")
+                reason = f": {decision.reason}" if decision.reason else ""
+                state.status = RunState.paused
+                state.paused_reason = f"paused by {decision.user}{reason}"
             elif action == "resume":
-                state.status, state.paused_reason = "running", None
+                state.status, state.paused_reason = RunState.running, None
             else:
-                self._cancelled, state.status = True, "cancelled"
+                self._cancelled, state.status = True, RunState.cancelled
 
     async def _set_status(self, run_id: str, status: str, reason: str | None,
                           action: str = "update") -> None:

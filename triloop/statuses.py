@@ -28,6 +28,7 @@ class RunStatus(Word):
     """Where a training run is."""
 
     submitted = "submitted"
+    starting = "starting"  # the workflow's own state before its first iteration
     running = "running"
     paused = "paused"
     completed = "completed"
