@@ -37,7 +37,7 @@ from execution_loop.environments.base import Outcome, StepResult, fingerprint
 from execution_loop.episode import run_episode
 from execution_loop.inference.base import FINISH_STOP, Generation, PolicyClient
 from execution_loop.serving import TaskEnvironments
-from execution_loop.trajectories import StepRow, TrajectoryRow, insert_trajectory, write_trajectory
+from execution_loop.store import StepRow, TrajectoryRow, insert_trajectory, write_trajectory
 from execution_loop.worker import build_worker
 from triloop.config import Settings
 from triloop.db import owner_engine, role_engine

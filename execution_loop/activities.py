@@ -59,7 +59,7 @@ from execution_loop.routing import assign, read_routes, shadow_comparison
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend
 from execution_loop.sandboxes import describe_environment_sandbox
 from execution_loop.serving import PolicyCache, TaskEnvironments
-from execution_loop.trajectories import (
+from execution_loop.store import (
     StepRow,
     TrajectoryRow,
     trajectory_statuses,

@@ -46,7 +46,7 @@ from execution_loop.contracts import (
     EpisodeGroupResult,
     EpisodeInput,
 )
-from execution_loop.trajectories import StepRow, TrajectoryRow, write_trajectories
+from execution_loop.store import StepRow, TrajectoryRow, write_trajectories
 from triloop.policy import Authorizer
 
 # How often the waiting activity looks for a cancellation while its episodes play.

@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from execution_loop.episode import StepRecord
-from execution_loop.trajectories import load_steps, load_turn_tokens
+from execution_loop.store import load_steps, load_turn_tokens
 from triloop.models import Step, Trajectory
 from triloop.token_sequence import TurnTokens, step_action_mask
 

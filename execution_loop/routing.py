@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from execution_loop.trajectories import load_steps
+from execution_loop.store import load_steps
 from triloop.models import Deployment, Routing, Trajectory
 from triloop.statuses import Purpose
 

@@ -33,7 +33,7 @@ from execution_loop.serving import (
     backend_factory,
     serving_refusals,
 )
-from execution_loop.trajectories import EXECUTION
+from execution_loop.store import EXECUTION
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
 from triloop.artifact_backends import open_shared_store
 from triloop.config import Settings, get_settings

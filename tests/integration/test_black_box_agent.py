@@ -24,7 +24,7 @@ from temporalio.client import Client
 
 from execution_loop.environments.registry import CONTRACTS_DIR
 from execution_loop.sandboxes import bubblewrap_problem
-from execution_loop.trajectories import load_turn_tokens
+from execution_loop.store import load_turn_tokens
 from governance_loop.durations import PromotionTiming
 from governance_loop.environments import (
     add_task,

@@ -25,7 +25,7 @@ from execution_loop.contracts import RUN_EPISODE, RUN_EPISODE_GROUP
 from execution_loop.episode import turn_seed
 from execution_loop.inference.base import Generation, InferenceError, PolicyClient
 from execution_loop.routing import canary_bucket
-from execution_loop.trajectories import load_turn_tokens
+from execution_loop.store import load_turn_tokens
 from execution_loop.worker import build_worker
 from execution_loop.workflows import RolloutWorkflow
 from tests.factories_execution import (

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlmodel import Session
 
-from execution_loop.trajectories import (
+from execution_loop.store import (
     StepRow,
     TrajectoryRow,
     count_steps,

@@ -7,7 +7,7 @@ import pytest
 
 from execution_loop.contracts import EpisodeSpec
 from execution_loop.group_runner import GroupHeartbeat
-from execution_loop.trajectories import (
+from execution_loop.store import (
     TrajectoryRow,
     authorization_sets,
     trajectory_resource,

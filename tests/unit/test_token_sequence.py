@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from execution_loop.environments.registry import load_builtin_contract
 from execution_loop.harness import ChatHarness, Turn
-from execution_loop.trajectories import StepRow, pack_steps
+from execution_loop.store import StepRow, pack_steps
 from learning_loop.tiny_model import build_tokenizer
 from triloop.token_sequence import (
     SequenceLayoutError,
