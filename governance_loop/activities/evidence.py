@@ -11,6 +11,7 @@ degraded: each decides on all episodes and on those no fault touched, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlmodel import Session
@@ -84,6 +85,25 @@ class EvidenceActivities(GovernanceShell):
             "promotion_id": promotion_id, "gate": decision.gate}))
         return store_gate(session, promotion_id=promotion_id, decision=decision,
                           threshold_id=threshold_id, eval_set_id=eval_set_id)
+
+    def _judge_windows(
+        self, session: Session, promotion_id: str, decide: Callable[[bool], GateDecision], *,
+        threshold_id: str, windows: list[episodes.Window],
+    ) -> GateOutcome:
+        """A window gate's look: its verdict over every episode, and over the clean ones when
+        an injected fault served some (a fault may fail a gate, never pass it); a final
+        verdict is stored."""
+        faulted = episodes.fault_summary(session=session, windows=windows)
+        everything = decide(False)
+        decision = without_fault_passes(
+            all_episodes=everything,
+            clean_episodes=decide(True) if faulted.faults else everything,
+            faults=faulted.faults, faulted_episodes=faulted.episodes,
+        )
+        if not decision.final:
+            return outcome_of(decision)
+        return self._store_window_gate(session, promotion_id, decision,
+                                       threshold_id=threshold_id, windows=windows)
 
     def _store_window_gate(
         self, session: Session, promotion_id: str, decision: GateDecision, *,
@@ -255,18 +275,9 @@ class EvidenceActivities(GovernanceShell):
                 (request.candidate_checkpoint_id, CANARY_PURPOSES, since, None),
                 (request.production_checkpoint_id, (Purpose.PRODUCTION,), since, None),
             ]
-            faulted = episodes.fault_summary(session=session, windows=canary_windows)
-            everything = decide(clean=False)
-            decision = without_fault_passes(
-                all_episodes=everything,
-                clean_episodes=decide(clean=True) if faulted.faults else everything,
-                faults=faulted.faults, faulted_episodes=faulted.episodes,
-            )
-            if not decision.final:
-                return outcome_of(decision)
-            return self._store_window_gate(session, request.promotion_id, decision,
-                                           threshold_id=request.threshold_id,
-                                           windows=canary_windows)
+            return self._judge_windows(session, request.promotion_id, decide,
+                                       threshold_id=request.threshold_id,
+                                       windows=canary_windows)
 
     @activity.defn(name=LOOK_WATCH.name)
     def look_watch(self, request: WatchLook) -> GateOutcome:
@@ -325,15 +336,6 @@ class EvidenceActivities(GovernanceShell):
                   for checkpoint, purposes in windows.values()),
                 (candidate, (Purpose.PRODUCTION,), promoted_at, None),
             ]
-            faulted = episodes.fault_summary(session=session, windows=watch_windows)
-            everything = decide(clean=False)
-            decision = without_fault_passes(
-                all_episodes=everything,
-                clean_episodes=decide(clean=True) if faulted.faults else everything,
-                faults=faulted.faults, faulted_episodes=faulted.episodes,
-            )
-            if not decision.final:
-                return outcome_of(decision)
-            return self._store_window_gate(session, request.promotion_id, decision,
-                                           threshold_id=request.threshold_id,
-                                           windows=watch_windows)
+            return self._judge_windows(session, request.promotion_id, decide,
+                                       threshold_id=request.threshold_id,
+                                       windows=watch_windows)
