@@ -29,6 +29,7 @@ from triloop.workflow_api import (
     PROMOTION_WORKFLOW,
     ROLLBACK_WORKFLOW,
     DecisionRef,
+    GateSummary,
     PromotionInput,
     RollbackInput,
     RollbackResult,
@@ -52,20 +53,22 @@ class StandInPromotion:
     async def run(self, candidate: PromotionInput) -> None:
         await workflow.wait_condition(lambda: len(self.decisions) >= 1)
 
+    def _record(self, kind: str, gate: str, decision: DecisionRef) -> GateSummary:
+        self.decisions.append({"kind": kind, "decision_id": decision.decision_id})
+        return GateSummary(gate=gate, passed=True, verdict="pass",
+                           reasons=[f"decision {decision.decision_id} recorded"])
+
     @workflow.update(name=PROMOTION_SIGN_AUDIT_UPDATE)
-    def sign_audit(self, decision: DecisionRef) -> str:
-        self.decisions.append({"kind": "audit", "decision_id": decision.decision_id})
-        return "audit recorded"
+    def sign_audit(self, decision: DecisionRef) -> GateSummary:
+        return self._record("audit", "audit", decision)
 
     @workflow.update(name=PROMOTION_APPROVE_UPDATE)
-    def operator_decision(self, decision: DecisionRef) -> str:
-        self.decisions.append({"kind": "operator", "decision_id": decision.decision_id})
-        return f"decision {decision.decision_id} recorded"
+    def operator_decision(self, decision: DecisionRef) -> GateSummary:
+        return self._record("operator", "approval", decision)
 
     @workflow.update(name=PROMOTION_OVERRIDE_ALARMS_UPDATE)
-    def override_alarms(self, decision: DecisionRef) -> str:
-        self.decisions.append({"kind": "alarm_override", "decision_id": decision.decision_id})
-        return f"decision {decision.decision_id} recorded"
+    def override_alarms(self, decision: DecisionRef) -> GateSummary:
+        return self._record("alarm_override", "stability", decision)
 
     @workflow.query(name=PROMOTION_STATUS_QUERY)
     def status(self) -> list[dict[str, Any]]:

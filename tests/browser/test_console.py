@@ -8,6 +8,7 @@ writes nothing. Screenshots of every page go to ``test-output/screenshots/``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -109,9 +110,12 @@ def test_operator_overrides_a_candidates_alarms_and_an_auditor_only_sees_them(
     seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name,
                             current_gate="stability")
     with owner_engine.begin() as conn:
-        conn.execute(text(
+        conn.execute(text(  # each alarm is stored whole in metrics (migration 0019)
             "INSERT INTO training_step (run_id, iteration, alarms, length_stats, metrics)"
-            " VALUES (:r, 10, '{template_collapse}', '{}', '{}')"), {"r": seeded.run_id})
+            " VALUES (:r, 10, '{template_collapse}', '{}', CAST(:m AS jsonb))"),
+            {"r": seeded.run_id, "m": json.dumps({"alarms": [{
+                "kind": "template_collapse", "iteration": 10,
+                "message": "retrieval accuracy near chance", "evidence": {}}]})})
         conn.execute(text("UPDATE proposal SET evidence = '{\"iteration\": 10}' WHERE id ="
                           " (SELECT proposal_id FROM promotion WHERE id = :p)"),
                      {"p": seeded.promotion_id})
