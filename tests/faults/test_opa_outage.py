@@ -157,9 +157,17 @@ async def test_opa_outage_denies_every_privileged_action_then_work_resumes(
             steps = conn.execute(text("SELECT count(*) FROM step WHERE trajectory_id LIKE :b"),
                                  {"b": f"{batch.batch_id}:%"}).scalar_one()
         assert steps == 0
+        # The batch's one group asks once for the set of its episodes (one decision each
+        # group, naming every episode); OPA being down, that one is an audited denial.
         refusals = audited_decisions(owner_engine, batch.batch_id)
-        assert len(refusals) == EPISODES
+        assert len(refusals) == 1
         assert all(d == "deny" and r[0].startswith("failed closed") for d, r in refusals)
+        with owner_engine.connect() as conn:
+            named = conn.execute(text(
+                "SELECT resource->'attrs'->'trajectory_ids' FROM audit_event WHERE action ="
+                " 'create' AND resource->>'kind' = 'trajectory' AND resource->>'id' LIKE :b"),
+                {"b": f"{batch.batch_id}:%"}).scalar_one()
+        assert sorted(named) == [f"{batch.batch_id}:0:{i}" for i in range(EPISODES)]
 
         await opa.astart()
         # The worker kept running through the outage; the same batch now goes through.
@@ -169,7 +177,7 @@ async def test_opa_outage_denies_every_privileged_action_then_work_resumes(
     assert again.failed == 0 and sorted(again.trajectory_ids) == sorted(expected)
     assert_each_episode_whole_and_once(trajectory_rows(owner_engine, batch.batch_id), expected)
     decisions = [d for d, _ in audited_decisions(owner_engine, batch.batch_id)]
-    assert decisions == ["deny"] * EPISODES + ["allow"] * EPISODES
+    assert decisions == ["deny", "allow"]  # one decision for the group's set, each time
     assert all(allowed(by_service, r) for r in granted), "OPA came back with other answers"
 
     print(  # noqa: T201 - the numbers for the closing note (pytest -s)
