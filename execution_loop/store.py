@@ -391,32 +391,6 @@ def trajectory_statuses(*, engine: Engine, ids: Sequence[str]) -> dict[str, str]
     return {row[0]: row[1] for row in rows}
 
 
-def list_trajectories(
-    *,
-    session: Session,
-    run_id: str | None = None,
-    batch_id: str | None = None,
-    task_id: str | None = None,
-    checkpoint_id: str | None = None,
-    purpose: str | None = None,
-    status: str | None = None,
-    limit: int | None = None,
-) -> list[Trajectory]:
-    """Trajectories matching every given filter, oldest first."""
-    query = select(Trajectory)
-    filters = {
-        "run_id": run_id, "batch_id": batch_id, "task_id": task_id,
-        "checkpoint_id": checkpoint_id, "purpose": purpose, "status": status,
-    }
-    for name, value in filters.items():
-        if value is not None:
-            query = query.where(getattr(Trajectory, name) == value)
-    query = query.order_by(col(Trajectory.created_at), col(Trajectory.id))
-    if limit is not None:
-        query = query.limit(limit)
-    return list(session.exec(query).all())
-
-
 def load_steps(*, session: Session, trajectory_id: str) -> list[Step]:
     """An episode's steps in order."""
     query = select(Step).where(Step.trajectory_id == trajectory_id).order_by(col(Step.index))
@@ -440,18 +414,4 @@ def step_offsets(step: Step) -> TurnOffsets:
     """A stored step's offsets into its trajectory's sequence."""
     return TurnOffsets(step.prompt_start, step.observation_start, step.action_start,
                        step.action_end)
-
-
-def count_steps(*, session: Session, trajectory_ids: Sequence[str]) -> dict[str, int]:
-    """Stored step rows per trajectory (tests and the bench check exactly-once with it)."""
-    from sqlalchemy import func
-
-    if not trajectory_ids:
-        return {}
-    rows = session.exec(
-        select(Step.trajectory_id, func.count())
-        .where(col(Step.trajectory_id).in_(list(trajectory_ids)))
-        .group_by(col(Step.trajectory_id))
-    ).all()
-    return {row[0]: int(row[1]) for row in rows}
 

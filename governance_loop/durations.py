@@ -16,7 +16,6 @@ standard library only: workflows import it.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from datetime import timedelta
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -92,9 +91,3 @@ class PromotionTiming:
                    approval_deadline_s=30.0, watch_period_s=3.0, watch_check_interval_s=1.0,
                    eval_timeout_s=120.0, slot_wait_interval_s=1.0)
 
-    def as_timedelta(self, field_name: str) -> timedelta:
-        """One ``*_s`` field as a ``timedelta`` for ``workflow.sleep`` or a timeout."""
-        names = [item.name for item in fields(self) if item.name.endswith("_s")]
-        if field_name not in names:
-            raise KeyError(f"{field_name!r} is not a duration; use one of {names}")
-        return timedelta(seconds=float(getattr(self, field_name)))

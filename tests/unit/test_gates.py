@@ -431,9 +431,7 @@ def test_results_from_decisions_ignores_continue(thresholds: ThresholdSpec) -> N
 def test_durations_days_in_production_seconds_in_tests() -> None:
     prod, fast = PromotionTiming.for_profile("production"), PromotionTiming.for_profile("test")
     assert prod.canary_soak_s >= 86_400 and prod.watch_period_s >= 86_400
-    assert fast.canary_soak_s < 60 and fast.as_timedelta("canary_soak_s").total_seconds() == 3
-    with pytest.raises(KeyError, match="not a duration"):
-        fast.as_timedelta("canary_share")
+    assert fast.canary_soak_s == 3
     with pytest.raises(ValueError, match="canary_check_interval_s"):
         PromotionTiming(canary_soak_s=10, canary_check_interval_s=20)
     with pytest.raises(ValueError):
