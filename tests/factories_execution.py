@@ -116,7 +116,6 @@ def content_addressed(model_dir: Path, checkpoint_id: str) -> Path:
     digest, with trainer state. A checkpoint id names the same weights in every test, so
     whichever module registers it first must leave a row the learner can train from too
     (it refuses a directory whose name is not its weights' digest)."""
-    import shutil
 
     import torch
 
@@ -128,8 +127,8 @@ def content_addressed(model_dir: Path, checkpoint_id: str) -> Path:
         return target / checkpoint_id
     try:
         model = load_model(model_dir, torch.device("cpu"))
-    except CheckpointError:  # a serving-only variant (an extra tensor): named, not trainable
-        return Path(shutil.copytree(model_dir, target / checkpoint_id))
+    except CheckpointError:  # a serving-only variant (an extra tensor): no learner trains
+        return model_dir  # from it, and tests that swap its files must reach the row's copy
     ref = save_servable(target, model, model_dir, data_cursor={}, metadata={"source": "tests"})
     assert ref.id == checkpoint_id, (ref.id, checkpoint_id)
     return ref.path
@@ -201,3 +200,27 @@ class StuckPolicy:
         del prompt_token_ids, max_new_tokens, temperature, seed, stop_token_ids
         time.sleep(self._delay_s)
         return Generation(token_ids=[5], logprobs=[-0.1], text="R", finish_reason=FINISH_STOP)
+
+
+def episode_failures(history: Any) -> list[str]:
+    """Why each episode of a rollout failed, from its workflow history: a per-episode
+    activity's failure message, or the per-episode reasons a group activity reported
+    (``EpisodeGroupResult.failed``, "<ErrorType>: <message>")."""
+    from execution_loop.contracts import RUN_EPISODE_GROUP, EpisodeGroupResult
+    from triloop.temporal import DATA_CONVERTER
+
+    kinds = {event.event_id: event.activity_task_scheduled_event_attributes.activity_type.name
+             for event in history.events
+             if event.HasField("activity_task_scheduled_event_attributes")}
+    found: list[str] = []
+    for event in history.events:
+        if event.HasField("activity_task_failed_event_attributes"):
+            found.append(event.activity_task_failed_event_attributes.failure.message)
+        elif event.HasField("activity_task_completed_event_attributes"):
+            done = event.activity_task_completed_event_attributes
+            if kinds.get(done.scheduled_event_id) != RUN_EPISODE_GROUP.name:
+                continue
+            (result,) = DATA_CONVERTER.payload_converter.from_payloads(
+                list(done.result.payloads), [EpisodeGroupResult])
+            found.extend(result.failed.values())
+    return found

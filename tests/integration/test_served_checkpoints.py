@@ -16,6 +16,7 @@ from execution_loop.inference.server import create_app
 from execution_loop.serving import backend_factory
 from execution_loop.worker import build_worker
 from tests.factories_execution import (
+    episode_failures,
     make_builtin_task,
     register_checkpoint_dir,
     request_batch,
@@ -54,9 +55,7 @@ async def _eval_batch(client: Client, own: Settings, owner_engine: Engine, task:
             task_queue=own.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult)
         result = await handle.result()
         history = await handle.fetch_history()
-    failures = [event.activity_task_failed_event_attributes.failure.message
-                for event in history.events
-                if event.HasField("activity_task_failed_event_attributes")]
+    failures = episode_failures(history)
     return batch, result, failures
 
 

@@ -13,6 +13,7 @@ from temporalio.client import Client
 
 from execution_loop.worker import build_worker
 from tests.factories_execution import (
+    episode_failures,
     make_builtin_task,
     register_checkpoint_dir,
     request_batch,
@@ -57,9 +58,7 @@ async def test_swapped_weights_are_refused_at_serving_and_audited(
                 task_queue=own.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult)
             result = await handle.result()
             history = await handle.fetch_history()
-        failures = [event.activity_task_failed_event_attributes.failure.message
-                    for event in history.events
-                    if event.HasField("activity_task_failed_event_attributes")]
+        failures = episode_failures(history)
         return batch, result, failures
 
     _, evaluated, failures = await eval_batch()
