@@ -181,8 +181,8 @@ def train_iteration(
 ) -> IterationOutcome:
     """Update the parent checkpoint (policy version ``iteration - 1``) on ``data``; save.
 
-    A batch without learning signal (no sample, or every advantage zero and no KL term)
-    changes nothing: no optimizer step, no new checkpoint; the outcome names the parent.
+    A batch without learning signal (no sample, or every advantage zero and neither a KL
+    term nor an entropy bonus) changes nothing: no optimizer step, no new checkpoint; the outcome names the parent.
     """
     if not data.returns:
         raise NoTrainableData(
@@ -206,7 +206,7 @@ def train_iteration(
         model, [(s.prompt_token_ids, s.action_token_ids) for s in all_samples], config, device
     )
     signal = any(s.advantage != 0.0 for s in samples) or (
-        bool(samples) and config.objective.kl_coef > 0)
+        bool(samples) and (config.objective.kl_coef > 0 or config.objective.entropy_coef > 0))
     update, saved = None, None
     if signal:
         on_stage("updating")

@@ -167,9 +167,12 @@ async def test_a_rollback_mitigation_continues_from_the_checkpoint_before_the_al
         stability={"pause_on_alarm": False, "retrieval_margin": 1.0,
                    "collapse_min_entropy": 0.0, "min_discrimination_prompts": 2},
         mitigation={"on_alarm": "rollback", "max_actions": 1},
-        # Every update runs (a KL term) and moves the weights (weight decay), even when a
-        # batch's rewards do not vary: iteration 1 always writes a checkpoint to roll back.
-        objective={"kl_coef": 0.01}, optimizer={"weight_decay": 0.01},
+        # Every update runs and moves the weights even when a batch's rewards do not vary:
+        # iteration 1 always writes a checkpoint to roll back. The entropy bonus's gradient
+        # depends on what was sampled, so iteration 2 (also from the base) cannot land on
+        # c1's weights, which share its content address; weight decay and a KL term alone
+        # made the same step from the same base twice.
+        objective={"kl_coef": 0.01, "entropy_coef": 0.01}, optimizer={"weight_decay": 0.01},
         schedule={"iterations": 3, "propose_every": 3},
     )
     run_id = make_run(owner_engine, config, alice)

@@ -91,6 +91,20 @@ def test_a_batch_without_signal_changes_nothing(root: tuple[Path, CheckpointRef]
     assert sorted(p.name for p in (artifacts / "checkpoints").iterdir()) == before
 
 
+def test_an_entropy_bonus_alone_is_a_learning_signal(root: tuple[Path, CheckpointRef]) -> None:
+    """Zero advantages but an entropy bonus: the loss has a gradient, so the update runs."""
+    artifacts, parent = root
+    bonus = config().model_copy(update={"objective": config().objective.model_copy(
+        update={"entropy_coef": 0.05})})
+    outcome = train_iteration(
+        artifact_dir=artifacts, parent=parent, resume_optimizer=False, reference_dir=None,
+        config=bonus, data=to_rollout_data(batch(parent.path, [-1.0, -1.0, 0.2, 0.2])),
+        iteration=1, history=[], data_cursor={})
+
+    assert outcome.weights_changed and outcome.checkpoint.id != parent.id
+    assert outcome.step_columns["loss"] is not None
+
+
 def test_dynamic_sampling_drops_zero_variance_groups_and_records_the_rate(
     root: tuple[Path, CheckpointRef],
 ) -> None:
