@@ -182,7 +182,8 @@ def train_iteration(
     """Update the parent checkpoint (policy version ``iteration - 1``) on ``data``; save.
 
     A batch without learning signal (no sample, or every advantage zero and neither a KL
-    term nor an entropy bonus) changes nothing: no optimizer step, no new checkpoint; the outcome names the parent.
+    term nor an entropy bonus) changes nothing: no optimizer step, no new checkpoint; the
+    outcome names the parent.
     """
     if not data.returns:
         raise NoTrainableData(
