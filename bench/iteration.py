@@ -156,6 +156,10 @@ async def run_triloop(settings: Settings, args: argparse.Namespace, base: Path
         training_run_workflow_id,
     )
 
+    # The two loops' workers share this process and the machine's cores: each torch user
+    # (the batching engine's thread, the learner's) gets its share, as TRILOOP_TORCH_THREADS
+    # would be set on a machine that hosts both.
+    settings = settings.model_copy(update={"torch_threads": args.torch_threads})
     owner = owner_engine(settings)
     tasks = register(owner, args.prompts, args.completion_tokens)
     config = run_config(args, base, tasks)
@@ -289,6 +293,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured iterations first")
     parser.add_argument("--learning-rate", type=float, default=1e-6)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+        help="intra-op threads of each torch user in triloop's worker process (the batching "
+        "engine and the learner run at once; default half the cores; TRL gets every core)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 

@@ -101,7 +101,9 @@ def backend_factory(
     def local(checkpoint_id: str, model_dir: Path) -> PolicyClient:
         from execution_loop.inference.torch_backend import TorchPolicyClient
 
-        return TorchPolicyClient(model_dir, checkpoint_id=checkpoint_id)
+        return TorchPolicyClient(model_dir, checkpoint_id=checkpoint_id,
+                                 gather_wait_s=settings.batch_gather_ms / 1000.0,
+                                 torch_threads=settings.torch_threads)
 
     return local
 

@@ -65,6 +65,7 @@ def build_update_worker(client: Client, settings: Settings) -> Worker:
         engine=role_engine(settings, "learning"),
         authorizer=build_authorizer(settings, "learning"), artifact_dir=settings.artifacts,
         store=open_shared_store(settings), cache_dir=settings.artifact_cache, home=settings.home,
+        torch_threads=settings.torch_threads,
     )
     return Worker(
         client,

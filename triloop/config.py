@@ -122,6 +122,18 @@ class Settings(BaseSettings):
         " lora: vLLM's runtime LoRA loading (--enable-lora); full: reload the served model's"
         " full weights in place (vLLM dev mode, one checkpoint per server at a time)."
     )
+    batch_gather_ms: float = Field(
+        15.0, ge=0.0,
+        description="How long the in-process batching engine waits for the next request of a"
+        " wave before it decodes what it has (milliseconds, per straggler; at most ten waits)."
+        " Episodes released together (by a checkpoint's load, a group's start) reach it spread"
+        " out on a busy CPU; a split wave costs a whole second decode.")
+    torch_threads: int | None = Field(
+        None, ge=1,
+        description="Intra-op threads of each torch user in a worker: the batching engine's"
+        " thread and the learner's thread (count). Unset: torch's default, every core. Each"
+        " thread that runs torch gets its own pool, so workers (or the two loops in one"
+        " process) sharing a machine oversubscribe it unless their threads add up to its cores.")
     gate_profile: Literal["production", "demo", "test"] = Field(
         "production", description="Soak and deadline durations: days, minutes or seconds."
     )

@@ -8,6 +8,11 @@ engine's thread takes every request that is waiting, plus those that keep arrivi
 micro-batch. Each request keeps its own seed, stop ids and temperature, so what it gets back
 (ids, behaviour logprobs, stop reason) is what it would get alone, to float rounding.
 
+The straggler wait (``TRILOOP_BATCH_GATHER_MS``, 15 ms by default) is sized for a busy CPU:
+the 32 episodes that a checkpoint's load releases at once reached the engine more than the
+former 2 ms apart while the learner ran beside them, and every new checkpoint's first wave
+split in two (1 + 31, 5 + 27), a whole second decode. A lone request waits one gap.
+
 A closed engine (its checkpoint was evicted from the worker's cache) accepts no new work
 into the thread; a request that still arrives, from an episode already holding the client,
 is decoded as a batch of one in the caller's thread, so the episode finishes instead of
@@ -22,6 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+
+import torch
 
 from execution_loop.inference.base import InferenceError
 from execution_loop.inference.batched_sampling import Sample, SampleRequest
@@ -55,16 +62,20 @@ class BatchingEngine:
         *,
         name: str,
         max_batch_size: int = 64,
-        gather_wait_s: float = 0.002,
+        gather_wait_s: float = 0.015,
+        torch_threads: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         if gather_wait_s < 0:
             raise ValueError(f"gather_wait_s must be >= 0 (seconds), got {gather_wait_s}")
+        if torch_threads is not None and torch_threads < 1:
+            raise ValueError(f"torch_threads must be at least 1, got {torch_threads}")
         self._sampler = sampler
         self.name = name
         self.max_batch_size = max_batch_size
         self.gather_wait_s = gather_wait_s
+        self.torch_threads = torch_threads
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._state = threading.Lock()  # guards _thread, _closed and the counters
         self._alone = threading.Lock()  # serialises batches of one after close
@@ -113,6 +124,9 @@ class BatchingEngine:
             self._largest = max(self._largest, len(requests))
 
     def _run(self) -> None:
+        if self.torch_threads is not None:
+            # Per calling thread (torch's OpenMP pool is per thread): this one decodes.
+            torch.set_num_threads(self.torch_threads)
         stopping = False
         while not stopping:
             first = self._queue.get()

@@ -69,7 +69,8 @@ class TorchPolicyClient:
         checkpoint_id: str | None = None,
         dtype: torch.dtype = torch.float32,
         max_batch_size: int = 64,
-        gather_wait_s: float = 0.002,
+        gather_wait_s: float = 0.015,
+        torch_threads: int | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
@@ -94,6 +95,7 @@ class TorchPolicyClient:
             partial(sample_batch, self.model, cache_name=cache_name,
                     pad_token_id=_pad_token_id(self.model, self.eos_token_ids)),
             name=self.checkpoint_id, max_batch_size=max_batch_size, gather_wait_s=gather_wait_s,
+            torch_threads=torch_threads,
         )
 
     def tokenizer(self) -> PreTrainedTokenizerBase:

@@ -115,7 +115,7 @@ class UpdateActivities:
     def __init__(
         self, *, engine: Engine, authorizer: Authorizer, artifact_dir: Path,
         store: ArtifactStore | None = None, cache_dir: Path | None = None,
-        home: Path | None = None,
+        home: Path | None = None, torch_threads: int | None = None,
     ) -> None:
         self._engine = engine
         self._authorizer = authorizer
@@ -126,8 +126,7 @@ class UpdateActivities:
         # and read back through a verified local cache; without one they stay file:// here.
         self._shared_store = store
         self._cache_dir = cache_dir or artifact_dir / "cache"
-        # One update at a time per worker: the accelerator (or the CPU) is the bottleneck.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner")
+        self._executor = learner_executor(torch_threads)
 
     @activity.defn(name=REGISTER_BASE_CHECKPOINT.name)
     def register_base_checkpoint(self, request: RegisterBaseInput) -> BaseCheckpoint:
@@ -319,6 +318,20 @@ class UpdateActivities:
             assert winner is not None
             return result_of(winner, already_done=True)
         return result_of(step, already_done=False)
+
+
+def learner_executor(torch_threads: int | None) -> ThreadPoolExecutor:
+    """The learner's one thread (one update at a time per worker: the accelerator, or the
+    CPU, is the bottleneck), with ``torch_threads`` intra-op threads when set.
+
+    torch's intra-op pool is per calling thread, so the limit is set in the learner's own.
+    """
+    if torch_threads is None:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner")
+    if torch_threads < 1:
+        raise ValueError(f"torch_threads must be at least 1, got {torch_threads}")
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner",
+                              initializer=torch.set_num_threads, initargs=(torch_threads,))
 
 
 def result_of(step: TrainingStep, *, already_done: bool) -> UpdateResult:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -16,7 +17,9 @@ from execution_loop.inference.base import FINISH_LENGTH, FINISH_STOP, InferenceE
 from execution_loop.inference.batched_sampling import Sample, SampleRequest
 from execution_loop.inference.batching import BatchingEngine
 from execution_loop.inference.torch_backend import TorchPolicyClient
+from execution_loop.serving import backend_factory
 from learning_loop.tiny_model import TinyModelSpec, create_tiny_model
+from triloop.config import Settings
 
 torch.set_num_threads(1)
 
@@ -234,3 +237,34 @@ def test_engine_settings_are_checked() -> None:
         BatchingEngine(lambda _: None, name="x", max_batch_size=0)
     with pytest.raises(ValueError, match="gather_wait_s"):
         BatchingEngine(lambda _: None, name="x", gather_wait_s=-1)
+
+
+def test_the_engine_decodes_with_its_own_torch_thread_limit() -> None:
+    """torch's intra-op pool is per calling thread: the limit holds in the engine's thread."""
+    want = (os.cpu_count() or 1) + 1  # neither torch's default nor this module's 1
+    seen: list[int] = []
+
+    def record(requests: Sequence[SampleRequest]) -> None:
+        seen.append(torch.get_num_threads())
+
+    engine = BatchingEngine(record, name="ckpt", torch_threads=want)
+    try:
+        engine.sample(SampleRequest([1, 2], 4, 1.0, torch.Generator(), frozenset(), frozenset()))
+    finally:
+        engine.close()
+    assert seen == [want]
+    with pytest.raises(ValueError, match="torch_threads"):
+        BatchingEngine(record, name="x", torch_threads=0)
+
+
+def test_settings_reach_the_in_process_engine(model_dir: Path) -> None:
+    """TRILOOP_BATCH_GATHER_MS and TRILOOP_TORCH_THREADS configure each checkpoint's engine."""
+    settings = Settings(batch_gather_ms=40.0, torch_threads=3)
+    client = backend_factory(settings)("ckpt", model_dir)
+    assert isinstance(client, TorchPolicyClient)
+    try:
+        assert client.engine.gather_wait_s == pytest.approx(0.040)
+        assert client.engine.torch_threads == 3
+    finally:
+        client.engine.close()
+    assert Settings().batch_gather_ms == 15.0 and Settings().torch_threads is None

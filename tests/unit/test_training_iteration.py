@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,17 @@ def test_dynamic_sampling_drops_zero_variance_groups_and_records_the_rate(
     assert series["reward/task/t"] == 0.5
     update = outcome.step_columns["metrics"]["update"]
     assert update["samples"] == 2  # the zero-variance group's two samples left the loss
+
+
+def test_the_learner_thread_keeps_its_torch_thread_limit() -> None:
+    """TRILOOP_TORCH_THREADS holds in the learner's own thread (torch's pool is per thread)."""
+    from learning_loop.activities.update import learner_executor
+
+    want = (os.cpu_count() or 1) + 1  # neither torch's default nor this module's 1
+    limited = learner_executor(want)
+    try:
+        assert limited.submit(torch.get_num_threads).result() == want
+    finally:
+        limited.shutdown()
+    with pytest.raises(ValueError, match="torch_threads"):
+        learner_executor(0)
