@@ -176,7 +176,7 @@ def load_checkpoint(
             raise CheckpointError(f"{path} was saved without scheduler state")
         scheduler.load_state_dict(state["scheduler"])
     if restore_rng:
-        _restore_rng(state["rng"])
+        restore_rng_state(state["rng"])
     return LoadedCheckpoint(
         ref=CheckpointRef(id=checkpoint_id, path=path),
         data_cursor=dict(state["data_cursor"]),
@@ -212,20 +212,26 @@ def _trainer_state(
     data_cursor: Mapping[str, Any] | None,
     metadata: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    rng: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
     return {
         "format_version": _FORMAT_VERSION,
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "rng": rng,
+        "rng": rng_state(),
         "data_cursor": dict(data_cursor or {}),
         "metadata": dict(metadata or {}),
     }
 
 
-def _restore_rng(rng: Mapping[str, Any]) -> None:
+def rng_state() -> dict[str, Any]:
+    """The process's RNG state as a checkpoint saves it (python, torch, CUDA)."""
+    rng: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def restore_rng_state(rng: Mapping[str, Any]) -> None:
+    """Put back a state ``rng_state`` took (or a checkpoint saved)."""
     version, internal, gauss = rng["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(rng["torch"])

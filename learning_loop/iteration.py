@@ -30,6 +30,8 @@ from learning_loop.checkpoints import (
     CheckpointRef,
     annotate_checkpoint,
     load_checkpoint,
+    restore_rng_state,
+    rng_state,
     save_checkpoint,
 )
 from learning_loop.iteration_records import alarm_record, step_columns
@@ -74,6 +76,33 @@ class IterationOutcome:
     step_columns: dict[str, Any]
     stability: IterationMetrics
     alarms: list[Alarm] = field(default_factory=list)
+    learner: WarmLearner | None = None  # the learner as it left the checkpoint, to go on
+
+
+@dataclass
+class WarmLearner:
+    """A learner held in memory as it was saved: its checkpoint's id, the model, optimizer and
+    scheduler, and the RNG state saved with them.
+
+    The next update of the same run starts from exactly this state, so it need not read
+    the checkpoint back from disk: loading it would give the same weights (the id is their
+    hash), optimizer, scheduler and RNG.
+    """
+
+    checkpoint_id: str
+    model: PreTrainedModel
+    optimizer: torch.optim.AdamW
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    rng: dict[str, Any]
+
+    def resume(self, config: RunConfig
+               ) -> tuple[PreTrainedModel, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+        """What ``load_learner`` would return for this checkpoint, without reading it."""
+        restore_rng_state(self.rng)
+        self.optimizer.zero_grad(set_to_none=True)
+        cast(torch.nn.Module, self.model).train(True)  # as a freshly built model is
+        set_learning_rate(self.optimizer, self.scheduler, config.optimizer.learning_rate)
+        return self.model, self.optimizer, self.scheduler
 
 
 class ServableModel:
@@ -178,8 +207,12 @@ def train_iteration(
     data_cursor: Mapping[str, Any],
     on_stage: Callable[[str], None] = lambda _stage: None,
     series: Mapping[str, float] | None = None,
+    warm: WarmLearner | None = None,
 ) -> IterationOutcome:
     """Update the parent checkpoint (policy version ``iteration - 1``) on ``data``; save.
+
+    ``warm``, the learner an earlier update of the run left in memory, is used instead of
+    loading the parent when it is the parent's and the run resumes its optimizer.
 
     A batch without learning signal (no sample, or every advantage zero and neither a KL
     term nor an entropy bonus) changes nothing: no optimizer step, no new checkpoint; the
@@ -194,8 +227,13 @@ def train_iteration(
         )
     device = select_device()
     on_stage("loading")
-    model, optimizer, scheduler = load_learner(parent.path, config, device,
-                                               resume_optimizer=resume_optimizer)
+    if warm is not None and resume_optimizer and warm.checkpoint_id == parent.id \
+            and config.update.world_size == 1:
+        model, optimizer, scheduler = warm.resume(config)
+    else:
+        warm = None
+        model, optimizer, scheduler = load_learner(parent.path, config, device,
+                                                   resume_optimizer=resume_optimizer)
     all_samples, advantages = build_training_samples(data.steps, config.advantage)
     # The monitors look at everything sampled; the loss only at what dynamic sampling keeps.
     samples, sampling = all_samples, {}
@@ -245,8 +283,8 @@ def train_iteration(
     columns = step_columns(stability, update, alarms, advantages.zero_variance_groups,
                            advantages.groups, data,
                            series=merge_series(series, reward_series(data.returns), sampling))
-    if update is None:
-        return IterationOutcome(parent, False, columns, stability, alarms)
+    if update is None:  # nothing moved: a learner reused from memory is still the parent's
+        return IterationOutcome(parent, False, columns, stability, alarms, learner=warm)
     on_stage("saving")
     metadata = {"iteration": iteration, "training_step": columns,
                 "alarms": [alarm_record(a) for a in alarms]}
@@ -255,6 +293,10 @@ def train_iteration(
     else:
         ref = save_servable(artifact_dir, model, parent.path, optimizer=optimizer,
                             scheduler=scheduler, data_cursor=data_cursor, metadata=metadata)
+        # The RNG as saved: nothing random ran since the trainer state captured it.
+        learner = WarmLearner(ref.id, model, optimizer, scheduler, rng_state())
+        return IterationOutcome(ref, ref.id != parent.id, columns, stability, alarms,
+                                learner=learner)
     return IterationOutcome(ref, ref.id != parent.id, columns, stability, alarms)
 
 

@@ -2,7 +2,8 @@
 
 The update is idempotent per (run, iteration): if the iteration's ``training_step`` row
 exists, the stored result is returned and nothing trains. Otherwise the parent checkpoint
-(weights, optimizer, scheduler, RNG) is loaded, the rollout batches are read from the
+(weights, optimizer, scheduler, RNG) is loaded (or kept in memory from the update that
+saved it, on this worker), the rollout batches are read from the
 database, the update runs in a worker thread while the activity heartbeats, and the
 checkpoint is saved; then, after ``authorize()``, one transaction writes the checkpoint
 row, the training step, ``iterations_done`` and the alarms' audit events.
@@ -49,6 +50,7 @@ from learning_loop.contracts import (
 )
 from learning_loop.iteration import (
     NoTrainableData,
+    WarmLearner,
     load_model,
     save_servable,
     train_iteration,
@@ -127,6 +129,9 @@ class UpdateActivities:
         self._shared_store = store
         self._cache_dir = cache_dir or artifact_dir / "cache"
         self._executor = learner_executor(torch_threads)
+        # The learner the last update left in memory (only the learner thread touches it):
+        # the run's next update starts from it instead of reading its checkpoint back.
+        self._warm: WarmLearner | None = None
 
     @activity.defn(name=REGISTER_BASE_CHECKPOINT.name)
     def register_base_checkpoint(self, request: RegisterBaseInput) -> BaseCheckpoint:
@@ -269,8 +274,9 @@ class UpdateActivities:
             data_cursor={"run_id": request.run_id, "iteration": request.iteration,
                          "batch_ids": list(request.batch_ids),
                          "next_iteration": request.iteration + 1},
-            on_stage=stage, series=request.series,
+            on_stage=stage, series=request.series, warm=self._warm,
         )
+        self._warm = outcome.learner
         if outcome.weights_changed:
             progress.stage, progress.checkpoint_id = "saved", outcome.checkpoint.id
         return TrainedIteration(outcome.checkpoint.id, outcome.checkpoint.path,

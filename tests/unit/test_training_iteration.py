@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from learning_loop.batch import TrainingSample
-from learning_loop.checkpoints import CheckpointRef, saved_weights_digest
-from learning_loop.iteration import load_model, save_servable, train_iteration
+from learning_loop.checkpoints import CheckpointError, CheckpointRef, saved_weights_digest
+from learning_loop.iteration import (
+    IterationOutcome,
+    WarmLearner,
+    load_model,
+    save_servable,
+    train_iteration,
+)
 from learning_loop.iteration_records import saved_iteration
 from learning_loop.objective import policy_action_logprobs
 from learning_loop.tiny_model import create_tiny_model
@@ -139,3 +146,43 @@ def test_the_learner_thread_keeps_its_torch_thread_limit() -> None:
         limited.shutdown()
     with pytest.raises(ValueError, match="torch_threads"):
         learner_executor(0)
+
+
+def test_a_learner_kept_in_memory_continues_exactly_as_one_read_back_from_disk(
+    tmp_path: Path, root: tuple[Path, CheckpointRef],
+) -> None:
+    """The run's next update may start from the learner the last one left in memory: the
+    same weights, optimizer, scheduler and RNG as loading its checkpoint, so the same child."""
+    _, base = root
+    artifacts = tmp_path / "artifacts"
+    first = train_iteration(
+        artifact_dir=artifacts, parent=base, resume_optimizer=False, reference_dir=None,
+        config=config(), data=to_rollout_data(batch(base.path, [1.0, 0.0, 0.5, -0.5])),
+        iteration=1, history=[], data_cursor={"iteration": 1})
+    assert first.learner is not None and first.learner.checkpoint_id == first.checkpoint.id
+    parent = first.checkpoint
+    data = to_rollout_data(batch(parent.path, [0.0, 1.0, 1.0, 0.0], 1))
+
+    def second(warm: WarmLearner | None, into: Path) -> IterationOutcome:
+        return train_iteration(
+            artifact_dir=into, parent=parent, resume_optimizer=True, reference_dir=None,
+            config=config(), data=data, iteration=2, history=[first.stability],
+            data_cursor={"iteration": 2}, warm=warm)
+
+    from_disk = second(None, tmp_path / "cold")
+    # The warm learner never reads its checkpoint: without its weights and trainer state
+    # on disk it still trains (only the config and tokenizer files are copied from it).
+    for name in ("model.safetensors", "trainer_state.pt"):
+        (parent.path / name).unlink()
+    from_memory = second(first.learner, tmp_path / "warm")
+    assert from_memory.checkpoint.id == from_disk.checkpoint.id != parent.id
+    assert from_memory.step_columns["loss"] == from_disk.step_columns["loss"]
+    # A learner left by another checkpoint is not used: that update reads its parent.
+    with pytest.raises(CheckpointError):
+        second(WarmLearner("another", *_learner_parts(first)), tmp_path / "other")
+
+
+def _learner_parts(outcome: IterationOutcome) -> tuple[Any, ...]:
+    learner = outcome.learner
+    assert learner is not None
+    return learner.model, learner.optimizer, learner.scheduler, learner.rng
