@@ -4,8 +4,10 @@ triloop's side is the shipped path with everything on: the run's workflow on the
 queue, each iteration's rollout batch through execution's Nexus operation and its
 ``RolloutWorkflow`` (episodes on the in-process torch policy, trajectories written to
 PostgreSQL through the execution role and OPA), the update on ``learning-gpu``, the
-checkpoint (safetensors, sha256 id), lineage and stability rows, audit events. Workers run
-in this process on a throwaway stack (``triloop.devstack.ephemeral``).
+checkpoint (safetensors, sha256 id), lineage and stability rows, audit events, on a
+throwaway stack (``triloop.devstack.ephemeral``). As deployed, the loops are separate
+services: the execution worker runs in a child process of its own, the learning workers in
+this one, so the rollouts' batching engine and the learner do not share one interpreter.
 
 The task is single-turn so both sides do the same work: the prompt is bench/trl_peer.py's
 frozen-lake-like grid question, the answer is one completion, and the reward is the share of
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -38,8 +41,8 @@ import sys
 import tempfile
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +150,6 @@ def run_config(args: argparse.Namespace, base: Path, tasks: Sequence[str]) -> di
 async def run_triloop(settings: Settings, args: argparse.Namespace, base: Path
                       ) -> dict[str, Any]:
     """Train through the real workflows; per-iteration seconds and the history breakdown."""
-    from execution_loop.worker import build_worker as build_execution_worker
     from learning_loop.worker import build_worker as build_learning_workers
     from triloop.workflow_api import (
         LEARNING_QUEUE,
@@ -176,9 +178,7 @@ async def run_triloop(settings: Settings, args: argparse.Namespace, base: Path
     execution = await connect(settings, identity="bench-execution", service="execution")
     web = await connect(settings, identity="bench-web", service="web", loop="learning")
     async with AsyncExitStack() as stack:
-        await stack.enter_async_context(build_execution_worker(
-            execution, settings, environment_lookup=lambda _name: LakeMoves,
-            max_concurrent_episodes=args.prompts * args.group_size))
+        stack.enter_context(execution_worker_process(settings, args.prompts * args.group_size))
         for worker in build_learning_workers(learning, settings):
             await stack.enter_async_context(worker)
         handle = await web.start_workflow(
@@ -196,12 +196,53 @@ async def run_triloop(settings: Settings, args: argparse.Namespace, base: Path
             "SELECT total_reward FROM trajectory t JOIN rollout_batch b ON b.id = t.batch_id "
             "WHERE b.run_id = :r"), {"r": run_id})]
     gaps = [(b - a).total_seconds() for a, b in zip(stamps, stamps[1:], strict=False)]
-    measured = gaps[max(0, args.warmup - 1):]
-    breakdown = await history_breakdown(learning, execution, handle.id,
-                                        len(stamps))
+    first = max(0, args.warmup - 1)
+    measured = gaps[first:]
+    # Only what began in the measured iterations: the warm-up's first rollouts load the
+    # model and warm the execution process, which the median leaves out too.
+    breakdown = await history_breakdown(learning, execution, handle.id, len(measured),
+                                        since=stamps[first].timestamp())
     return {"seconds_per_iteration": statistics.median(measured), "iterations": len(stamps),
             "mean_reward": statistics.fmean(rewards) if rewards else 0.0,
             "breakdown": breakdown}
+
+
+@contextmanager
+def execution_worker_process(settings: Settings, episodes: int) -> Iterator[None]:
+    """The execution worker in a child process (the bench's environment registered there),
+    until the block ends."""
+    context = multiprocessing.get_context("spawn")
+    ready, tell = context.Pipe(duplex=False)
+    child = context.Process(target=serve_execution, name="bench-execution-worker",
+                            args=(settings.model_dump(mode="json"), episodes, tell), daemon=True)
+    child.start()
+    try:
+        if not ready.poll(120):
+            raise RuntimeError("the execution worker process did not start"
+                               f" (exit {child.exitcode})")
+        yield
+    finally:
+        child.terminate()
+        child.join(30)
+
+
+def serve_execution(settings_data: dict[str, Any], episodes: int, ready: Any) -> None:
+    """The child process: run the execution worker until terminated."""
+    import transformers
+
+    from execution_loop.worker import build_worker
+
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    settings = Settings.model_validate(settings_data)
+
+    async def serve() -> None:
+        client = await connect(settings, identity="bench-execution", service="execution")
+        async with build_worker(client, settings, environment_lookup=lambda _name: LakeMoves,
+                                max_concurrent_episodes=episodes):
+            ready.send(True)
+            await asyncio.Event().wait()
+
+    asyncio.run(serve())
 
 
 async def wait_for_iterations(owner: Engine, handle: Any, run_id: str, iterations: int) -> None:
@@ -225,9 +266,10 @@ async def wait_for_iterations(owner: Engine, handle: Any, run_id: str, iteration
         await asyncio.sleep(1.0)
 
 
-async def history_breakdown(learning: Any, execution: Any,
-                            run_workflow_id: str, iterations: int) -> dict[str, float]:
-    """Seconds per iteration by activity, Nexus operation and child workflow, from histories."""
+async def history_breakdown(learning: Any, execution: Any, run_workflow_id: str,
+                            iterations: int, *, since: float) -> dict[str, float]:
+    """Seconds per iteration by activity, Nexus operation and child workflow, from histories,
+    counting what began at ``since`` (epoch seconds) or later."""
     from temporalio.api.enums.v1 import EventType
 
     spent: dict[str, float] = defaultdict(float)
@@ -242,21 +284,24 @@ async def history_breakdown(learning: Any, execution: Any,
             if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
                 opened = at
             elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
-                spent[f"{prefix}workflow wall clock"] += at - opened
+                if opened >= since:
+                    spent[f"{prefix}workflow wall clock"] += at - opened
             elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 name = event.activity_task_scheduled_event_attributes.activity_type.name
                 started[event.event_id] = (f"{prefix}activity {name}", at)
             elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
                 name, began = started[event.activity_task_completed_event_attributes
                                       .scheduled_event_id]
-                spent[name] += at - began
+                if began >= since:
+                    spent[name] += at - began
             elif kind == EventType.EVENT_TYPE_NEXUS_OPERATION_SCHEDULED:
                 attrs = event.nexus_operation_scheduled_event_attributes
                 started[event.event_id] = (f"{prefix}nexus {attrs.service}.{attrs.operation}", at)
             elif kind == EventType.EVENT_TYPE_NEXUS_OPERATION_COMPLETED:
                 name, began = started[event.nexus_operation_completed_event_attributes
                                       .scheduled_event_id]
-                spent[name] += at - began
+                if began >= since:
+                    spent[name] += at - began
 
     await walk(learning, run_workflow_id, "learning ")
     async for listed in execution.list_workflows("WorkflowType = 'RolloutWorkflow'"):
