@@ -25,7 +25,9 @@ group of episodes, groups concurrent) add up to activity-seconds, not wall clock
     .venv/bin/python bench/iteration.py                  # about five minutes on 2 cores
     .venv/bin/python bench/iteration.py --iterations 6 --group-size 8 --json
 
-Goal (issue 14): triloop at most 1.5x TRL's time per iteration on CPU.
+Goal (issue 14): triloop at most 1.5x TRL's time per iteration on CPU. One run's ratio moves
+by about 0.1 from run to run on a 2-core machine (TRL's own time by 10%); compare the median
+of several runs (bench/RESULTS.md has nine).
 """
 
 from __future__ import annotations
