@@ -191,11 +191,13 @@ def decide_watch_against_baselines(
         for name, counts in baselines.items()
     }
     evidence: dict[str, Any] = {name: d.evidence for name, d in decisions.items()}
-    reasons = [f"{name}: {reason}" for name, d in decisions.items() for reason in d.reasons]
     rollback = [name for name, d in decisions.items() if d.verdict is Verdict.ROLLBACK]
+    # Each reason names the baseline it was judged against, quoted, so that a baseline's
+    # name (a window of episodes) does not read as part of the verdict.
+    reasons = [f"baseline {name!r}: {reason}" for name, d in decisions.items()
+               if name in rollback or not rollback for reason in d.reasons]
     if rollback:
         verdict = Verdict.ROLLBACK
-        reasons = [r for r in reasons if r.split(":", 1)[0] in rollback]
     elif period_complete:
         verdict = Verdict.PASS
     else:

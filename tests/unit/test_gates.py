@@ -466,7 +466,9 @@ def test_watch_rolls_back_against_the_candidates_own_canary_baseline() -> None:
         baselines, BinomialCounts(60, 3), period_complete=False, thresholds=spec
     )
     assert regressed.rollback
-    assert all(r.startswith("candidate during canary") for r in regressed.reasons)
+    assert regressed.reasons and all(
+        r.startswith("baseline 'candidate during canary': regression after promotion")
+        for r in regressed.reasons)
     assert set(regressed.evidence["baselines"]) == set(baselines)
 
     holding = decide_watch_against_baselines(
