@@ -283,15 +283,22 @@ def write_trajectory(
 
     Returns True when this call wrote it, False when the episode was already stored
     (a retried activity): never a second copy. ``PolicyDenied`` propagates and
-    nothing is written.
+    nothing is written. The insert is ``write_trajectories``'s, for a group of one.
     """
     if trajectory_statuses(engine=engine, ids=[trajectory.id]):
         return False
     authorizer.authorize(EXECUTION, "create", trajectory_resource(trajectory))
+    return trajectory.id in _store_new(engine, [(trajectory, steps)])
+
+
+def _store_new(
+    engine: Engine, episodes: Sequence[tuple[TrajectoryRow, Sequence[StepRow]]]
+) -> set[str]:
+    """Authorized episodes in one transaction (first write wins); the ids this call wrote."""
     with engine.begin() as conn:
         raw = conn.connection.driver_connection
         with raw.cursor() as cursor:  # type: ignore[union-attr]
-            return insert_trajectory(cursor, trajectory, steps)
+            return _insert_trajectories(cursor, episodes)
 
 
 # What one authorization of a set decides over: the facts every episode of the set shares.
@@ -368,12 +375,7 @@ def write_trajectories(
         else:
             allowed.update(row.id for row in alike)
     to_write = [(row, steps) for row, steps in fresh if row.id in allowed]
-    written: set[str] = set()
-    if to_write:
-        with engine.begin() as conn:
-            raw = conn.connection.driver_connection
-            with raw.cursor() as cursor:  # type: ignore[union-attr]
-                written = _insert_trajectories(cursor, to_write)
+    written = _store_new(engine, to_write) if to_write else set()
     if len(written) < len(to_write):  # a concurrent run of some episode got there first
         present.update(trajectory_statuses(
             engine=engine, ids=[row.id for row, _ in to_write if row.id not in written]))
