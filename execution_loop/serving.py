@@ -133,34 +133,62 @@ class PolicyCache:
         self._store = store  # the shared artifact store, for artifact:// checkpoints
         self._capacity = capacity
         self._clients: OrderedDict[str, PolicyClient] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the two maps, never held while loading
+        self._loading: dict[str, threading.Lock] = {}  # one per checkpoint being loaded
 
     def get(self, checkpoint_id: str) -> PolicyClient:
-        """The client serving ``checkpoint_id``, loaded on first use."""
+        """The client serving ``checkpoint_id``, loaded on first use.
+
+        Episodes of one new checkpoint load it once (the others wait for that load);
+        a load never holds up episodes of checkpoints already loaded, or other loads.
+        """
         with self._lock:
-            client = self._clients.get(checkpoint_id)
+            client = self._cached(checkpoint_id)
             if client is not None:
-                self._clients.move_to_end(checkpoint_id)
                 return client
-            # Loading under the lock: two episodes of a new checkpoint load it once.
-            model_dir = self.model_dir(checkpoint_id)
-            self._verify(model_dir, checkpoint_id)
+            loading = self._loading.setdefault(checkpoint_id, threading.Lock())
+        with loading:
+            with self._lock:
+                client = self._cached(checkpoint_id)
+            if client is not None:  # loaded while this one waited
+                return client
             try:
-                client = self._factory(checkpoint_id, model_dir)
-            except WeightsIntegrityError as error:  # an inference server serving other weights
-                record_integrity_event(self._engine, service="execution", error=error,
-                                       during="loading into the inference server")
-                raise
-            try:
-                self._verify(model_dir, checkpoint_id)
-            except WeightsIntegrityError:
-                _close(client)
-                raise
-            self._clients[checkpoint_id] = client
-            while len(self._clients) > self._capacity:
-                _, evicted = self._clients.popitem(last=False)
-                _close(evicted)
+                client = self._load(checkpoint_id)
+            finally:
+                with self._lock:
+                    if self._loading.get(checkpoint_id) is loading:
+                        del self._loading[checkpoint_id]
+            with self._lock:
+                self._clients[checkpoint_id] = client
+                evicted = [self._clients.popitem(last=False)[1]
+                           for _ in range(len(self._clients) - self._capacity)]
+            for old in evicted:
+                _close(old)
             return client
+
+    def _cached(self, checkpoint_id: str) -> PolicyClient | None:
+        """The loaded client, now the most recently used; under ``self._lock``."""
+        client = self._clients.get(checkpoint_id)
+        if client is not None:
+            self._clients.move_to_end(checkpoint_id)
+        return client
+
+    def _load(self, checkpoint_id: str) -> PolicyClient:
+        """Verify the checkpoint's weights, build its client, and verify them again."""
+        model_dir = self.model_dir(checkpoint_id)
+        self._verify(model_dir, checkpoint_id)
+        try:
+            client = self._factory(checkpoint_id, model_dir)
+        except WeightsIntegrityError as error:  # an inference server serving other weights
+            record_integrity_event(self._engine, service="execution", error=error,
+                                   during="loading into the inference server")
+            raise
+        try:
+            self._verify(model_dir, checkpoint_id)
+        except WeightsIntegrityError:
+            _close(client)
+            raise
+        return client
 
     def _verify(self, model_dir: Path, checkpoint_id: str) -> None:
         """Refuse weights that are not the checkpoint's, and record the refusal."""
