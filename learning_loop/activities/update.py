@@ -229,6 +229,12 @@ class UpdateActivities:
         except UnsupportedArtifactUri as exc:
             raise CheckpointError(str(exc)) from exc
 
+    def _take_warm(self, parent_id: str) -> WarmLearner | None:
+        """The learner in memory if it is the parent's; either way this worker lets go of
+        it, so that another run's update never holds two models at once."""
+        warm, self._warm = self._warm, None
+        return warm if warm is not None and warm.checkpoint_id == parent_id else None
+
     def _saved(self, resume: _Progress, request: UpdateInput) -> TrainedIteration | None:
         """A previous attempt's saved checkpoint for this iteration, if it got that far."""
         checkpoint_id = resume.checkpoint_id
@@ -274,7 +280,7 @@ class UpdateActivities:
             data_cursor={"run_id": request.run_id, "iteration": request.iteration,
                          "batch_ids": list(request.batch_ids),
                          "next_iteration": request.iteration + 1},
-            on_stage=stage, series=request.series, warm=self._warm,
+            on_stage=stage, series=request.series, warm=self._take_warm(parent.id),
         )
         self._warm = outcome.learner
         if outcome.weights_changed:
