@@ -139,8 +139,9 @@ class PolicyCache:
     def get(self, checkpoint_id: str) -> PolicyClient:
         """The client serving ``checkpoint_id``, loaded on first use.
 
-        Episodes of one new checkpoint load it once (the others wait for that load);
-        a load never holds up episodes of checkpoints already loaded, or other loads.
+        Episodes of one new checkpoint load it once (the others wait for that load); a
+        load never holds up episodes of checkpoints already loaded. (The in-process torch
+        backend builds one model at a time, so there two new checkpoints load in turn.)
         """
         with self._lock:
             client = self._cached(checkpoint_id)

@@ -14,6 +14,7 @@ in padded micro-batches (``batched_sampling``), each row as it would be decoded 
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -58,6 +59,13 @@ def _pad_token_id(model: Any, eos_token_ids: frozenset[int]) -> int:
     return min(eos_token_ids) if eos_token_ids else 0
 
 
+# from_pretrained builds the model on the meta device through process-global state: two
+# threads loading at once can get each other's meta tensors ("Cannot copy out of meta
+# tensor"). The worker's cache loads different checkpoints concurrently, so loads in this
+# process take turns here.
+_LOADING = threading.Lock()
+
+
 class TorchPolicyClient:
     """A ``PolicyClient`` that runs the checkpoint in this process (CPU or CUDA)."""
 
@@ -82,8 +90,9 @@ class TorchPolicyClient:
             device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
         )
         self.checkpoint_id = checkpoint_id or self.model_dir.name
-        model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
-        self.model: Any = model.to(self.device).eval()
+        with _LOADING:
+            model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
+            self.model: Any = model.to(self.device).eval()
         self.max_model_len = int(self.model.config.max_position_embeddings)
         self.eos_token_ids = _eos_token_ids(self.model)
         # transformers 5 renamed the KV-cache argument and output field (past_key_values -> cache).
