@@ -27,7 +27,7 @@ group of episodes, groups concurrent) add up to activity-seconds, not wall clock
 
 Goal (issue 14): triloop at most 1.5x TRL's time per iteration on CPU. One run's ratio moves
 by about 0.1 from run to run on a 2-core machine (TRL's own time by 10%); compare the median
-of several runs (bench/RESULTS.md has nine).
+of several runs (bench/RESULTS.md has 26).
 """
 
 from __future__ import annotations
@@ -160,9 +160,10 @@ async def run_triloop(settings: Settings, args: argparse.Namespace, base: Path
         training_run_workflow_id,
     )
 
-    # The two loops' workers share this process and the machine's cores: each torch user
-    # (the batching engine's thread, the learner's) gets its share, as TRILOOP_TORCH_THREADS
-    # would be set on a machine that hosts both.
+    # Both loops' workers share the machine's cores (the execution worker in its child
+    # process, the learner here): each torch user (the batching engine's thread, the
+    # learner's) gets its share, as TRILOOP_TORCH_THREADS would be set on a machine that
+    # hosts both.
     settings = settings.model_copy(update={"torch_threads": args.torch_threads})
     owner = owner_engine(settings)
     tasks = register(owner, args.prompts, args.completion_tokens)
@@ -342,8 +343,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-        help="intra-op threads of each torch user in triloop's worker process (the batching "
-        "engine and the learner run at once; default half the cores; TRL gets every core)")
+        help="intra-op threads of each torch user in triloop's workers (the batching engine "
+        "and the learner run at once on this machine; default half the cores; TRL gets every "
+        "core)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
