@@ -120,6 +120,9 @@ def save_checkpoint(
     root = artifact_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    # mkdtemp makes it 0700; the execution and governance workers (other users, in the
+    # artifact store's group) must read it. Who may enter the store is its top folder's say.
+    os.chmod(staging, 0o755)
     try:
         model.save_pretrained(staging)
         if tokenizer is not None:
