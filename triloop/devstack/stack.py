@@ -320,7 +320,7 @@ def status(settings: Settings) -> list[tuple[str, str, str]]:
     rows = []
     for name in SERVICE_ORDER:
         proc = recorded_process(paths.pid_file(name))
-        state = (f"running (pid {proc.pid}, user {running_as(proc.uids().real)})" if proc
+        state = (f"running (pid {proc.pid}) as {running_as(proc.uids().real)}" if proc
                  else "stopped")
         if name == "postgres" and settings.database_url:
             state = "external (TRILOOP_DATABASE_URL)"
