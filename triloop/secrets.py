@@ -116,16 +116,22 @@ def hand_out(directory: Path, folder: Path, names: Iterable[str], *,
         value = read_secret(directory, name)
         if value is None:
             raise FileNotFoundError(f"secret {name!r} is missing from {directory}")
-        _replace_privately(folder / name, value, owner)
+        replace_file(folder / name, value, owner=owner)
     return folder
 
 
-def _replace_privately(path: Path, value: str, owner: tuple[int, int] | None) -> None:
+def replace_file(path: Path, text: str, *, owner: tuple[int, int] | None = None,
+                 mode: int = 0o600) -> None:
+    """Write ``path`` anew and rename it into place: never through a link planted there.
+
+    For root writing into a folder a service owns (its secrets, its state): opening the
+    old name could follow a link the service made to any file on the host.
+    """
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as handle:
         if owner is not None:
             os.fchown(fd, *owner)
-        os.fchmod(fd, 0o600)
-        handle.write(value)
+        os.fchmod(fd, mode)
+        handle.write(text)
     os.replace(temporary, path)

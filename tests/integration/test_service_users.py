@@ -205,3 +205,24 @@ def test_not_root_every_service_shares_the_invoking_user(
     monkeypatch.setattr(accounts.os, "geteuid", lambda: 1000)
     assert accounts.ensure_account("learning-worker") is None
     assert "shared: every service runs as" in users_line()
+
+
+def test_handing_out_secrets_never_writes_through_a_link_the_service_planted(
+    tmp_path: Path,
+) -> None:
+    """The service owns its folder; a link it made there must not redirect root's write."""
+    from triloop.secrets import ensure_secret, hand_out
+
+    operator = tmp_path / "secrets"
+    value = ensure_secret(operator, "pg-learning")
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    folder = tmp_path / "services" / "learning" / "secrets"
+    folder.mkdir(parents=True)
+    (folder / "pg-learning").symlink_to(victim)
+    (folder / "planted").symlink_to(victim)
+    hand_out(operator, folder, ["pg-learning"])
+    assert victim.read_text() == "untouched"
+    assert not (folder / "pg-learning").is_symlink()
+    assert (folder / "pg-learning").read_text() == value
+    assert {p.name for p in folder.iterdir()} == {"pg-learning"}

@@ -168,6 +168,24 @@ def hand_over(path: Path, account: ServiceAccount) -> None:
     os.chmod(path, 0o700)
 
 
+def take_back(path: Path) -> None:
+    """Make a service's state folder root's again, links removed, before root writes there.
+
+    Its files (config, keys) are then written where the service cannot redirect them;
+    ``hand_over`` gives the folder back when the service starts.
+    """
+    if not path.is_dir():
+        return
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            entry = os.path.join(root, name)
+            if os.path.islink(entry):
+                os.unlink(entry)  # the state of our services holds no links
+            else:
+                os.chown(entry, 0, 0)
+    os.chown(path, 0, 0, follow_symlinks=False)
+
+
 def shared_folder(path: Path, *, owner: ServiceAccount | None, group: str,
                   group_writes: bool = False) -> Path:
     """A folder its owner writes and the group's members read (or write), nobody else.

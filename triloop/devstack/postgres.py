@@ -27,6 +27,7 @@ from triloop.devstack.processes import (
     start_process,
     wait_until,
 )
+from triloop.secrets import replace_file
 
 
 @contextmanager
@@ -163,9 +164,8 @@ def _require_passwords(admin_url: str, pgdata: Path, owner_password: str,
         conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(owner_password)))
         hba = pgdata / "pg_hba.conf"
         if hba.read_text() != PG_HBA:
-            hba.write_text(PG_HBA)
-            if user:
-                os.chown(hba, user.uid, user.gid)
+            # The data folder is the server's user's: never write through a link there.
+            replace_file(hba, PG_HBA, owner=(user.uid, user.gid) if user else None)
             conn.execute("SELECT pg_reload_conf()")
 
 

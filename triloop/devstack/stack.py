@@ -28,6 +28,7 @@ from triloop.devstack.accounts import (
     running_as,
     separate_users,
     shared_folder,
+    take_back,
 )
 from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import (
@@ -260,6 +261,8 @@ def start_stack_temporal(settings: Settings, paths: StackPaths, port: int, *,
     Quick mode's dev server authenticates nobody anyway; it runs as the invoking user.
     """
     if settings.temporal_mode == "server":
+        if account is not None:  # its config is written before it is given its folder
+            take_back(paths.home / "temporal")
         return start_temporal_server(
             settings, state_dir=paths.home / "temporal",
             ports=TemporalPorts.for_stack(paths.home / "temporal", port),
