@@ -51,6 +51,11 @@ JUDGING = ("gate_result", "audit_event", "approval", "promotion", "routing", "de
 
 HELD_OUT = f"""
 ALTER TABLE rollout_batch ADD COLUMN task_ids text[];
+-- Asked at every training episode: is this task in an eval set, or in production traffic?
+-- (A training task's own episodes would otherwise be scanned each time.)
+CREATE INDEX eval_item_task_id ON eval_item (task_id);
+CREATE INDEX trajectory_traffic_task_id ON trajectory (task_id)
+    WHERE purpose IN ('production', 'shadow', 'canary');
 
 -- Each asked task that shares an id, or an environment and seed, with a held-out task.
 CREATE OR REPLACE FUNCTION triloop_held_out_conflicts(p_tasks text[])
@@ -77,8 +82,10 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public AS $$
     ORDER BY 1, 2, 5
 $$;
 REVOKE ALL ON FUNCTION triloop_held_out_conflicts(text[]) FROM PUBLIC;
+-- The roles that insert rollout batches; never learning, which would learn from it which
+-- tasks are held out.
 GRANT EXECUTE ON FUNCTION triloop_held_out_conflicts(text[]) TO triloop_execution,
-    triloop_governance;
+    triloop_web;
 
 -- Raise naming every conflict of these tasks, if any (the caller's statement fails).
 CREATE OR REPLACE FUNCTION triloop_refuse_held_out(p_what text, p_tasks text[])
@@ -98,7 +105,8 @@ BEGIN
 END;
 $$;
 REVOKE ALL ON FUNCTION triloop_refuse_held_out(text, text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION triloop_refuse_held_out(text, text[]) TO triloop_execution;
+GRANT EXECUTE ON FUNCTION triloop_refuse_held_out(text, text[]) TO triloop_execution,
+    triloop_web;
 
 CREATE OR REPLACE FUNCTION triloop_rollout_batch_held_out() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -214,6 +222,8 @@ DROP TRIGGER IF EXISTS rollout_batch_held_out ON rollout_batch;
 DROP FUNCTION IF EXISTS triloop_rollout_batch_held_out();
 DROP FUNCTION IF EXISTS triloop_refuse_held_out(text, text[]);
 DROP FUNCTION IF EXISTS triloop_held_out_conflicts(text[]);
+DROP INDEX IF EXISTS trajectory_traffic_task_id;
+DROP INDEX IF EXISTS eval_item_task_id;
 ALTER TABLE rollout_batch DROP COLUMN IF EXISTS task_ids;
 GRANT SELECT ON {", ".join(JUDGING)} TO triloop_learning;
 """

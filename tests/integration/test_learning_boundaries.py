@@ -264,6 +264,8 @@ JUDGING_READS = [
     "SELECT task_id FROM eval_item",
     "SELECT * FROM access_event",
     "SELECT * FROM step",
+    # Which tasks are held out is itself what learning must not learn.
+    "SELECT * FROM triloop_held_out_conflicts(ARRAY['task'])",
 ]
 
 
