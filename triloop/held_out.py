@@ -112,10 +112,10 @@ class Conflict:
     def describe(self) -> str:
         same = ("is held out" if self.task_id == self.held_task
                 else f"is the same world as held-out task {self.held_task}")
-        return f"task {self.task_id} {same} ({self.environment} seed {self.seed}, in " \
-               f"{self.held_by})"
+        return (f"task {self.task_id} {same} ({self.environment} seed {self.seed}, in "
+                f"{self.held_by})")
 
-    def to_fact(self) -> dict[str, str | int]:
+    def to_fact(self) -> dict[str, str]:
         """The conflict as a policy fact."""
         return {"task_id": self.task_id, "held_task": self.held_task, "held_by": self.held_by,
                 "reason": self.describe()}
