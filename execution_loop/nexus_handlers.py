@@ -3,9 +3,12 @@
 Each operation first names the calling loop from the server's link and asks OPA, with the
 execution service's own token, whether that loop may ask for this purpose (learning:
 training batches only; governance: eval, shadow, canary and probe batches, and admission
-probes). A batch's ``rollout_batch`` row then records who asked. Then it starts the
-workflow here, in the execution namespace, under the
-execution worker's identity; the caller's workflow receives the result when it ends.
+probes). A training batch's request also carries, read from PostgreSQL, each of its
+tasks that is held out (in a frozen eval set or in production traffic): the policy refuses
+any, and the refusal is audited. A batch's ``rollout_batch`` row then records who asked
+and for which tasks (the database refuses a held-out training task again). Then it starts
+the workflow here, in the execution namespace, under the execution worker's identity; the
+caller's workflow receives the result when it ends.
 """
 
 from __future__ import annotations
@@ -16,11 +19,17 @@ import nexusrpc
 from sqlalchemy import Engine
 from temporalio import nexus
 
-from execution_loop.batches import BatchConflict, record_requested_batch
+from execution_loop.batches import (
+    BatchConflict,
+    batch_tasks,
+    record_requested_batch,
+    training_conflicts,
+)
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
 from triloop import search_attributes
 from triloop.nexus_api import ExecutionService
 from triloop.nexus_caller import NexusCallerCheck
+from triloop.statuses import Purpose
 from triloop.workflow_api import (
     AdmissionProbeEvidence,
     AdmissionProbeInput,
@@ -47,9 +56,8 @@ class ExecutionNexusHandlers:
         The batch's row names the caller as its requester before any episode runs, so
         every trajectory it stores is vouched for by the database.
         """
-        caller = await self._check.admit(
-            ctx, purpose=batch.purpose,
-            attrs={"batch_id": batch.batch_id, "run_id": batch.run_id or ""})
+        caller = await self._check.admit(ctx, purpose=batch.purpose,
+                                         attrs=await self._batch_facts(batch))
         try:
             await asyncio.to_thread(record_requested_batch, engine=self._engine, batch=batch,
                                     requested_by=caller)
@@ -60,6 +68,16 @@ class ExecutionNexusHandlers:
             RolloutWorkflow.run, batch, id=rollout_workflow_id(batch.batch_id),
             search_attributes=search_attributes.attributes(loop="execution",
                                                            run_id=batch.run_id))
+
+    async def _batch_facts(self, batch: RolloutBatchInput) -> dict[str, object]:
+        """What the policy decides a batch on; for training, its held-out tasks."""
+        facts: dict[str, object] = {"batch_id": batch.batch_id, "run_id": batch.run_id or ""}
+        if batch.purpose == Purpose.TRAINING:
+            conflicts = await asyncio.to_thread(training_conflicts, engine=self._engine,
+                                                batch=batch)
+            facts["task_ids"] = batch_tasks(batch)
+            facts["held_out_conflicts"] = [c.to_fact() for c in conflicts]
+        return facts
 
     @nexus.workflow_run_operation
     async def probe_admission(

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlmodel import Session, col, select
 
-from triloop.models.audit import AccessEvent, AuditEvent
+from triloop.models.audit import AuditEvent
 
 GENESIS_HASH = "0" * 64
 _HEAD_SQL = text("SELECT seq, hash, db_role FROM triloop_audit_head()")
@@ -218,15 +218,22 @@ def actor_role_mismatch(event: AuditEvent) -> str | None:
 READ_ACTIONS = frozenset({"read"})
 
 
+# No role may INSERT into ``access_event``: ``triloop_access_append`` (SECURITY DEFINER,
+# migration 0022) appends and stamps ``db_role`` with the role that logged in.
+_ACCESS_SQL = text(
+    "SELECT triloop_access_append(CAST(:actor AS jsonb), :action, CAST(:resource AS jsonb),"
+    " :decision_id, :policy_revision)")
+
+
 def append_access(
     session: Session, *, actor: Mapping[str, Any], action: str, resource: Mapping[str, Any],
     decision_id: str | None, policy_revision: str | None,
 ) -> None:
     """Append one allowed read to the append-only access log (the database stamps the role)."""
-    session.add(AccessEvent(
-        actor=json.loads(json.dumps(dict(actor), allow_nan=False, default=str)), action=action,
-        resource=json.loads(json.dumps(dict(resource), allow_nan=False, default=str)),
-        decision_id=decision_id, policy_revision=policy_revision))
+    session.execute(_ACCESS_SQL, {
+        "actor": json.dumps(dict(actor), allow_nan=False, default=str), "action": action,
+        "resource": json.dumps(dict(resource), allow_nan=False, default=str),
+        "decision_id": decision_id, "policy_revision": policy_revision})
 
 
 class DatabaseAuditSink:

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from governance_loop.contracts import OfflineEvalInput
-from tests.factories import uid
+from tests.factories import make_task, uid
 from tests.factories_governance import Scene, look_canary, write_episodes
 
 pytestmark = pytest.mark.integration
@@ -74,8 +74,10 @@ def test_a_batch_requested_by_learning_counts_for_nothing(scene: Scene) -> None:
     # Learning's training batch of the candidate, all successes, offered as eval evidence.
     planted = _request(scene.execution, uid("train-"), world.candidate, requested_by="learning",
                        purpose="training")
+    # On a task outside the eval set: training on an eval task is refused outright (0022).
+    trained_on = make_task(scene.owner)
     write_episodes(scene.execution, [
-        {"id": uid("ep-"), "batch_id": planted, "task_id": world.task_ids[0],
+        {"id": uid("ep-"), "batch_id": planted, "task_id": trained_on,
          "checkpoint_id": world.candidate, "purpose": "training", "group_id": uid("g-"),
          "success": True} for _ in range(30)])
     production = _request(scene.execution, uid("eval-p-"), world.baseline)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, Float, Text, text
+from sqlalchemy import ARRAY, Column, Float, Text, text
 from sqlmodel import Field, SQLModel
 
 from triloop.models._columns import (
@@ -98,6 +98,10 @@ class RolloutBatch(SQLModel, table=True):
     checkpoint_id: str | None = Field(default=None, description="None: routing decides")
     run_id: str | None = None
     requested_by: str = Field(description="learning | governance | web")
+    task_ids: list[str] | None = Field(
+        default=None, sa_column=Column(ARRAY(Text), nullable=True),
+        description="the tasks the batch was asked for (None: not recorded, as before 0022);"
+                    " a training batch on a held-out task is refused")
     recorded_by: str = Field(
         default=None,
         sa_column=Column(Text, nullable=False, server_default=text("current_user")),
