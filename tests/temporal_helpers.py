@@ -52,6 +52,18 @@ async def loop_client(settings: Settings, loop: LoopName, identity: str,
     return await connect(settings, identity=identity, service=service or loop, loop=loop)
 
 
+async def admin_client(settings: Settings, loop: LoopName) -> Client:
+    """A client in ``loop``'s namespace with the operator's admin token (no service holds it):
+    what a test uses to end a workflow, which no service token may do in governance."""
+    from triloop.devstack.temporal_keys import ADMIN
+    from triloop.temporal import DATA_CONVERTER
+
+    return await Client.connect(settings.temporal_address,
+                                namespace=settings.temporal_namespace(loop),
+                                api_key=settings.temporal_credential(ADMIN), tls=False,
+                                identity="triloop-test-operator", data_converter=DATA_CONVERTER)
+
+
 def execution_nexus(settings: Settings) -> Any:
     """The execution loop's Nexus handlers, checking callers with execution's OPA token."""
     from execution_loop.nexus_handlers import ExecutionNexusHandlers

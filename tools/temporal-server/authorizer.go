@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/server/common/api"
 	"go.temporal.io/server/common/authorization"
 )
@@ -132,17 +133,19 @@ func NewAuthorizer(policy *Policy, next authorization.Authorizer) *Authorizer {
 	return &Authorizer{policy: policy, next: next}
 }
 
-// Authorize refuses with the rule's reason, which the server passes on to the caller.
+// Authorize refuses with a PermissionDenied error that names the rule and why. The server
+// hands it to the caller as it is (frontend.exposeAuthorizerErrors, which dev up turns on);
+// a plain deny result would reach the caller as "Request unauthorized." with the reason
+// only in the error's details.
 func (a *Authorizer) Authorize(
 	ctx context.Context, claims *authorization.Claims, target *authorization.CallTarget,
 ) (authorization.Result, error) {
 	if c, ok := a.serviceCall(claims, target); ok {
 		for _, r := range rules {
 			if r.refuses(c) {
-				return authorization.Result{
-					Decision: authorization.DecisionDeny,
-					Reason:   fmt.Sprintf("triloop rule %s: %s", r.name, r.reason(c)),
-				}, nil
+				reason := fmt.Sprintf("triloop rule %s: %s", r.name, r.reason(c))
+				return authorization.Result{Decision: authorization.DecisionDeny, Reason: reason},
+					serviceerror.NewPermissionDenied(reason, "")
 			}
 		}
 	}

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/server/common/api"
 	"go.temporal.io/server/common/authorization"
 )
@@ -134,18 +136,19 @@ func check(t *testing.T, authz authorization.Authorizer, who string,
 	claims *authorization.Claims, target *authorization.CallTarget, rule string) {
 	t.Helper()
 	result, err := authz.Authorize(context.Background(), claims, target)
-	if err != nil {
-		t.Fatalf("%s %s: %v", who, target.APIName, err)
-	}
+	var denied *serviceerror.PermissionDenied
 	switch {
-	case rule == "" && result.Decision != authorization.DecisionAllow:
-		t.Errorf("%s %s in %s: refused (%q), want allowed", who, target.APIName,
-			target.Namespace, result.Reason)
-	case rule != "" && result.Decision != authorization.DecisionDeny:
+	case rule == "" && (err != nil || result.Decision != authorization.DecisionAllow):
+		t.Errorf("%s %s in %s: refused (%v), want allowed", who, target.APIName,
+			target.Namespace, err)
+	case rule != "" && (err == nil || result.Decision != authorization.DecisionDeny):
 		t.Errorf("%s %s in %s: allowed, want refused by %s", who, target.APIName,
 			target.Namespace, rule)
-	case rule != "" && !strings.Contains(result.Reason, "triloop rule "+rule+":"):
-		t.Errorf("%s %s in %s: reason %q, want rule %s", who, target.APIName,
-			target.Namespace, result.Reason, rule)
+	case rule != "" && !errors.As(err, &denied):
+		t.Errorf("%s %s in %s: %v is not PermissionDenied", who, target.APIName,
+			target.Namespace, err)
+	case rule != "" && !strings.Contains(err.Error(), "triloop rule "+rule+":"):
+		t.Errorf("%s %s in %s: %q, want rule %s", who, target.APIName, target.Namespace,
+			err.Error(), rule)
 	}
 }
