@@ -11,7 +11,7 @@ import threading
 import uuid
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from triloop.config import LoopName, ServiceName, Settings
 from triloop.devstack.temporal_server import provision
@@ -62,6 +62,15 @@ async def admin_client(settings: Settings, loop: LoopName) -> Client:
                                 namespace=settings.temporal_namespace(loop),
                                 api_key=settings.temporal_credential(ADMIN), tls=False,
                                 identity="triloop-test-operator", data_converter=DATA_CONVERTER)
+
+
+async def terminate_as_operator(settings: Settings, handle: WorkflowHandle[Any, Any],
+                                reason: str = "test over",
+                                loop: LoopName = "governance") -> None:
+    """End a test's workflow as the operator would: no service token may end a governance
+    workflow (the server's authorizer refuses it)."""
+    operator = await admin_client(settings, loop)
+    await operator.get_workflow_handle(handle.id).terminate(reason)
 
 
 def execution_nexus(settings: Settings) -> Any:
