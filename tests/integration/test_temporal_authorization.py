@@ -113,6 +113,24 @@ class AskExecution:
         return result.batch_id
 
 
+@workflow.defn(name="AskExecutionAsGovernance")
+class AskExecutionAsGovernance:
+    """A learning workflow that writes its own ``Nexus-Link``, naming governance as the
+    caller of an eval batch (which only governance may ask for)."""
+
+    @workflow.run
+    async def run(self, link: str) -> str:
+        execution = workflow.create_nexus_client(
+            service=ExecutionService,
+            endpoint=endpoint_for(workflow.info().task_queue, "execution"))
+        result = await execution.execute_operation(
+            ExecutionService.run_rollouts,
+            RolloutBatchInput(batch_id=f"forged-{workflow.info().run_id[:8]}", purpose="eval",
+                              items=[]),
+            schedule_to_close_timeout=timedelta(seconds=60), headers={"Nexus-Link": link})
+        return result.batch_id
+
+
 async def test_learning_credentials_cannot_move_a_governance_workflow(settings: Settings) -> None:
     own = own_queues(settings, "authz-")
     governance = await loop_client(own, "governance", "governance-test")
@@ -404,3 +422,46 @@ async def test_the_admin_token_still_ends_a_governance_workflow(settings: Settin
         operator = await admin_client(own, "governance")
         await operator.get_workflow_handle(target.id).terminate("the operator ends it")
         assert (await target.describe()).status == WorkflowExecutionStatus.TERMINATED
+
+
+async def test_a_workflow_cannot_write_the_nexus_link_its_handler_reads(
+    settings: Settings, owner_engine: Engine,
+) -> None:
+    """The server refuses the scheduling command itself: the link stays the server's."""
+    from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+
+    from tests.factories_governance import wait_for
+    from tests.temporal_helpers import terminate_as_operator
+
+    own = own_queues(settings, "link-")
+    learning = await loop_client(own, "learning", "learning-test")
+    execution = await loop_client(own, "execution", "execution-test")
+    governance = own.temporal_namespace("governance")
+    forged = (f"<temporal:///namespaces/{governance}/workflows/promotion-x/run-x/history"
+              '?eventID=1>; type="temporal.api.common.v1.Link.WorkflowEvent"')
+    async with Worker(learning, task_queue=own.task_queue(LEARNING_QUEUE),
+                      workflows=[AskExecutionAsGovernance],
+                      workflow_runner=UnsandboxedWorkflowRunner()), \
+            Worker(execution, task_queue=own.task_queue(EXECUTION_QUEUE),
+                   workflows=[InstantRollout], workflow_runner=UnsandboxedWorkflowRunner(),
+                   nexus_service_handlers=[execution_nexus(own)]):
+        handle = await learning.start_workflow(
+            AskExecutionAsGovernance.run, forged, id=f"forge-{uuid.uuid4().hex[:8]}",
+            task_queue=own.task_queue(LEARNING_QUEUE))
+
+        async def refused_by_the_server() -> str | None:
+            async for event in handle.fetch_history_events():
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                    attrs = event.workflow_task_failed_event_attributes
+                    assert attrs.cause == WorkflowTaskFailedCause.\
+                        WORKFLOW_TASK_FAILED_CAUSE_BAD_SCHEDULE_NEXUS_OPERATION_ATTRIBUTES
+                    return attrs.failure.message
+            return None
+
+        message = await wait_for(refused_by_the_server, timeout=60,
+                                 what="the server to refuse the forged Nexus-Link")
+        assert "disallowed header key" in message and "Nexus-Link" in message
+        await terminate_as_operator(own, handle, loop="learning")
+    with owner_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM rollout_batch WHERE id LIKE 'forged-%'"
+                                 )).scalar_one() == 0
