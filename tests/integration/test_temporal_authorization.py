@@ -39,7 +39,7 @@ from tests.temporal_helpers import admin_client, execution_nexus, loop_client, o
 from triloop.config import ServiceName, Settings
 from triloop.devstack.processes import ServiceProcess
 from triloop.devstack.temporal_keys import mint_token
-from triloop.devstack.temporal_server import TemporalPorts, internode_secrets
+from triloop.devstack.temporal_server import internode_secrets
 from triloop.devstack.temporal_tls import (
     CA_FILE,
     CERT_FILE,
@@ -220,20 +220,16 @@ async def test_execution_serves_learning_training_batches_only(
 
 # ---- every port but the public frontend's asks for the server's own certificate ----
 
-def _server_ports(stack_dir: Path) -> TemporalPorts:
-    """The session server's ports, read back from the config ``dev up`` wrote for it."""
+def _server_ports(stack_dir: Path) -> dict[str, int]:
+    """Every port the session server was configured with (``<service> <kind>``), read back
+    from the config ``dev up`` wrote for it."""
     config = yaml.safe_load((stack_dir / "temporal" / "config.yaml").read_text())
-    rpc = {name: spec["rpc"] for name, spec in config["services"].items()}
-    return TemporalPorts(
-        frontend=rpc["frontend"]["grpcPort"], http=rpc["frontend"]["httpPort"],
-        frontend_membership=rpc["frontend"]["membershipPort"],
-        internal_frontend=rpc["internal-frontend"]["grpcPort"],
-        internal_frontend_membership=rpc["internal-frontend"]["membershipPort"],
-        internal_http=rpc["internal-frontend"]["httpPort"],
-        history=rpc["history"]["grpcPort"], history_membership=rpc["history"]["membershipPort"],
-        matching=rpc["matching"]["grpcPort"],
-        matching_membership=rpc["matching"]["membershipPort"],
-        worker=rpc["worker"]["grpcPort"], worker_membership=rpc["worker"]["membershipPort"])
+    ports = {f"{name} {kind}": port for name, spec in config["services"].items()
+             for kind, port in spec["rpc"].items() if kind.endswith("Port")}
+    metrics = (config["global"].get("metrics") or {}).get("prometheus", {})
+    if "listenAddress" in metrics:
+        ports["metrics"] = int(metrics["listenAddress"].rsplit(":", 1)[1])
+    return ports
 
 
 def _listening(pid: int) -> set[int]:
@@ -265,10 +261,11 @@ def test_every_port_but_the_public_frontend_wants_the_servers_certificate(
 ) -> None:
     proc, address = temporal_server
     ports = _server_ports(stack_dir)
-    guarded = {p for name, p in vars(ports).items() if name != "frontend"}
+    public = ports["frontend grpcPort"]
+    assert int(address.rsplit(":", 1)[1]) == public
+    guarded = set(ports.values()) - {public}
     # The server listens on these ports and no other (no metrics, no pprof).
-    assert _listening(proc.pid) == guarded | {ports.frontend}
-    assert int(address.rsplit(":", 1)[1]) == ports.frontend
+    assert _listening(proc.pid) == set(ports.values())
     secrets = internode_secrets(stack_dir / "temporal")
     anyone, server = (_tls_context(secrets, with_certificate=c) for c in (False, True))
     for port in sorted(guarded):
@@ -284,7 +281,7 @@ async def test_the_internal_frontend_gives_nothing_without_the_certificate(
     mapper would make its caller a system admin."""
     ports = _server_ports(stack_dir)
     secrets = internode_secrets(stack_dir / "temporal")
-    target = f"127.0.0.1:{ports.internal_frontend}"
+    target = f"127.0.0.1:{ports['internal-frontend grpcPort']}"
     namespace = settings.temporal_namespace("governance")
     trusting = TLSConfig(server_root_ca_cert=(secrets / CA_FILE).read_bytes(),
                          domain=INTERNODE_SERVER_NAME)
@@ -334,7 +331,7 @@ def test_no_service_token_reaches_the_nexus_http_api(
     path = "/nexus/endpoints/any/services/triloop.execution/run_rollouts"
     link = f"<temporal:///namespaces/{settings.temporal_namespace('governance')}/workflows/w/r>"
     headers = {"Authorization": f"Bearer {token}", "Nexus-Link": f'{link}; type="x"'}
-    for port in (ports.http, ports.internal_http):
+    for port in (ports["frontend httpPort"], ports["internal-frontend httpPort"]):
         assert _plain_http_refused(f"http://127.0.0.1:{port}{path}", headers)
         with pytest.raises(httpx.ConnectError):  # the handshake wants the server's certificate
             httpx.post(f"https://127.0.0.1:{port}{path}", headers=headers, json={},
@@ -342,6 +339,22 @@ def test_no_service_token_reaches_the_nexus_http_api(
 
 
 # ---- the narrower authorizer: no service rewrites a governance workflow ----
+
+FIRST_TASK_COMPLETED = 4  # started, task scheduled, task started, task completed
+
+
+async def _first_task_done(handle: WorkflowHandle[Any, Any]) -> None:
+    """Wait until the workflow's first task completed: a valid reset point exists."""
+    from temporalio.api.enums.v1 import EventType
+
+    from tests.factories_governance import wait_for
+
+    async def done() -> bool:
+        return EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED in [
+            e.event_type async for e in handle.fetch_history_events()]
+
+    await wait_for(done, timeout=60, what=f"{handle.id}'s first workflow task")
+
 
 def _rewrites(client: Client, settings: Settings,
               handle: WorkflowHandle[Any, Any]) -> dict[str, Callable[[], Awaitable[Any]]]:
@@ -352,7 +365,7 @@ def _rewrites(client: Client, settings: Settings,
         "reset": lambda: client.workflow_service.reset_workflow_execution(
             ResetWorkflowExecutionRequest(
                 namespace=namespace, reason="rewind the gate", workflow_execution=execution,
-                workflow_task_finish_event_id=3, request_id=str(uuid.uuid4()))),
+                workflow_task_finish_event_id=FIRST_TASK_COMPLETED, request_id=str(uuid.uuid4()))),
         "terminate": lambda: client.get_workflow_handle(handle.id).terminate("gone"),
         "cancel": lambda: client.get_workflow_handle(handle.id).cancel(),
         "delete": lambda: client.workflow_service.delete_workflow_execution(
@@ -383,6 +396,7 @@ async def test_no_service_token_ends_or_rewinds_a_governance_workflow(
                       workflow_runner=UnsandboxedWorkflowRunner()):
         target = await governance.start_workflow(
             GovernanceTarget.run, id=f"target-{uuid.uuid4().hex[:8]}", task_queue=queue)
+        await _first_task_done(target)
         intruder = await loop_client(own, "governance", f"{service}-intruder", service=service)
         for what, attempt in _rewrites(intruder, own, target).items():
             await _refused(attempt, f"{service} {what}", rule)
@@ -419,9 +433,14 @@ async def test_the_admin_token_still_ends_a_governance_workflow(settings: Settin
                       workflow_runner=UnsandboxedWorkflowRunner()):
         target = await governance.start_workflow(
             GovernanceTarget.run, id=f"target-{uuid.uuid4().hex[:8]}", task_queue=queue)
+        await _first_task_done(target)
         operator = await admin_client(own, "governance")
+        rewound = await _rewrites(operator, own, target)["reset"]()
+        assert rewound.run_id != target.first_execution_run_id
         await operator.get_workflow_handle(target.id).terminate("the operator ends it")
-        assert (await target.describe()).status == WorkflowExecutionStatus.TERMINATED
+        described = await operator.get_workflow_handle(target.id).describe()
+        assert described.run_id == rewound.run_id
+        assert described.status == WorkflowExecutionStatus.TERMINATED
 
 
 async def test_a_workflow_cannot_write_the_nexus_link_its_handler_reads(
