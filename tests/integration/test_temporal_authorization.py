@@ -274,6 +274,18 @@ def test_every_port_but_the_public_frontend_wants_the_servers_certificate(
         _handshake(port, server)  # the same port lets the server's own processes in
 
 
+def _admin_calls(client: Client) -> dict[str, Callable[[], Awaitable[Any]]]:
+    """What the internal frontend would let anyone do: it makes every caller a system admin."""
+    return {
+        "list": lambda: client.list_workflows().fetch_next_page(),
+        "start": lambda: client.start_workflow(
+            "PromotionWorkflow", id=f"x-{uuid.uuid4().hex[:8]}", task_queue="any"),
+        "terminate": lambda: client.get_workflow_handle("any").terminate("gone"),
+        "nexus endpoints": lambda: client.operator_service.list_nexus_endpoints(
+            ListNexusEndpointsRequest()),
+    }
+
+
 async def test_the_internal_frontend_gives_nothing_without_the_certificate(
     settings: Settings, stack_dir: Path,
 ) -> None:
@@ -283,20 +295,15 @@ async def test_the_internal_frontend_gives_nothing_without_the_certificate(
     secrets = internode_secrets(stack_dir / "temporal")
     target = f"127.0.0.1:{ports['internal-frontend grpcPort']}"
     namespace = settings.temporal_namespace("governance")
-    trusting = TLSConfig(server_root_ca_cert=(secrets / CA_FILE).read_bytes(),
+    def trusting() -> TLSConfig:  # trusts the server's CA, shows no certificate
+        return TLSConfig(server_root_ca_cert=(secrets / CA_FILE).read_bytes(),
                          domain=INTERNODE_SERVER_NAME)
-    for tls in (False, trusting):
+
+    for tls in (lambda: False, trusting):
         with pytest.raises(RuntimeError):
-            await Client.connect(target, namespace=namespace, tls=tls)
-        client = await Client.connect(target, namespace=namespace, tls=tls, lazy=True)
-        attempts: dict[str, Callable[[], Awaitable[Any]]] = {
-            "list": lambda c=client: c.list_workflows().fetch_next_page(),
-            "start": lambda c=client: c.start_workflow(
-                "PromotionWorkflow", id=f"x-{uuid.uuid4().hex[:8]}", task_queue="any"),
-            "terminate": lambda c=client: c.get_workflow_handle("any").terminate("gone"),
-            "nexus endpoints": lambda c=client: c.operator_service.list_nexus_endpoints(
-                ListNexusEndpointsRequest()),
-        }
+            await Client.connect(target, namespace=namespace, tls=tls())
+        client = await Client.connect(target, namespace=namespace, tls=tls(), lazy=True)
+        attempts = _admin_calls(client)
         for what, attempt in attempts.items():
             with pytest.raises((RuntimeError, RPCError)):
                 await attempt()
