@@ -25,7 +25,7 @@ python="${PYTHON:-python3}"
 uv_version="0.13.9"
 opa_version="v1.22.3"
 gofakes3_version="v1.2.0"  # a small S3-compatible server: the shared artifact store's tests
-temporal_server_version="v1.32.2"
+temporal_server_version="v1.32.2"  # as pinned in tools/temporal-server/go.mod
 temporal_server_go="go1.27.3"  # the toolchain the server's go.mod asks for
 lock_file="requirements.lock"
 want_browser="${TRILOOP_WITH_BROWSER:-0}"
@@ -149,7 +149,9 @@ install_gofakes3() {
 temporal_server_src="tools/temporal-server"
 install_temporal_server() {
   local hash dir
-  hash="$(cd "$temporal_server_src" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16)"
+  # go.mod names the server's version; the toolchain is part of what was built.
+  hash="$(cd "$temporal_server_src" && { echo "$temporal_server_go"; cat go.mod go.sum ./*.go; } \
+    | sha256sum | cut -c1-16)"
   dir="$cache/temporal-server-$temporal_server_version-$hash"
   if [ -x "$dir/server" ]; then
     phase_note="temporal server $temporal_server_version+triloop $hash (cached)"
@@ -159,8 +161,9 @@ install_temporal_server() {
     local partial="$dir.partial" build_log="$root/.triloop/logs/temporal-server-build.log"
     rm -rf "$partial" && mkdir -p "$partial"
     # The committed go.sum pins every module; the proxy is used as usual to fetch them.
-    (cd "$temporal_server_src" && GOTOOLCHAIN="$temporal_server_go" GOFLAGS="-mod=readonly -buildvcs=false" \
-      go build -v -o "$partial/server" .) >"$build_log" 2>&1 &
+    (cd "$temporal_server_src" && GOTOOLCHAIN="$temporal_server_go" \
+      GOFLAGS="-mod=readonly -buildvcs=false" go build -v -o "$partial/server" .) \
+      >"$build_log" 2>&1 &
     local pid=$! last=$SECONDS
     while kill -0 "$pid" 2>/dev/null; do
       sleep 2
