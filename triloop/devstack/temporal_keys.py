@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from triloop.config import LOOPS, SERVICES, Settings
 from triloop.devstack.secrets import ensure_rsa_key
-from triloop.secrets import temporal_token_name, write_secret
+from triloop.secrets import replace_file, temporal_token_name, write_secret
 
 SIGNING_KEY = "temporal-signing-key"
 ADMIN = "admin"  # the operator's own token: namespaces and Nexus endpoints, never a service's
@@ -86,7 +86,8 @@ def write_jwks(key: rsa.RSAPrivateKey, path: Path) -> None:
     jwk = {"kty": "RSA", "use": "sig", "alg": "RS256", "kid": key_id(key),
            "n": _b64_uint(numbers.n), "e": _b64_uint(numbers.e)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"keys": [jwk]}))
+    # The server's folder is its OS user's (dev up as root): never write through a link.
+    replace_file(path, json.dumps({"keys": [jwk]}), mode=0o644)
 
 
 def mint_token(key: rsa.RSAPrivateKey, *, subject: str, grants: list[str],

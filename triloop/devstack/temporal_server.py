@@ -30,6 +30,7 @@ from temporalio.client import Client
 
 from triloop import search_attributes
 from triloop.config import LOOPS, Settings
+from triloop.devstack.accounts import ServiceAccount
 from triloop.devstack.processes import (
     ServiceProcess,
     free_port,
@@ -194,9 +195,14 @@ def start_temporal_server(
     log_dir: Path,
     binary: str,
     name: str = "temporal",
+    account: ServiceAccount | None = None,
 ) -> ServiceProcess:
     """Write keys, tokens, the server's certificate and config under ``state_dir``, start
-    the server, wait for it."""
+    the server, wait for it.
+
+    With ``account`` the server runs as that user, who is then given ``state_dir`` (its
+    certificate's folder included).
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
     jwks = state_dir / "jwks.json"
     ensure_tokens(settings, jwks)
@@ -212,7 +218,8 @@ def start_temporal_server(
     argv = [binary, "--config-file", str(config_file), "--policy-file", str(policy_file)]
     for service in SERVER_SERVICES:
         argv += ["--service", service]
-    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir)
+    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir, account=account,
+                         owns=(state_dir,))
     from triloop.devstack.servers import _alive, _tcp_open
 
     wait_until(lambda: _tcp_open(ports.frontend), name=name, log_path=proc.log_path,
