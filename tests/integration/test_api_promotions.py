@@ -30,6 +30,7 @@ from tests.factories_web import (
     make_promotion,
     make_user,
 )
+from tests.temporal_helpers import terminate_as_operator
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.workflow_api import (
@@ -207,7 +208,7 @@ async def test_workflow_validator_refusal_is_409(
                               json={"comment": "looks fine"}, headers=people["operator"].headers)
     assert_problem(response, 409, "re-checked by governance")
     assert await handle.query(PROMOTION_STATUS_QUERY) == []
-    await handle.terminate()
+    await terminate_as_operator(web_settings, handle)
 
 
 @pytest.mark.parametrize(("error_type", "status"), [
@@ -228,7 +229,7 @@ async def test_a_refused_update_is_answered_by_its_error_type(
                               json={"comment": "looks fine"}, headers=people["operator"].headers)
     assert_problem(response, status, "the rules say no")
     assert await handle.query(PROMOTION_STATUS_QUERY) == []
-    await handle.terminate()
+    await terminate_as_operator(web_settings, handle)
 
 
 # ---- refusals: none of these reach Temporal (no workflow runs for these promotions) ----

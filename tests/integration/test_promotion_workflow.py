@@ -42,7 +42,7 @@ from tests.factories_governance import (
     make_world,
     wait_for,
 )
-from tests.temporal_helpers import own_queues
+from tests.temporal_helpers import own_queues, terminate_as_operator
 from triloop import search_attributes
 from triloop.config import Settings
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
@@ -195,7 +195,7 @@ async def running(deps: Deps, quality: Quality, timing: PromotionTiming = TIMING
             yield Running(deps, quality, handle)
         finally:
             with contextlib.suppress(Exception):
-                await handle.terminate("test over")
+                await terminate_as_operator(deps.settings, handle)
             with deps.owner.begin() as conn:
                 conn.execute(text("UPDATE routing SET checkpoint_id = NULL, share = 0 "
                                   "WHERE slot IN ('canary', 'shadow')"))
