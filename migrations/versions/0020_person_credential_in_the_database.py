@@ -340,21 +340,32 @@ $$;
 REVOKE ALL ON FUNCTION triloop_audit_actor_check(jsonb, text) FROM PUBLIC;
 
 -- A transaction that sat on the chain head past lock_timeout while this one waited: end it.
+-- The head's xmax names the holder's transaction, or (when it locked inside a
+-- subtransaction, as triloop_audit_log does) one of its subtransactions, whose xid lock is
+-- gone once it committed into its parent. Then the holder is the service-role backend in a
+-- transaction older than the wait whose top-level xid comes last at or before that xmax.
 CREATE OR REPLACE FUNCTION triloop_audit_end_head_holder() RETURNS void
 LANGUAGE plpgsql SET search_path = public AS $$
 DECLARE
+    locker xid := (SELECT xmax FROM audit_chain_head);
     holder integer;
 BEGIN
-    FOR holder IN
-        SELECT DISTINCT l.pid FROM audit_chain_head h
-            JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted
-                           AND l.transactionid = h.xmax
-            WHERE l.pid <> pg_backend_pid()
-    LOOP
-        RAISE WARNING 'ending backend % : it held the audit chain head past lock_timeout',
+    SELECT l.pid INTO holder FROM pg_locks l
+        WHERE l.locktype = 'transactionid' AND l.granted AND l.transactionid = locker
+          AND l.pid <> pg_backend_pid();
+    IF holder IS NULL THEN
+        SELECT a.pid INTO holder FROM pg_stat_activity a
+            WHERE a.pid <> pg_backend_pid() AND a.backend_xid IS NOT NULL
+              AND a.usename IN ({ROLE_LIST})
+              AND a.backend_xid::text::bigint <= locker::text::bigint
+              AND a.xact_start <= clock_timestamp() - interval '{LOCK_TIMEOUT}'
+            ORDER BY a.backend_xid::text::bigint DESC LIMIT 1;
+    END IF;
+    IF holder IS NOT NULL THEN
+        RAISE WARNING 'ending backend %: it held the audit chain head past lock_timeout',
             holder;
         PERFORM pg_terminate_backend(holder, 5000);
-    END LOOP;
+    END IF;
 END;
 $$;
 REVOKE ALL ON FUNCTION triloop_audit_end_head_holder() FROM PUBLIC;

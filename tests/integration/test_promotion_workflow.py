@@ -113,7 +113,8 @@ class Deps:
                              p=self.world.proposal_id)[0][0]
         return record_decision(engine or self.web_engine, kind=kind, subject=promotion_id,
                                decision=decision, user=user,
-                               comment=f"{user} checked the evidence")
+                               comment=f"{user} checked the evidence",
+                               owner=None if engine is not None else self.owner)
 
 
 @pytest.fixture
@@ -480,7 +481,7 @@ async def test_post_promotion_regression_rolls_back(deps: Deps) -> None:
         def rollback(reason: str, **named: Any) -> RollbackInput:
             return RollbackInput(decision_id=record_decision(
                 deps.web_engine, kind="rollback", subject="production", decision="rollback",
-                user=carol, comment=reason, details=named))
+                user=carol, comment=reason, details=named, owner=deps.owner))
 
         for named in ({"to_revision": promoted}, {"to_checkpoint_id": world.candidate}):
             with pytest.raises(WorkflowFailureError) as refused:
@@ -551,7 +552,7 @@ async def test_operator_rollback_is_fast_and_refused_for_others(deps: Deps) -> N
         def rollback_decision(user: str, engine: Engine | None = None) -> str:
             return record_decision(engine or deps.web_engine, kind="rollback",
                                    subject="production", decision="rollback", user=user,
-                                   comment="pager")
+                                   comment="pager", owner=None if engine else deps.owner)
 
         for request in (RollbackInput(decision_id=rollback_decision(mallory)),
                         RollbackInput(decision_id=rollback_decision(carol, deps.owner)),
