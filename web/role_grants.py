@@ -114,8 +114,9 @@ def decide_grant(*, session: Session, grant_id: str, decided_by: str, confirm: b
     With ``credential`` (the deciding admin's raw secret) the database checks it, stamps
     ``confirmed_by`` and adds the role; without it only the owner may write.
     """
-    grant = session.exec(
-        select(RoleGrant).where(RoleGrant.id == grant_id).with_for_update()).first()
+    query = select(RoleGrant).where(RoleGrant.id == grant_id)
+    # The function locks the row itself (the web role may not: FOR UPDATE needs UPDATE).
+    grant = session.exec(query if credential is not None else query.with_for_update()).first()
     if grant is None:
         raise LookupError(f"role grant {grant_id!r} does not exist")
     if grant.status != GrantStatus.pending:
