@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0022"
-down_revision: str | None = "0019"
+down_revision: str | None = "0020"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
