@@ -73,6 +73,7 @@ def build_worker(
         activities=[
             promotion.open_promotion, promotion.mark_promotion, promotion.record_gate,
             promotion.set_routing, promotion.record_human_decision, promotion.promote_candidate,
+            promotion.close_promotion,
             evidence.decide_offline_eval, evidence.decide_shadow, evidence.look_canary,
             evidence.look_watch, rollback.rollback_deployment,
             admission.load_admission_task, admission.record_admission_evidence,
