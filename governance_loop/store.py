@@ -254,6 +254,15 @@ def release_claims(*, session: Session, promotion_id: str, updated_by: str) -> l
     return released
 
 
+def interruption_recorded(*, session: Session, workflow_id: str, run_id: str, kind: str
+                          ) -> bool:
+    """Whether governance already audited this interruption of a run."""
+    found = session.execute(text(
+        "SELECT 1 FROM workflow_interruption WHERE workflow_id = :w AND run_id = :r "
+        "AND kind = :k"), {"w": workflow_id, "r": run_id, "k": kind}).first()
+    return found is not None
+
+
 def record_interruption(
     *, session: Session, workflow_id: str, run_id: str, kind: str,
     promotion_id: str | None, details: dict[str, Any],
