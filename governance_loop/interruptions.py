@@ -168,7 +168,8 @@ class InterruptionWatch(GovernanceShell):
 
     async def _close_details(self, execution: WorkflowExecution) -> dict[str, Any]:
         """Who ended the run and why, from its history."""
-        details: dict[str, Any] = {"closed_at": execution.close_time}
+        closed = execution.close_time
+        details: dict[str, Any] = {"closed_at": closed.isoformat() if closed else None}
         for event in await self._events(execution):
             if event.HasField("workflow_execution_terminated_event_attributes"):
                 attrs = event.workflow_execution_terminated_event_attributes
