@@ -87,6 +87,16 @@ from triloop.weights import (
 from triloop.workflow_api import ErrorType, RolloutItem
 
 DEFAULT_THRESHOLD_NAME = "promotion"
+
+
+class _Refusal(Exception):
+    """Promote refused under the alias lock: audited after that transaction rolls back."""
+
+    def __init__(self, promotion: Promotion, caller: RunRef | None, error: PromoteRefused
+                 ) -> None:
+        super().__init__(str(error))
+        self.promotion, self.caller, self.error = promotion, caller, error
+
 class PromotionActivities(GovernanceShell):
     """State changes of a promotion, each authorized, audited and idempotent under retry."""
 
@@ -444,6 +454,13 @@ class PromotionActivities(GovernanceShell):
             "submitted_by": request.submitted_by, "audited_by": request.audited_by,
             "approved_by": request.approved_by,
         }))
+        try:
+            return self._promote(request)
+        except _Refusal as refusal:  # audited once the locks are let go (the audit's own
+            self._audit_refusal(refusal)  # rows reference the locked promotion row)
+            raise run_refused(refusal.error) from refusal.error
+
+    def _promote(self, request: PromoteInput) -> PromoteResult:
         with session_scope(self._engine) as session:
             current = store.get_deployment(session=session, alias=Purpose.PRODUCTION,
                                            for_update=True)
@@ -512,16 +529,21 @@ class PromotionActivities(GovernanceShell):
             else:
                 refuse_foreign_run(promotion.id, owner=facts.owner, caller=caller)
         except PromoteRefused as error:
-            if caller is not None:
-                self.refuse_run(promotion, caller, "promote", error)
-            else:
-                with session_scope(self._engine) as audit:
-                    record_refusal(audit, action="promote", promotion_id=promotion.id,
-                                   caller=None, error=error)
-            raise run_refused(error) from error
+            # A detached copy: the transaction rolls back (and expires its rows) before the audit.
+            held = Promotion(id=promotion.id, workflow_id=promotion.workflow_id,
+                             workflow_run_id=promotion.workflow_run_id)
+            raise _Refusal(held, caller, error) from error
         if promotion.checkpoint_id != request.candidate_checkpoint_id:
             raise refused(f"promotion {promotion.id} judged checkpoint {promotion.checkpoint_id}"
                           f", not {request.candidate_checkpoint_id}; nothing else moves")
+
+    def _audit_refusal(self, refusal: _Refusal) -> None:
+        if refusal.caller is not None:
+            self.refuse_run(refusal.promotion, refusal.caller, "promote", refusal.error)
+            return
+        with session_scope(self._engine) as audit:
+            record_refusal(audit, action="promote", promotion_id=refusal.promotion.id,
+                           caller=None, error=refusal.error)
 
     def _weights_problem(self, session: Session, request: PromoteInput) -> str | None:
         """Why the candidate's weights may not move to production (an integrity event), if so."""

@@ -10,6 +10,7 @@ whoever still can.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -87,6 +88,17 @@ async def _claimed(run: Running, slot: str) -> None:
                    what=f"the {slot} slot to serve the candidate")
 
 
+async def _ended(handle: Any) -> Any:
+    """A run's result; a run that stops making progress fails the test with its history."""
+    try:
+        return await asyncio.wait_for(handle.result(), timeout=120.0)
+    except TimeoutError:
+        events = [e async for e in handle.fetch_history_events()]
+        stuck = [str(e.workflow_task_failed_event_attributes.failure.message)
+                 for e in events if e.HasField("workflow_task_failed_event_attributes")]
+        raise AssertionError(f"run {handle.run_id} did not end: {stuck[-3:]}") from None
+
+
 def _promote_scheduled_at(events: list[HistoryEvent]) -> int:
     """The workflow task that scheduled promote: a reset to it re-runs the promote step."""
     for event in events:
@@ -121,8 +133,9 @@ async def test_a_reset_of_a_rolled_back_promotion_never_moves_production(deps: D
                 reason="replay the promotion to its promote step",
                 workflow_task_finish_event_id=_promote_scheduled_at(events),
                 request_id=uuid.uuid4().hex))
+        replayed = deps.client.get_workflow_handle(workflow_id, run_id=reset.run_id)
         with pytest.raises(WorkflowFailureError) as failed:
-            await deps.client.get_workflow_handle(workflow_id, run_id=reset.run_id).result()
+            await _ended(replayed)
         activity_error = failed.value.cause
         assert isinstance(activity_error, ActivityError)
         refusal = activity_error.cause
@@ -193,7 +206,7 @@ async def test_a_cancelled_promotion_frees_its_slot_itself(deps: Deps) -> None:
         admin = await _operator_admin(deps)
         await admin.get_workflow_handle(workflow_id).cancel()
         with pytest.raises(WorkflowFailureError):
-            await run.result()
+            await _ended(run.handle)
         # The workflow's own cleanup ran before it ended: nothing is left to lapse.
         assert _rows(deps.owner, "SELECT checkpoint_id, promotion_id FROM routing "
                      "WHERE slot = 'shadow'")[0][0] is None
