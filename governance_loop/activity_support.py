@@ -95,16 +95,17 @@ class GovernanceShell:
             refuse_foreign_run(promotion_id, owner=owner_of(promotion), caller=caller)
         except PromoteRefused as error:
             assert caller is not None
-            self.refuse_run(promotion, caller, action, error)
+            self.refuse_run(promotion.id, owner_of(promotion), caller, action, error)
             raise run_refused(error) from error
 
-    def refuse_run(self, promotion: Promotion, caller: RunRef, action: str,
+    def refuse_run(self, promotion_id: str, owner: RunRef, caller: RunRef, action: str,
                    error: PromoteRefused) -> None:
         """Audit a refused change as a refusal, and the reset that made the run (once)."""
         with session_scope(self._engine) as session:
-            if error.rule == "promotion_run" and caller.workflow_id == promotion.workflow_id:
-                record_reset(session, promotion=promotion, caller=caller, seen_by=action)
-            record_refusal(session, action=action, promotion_id=promotion.id, caller=caller,
+            if error.rule == "promotion_run" and caller.workflow_id == owner.workflow_id:
+                record_reset(session, promotion_id=promotion_id, owner=owner, caller=caller,
+                             seen_by=action)
+            record_refusal(session, action=action, promotion_id=promotion_id, caller=caller,
                            error=error)
 
     def prove(
@@ -218,15 +219,15 @@ def record_refusal(session: Session, *, action: str, promotion_id: str, caller: 
     )
 
 
-def record_reset(session: Session, *, promotion: Promotion, caller: RunRef, seen_by: str,
-                 details: Mapping[str, Any] | None = None) -> None:
+def record_reset(session: Session, *, promotion_id: str, owner: RunRef, caller: RunRef,
+                 seen_by: str, details: Mapping[str, Any] | None = None) -> None:
     """``workflow_reset`` on the audit log, once per run (``workflow_interruption``)."""
     assert caller.workflow_id is not None and caller.run_id is not None
-    payload = {"promotion_id": promotion.id, "workflow_id": caller.workflow_id,
-               "run_id": caller.run_id, "promotion_run_id": promotion.workflow_run_id,
+    payload = {"promotion_id": promotion_id, "workflow_id": caller.workflow_id,
+               "run_id": caller.run_id, "promotion_run_id": owner.run_id,
                "seen_by": seen_by, **(details or {})}
     if store.record_interruption(session=session, workflow_id=caller.workflow_id,
-                                 run_id=caller.run_id, kind="reset", promotion_id=promotion.id,
+                                 run_id=caller.run_id, kind="reset", promotion_id=promotion_id,
                                  details=payload):
         append_event(session, actor=GOVERNANCE.to_input(), action="workflow_reset",
                      resource={"kind": "workflow", "id": caller.workflow_id},

@@ -158,7 +158,8 @@ class InterruptionWatch(GovernanceShell):
                                  decision="record", payload={"run_id": execution.run_id,
                                                              **details})
                 return stored
-            record_reset(session, promotion=promotion, caller=caller, seen_by="watch",
+            record_reset(session, promotion_id=promotion.id, owner=owner_of(promotion),
+                         caller=caller, seen_by="watch",
                          details=details)
         return True
 

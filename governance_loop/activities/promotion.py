@@ -92,10 +92,11 @@ DEFAULT_THRESHOLD_NAME = "promotion"
 class _Refusal(Exception):
     """Promote refused under the alias lock: audited after that transaction rolls back."""
 
-    def __init__(self, promotion: Promotion, caller: RunRef | None, error: PromoteRefused
-                 ) -> None:
+    def __init__(self, promotion_id: str, owner: RunRef, caller: RunRef | None,
+                 error: PromoteRefused) -> None:
         super().__init__(str(error))
-        self.promotion, self.caller, self.error = promotion, caller, error
+        self.promotion_id, self.owner, self.caller, self.error = (
+            promotion_id, owner, caller, error)
 
 class PromotionActivities(GovernanceShell):
     """State changes of a promotion, each authorized, audited and idempotent under retry."""
@@ -529,20 +530,19 @@ class PromotionActivities(GovernanceShell):
             else:
                 refuse_foreign_run(promotion.id, owner=facts.owner, caller=caller)
         except PromoteRefused as error:
-            # A detached copy: the transaction rolls back (and expires its rows) before the audit.
-            held = Promotion(id=promotion.id, workflow_id=promotion.workflow_id,
-                             workflow_run_id=promotion.workflow_run_id)
-            raise _Refusal(held, caller, error) from error
+            # Plain values: the transaction rolls back (and expires its rows) before the audit.
+            raise _Refusal(promotion.id, facts.owner, caller, error) from error
         if promotion.checkpoint_id != request.candidate_checkpoint_id:
             raise refused(f"promotion {promotion.id} judged checkpoint {promotion.checkpoint_id}"
                           f", not {request.candidate_checkpoint_id}; nothing else moves")
 
     def _audit_refusal(self, refusal: _Refusal) -> None:
         if refusal.caller is not None:
-            self.refuse_run(refusal.promotion, refusal.caller, "promote", refusal.error)
+            self.refuse_run(refusal.promotion_id, refusal.owner, refusal.caller, "promote",
+                            refusal.error)
             return
         with session_scope(self._engine) as audit:
-            record_refusal(audit, action="promote", promotion_id=refusal.promotion.id,
+            record_refusal(audit, action="promote", promotion_id=refusal.promotion_id,
                            caller=None, error=refusal.error)
 
     def _weights_problem(self, session: Session, request: PromoteInput) -> str | None:

@@ -13,6 +13,12 @@ activity reads the person and their roles from the database, re-checks separatio
 of duties with the pure rules in ``governance_loop.gates.human`` and asks OPA again
 before anything is written. Soaks are durable timers and every polling loop
 sleeps between looks, so a soak of days adds a few hundred events to the history.
+
+A cancelled promotion, or one whose activity failed for good, frees its routing slots and
+records how it ended (``close_promotion``) before it ends. A reset run of a promotion is
+refused by the first activity it reaches (the promotion belongs to the run that opened it),
+and a terminated one's claims lapse by themselves; governance's interruption watch audits
+both (``governance_loop.interruptions``).
 """
 
 from __future__ import annotations

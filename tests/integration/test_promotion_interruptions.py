@@ -22,6 +22,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.service import TLSConfig
 
 from execution_loop.routing import read_routes
 from governance_loop.interruptions import InterruptionWatch, SweepReport
@@ -49,10 +50,14 @@ SLOW_SHADOW = replace(TIMING, shadow_soak_s=3600.0)  # the promotion stays at sh
 
 async def _operator_admin(deps: Deps) -> Client:
     """A client with the operator's own Temporal token, in governance's namespace."""
+    settings = deps.settings
+    tls: TLSConfig | bool = False  # as triloop.temporal.connect: the stack's client cert, if any
+    if settings.temporal_tls_cert and settings.temporal_tls_key:
+        tls = TLSConfig(client_cert=settings.temporal_tls_cert.read_bytes(),
+                        client_private_key=settings.temporal_tls_key.read_bytes())
     return await Client.connect(
-        deps.settings.temporal_address,
-        namespace=deps.settings.temporal_namespace("governance"), identity="operator-admin",
-        api_key=deps.settings.temporal_credential("admin"), tls=False,
+        settings.temporal_address, namespace=settings.temporal_namespace("governance"),
+        identity="operator-admin", api_key=settings.temporal_credential("admin"), tls=tls,
         data_converter=DATA_CONVERTER)
 
 
