@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from execution_loop.store import load_steps
-from triloop.models import Deployment, Routing, Trajectory
+from triloop.models import Deployment, Trajectory
+from triloop.routing_claims import serving_slots
 from triloop.statuses import Purpose
 
 PRODUCTION, CANARY, SHADOW = Purpose.PRODUCTION, Purpose.CANARY, Purpose.SHADOW
@@ -79,9 +80,13 @@ def assign(episode_id: str, routes: Routes) -> Assignment:
 
 
 def read_routes(engine: Engine) -> Routes:
-    """Read the routing slots and the production alias (one snapshot per batch)."""
+    """Read the routing slots and the production alias (one snapshot per batch).
+
+    A shadow or canary claim of a promotion that ended, or whose claim expired, serves
+    nothing (``triloop.routing_claims``): a terminated promotion leaves no routing behind.
+    """
     with Session(engine) as session:
-        slots = {row.slot: row for row in session.exec(select(Routing)).all()}
+        slots = serving_slots(session)
         alias = session.get(Deployment, PRODUCTION)
     production_slot = slots.get(PRODUCTION)
     production = production_slot.checkpoint_id if production_slot else None

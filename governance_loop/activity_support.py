@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 from governance_loop import store
 from governance_loop.contracts import GateOutcome
 from governance_loop.gates import GateDecision
+from governance_loop.gates.promote import PromoteRefused, RunRef, refuse_foreign_run
 from triloop.audit import append_event
 from triloop.db import session_scope
 from triloop.decisions import (
@@ -24,7 +25,7 @@ from triloop.decisions import (
     current_execution,
     load_decision,
 )
-from triloop.models import DecisionKind, GateResult
+from triloop.models import DecisionKind, GateResult, Promotion
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
 from triloop.workflow_api import ErrorType
 
@@ -57,12 +58,61 @@ def row_id(purpose: str) -> str:
     return uuid.uuid5(_ROW_IDS, key).hex
 
 
+def calling_run() -> RunRef | None:
+    """The workflow run calling this activity, as the server says; None outside one."""
+    try:
+        info = activity.info()
+    except RuntimeError:  # called outside an activity (tests, the CLI)
+        return None
+    return RunRef(workflow_id=info.workflow_id, run_id=info.workflow_run_id)
+
+
+def owner_of(promotion: Promotion) -> RunRef:
+    """The run a promotion row records as the one that opened it."""
+    return RunRef(workflow_id=promotion.workflow_id, run_id=promotion.workflow_run_id)
+
+
+def run_refused(error: PromoteRefused) -> ApplicationError:
+    """A refusal of a promotion rule: never retried; ``details[0]`` names the rule."""
+    return ApplicationError(str(error), error.rule, type=ErrorType.PROMOTION_REFUSED,
+                            non_retryable=True)
+
+
 class GovernanceShell:
     """Base of the activity classes: the governance role's engine and the authorizer."""
 
     def __init__(self, engine: Engine, authorizer: Authorizer) -> None:
         self._engine = engine
         self._authorizer = authorizer
+
+    def own(self, promotion_id: str, action: str) -> None:
+        """Refuse (audited) a change to a promotion from a run that did not open it.
+
+        Only ``open_promotion`` starts a run's work on a promotion, and it refuses a second
+        run; so a run that reaches any other activity with a promotion it did not open is a
+        reset of the run that did: that is recorded as ``workflow_reset`` too (once).
+        """
+        caller = calling_run()
+        with Session(self._engine) as session:
+            promotion = session.get(Promotion, promotion_id)
+        if promotion is None:
+            raise refused(f"promotion {promotion_id} does not exist")
+        try:
+            refuse_foreign_run(promotion_id, owner=owner_of(promotion), caller=caller)
+        except PromoteRefused as error:
+            assert caller is not None
+            self.refuse_run(promotion.id, owner_of(promotion), caller, action, error)
+            raise run_refused(error) from error
+
+    def refuse_run(self, promotion_id: str, owner: RunRef, caller: RunRef, action: str,
+                   error: PromoteRefused) -> None:
+        """Audit a refused change as a refusal, and the reset that made the run (once)."""
+        with session_scope(self._engine) as session:
+            if error.rule == "promotion_run" and caller.workflow_id == owner.workflow_id:
+                record_reset(session, promotion_id=promotion_id, owner=owner, caller=caller,
+                             seen_by=action)
+            record_refusal(session, action=action, promotion_id=promotion_id, caller=caller,
+                           error=error)
 
     def prove(
         self, decision_id: str, kind: DecisionKind, subject: str, *, role: str,
@@ -163,3 +213,30 @@ def outcome_of(decision: GateDecision, gate_result_id: str | None = None) -> Gat
         reasons=list(decision.reasons), gate_result_id=gate_result_id,
         restore_routing=decision.restore_routing, rollback=decision.rollback,
     )
+
+
+def record_refusal(session: Session, *, action: str, promotion_id: str, caller: RunRef | None,
+                   error: PromoteRefused) -> None:
+    """A refused promotion change on the audit log: ``refuse_<action>``, decision ``deny``."""
+    append_event(
+        session, actor=GOVERNANCE.to_input(), action=f"refuse_{action}",
+        resource={"kind": "promotion", "id": promotion_id}, decision="deny",
+        payload={"rule": error.rule, "reason": str(error),
+                 "workflow_id": caller.workflow_id if caller else None,
+                 "run_id": caller.run_id if caller else None},
+    )
+
+
+def record_reset(session: Session, *, promotion_id: str, owner: RunRef, caller: RunRef,
+                 seen_by: str, details: Mapping[str, Any] | None = None) -> None:
+    """``workflow_reset`` on the audit log, once per run (``workflow_interruption``)."""
+    assert caller.workflow_id is not None and caller.run_id is not None
+    payload = {"promotion_id": promotion_id, "workflow_id": caller.workflow_id,
+               "run_id": caller.run_id, "promotion_run_id": owner.run_id,
+               "seen_by": seen_by, **(details or {})}
+    if store.record_interruption(session=session, workflow_id=caller.workflow_id,
+                                 run_id=caller.run_id, kind="reset", promotion_id=promotion_id,
+                                 details=payload):
+        append_event(session, actor=GOVERNANCE.to_input(), action="workflow_reset",
+                     resource={"kind": "workflow", "id": caller.workflow_id},
+                     decision="record", payload=payload)

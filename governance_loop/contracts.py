@@ -114,6 +114,15 @@ class OfflineEvalInput:
 
 
 @dataclass
+class ClosePromotion:
+    """A promotion's run ends early (cancelled, failed): free its slots, record the status."""
+
+    promotion_id: str
+    status: str  # PromotionStatus: cancelled | failed
+    reason: str = ""
+
+
+@dataclass
 class RoutingRequest:
     """Point a routing slot at a checkpoint for a promotion, or release it (None)."""
 
@@ -267,7 +276,8 @@ class AdmissionDecided:
 # Every governance activity is short database (and OPA) work on the governance queue.
 # OPA's refusals and the loop's own rules are never retried; an unreachable OPA is.
 QUICK = timedelta(seconds=60)
-NEVER_RETRIED = [ErrorType.POLICY_DENIED, ErrorType.GOVERNANCE_REFUSED]
+NEVER_RETRIED = [ErrorType.POLICY_DENIED, ErrorType.GOVERNANCE_REFUSED,
+                 ErrorType.PROMOTION_REFUSED]
 RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30),
                     non_retryable_error_types=NEVER_RETRIED)
 # A person waits on an update or a write: fail fast instead of retrying for minutes.
@@ -294,6 +304,8 @@ DECIDE_OFFLINE_EVAL: ActivityContract[OfflineEvalInput, GateOutcome] = _quick(
     "decide_offline_eval", OfflineEvalInput, GateOutcome)
 SET_ROUTING: ActivityContract[RoutingRequest, RoutingChange] = _quick(
     "set_routing", RoutingRequest, RoutingChange)
+CLOSE_PROMOTION: ActivityContract[ClosePromotion, None] = ActivityContract(
+    "governance.close_promotion", ClosePromotion, type(None), QUICK, RETRY)
 DECIDE_SHADOW: ActivityContract[ShadowInput, GateOutcome] = _quick(
     "decide_shadow", ShadowInput, GateOutcome)
 LOOK_CANARY: ActivityContract[CanaryLook, GateOutcome] = _quick(

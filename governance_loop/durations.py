@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields
 
 HOUR = 3600.0
 DAY = 24 * HOUR
+# Seconds a routing claim outlives its gate's soak (``PromotionTiming.claim_s``).
+CLAIM_GRACE_S = 15 * 60.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,17 @@ class PromotionTiming:
                 f"watch_check_interval_s ({self.watch_check_interval_s}) must not exceed "
                 f"watch_period_s ({self.watch_period_s})"
             )
+
+    def claim_s(self, slot: str) -> float:
+        """Seconds a shadow or canary claim serves unless released: the soak plus a grace.
+
+        The workflow releases its slot when the gate ends; the expiry is for a promotion
+        that can no longer release it (terminated, its worker gone), so the claim clears
+        itself without anyone. The grace covers the judging after the soak and a short
+        outage of the governance worker; past it a slow gate simply sees less traffic.
+        """
+        soak = self.shadow_soak_s if slot == "shadow" else self.canary_soak_s
+        return soak + CLAIM_GRACE_S
 
     @classmethod
     def for_profile(cls, profile: str) -> PromotionTiming:

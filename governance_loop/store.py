@@ -8,6 +8,7 @@ another loop's engine fails at the database.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -31,6 +32,7 @@ from triloop.models import (
     Threshold,
 )
 from triloop.models._columns import new_id, utcnow
+from triloop.routing_claims import ServingSlot, serving_slots
 from triloop.statuses import PromotionStatus
 
 ROUTING_SLOTS = ("production", "canary", "shadow")
@@ -58,7 +60,7 @@ def _lock(session: Session, key: str) -> None:
 
 def open_promotion(
     *, session: Session, proposal_id: str, checkpoint_id: str, run_id: str, submitted_by: str,
-    baseline_checkpoint_id: str | None, workflow_id: str,
+    baseline_checkpoint_id: str | None, workflow_id: str, workflow_run_id: str | None,
 ) -> Promotion:
     """The promotion of a proposal, created on first call (a retried activity finds it)."""
     existing = session.exec(select(Promotion).where(Promotion.proposal_id == proposal_id)).first()
@@ -67,7 +69,8 @@ def open_promotion(
     promotion = Promotion(
         proposal_id=proposal_id, checkpoint_id=checkpoint_id, run_id=run_id,
         submitted_by=submitted_by, baseline_checkpoint_id=baseline_checkpoint_id,
-        workflow_id=workflow_id, status=PromotionStatus.open, updated_at=utcnow(),
+        workflow_id=workflow_id, workflow_run_id=workflow_run_id,
+        status=PromotionStatus.open, updated_at=utcnow(),
     )
     session.add(promotion)
     session.flush()
@@ -83,12 +86,28 @@ def get_promotion(*, session: Session, promotion_id: str, for_update: bool = Fal
     return row
 
 
+# How a promotion's status may change: an open one ends any way; a promoted one is rolled
+# back, or aborted when its end state was wrong. Nothing reopens an ended promotion (and
+# only the run that opened it may change it at all: ``governance_loop.gates.promote``).
+_STATUS_CHANGES: dict[str, frozenset[str]] = {
+    PromotionStatus.open: frozenset(PromotionStatus) - {PromotionStatus.refused},
+    PromotionStatus.promoted: frozenset({PromotionStatus.rolled_back, PromotionStatus.aborted}),
+    # A promote whose end state was wrong is rolled back, then ends aborted.
+    PromotionStatus.rolled_back: frozenset({PromotionStatus.aborted}),
+}
+
+
 def update_promotion(
     *, session: Session, promotion_id: str, status: str | None = None,
     current_gate: str | None = None, reason: str | None = None,
 ) -> Promotion:
-    """Move a promotion to a gate and/or status."""
+    """Move a promotion to a gate and/or status (``StoreError`` for a change it may not make)."""
     promotion = get_promotion(session=session, promotion_id=promotion_id, for_update=True)
+    allowed = _STATUS_CHANGES.get(promotion.status, frozenset())
+    if status is not None and status != promotion.status and status not in allowed:
+        raise StoreError(
+            f"promotion {promotion_id} ended {promotion.status}; it cannot become {status} "
+            "(an ended promotion stays as it ended; propose the candidate again)")
     if status is not None:
         promotion.status = status
     if current_gate is not None:
@@ -198,9 +217,9 @@ def get_routing(*, session: Session, slot: str, for_update: bool = False) -> Rou
 
 def set_routing(
     *, session: Session, slot: str, checkpoint_id: str | None, share: float,
-    promotion_id: str | None, updated_by: str,
+    promotion_id: str | None, updated_by: str, claim_expires_at: datetime | None = None,
 ) -> Routing:
-    """Point a slot at a checkpoint (None empties it)."""
+    """Point a slot at a checkpoint (None empties it), a promotion's claim until an expiry."""
     if slot not in ROUTING_SLOTS:
         raise StoreError(f"unknown routing slot {slot!r}; expected one of {ROUTING_SLOTS}")
     row = get_routing(session=session, slot=slot, for_update=True)
@@ -209,6 +228,7 @@ def set_routing(
     row.checkpoint_id = checkpoint_id
     row.share = share
     row.promotion_id = promotion_id
+    row.claim_expires_at = claim_expires_at if checkpoint_id is not None else None
     row.updated_by = updated_by
     row.updated_at = utcnow()
     session.add(row)
@@ -216,9 +236,44 @@ def set_routing(
     return row
 
 
-def routing_table(*, session: Session) -> dict[str, Routing]:
-    """All routing slots by name."""
-    return {row.slot: row for row in session.exec(select(Routing))}
+def routing_table(*, session: Session) -> dict[str, ServingSlot]:
+    """All routing slots by name, as they serve now (lapsed claims empty)."""
+    return serving_slots(session)
+
+
+def release_claims(*, session: Session, promotion_id: str, updated_by: str) -> list[str]:
+    """Empty every shadow/canary slot this promotion claims; the slots emptied."""
+    rows = session.exec(select(Routing).where(
+        Routing.promotion_id == promotion_id, col(Routing.checkpoint_id).is_not(None),
+        col(Routing.slot).in_(("canary", "shadow"))).with_for_update())
+    released = []
+    for row in rows:
+        set_routing(session=session, slot=row.slot, checkpoint_id=None, share=0.0,
+                    promotion_id=None, updated_by=updated_by)
+        released.append(row.slot)
+    return released
+
+
+def interruption_recorded(*, session: Session, workflow_id: str, run_id: str, kind: str
+                          ) -> bool:
+    """Whether governance already audited this interruption of a run."""
+    found = session.execute(text(
+        "SELECT 1 FROM workflow_interruption WHERE workflow_id = :w AND run_id = :r "
+        "AND kind = :k"), {"w": workflow_id, "r": run_id, "k": kind}).first()
+    return found is not None
+
+
+def record_interruption(
+    *, session: Session, workflow_id: str, run_id: str, kind: str,
+    promotion_id: str | None, details: dict[str, Any],
+) -> bool:
+    """Store an interruption of a governance run once; True when this call stored it."""
+    inserted = session.execute(text(
+        "INSERT INTO workflow_interruption (workflow_id, run_id, kind, promotion_id, details) "
+        "VALUES (:w, :r, :k, :p, CAST(:d AS jsonb)) ON CONFLICT DO NOTHING RETURNING kind"),
+        {"w": workflow_id, "r": run_id, "k": kind, "p": promotion_id,
+         "d": json.dumps(details, default=str)}).first()
+    return inserted is not None
 
 
 # --- environments and tasks --------------------------------------------------------------

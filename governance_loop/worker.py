@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from sqlalchemy import Engine
 from temporalio.client import Client
@@ -27,6 +29,7 @@ from governance_loop.activities.writes import GovernanceWriteActivities
 from governance_loop.activity_support import GOVERNANCE
 from governance_loop.admission import AdmissionBudgets
 from governance_loop.durations import PromotionTiming
+from governance_loop.interruptions import InterruptionWatch
 from governance_loop.nexus_handlers import GovernanceNexusHandlers
 from governance_loop.workflows import (
     AdmissionWorkflow,
@@ -73,6 +76,7 @@ def build_worker(
         activities=[
             promotion.open_promotion, promotion.mark_promotion, promotion.record_gate,
             promotion.set_routing, promotion.record_human_decision, promotion.promote_candidate,
+            promotion.close_promotion,
             evidence.decide_offline_eval, evidence.decide_shadow, evidence.look_canary,
             evidence.look_watch, rollback.rollback_deployment,
             admission.load_admission_task, admission.record_admission_evidence,
@@ -91,7 +95,15 @@ def main() -> None:
     """Entry point of ``python -m governance_loop.worker``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
-    asyncio.run(serve(settings, "governance", lambda client: [build_worker(client, settings)]))
+    engine = role_engine(settings, "governance")
+    authorizer = build_authorizer(settings, "governance")
+
+    def watch(client: Client) -> Coroutine[Any, Any, None]:
+        # Resets, terminations and cancellations of promotions, read from the server.
+        return InterruptionWatch(client, engine, authorizer).run_forever()
+
+    asyncio.run(serve(settings, "governance", lambda client: [build_worker(
+        client, settings, engine=engine, authorizer=authorizer)], background=watch))
 
 
 if __name__ == "__main__":

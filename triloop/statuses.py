@@ -51,6 +51,12 @@ class PromotionStatus(Word):
     promoted = "promoted"
     rolled_back = "rolled_back"
     expired = "expired"
+    # Ended outside the workflow's own code: Temporal terminated or cancelled its run, or it
+    # failed. Recorded by the workflow (cancelled, failed) or by governance's interruption
+    # watch, which reads the server's history (terminated).
+    terminated = "terminated"
+    cancelled = "cancelled"
+    failed = "failed"
     # Only a promotion workflow started again after its promotion ended reports this; no
     # row holds it.
     refused = "refused"

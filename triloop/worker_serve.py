@@ -10,8 +10,9 @@ import asyncio
 import logging
 import signal
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -28,15 +29,18 @@ def worker_identity(loop: LoopName) -> str:
 
 
 async def serve(
-    settings: Settings, loop: LoopName, build: Callable[[Client], Sequence[Worker]]
+    settings: Settings, loop: LoopName, build: Callable[[Client], Sequence[Worker]],
+    background: Callable[[Client], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
     """Poll ``build``'s workers as ``loop``'s service until SIGTERM or SIGINT.
 
     Then no new task is taken and running ones get each worker's graceful shutdown time
-    to finish (a cancelled one is retried elsewhere).
+    to finish (a cancelled one is retried elsewhere). ``background`` (governance's
+    interruption watch) runs beside the workers and is cancelled when they stop.
     """
     client = await connect(settings, identity=worker_identity(loop), service=loop)
     workers = build(client)
+    watcher = asyncio.create_task(background(client)) if background is not None else None
     stop = asyncio.Event()
     running = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -49,6 +53,8 @@ async def serve(
             await stop.wait()
             log.info("shutting down: no new tasks, waiting for running ones")
     finally:
+        if watcher is not None:
+            watcher.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             running.remove_signal_handler(sig)
     log.info("stopped")

@@ -74,6 +74,10 @@ class ErrorType(StrEnum):
     # task not admitted): never retried; ``details[0]`` lists the reasons.
     INVALID_REQUEST = "InvalidRequest"
     PROMOTION_ENDED = "PromotionEnded"  # a promotion that ended is never run again
+    # Production may not move, or the promotion not change, under a rule of
+    # ``governance_loop.gates.promote`` (another run, ended, a gate not passed, rolled back):
+    # never retried; ``details[0]`` names the rule.
+    PROMOTION_REFUSED = "PromotionRefused"
 
 
 def training_run_workflow_id(run_id: str) -> str:

@@ -127,6 +127,7 @@ class EvidenceActivities(GovernanceShell):
     @activity.defn(name=DECIDE_OFFLINE_EVAL.name)
     def decide_offline_eval(self, request: OfflineEvalInput) -> GateOutcome:
         """Judge both eval batches on the frozen eval set against the threshold version."""
+        self.own(request.promotion_id, "decide_offline_eval")
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
             eval_set = session.get(EvalSet, request.eval_set_id)
@@ -210,6 +211,7 @@ class EvidenceActivities(GovernanceShell):
     @activity.defn(name=DECIDE_SHADOW.name)
     def decide_shadow(self, request: ShadowInput) -> GateOutcome:
         """Judge the shadow soak on paired production/shadow episodes."""
+        self.own(request.promotion_id, "decide_shadow")
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
             pairs = episodes.shadow_pairs(
@@ -242,6 +244,7 @@ class EvidenceActivities(GovernanceShell):
     @activity.defn(name=LOOK_CANARY.name)
     def look_canary(self, request: CanaryLook) -> GateOutcome:
         """One sequential-test look at canary vs production since the canary started."""
+        self.own(request.promotion_id, "look_canary")
         since = parse_time(request.since)
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
@@ -282,6 +285,7 @@ class EvidenceActivities(GovernanceShell):
     @activity.defn(name=LOOK_WATCH.name)
     def look_watch(self, request: WatchLook) -> GateOutcome:
         """One look at production since promotion against both pre-promotion baselines."""
+        self.own(request.promotion_id, "look_watch")
         promoted_at = parse_time(request.promoted_at)
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -16,19 +16,25 @@ from governance_loop import store
 from governance_loop.activities import stability
 from governance_loop.activity_support import (
     GovernanceShell,
+    calling_run,
+    owner_of,
     record,
+    record_refusal,
     refused,
     rfc3339,
     row_id,
+    run_refused,
     store_gate,
 )
 from governance_loop.contracts import (
+    CLOSE_PROMOTION,
     MARK_PROMOTION,
     OPEN_PROMOTION,
     PROMOTE_CANDIDATE,
     RECORD_GATE,
     RECORD_HUMAN_DECISION,
     SET_ROUTING,
+    ClosePromotion,
     GateOutcome,
     GateRecord,
     HumanDecisionRecord,
@@ -48,6 +54,14 @@ from governance_loop.gates import (
     Verdict,
     decide_human,
     deciding_role,
+)
+from governance_loop.gates.promote import (
+    PromoteFacts,
+    PromoteRefused,
+    RunRef,
+    StoredGate,
+    refuse_foreign_run,
+    refuse_promote,
 )
 from triloop.artifacts import ArtifactCorrupted, ArtifactStore
 from triloop.db import session_scope
@@ -73,6 +87,17 @@ from triloop.weights import (
 from triloop.workflow_api import ErrorType, RolloutItem
 
 DEFAULT_THRESHOLD_NAME = "promotion"
+
+
+class _Refusal(Exception):
+    """Promote refused under the alias lock: audited after that transaction rolls back."""
+
+    def __init__(self, promotion_id: str, owner: RunRef, caller: RunRef | None,
+                 error: PromoteRefused) -> None:
+        super().__init__(str(error))
+        self.promotion_id, self.owner, self.caller, self.error = (
+            promotion_id, owner, caller, error)
+
 class PromotionActivities(GovernanceShell):
     """State changes of a promotion, each authorized, audited and idempotent under retry."""
 
@@ -104,7 +129,8 @@ class PromotionActivities(GovernanceShell):
                     f"proposal {proposal.id} names checkpoint {proposal.checkpoint_id} of run "
                     f"{proposal.run_id}, not {request.checkpoint_id} of {request.run_id}"
                 )
-            self._refuse_restart(session, proposal.id, request.workflow_id)
+            caller = calling_run()
+            self._refuse_restart(session, proposal.id, request.workflow_id, caller)
             run = session.get(TrainingRun, proposal.run_id)
             # Separation of duties rests on who submitted the run: the web service wrote
             # that row, the proposer only claims it.
@@ -120,6 +146,7 @@ class PromotionActivities(GovernanceShell):
                 session=session, proposal_id=proposal.id, checkpoint_id=proposal.checkpoint_id,
                 run_id=proposal.run_id, submitted_by=submitted_by,
                 baseline_checkpoint_id=baseline, workflow_id=request.workflow_id,
+                workflow_run_id=caller.run_id if caller else None,
             )
             plan = PromotionPlan(
                 promotion_id=promotion.id, submitted_by=submitted_by,
@@ -161,11 +188,13 @@ class PromotionActivities(GovernanceShell):
                 session, promotion_id=plan.promotion_id, decision=check.decision,
                 threshold_id=plan.threshold_id).gate_result_id
 
-    def _refuse_restart(self, session: Session, proposal_id: str, workflow_id: str) -> None:
-        """A proposal's promotion runs once: its row must be open and belong to this workflow.
+    def _refuse_restart(self, session: Session, proposal_id: str, workflow_id: str,
+                        caller: RunRef | None) -> None:
+        """A proposal's promotion runs once: its row must be open and belong to this run.
 
         The learning loop starts promotions with ``REJECT_DUPLICATE``, but a start is
-        only as strict as its caller asks; this check holds whoever starts the workflow.
+        only as strict as its caller asks; this check holds whoever starts the workflow,
+        and a reset to before the promotion opened (a new run of the same workflow).
         """
         query = select(Promotion).where(Promotion.proposal_id == proposal_id)
         existing = session.exec(query).first()
@@ -183,12 +212,19 @@ class PromotionActivities(GovernanceShell):
                 f"promotion {existing.id} of proposal {proposal_id} belongs to workflow "
                 f"{existing.workflow_id}, not {workflow_id}"
             )
+        elif caller is not None and existing.workflow_run_id not in (None, caller.run_id):
+            problem = (
+                f"promotion {existing.id} of proposal {proposal_id} belongs to run "
+                f"{existing.workflow_run_id} of {workflow_id}, not run {caller.run_id} (a "
+                "reset or a restart); only the run that opened a promotion runs it"
+            )
         if problem is None:
             return
         with session_scope(self._engine) as audit:  # recorded even though this call fails
             record(audit, action="refuse_promotion_restart",
                    resource={"kind": "promotion", "id": existing.id},
                    payload={"proposal_id": proposal_id, "workflow_id": workflow_id,
+                            "run_id": caller.run_id if caller else None,
                             "status": existing.status, "reason": problem})
         raise ApplicationError(problem, type=ErrorType.PROMOTION_ENDED, non_retryable=True)
 
@@ -221,16 +257,21 @@ class PromotionActivities(GovernanceShell):
         """Record the gate the promotion is at, or how it ended."""
         self.authorize("update", Resource("promotion", id=mark.promotion_id,
                                           attrs={"status": mark.status, "gate": mark.gate}))
-        with session_scope(self._engine) as session:
-            store.update_promotion(
-                session=session, promotion_id=mark.promotion_id, status=mark.status,
-                current_gate=mark.gate, reason=mark.reason,
-            )
+        self.own(mark.promotion_id, "mark_promotion")
+        try:
+            with session_scope(self._engine) as session:
+                store.update_promotion(
+                    session=session, promotion_id=mark.promotion_id, status=mark.status,
+                    current_gate=mark.gate, reason=mark.reason,
+                )
+        except store.StoreError as error:
+            raise refused(str(error)) from error
 
     @activity.defn(name=RECORD_GATE.name)
     def record_gate(self, gate: GateRecord) -> GateOutcome:
         """Store a verdict the workflow reached itself (a deadline passed, a precondition)."""
         self.authorize("create", Resource("gate_result", attrs={"gate": gate.gate}))
+        self.own(gate.promotion_id, "record_gate")
         decision = GateDecision(
             gate=gate.gate, passed=gate.verdict == Verdict.PASS.value, reasons=gate.reasons,
             evidence=gate.evidence, verdict=Verdict(gate.verdict),
@@ -250,27 +291,63 @@ class PromotionActivities(GovernanceShell):
             "checkpoint_id": request.checkpoint_id, "share": request.share,
             "promotion_id": request.promotion_id,
         }))
+        self.own(request.promotion_id, "route")
         with session_scope(self._engine) as session:
-            row = store.get_routing(session=session, slot=request.slot, for_update=True)
-            holder = row.promotion_id if row is not None and row.checkpoint_id else None
+            store.get_routing(session=session, slot=request.slot, for_update=True)
+            now = store.db_now(session)
+            held = store.routing_table(session=session)[request.slot]  # lapsed claims: empty
+            holder = held.promotion_id if held.checkpoint_id else None
             if holder not in (None, request.promotion_id):
-                assert holder is not None
-                other = store.get_promotion(session=session, promotion_id=holder)
-                if other.status == Outcome.open:
-                    if request.checkpoint_id is None:  # releasing: it is not ours anyway
-                        return RoutingChange(ok=True, at=store.db_now(session).isoformat())
-                    return RoutingChange(ok=False, at=store.db_now(session).isoformat(),
-                                         holder=holder)
+                if request.checkpoint_id is None:  # releasing: it is not ours anyway
+                    return RoutingChange(ok=True, at=now.isoformat())
+                return RoutingChange(ok=False, at=now.isoformat(), holder=holder)
+            if request.checkpoint_id is not None:
+                self._refuse_claim_for_ended(session, request)
             store.set_routing(
                 session=session, slot=request.slot, checkpoint_id=request.checkpoint_id,
                 share=request.share if request.checkpoint_id else 0.0,
                 promotion_id=request.promotion_id if request.checkpoint_id else None,
                 updated_by="governance",
+                claim_expires_at=now + timedelta(seconds=self._timing.claim_s(request.slot)),
             )
             record(session, action="route", resource={"kind": "routing", "id": request.slot},
                    payload={"checkpoint_id": request.checkpoint_id, "share": request.share,
                             "promotion_id": request.promotion_id})
-            return RoutingChange(ok=True, at=store.db_now(session).isoformat())
+            return RoutingChange(ok=True, at=now.isoformat())
+
+    def _refuse_claim_for_ended(self, session: Session, request: RoutingRequest) -> None:
+        """An ended promotion claims no slot (its claim would not serve anyway)."""
+        promotion = store.get_promotion(session=session, promotion_id=request.promotion_id)
+        if promotion.status != Outcome.open:
+            raise refused(f"promotion {promotion.id} ended {promotion.status}; it claims no "
+                          f"{request.slot} slot; propose the candidate again")
+
+    @activity.defn(name=CLOSE_PROMOTION.name)
+    def close_promotion(self, request: ClosePromotion) -> None:
+        """A promotion's run ends early (cancelled, failed): free its slots, record how.
+
+        Any run may free the slots a promotion claims (that only serves less); only the run
+        that opened it changes its status, and only while it is open.
+        """
+        self.authorize("update", Resource("promotion", id=request.promotion_id,
+                                          attrs={"status": request.status, "gate": None}))
+        caller = calling_run()
+        with session_scope(self._engine) as session:
+            promotion = store.get_promotion(session=session, promotion_id=request.promotion_id,
+                                            for_update=True)
+            released = store.release_claims(session=session, promotion_id=promotion.id,
+                                            updated_by="governance")
+            owned = caller is None or caller.run_id in (None, promotion.workflow_run_id)
+            ended = owned and promotion.status == Outcome.open
+            if ended:
+                store.update_promotion(session=session, promotion_id=promotion.id,
+                                       status=request.status, reason=request.reason[:2000])
+            record(session, action="close_promotion",
+                   resource={"kind": "promotion", "id": promotion.id},
+                   payload={"status": request.status if ended else promotion.status,
+                            "asked": request.status, "reason": request.reason,
+                            "released": released,
+                            "run_id": caller.run_id if caller else None})
 
     @activity.defn(name=RECORD_HUMAN_DECISION.name)
     def record_human_decision(self, request: HumanDecisionRecord) -> GateOutcome:
@@ -283,6 +360,7 @@ class PromotionActivities(GovernanceShell):
         Each refusal is audited.
         """
         gate = request.gate
+        self.own(request.promotion_id, f"{gate}_decision")
         attrs = {"submitted_by": request.submitted_by}
         if gate is Gate.APPROVAL:
             attrs["audited_by"] = request.audited_by or ""
@@ -377,10 +455,18 @@ class PromotionActivities(GovernanceShell):
             "submitted_by": request.submitted_by, "audited_by": request.audited_by,
             "approved_by": request.approved_by,
         }))
+        try:
+            return self._promote(request)
+        except _Refusal as refusal:  # audited once the locks are let go (the audit's own
+            self._audit_refusal(refusal)  # rows reference the locked promotion row)
+            raise run_refused(refusal.error) from refusal.error
+
+    def _promote(self, request: PromoteInput) -> PromoteResult:
         with session_scope(self._engine) as session:
             current = store.get_deployment(session=session, alias=Purpose.PRODUCTION,
                                            for_update=True)
             already = current is not None and current.promotion_id == request.promotion_id
+            self._recheck(session, request, moving=not already)
             if not already and (current is None
                                 or current.checkpoint_id != request.baseline_checkpoint_id):
                 moved = current.checkpoint_id if current is not None else None
@@ -420,6 +506,44 @@ class PromotionActivities(GovernanceShell):
                 passed=not problems,
             )
         return PromoteResult(outcome, promoted_at)
+
+    def _recheck(self, session: Session, request: PromoteInput, *, moving: bool) -> None:
+        """Under the alias's lock: this run's open promotion passed every gate, and the
+        candidate was not rolled back since (``governance_loop.gates.promote``).
+
+        A retry that finds the move done (``moving`` False) re-checks only the run. A
+        refusal ends the transaction unmoved and is audited as ``refuse_promote``.
+        """
+        promotion = store.get_promotion(session=session, promotion_id=request.promotion_id,
+                                        for_update=True)
+        caller = calling_run()
+        facts = PromoteFacts(
+            promotion_id=promotion.id, status=promotion.status, owner=owner_of(promotion),
+            caller=caller, candidate_checkpoint_id=request.candidate_checkpoint_id,
+            gates=[StoredGate(gate=g.gate, passed=g.passed, created_at=g.created_at)
+                   for g in store.gate_results(session=session, promotion_id=promotion.id)],
+            history=store.deployment_revisions(session=session, alias=Purpose.PRODUCTION),
+        )
+        try:
+            if moving:
+                refuse_promote(facts)
+            else:
+                refuse_foreign_run(promotion.id, owner=facts.owner, caller=caller)
+        except PromoteRefused as error:
+            # Plain values: the transaction rolls back (and expires its rows) before the audit.
+            raise _Refusal(promotion.id, facts.owner, caller, error) from error
+        if promotion.checkpoint_id != request.candidate_checkpoint_id:
+            raise refused(f"promotion {promotion.id} judged checkpoint {promotion.checkpoint_id}"
+                          f", not {request.candidate_checkpoint_id}; nothing else moves")
+
+    def _audit_refusal(self, refusal: _Refusal) -> None:
+        if refusal.caller is not None:
+            self.refuse_run(refusal.promotion_id, refusal.owner, refusal.caller, "promote",
+                            refusal.error)
+            return
+        with session_scope(self._engine) as audit:
+            record_refusal(audit, action="promote", promotion_id=refusal.promotion_id,
+                           caller=None, error=refusal.error)
 
     def _weights_problem(self, session: Session, request: PromoteInput) -> str | None:
         """Why the candidate's weights may not move to production (an integrity event), if so."""

@@ -51,6 +51,7 @@ class RollbackActivities(GovernanceShell):
             self.authorize("rollback", Resource("deployment", id=request.alias), context={
                 "automatic": True, "promotion_id": request.promotion_id,
                 "reason": request.reason})
+            self.own(request.promotion_id, "rollback")
             actor, reason = "governance", request.reason
         else:  # an operator's: who, why and where to come from the decision the web recorded
             resource = Resource("deployment", id=request.alias)

@@ -13,6 +13,12 @@ activity reads the person and their roles from the database, re-checks separatio
 of duties with the pure rules in ``governance_loop.gates.human`` and asks OPA again
 before anything is written. Soaks are durable timers and every polling loop
 sleeps between looks, so a soak of days adds a few hundred events to the history.
+
+A cancelled promotion, or one whose activity failed for good, frees its routing slots and
+records how it ended (``close_promotion``) before it ends. A reset run of a promotion is
+refused by the first activity it reaches (the promotion belongs to the run that opened it),
+and a terminated one's claims lapse by themselves; governance's interruption watch audits
+both (``governance_loop.interruptions``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,12 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, NexusOperationError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    FailureError,
+    NexusOperationError,
+)
 
 with workflow.unsafe.imports_passed_through():
     import governance_loop.contracts as m
@@ -55,6 +66,8 @@ with workflow.unsafe.imports_passed_through():
 
 # Marks histories recorded before a promotion ended with its TriloopOutcome search attribute.
 OUTCOME_PATCH = "promotion-outcome-search-attribute"
+# Marks histories recorded before a cancelled or failed promotion freed its routing slots.
+CLOSE_PATCH = "promotion-close-on-cancel-or-failure"
 
 
 @workflow.defn(name=PROMOTION_WORKFLOW)
@@ -115,7 +128,15 @@ class PromotionWorkflow:
                                        non_retryable=True) from error
             raise
         self._plan = plan
-        await self._walk(plan)
+        try:
+            await self._walk(plan)
+        except (asyncio.CancelledError, FailureError) as error:
+            # Cancelled, or an activity failed for good: leave no routing behind. (A
+            # terminated run runs nothing; its claims lapse by themselves, and governance's
+            # interruption watch records it: ``governance_loop.interruptions``.)
+            if workflow.patched(CLOSE_PATCH):
+                await self._close(plan, error)
+            raise
         await workflow.wait_condition(workflow.all_handlers_finished)
         # Temporal shows every promotion that returns as COMPLETED; the outcome (promoted,
         # rolled_back, rejected, ...) is a search attribute too, so a list can filter on it.
@@ -156,6 +177,15 @@ class PromotionWorkflow:
         promoted_at = await self._promote(plan)
         if promoted_at is not None:
             await self._watch(plan, promoted_at)
+
+    async def _close(self, plan: m.PromotionPlan, error: BaseException) -> None:
+        cancelled = isinstance(error, asyncio.CancelledError)
+        self._status = Outcome.cancelled if cancelled else Outcome.failed
+        self._waiting_for = None
+        self._reason = "cancelled" if cancelled else failure_chain(error)
+        # Scheduled after the cancellation was delivered, so it is not cancelled with it.
+        await m.CLOSE_PROMOTION.call(m.ClosePromotion(
+            promotion_id=plan.promotion_id, status=self._status, reason=self._reason[:2000]))
 
     # --- bookkeeping ---------------------------------------------------------------------
 

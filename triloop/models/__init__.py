@@ -11,6 +11,7 @@ from triloop.models.governance import (
     GateResult,
     Promotion,
     Routing,
+    WorkflowInterruption,
 )
 from triloop.models.training import Checkpoint, Proposal, TrainingRun, TrainingStep
 from triloop.models.trajectories import RolloutBatch, Step, Trajectory, TrajectorySequence
@@ -37,6 +38,7 @@ __all__ = [
     "Proposal",
     "RoleGrant",
     "Routing",
+    "WorkflowInterruption",
     "Step",
     "Task",
     "Threshold",

@@ -29,9 +29,13 @@ class Promotion(SQLModel, table=True):
     submitted_by: str
     baseline_checkpoint_id: str | None = None
     workflow_id: str | None = None
+    # The run that opened the promotion: a reset keeps the workflow id and makes a new run,
+    # and governance refuses every state change from any run but this one.
+    workflow_run_id: str | None = None
     status: str = Field(
         default="open",
-        description="open | rejected | aborted | promoted | rolled_back | expired",
+        description="open | rejected | aborted | promoted | rolled_back | expired | "
+                    "terminated | cancelled | failed",
     )
     current_gate: str | None = None
     status_reason: str | None = None
@@ -106,3 +110,20 @@ class Routing(SQLModel, table=True):
     promotion_id: str | None = None
     updated_by: str
     updated_at: datetime = created_at_field()
+    # A shadow or canary claim counts only until then (database clock) and only while its
+    # promotion is open, so a claim clears itself when its promotion can no longer release
+    # it (see ``triloop.routing_claims``). None: no expiry (the production slot).
+    claim_expires_at: datetime | None = timestamp_field()
+
+
+class WorkflowInterruption(SQLModel, table=True):
+    """A reset, termination or cancellation of a governance workflow run, audited once."""
+
+    __tablename__ = "workflow_interruption"
+    workflow_id: str = Field(primary_key=True)
+    run_id: str = Field(primary_key=True)
+    kind: str = Field(primary_key=True,
+                      description="reset | terminated | cancelled | failed | timed_out")
+    promotion_id: str | None = Field(default=None, foreign_key="promotion.id")
+    details: dict[str, Any] = json_field()
+    recorded_at: datetime = created_at_field()

@@ -12,7 +12,8 @@ from datetime import datetime
 from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
-from triloop.models import Approval, Deployment, DeploymentHistory, Promotion, Routing
+from triloop.models import Approval, Deployment, DeploymentHistory, Promotion
+from triloop.routing_claims import serving_slots
 from triloop.statuses import Purpose
 
 PRODUCTION = Purpose.PRODUCTION  # the alias production traffic is served by
@@ -96,11 +97,12 @@ def _production(session: Session) -> ProductionNow | None:
 
 def serving_now(*, session: Session) -> ServingNow:
     """Production and the canary/shadow slots that serve a checkpoint now."""
+    # A claim of an ended promotion, or an expired one, serves nothing: show what serves.
     trials = [
         Trial(slot=r.slot, checkpoint_id=r.checkpoint_id, share=r.share,
               promotion_id=r.promotion_id, since=r.updated_at)
-        for r in session.exec(select(Routing).where(col(Routing.slot).in_(TRIAL_SLOTS)))
-        if r.checkpoint_id is not None
+        for r in serving_slots(session).values()
+        if r.slot in TRIAL_SLOTS and r.checkpoint_id is not None
     ]
     trials.sort(key=lambda t: TRIAL_SLOTS.index(t.slot))
     return ServingNow(production=_production(session), trials=trials)
