@@ -3,7 +3,8 @@
 Each operation first names the calling loop from the server's link and asks OPA, with the
 execution service's own token, whether that loop may ask for this purpose (learning:
 training batches only; governance: eval, shadow, canary and probe batches, and admission
-probes). A batch's ``rollout_batch`` row then records who asked. Then it starts the
+probes). A batch's ``rollout_batch`` row then says who asked: this handler records
+learning's, and checks the one governance recorded for itself. Then it starts the
 workflow here, in the execution namespace, under the
 execution worker's identity; the caller's workflow receives the result when it ends.
 """
@@ -16,7 +17,7 @@ import nexusrpc
 from sqlalchemy import Engine
 from temporalio import nexus
 
-from execution_loop.batches import BatchConflict, record_requested_batch
+from execution_loop.batches import BatchConflict, vouch_for_batch
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
 from triloop import search_attributes
 from triloop.nexus_api import ExecutionService
@@ -44,15 +45,16 @@ class ExecutionNexusHandlers:
     ) -> nexus.WorkflowHandle[RolloutBatchResult]:
         """A batch of episodes; its purpose decides who may ask for it.
 
-        The batch's row names the caller as its requester before any episode runs, so
-        every trajectory it stores is vouched for by the database.
+        Before any episode runs, the batch's row must name the caller as its requester
+        with this plan: learning's is recorded here (the request this handler received),
+        any other caller's is the row it recorded itself, which this handler only checks.
         """
         caller = await self._check.admit(
             ctx, purpose=batch.purpose,
             attrs={"batch_id": batch.batch_id, "run_id": batch.run_id or ""})
         try:
-            await asyncio.to_thread(record_requested_batch, engine=self._engine, batch=batch,
-                                    requested_by=caller)
+            await asyncio.to_thread(vouch_for_batch, engine=self._engine, batch=batch,
+                                    caller=caller)
         except BatchConflict as conflict:
             raise nexusrpc.HandlerError(str(conflict), type=nexusrpc.HandlerErrorType.BAD_REQUEST,
                                         retryable_override=False) from conflict

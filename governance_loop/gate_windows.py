@@ -64,8 +64,9 @@ def requested_batch_outcomes(
     """Outcomes of a batch governance asked for, counting only what it asked for.
 
     The batch's ``rollout_batch`` row must say governance requested it, for this purpose
-    and checkpoint; otherwise nothing in it counts. Episodes a different checkpoint served
-    never count. Each such finding is a problem the gate reports (and audits).
+    and checkpoint; otherwise nothing in it counts. Only the episodes it planned count
+    (the database refuses the execution role any other); episodes a different checkpoint
+    served never count. Each such finding is a problem the gate reports (and audits).
     """
     batch = session.get(RolloutBatch, batch_id)
     if batch is None:
@@ -76,14 +77,20 @@ def requested_batch_outcomes(
             f"batch {batch_id} was requested by {batch.requested_by} for {batch.purpose} of "
             f"{batch.checkpoint_id}, not by governance for {purpose} of {checkpoint_id}"])
     rows = session.execute(
-        text("SELECT success, total_reward, checkpoint_id FROM trajectory "
-             "WHERE batch_id = :b AND purpose <> 'shadow' ORDER BY id"),
+        text("SELECT t.success, t.total_reward, t.checkpoint_id, "
+             "coalesce(b.planned_episodes ? t.id, false) FROM trajectory t "
+             "JOIN rollout_batch b ON b.id = t.batch_id "
+             "WHERE t.batch_id = :b AND t.purpose <> 'shadow' ORDER BY t.id"),
         {"b": batch_id},
     ).all()
-    counted = [r for r in rows if r[2] == checkpoint_id]
+    planned = [r for r in rows if r[3]]
+    counted = [r for r in planned if r[2] == checkpoint_id]
     problems = []
-    if len(counted) < len(rows):
-        problems.append(f"{len(rows) - len(counted)} episodes of batch {batch_id} were served "
+    if len(planned) < len(rows):
+        problems.append(f"{len(rows) - len(planned)} episodes of batch {batch_id} are not "
+                        "among the episodes it planned; not counted")
+    if len(counted) < len(planned):
+        problems.append(f"{len(planned) - len(counted)} episodes of batch {batch_id} were served "
                         f"by another checkpoint than {checkpoint_id}; not counted")
     return BoundOutcomes(Outcomes([bool(r[0]) for r in counted],
                                   [float(r[1]) for r in counted]), problems)

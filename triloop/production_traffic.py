@@ -22,10 +22,12 @@ CANARY_PURPOSES = (Purpose.CANARY, Purpose.PRODUCTION)
 
 def requested_traffic(alias: str) -> str:
     """SQL: the episode belongs to production traffic somebody vouched for, a batch the web
-    service recorded for people or execution recorded for governance (``rollout_batch``);
-    a row slipped in under any other batch id is not evidence."""
+    service (or governance) recorded for itself (``rollout_batch``), and is one of the
+    episodes that batch planned (a shadow stands for the production episode it mirrors);
+    a row slipped in under any other batch id, or outside the plan, is not evidence."""
     return (f"EXISTS (SELECT 1 FROM rollout_batch b WHERE b.id = {alias}.batch_id "
-            "AND b.purpose = 'production' AND b.requested_by IN ('web', 'governance'))")
+            "AND b.purpose = 'production' AND b.requested_by IN ('web', 'governance') "
+            f"AND b.planned_episodes ? regexp_replace({alias}.id, '[:]shadow$', ''))")
 
 
 # FROM/WHERE of the shadow gate's pairs: a shadow episode ``s`` of the candidate (``:c``)

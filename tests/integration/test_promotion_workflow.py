@@ -179,7 +179,8 @@ async def running(deps: Deps, quality: Quality, timing: PromotionTiming = TIMING
     worker = build_worker(deps.client, deps.settings, engine=deps.gov_engine,
                           authorizer=deps.authorizer, threshold_name=world.threshold_name,
                           timing=timing)
-    execution = StandInExecution(deps.exec_engine, quality, world.task_ids[0])
+    execution = StandInExecution(deps.exec_engine, quality, world.task_ids[0],
+                                 requester=deps.web_engine)
     proposal = PromotionInput(proposal_id=world.proposal_id, checkpoint_id=world.candidate,
                               run_id=world.run_id, submitted_by=world.submitter,
                               stability_alarms=list(alarms or []))
