@@ -1,4 +1,7 @@
-"""Episode reads for the gates: rows the execution loop wrote, never written here.
+"""Episode reads for the gates: rows the execution loop and the verifier wrote, never here.
+
+Offline eval counts the verifier's verdicts (``verdict``), not the execution loop's own
+``success``/``total_reward``.
 
 Episodes served while an operator's fault was injected carry ``outcome.injected_fault``.
 Every count can leave them out (``clean=True``) and ``fault_summary`` names the faults in
@@ -20,6 +23,8 @@ from triloop.production_traffic import SHADOW_PAIRS_FROM
 from triloop.production_traffic import requested_traffic as _requested_traffic
 from triloop.statuses import Purpose
 
+# The database role whose verdicts an eval gate counts (``verdict.recorded_by``).
+VERIFIER_ROLE = "triloop_verifier"
 # SQL: the episode was served without an injected fault (or every episode, when not clean).
 _CLEAN = "(NOT CAST(:clean AS boolean) OR (outcome->'injected_fault') IS NULL)"
 
@@ -67,6 +72,9 @@ def requested_batch_outcomes(
     and checkpoint; otherwise nothing in it counts. Only the episodes it planned count
     (the database refuses the execution role any other); episodes a different checkpoint
     served never count. Each such finding is a problem the gate reports (and audits).
+    Success and reward are the verifier's verdict (``verdict``, written by its own role),
+    never the execution loop's row; an episode without one is not counted (offline eval
+    waits for them first: ``unjudged_episodes``).
     """
     batch = session.get(RolloutBatch, batch_id)
     if batch is None:
@@ -77,23 +85,37 @@ def requested_batch_outcomes(
             f"batch {batch_id} was requested by {batch.requested_by} for {batch.purpose} of "
             f"{batch.checkpoint_id}, not by governance for {purpose} of {checkpoint_id}"])
     rows = session.execute(
-        text("SELECT t.success, t.total_reward, t.checkpoint_id, "
-             "coalesce(b.planned_episodes ? t.id, false) FROM trajectory t "
-             "JOIN rollout_batch b ON b.id = t.batch_id "
+        text("SELECT v.success, v.total_reward, t.checkpoint_id, "
+             "coalesce(b.planned_episodes ? t.id, false), v.trajectory_id IS NOT NULL "
+             "FROM trajectory t JOIN rollout_batch b ON b.id = t.batch_id "
+             f"LEFT JOIN verdict v ON v.trajectory_id = t.id AND v.recorded_by = '{VERIFIER_ROLE}' "
              "WHERE t.batch_id = :b AND t.purpose <> 'shadow' ORDER BY t.id"),
         {"b": batch_id},
     ).all()
     planned = [r for r in rows if r[3]]
-    counted = [r for r in planned if r[2] == checkpoint_id]
+    served = [r for r in planned if r[2] == checkpoint_id]
+    counted = [r for r in served if r[4]]
     problems = []
     if len(planned) < len(rows):
         problems.append(f"{len(rows) - len(planned)} episodes of batch {batch_id} are not "
                         "among the episodes it planned; not counted")
-    if len(counted) < len(planned):
-        problems.append(f"{len(planned) - len(counted)} episodes of batch {batch_id} were served "
+    if len(served) < len(planned):
+        problems.append(f"{len(planned) - len(served)} episodes of batch {batch_id} were served "
                         f"by another checkpoint than {checkpoint_id}; not counted")
     return BoundOutcomes(Outcomes([bool(r[0]) for r in counted],
                                   [float(r[1]) for r in counted]), problems)
+
+
+def unjudged_episodes(*, session: Session, batch_ids: Sequence[str]) -> list[str]:
+    """Stored, planned episodes of these batches that the verifier has not judged yet."""
+    rows = session.execute(
+        text("SELECT t.id FROM trajectory t JOIN rollout_batch b ON b.id = t.batch_id "
+             "WHERE t.batch_id = ANY(:b) AND t.purpose <> 'shadow' AND b.planned_episodes ? t.id "
+             "AND NOT EXISTS (SELECT 1 FROM verdict v WHERE v.trajectory_id = t.id "
+             f"AND v.recorded_by = '{VERIFIER_ROLE}') ORDER BY t.id"),
+        {"b": list(batch_ids)},
+    ).all()
+    return [str(r[0]) for r in rows]
 
 
 def episode_counts(

@@ -65,9 +65,30 @@ class Quality:
         return int((n + 1) * rate + 1e-9) > int(n * rate + 1e-9)
 
 
-def _write(engine: Engine, rows: list[dict[str, Any]], requester: Engine | None = None) -> None:
+def _write(engine: Engine, rows: list[dict[str, Any]], requester: Engine | None = None,
+           verifier: Engine | None = None) -> None:
     if requester is not None:
         request_batches(requester, rows)
+    _store_episodes(engine, rows)
+    if verifier is not None:
+        judge_as_written(verifier, rows)
+
+
+def judge_as_written(verifier: Engine, rows: list[dict[str, Any]]) -> None:
+    """The stand-in verifier (as ``triloop_verifier``): a verdict agreeing with each row.
+
+    For episodes on the test's contract-less tasks, which no environment can replay; the
+    real verifier (``verifier/``) is tested on real environments."""
+    with verifier.begin() as conn:
+        for row in rows:
+            conn.execute(text(
+                "INSERT INTO verdict (trajectory_id, batch_id, success, total_reward, agrees) "
+                "VALUES (:id, :batch_id, :success, :reward, true) "
+                "ON CONFLICT (trajectory_id) DO NOTHING"),
+                {**row, "reward": 1.0 if row["success"] else 0.0})
+
+
+def _store_episodes(engine: Engine, rows: list[dict[str, Any]]) -> None:
     with engine.begin() as conn:
         for row in rows:
             conn.execute(text(
@@ -118,21 +139,23 @@ def request_batches(requester: Engine, rows: list[dict[str, Any]]) -> None:
 
 
 def write_episodes(engine: Engine, rows: list[dict[str, Any]], *,
-                   requester: Engine | None = None) -> None:
+                   requester: Engine | None = None, verifier: Engine | None = None) -> None:
     """Store episodes as the execution loop does: id, batch_id, task_id, checkpoint_id,
     purpose, group_id, success, optionally outcome (e.g. ``injected_fault``, ``shadow_of``).
 
-    ``requester`` first records their batches (``request_batches``); None: they are."""
-    _write(engine, rows, requester)
+    ``requester`` first records their batches (``request_batches``); None: they are.
+    ``verifier`` then judges them as written (``judge_as_written``); None: nobody yet."""
+    _write(engine, rows, requester, verifier)
 
 
 class StandInExecution:
     """Eval batches (child workflows) and production traffic, as the execution role."""
 
     def __init__(self, engine: Engine, quality: Quality, task_id: str, *,
-                 requester: Engine) -> None:
+                 requester: Engine, verifier: Engine) -> None:
         self.engine = engine
         self.requester = requester  # records the traffic's batches, as the web service does
+        self.verifier = verifier  # judges the episodes as written (the stand-in verifier)
         self.quality = quality
         self.task_id = task_id
         self.served = 0
@@ -150,7 +173,7 @@ class StandInExecution:
                     "purpose": batch.purpose, "group_id": f"{batch.batch_id}:{i}",
                     "success": self.quality.success(batch.checkpoint_id, batch.purpose),
                 })
-        _write(self.engine, rows)
+        _write(self.engine, rows, verifier=self.verifier)
         wins = sum(1 for r in rows if r["success"])
         return RolloutBatchResult(batch_id=batch.batch_id, trajectory_ids=[r["id"] for r in rows],
                                   completed=len(rows), success_rate=wins / max(1, len(rows)))
@@ -179,7 +202,7 @@ class StandInExecution:
                 row = self._row(f"{eid}:shadow", batch_id, shadow, "shadow")
                 row["outcome"] = {"shadow_of": eid}
                 rows.append(row)
-        _write(self.engine, rows, self.requester)
+        _write(self.engine, rows, self.requester, self.verifier)
 
     def _row(self, eid: str, batch_id: str, checkpoint: str, purpose: str) -> dict[str, Any]:
         return {"id": eid, "batch_id": batch_id, "task_id": self.task_id,
@@ -302,6 +325,7 @@ class Scene:
     activities: EvidenceActivities
     since: datetime
     governance: Engine  # governance's own role: it records its eval batches
+    verifier: Engine  # the verifier's own role: its verdicts are what offline eval counts
 
     def fault(self, checkpoint: str) -> dict[str, Any]:
         return {"checkpoint_id": checkpoint, "temperature": 8.0, "note": "game day"}
@@ -337,7 +361,8 @@ def make_scene(settings: Settings, owner_engine: Engine, role_engine: Any) -> Sc
     with owner_engine.connect() as conn:
         since = conn.execute(text("SELECT now()")).scalar_one()
     return Scene(owner_engine, role_engine("execution"), world, promotion_id,
-                 EvidenceActivities(governance, authorizer), since, governance)
+                 EvidenceActivities(governance, authorizer), since, governance,
+                 role_engine("verifier"))
 
 
 def look_canary(scene: Scene, *, soak_complete: bool) -> Any:

@@ -11,9 +11,11 @@ degraded: each decides on all episodes and on those no fault touched, and
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlmodel import Session
 from temporalio import activity
 
@@ -57,7 +59,7 @@ from triloop import held_out
 from triloop.audit import record_event
 from triloop.db import session_scope
 from triloop.models import EvalSet, Threshold
-from triloop.policy import Resource
+from triloop.policy import Authorizer, Resource
 from triloop.production_traffic import CANARY_PURPOSES
 from triloop.statuses import Gate, Purpose
 from triloop.weights import INTEGRITY_ACTION
@@ -74,8 +76,40 @@ def _stats(outcomes: episodes.Outcomes) -> EpisodeStats:
     return EpisodeStats.from_outcomes(outcomes.successes, outcomes.rewards)
 
 
+def await_verdicts(session: Session, batch_ids: list[str], *, wait_s: float,
+                   poll_s: float = 0.25) -> list[str]:
+    """Wait (heartbeating) until the verifier has judged every stored planned episode of
+    these batches, for at most ``wait_s`` seconds; return the episodes still unjudged."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        unjudged = episodes.unjudged_episodes(session=session, batch_ids=batch_ids)
+        if not unjudged or time.monotonic() >= deadline:
+            return unjudged
+        if activity.in_activity():
+            activity.heartbeat(len(unjudged))
+        time.sleep(poll_s)
+
+
+def _unjudged_decision(spec: ThresholdSpec, unjudged: list[str]) -> GateDecision:
+    return GateDecision(
+        gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
+        reasons=[f"the verifier has not judged {len(unjudged)} episodes of the eval batches "
+                 f"(first: {', '.join(unjudged[:5])}); offline eval counts only its verdicts: "
+                 "is the verifier running (`python -m verifier`, `triloop dev up`)?"],
+        evidence={"threshold_version": spec.version, "unjudged": unjudged[:50]},
+    )
+
+
 class EvidenceActivities(GovernanceShell):
-    """Reads episodes and decides gates; writes only ``gate_result`` rows and audit events."""
+    """Reads episodes and decides gates; writes only ``gate_result`` rows and audit events.
+
+    ``verdict_wait_s``: how long offline eval waits for the verifier's verdicts (seconds).
+    """
+
+    def __init__(self, engine: Engine, authorizer: Authorizer, *,
+                 verdict_wait_s: float = 40.0) -> None:
+        super().__init__(engine, authorizer)
+        self._verdict_wait_s = verdict_wait_s
 
     def _store(
         self, session: Session, promotion_id: str, decision: GateDecision, *,
@@ -173,6 +207,10 @@ class EvidenceActivities(GovernanceShell):
                 reasons=[f"not held out: {o.describe()}" for o in shared],
                 evidence={"threshold_version": spec.version, "held_out": held_out_evidence},
             )
+        batch_ids = [b for b in (request.candidate_batch_id, request.production_batch_id) if b]
+        unjudged = await_verdicts(session, batch_ids, wait_s=self._verdict_wait_s)
+        if unjudged:
+            return _unjudged_decision(spec, unjudged)
         candidate = episodes.requested_batch_outcomes(
             session=session, batch_id=request.candidate_batch_id,
             checkpoint_id=promotion.checkpoint_id)
@@ -204,7 +242,7 @@ class EvidenceActivities(GovernanceShell):
         decision.evidence["held_out"] = held_out_evidence
         decision.evidence["batches_bound"] = {
             "candidate": request.candidate_batch_id, "production": request.production_batch_id,
-            "requested_by": "governance"}
+            "requested_by": "governance", "judged_by": episodes.VERIFIER_ROLE}
         return decision
 
     @activity.defn(name=DECIDE_SHADOW.name)

@@ -12,6 +12,12 @@ web service people's production traffic. Execution records only what it alone re
 learning's training batches, from the caller its Nexus handler proves. Execution can no
 longer write a row saying governance (or the web service) asked.
 
+An independent verdict. ``triloop_verifier``, a role of its own (its own password, its own
+process: ``verifier/``), replays each stored eval, shadow, canary and production episode in
+a fresh environment of the pinned version and writes its verdict to ``verdict``. Only that
+role may insert there; the database stamps the role; rows never change. The gates count the
+verifier's verdicts for those episodes, never execution's own ``success``/``total_reward``.
+
 Revision ID: 0021
 Revises: 0019
 Create Date: 2026-12-01
@@ -113,13 +119,96 @@ CREATE TRIGGER trajectory_planned
 """
 
 
+VERIFIER = "triloop_verifier"
+# What the verifier reads to replay an episode: the batch's plan, the stored episode and its
+# steps, the task and its pinned environment version.
+VERIFIER_READS = ("rollout_batch", "trajectory", "step", "task", "environment_version",
+                  "environment", "verdict")
+AUDIT_FUNCTIONS = ("triloop_audit_head()",
+                   "triloop_audit_append(bigint, timestamptz, jsonb, text, jsonb, text, text,"
+                   " text, jsonb, text, text, text)")
+
+VERDICT = """
+CREATE TABLE verdict (
+    trajectory_id text PRIMARY KEY REFERENCES trajectory (id),
+    batch_id text NOT NULL,
+    success boolean NOT NULL,
+    total_reward double precision NOT NULL,
+    -- Whether execution's own row said the same (success and total reward).
+    agrees boolean NOT NULL,
+    details jsonb NOT NULL DEFAULT '{}',
+    recorded_by text NOT NULL DEFAULT current_user,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON verdict FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION triloop_verdict_stamped() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.recorded_by IS DISTINCT FROM current_user THEN
+        RAISE EXCEPTION 'verdict.recorded_by is the inserting role (%), not %',
+            current_user, NEW.recorded_by USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+CREATE TRIGGER verdict_stamped
+    BEFORE INSERT ON verdict
+    FOR EACH ROW EXECUTE FUNCTION triloop_verdict_stamped();
+
+CREATE OR REPLACE FUNCTION triloop_verdict_append_only() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'verdict is append-only: % refused', TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+END;
+$$;
+CREATE TRIGGER verdict_no_update_delete
+    BEFORE UPDATE OR DELETE ON verdict
+    FOR EACH ROW EXECUTE FUNCTION triloop_verdict_append_only();
+CREATE TRIGGER verdict_no_truncate
+    BEFORE TRUNCATE ON verdict
+    FOR EACH STATEMENT EXECUTE FUNCTION triloop_verdict_append_only();
+"""
+
+
+def _current_db() -> str:
+    name = op.get_bind().exec_driver_sql("SELECT current_database()").scalar_one()
+    return f'"{name}"'
+
+
+def _verifier_role() -> None:
+    op.execute(f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+               f"'{VERIFIER}') THEN CREATE ROLE {VERIFIER} LOGIN; END IF; END $$;")
+    op.execute(f"GRANT CONNECT ON DATABASE {_current_db()} TO {VERIFIER}")
+    op.execute(f"GRANT USAGE ON SCHEMA public TO {VERIFIER}")
+    op.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {VERIFIER}")
+    op.execute(f"GRANT SELECT ON {', '.join(VERIFIER_READS)} TO {VERIFIER}")
+    op.execute(f"GRANT INSERT ON verdict TO {VERIFIER}")
+    op.execute("GRANT SELECT ON verdict TO triloop_governance, triloop_web")
+    for function in AUDIT_FUNCTIONS:  # it audits a verdict that contradicts execution's
+        op.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {VERIFIER}")
+
+
 def upgrade() -> None:
     op.execute(PLAN)
     op.execute(REQUESTERS)
     op.execute("GRANT INSERT ON rollout_batch TO triloop_governance")
+    op.execute(VERDICT)
+    _verifier_role()
 
 
 def downgrade() -> None:
+    op.execute("DROP TABLE IF EXISTS verdict")
+    op.execute("DROP FUNCTION IF EXISTS triloop_verdict_stamped()")
+    op.execute("DROP FUNCTION IF EXISTS triloop_verdict_append_only()")
+    for function in AUDIT_FUNCTIONS:
+        op.execute(f"REVOKE EXECUTE ON FUNCTION {function} FROM {VERIFIER}")
+    # The role stays (roles are cluster-wide, as 0002's are): it keeps no grant here.
+    op.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {VERIFIER}")
+    op.execute(f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {VERIFIER}")
+    op.execute(f"REVOKE ALL ON SCHEMA public FROM {VERIFIER}")
+    op.execute(f"REVOKE ALL ON DATABASE {_current_db()} FROM {VERIFIER}")
     op.execute("REVOKE INSERT ON rollout_batch FROM triloop_governance")
     op.execute("DROP TRIGGER IF EXISTS trajectory_planned ON trajectory")
     op.execute("DROP FUNCTION IF EXISTS triloop_trajectory_planned()")

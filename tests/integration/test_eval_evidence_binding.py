@@ -42,7 +42,7 @@ def _episodes(engine: Engine, scene: Scene, batch_id: str, checkpoint: str,
         {"id": f"{batch_id}:0:{first + i}", "batch_id": batch_id,
          "task_id": scene.world.task_ids[0], "checkpoint_id": checkpoint, "purpose": purpose,
          "group_id": f"{batch_id}:0", "success": ok}
-        for i, ok in enumerate(successes)])
+        for i, ok in enumerate(successes)], verifier=scene.verifier)
 
 
 def _judge(scene: Scene, candidate: str, production: str) -> Any:

@@ -11,6 +11,7 @@ governance's request only against the row governance's own role recorded.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -59,7 +60,8 @@ def test_forged_episodes_in_governance_eval_batch_are_refused_and_never_counted(
 ) -> None:
     batch = _eval_batch(scene)
     played = planned_episodes(batch)
-    write_episodes(scene.execution, [_row(batch, e.episode_id, e.task_id, False) for e in played])
+    write_episodes(scene.execution, [_row(batch, e.episode_id, e.task_id, False) for e in played],
+                   verifier=scene.verifier)
     task = scene.world.task_ids[0]
     # 64 forged successes: fresh ids the plan never named (a third item, or more samples).
     forged = [f"{batch.batch_id}:{2 + i // 8}:{i % 8}" for i in range(32)] + [
@@ -117,3 +119,23 @@ def test_the_handler_takes_governance_request_only_against_governance_own_row(
                                    checkpoint_id=scene.world.candidate, items=recorded.items)
     with pytest.raises(BatchConflict, match="records its own batch"):
         check_requested_batch(engine=scene.execution, batch=unrecorded, requested_by="governance")
+
+
+def test_only_the_verifier_writes_verdicts(scene: Scene, role_engine: Any) -> None:
+    batch = _eval_batch(scene)
+    episode = planned_episodes(batch)[0]
+    write_episodes(scene.execution, [_row(batch, episode.episode_id, episode.task_id, False)])
+    verdict = ("INSERT INTO verdict (trajectory_id, batch_id, success, total_reward, agrees) "
+               "VALUES (:t, :b, true, 1.0, true)")
+    params = {"t": episode.episode_id, "b": batch.batch_id}
+    for role in ("execution", "governance", "web", "learning"):
+        with pytest.raises(DBAPIError) as caught, role_engine(role).begin() as conn:
+            conn.execute(text(verdict), params)
+        assert getattr(caught.value.orig, "sqlstate", None) == "42501", role
+    with pytest.raises(DBAPIError, match="inserting role"), scene.verifier.begin() as conn:
+        conn.execute(text(verdict.replace("agrees)", "agrees, recorded_by)").replace(
+            "true)", "true, 'triloop_execution')")), params)
+    with scene.verifier.begin() as conn:
+        conn.execute(text(verdict), params)
+    with pytest.raises(DBAPIError, match="permission denied"), scene.verifier.begin() as conn:
+        conn.execute(text("UPDATE verdict SET success = false WHERE trajectory_id = :t"), params)

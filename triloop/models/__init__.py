@@ -13,7 +13,13 @@ from triloop.models.governance import (
     Routing,
 )
 from triloop.models.training import Checkpoint, Proposal, TrainingRun, TrainingStep
-from triloop.models.trajectories import RolloutBatch, Step, Trajectory, TrajectorySequence
+from triloop.models.trajectories import (
+    RolloutBatch,
+    Step,
+    Trajectory,
+    TrajectorySequence,
+    Verdict,
+)
 from triloop.models.users import ApiToken, RoleGrant, User
 
 __all__ = [
@@ -41,6 +47,7 @@ __all__ = [
     "TrainingRun",
     "TrainingStep",
     "RolloutBatch",
+    "Verdict",
     "Trajectory",
     "TrajectorySequence",
     "User",

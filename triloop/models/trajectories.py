@@ -110,3 +110,27 @@ class RolloutBatch(SQLModel, table=True):
         description="the database role that inserted the row (set by the database)",
     )
     created_at: datetime = created_at_field()
+
+
+class Verdict(SQLModel, table=True):
+    """The verifier's own judgement of a stored episode: replayed in a fresh environment of
+    the pinned version and judged by the contract's verifier (``verifier/``).
+
+    Only ``triloop_verifier`` inserts here and the database stamps ``recorded_by``; the gates
+    count these, not execution's ``success``/``total_reward``, for eval, shadow, canary and
+    production episodes. Rows never change.
+    """
+
+    __tablename__ = "verdict"
+    trajectory_id: str = Field(foreign_key="trajectory.id", primary_key=True)
+    batch_id: str
+    success: bool
+    total_reward: float = Field(sa_column=Column(Float, nullable=False))
+    agrees: bool = Field(description="execution's own row said the same success and reward")
+    details: dict[str, Any] = json_field()
+    recorded_by: str = Field(
+        default=None,
+        sa_column=Column(Text, nullable=False, server_default=text("current_user")),
+        description="the database role that inserted the row (set by the database)",
+    )
+    created_at: datetime = created_at_field()
