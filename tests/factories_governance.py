@@ -69,23 +69,40 @@ def _write(engine: Engine, rows: list[dict[str, Any]], requester: Engine | None 
            verifier: Engine | None = None) -> None:
     if requester is not None:
         request_batches(requester, rows)
-    _store_episodes(engine, rows)
-    if verifier is not None:
-        judge_as_written(verifier, rows)
+    if verifier is None:
+        _store_episodes(engine, rows)
+    else:
+        judge_as_written(verifier, rows, store=lambda: _store_episodes(engine, rows))
 
 
-def judge_as_written(verifier: Engine, rows: list[dict[str, Any]]) -> None:
-    """The stand-in verifier (as ``triloop_verifier``): a verdict agreeing with each row.
+# The lock the verifier claims an episode with (``verifier.store``): while the stand-in
+# holds it, a running verifier skips the episode, and finds the stand-in's verdict after.
+_CLAIM_LOCKS = ("SELECT {fn}(hashtextextended('verdict:' || k, 0)) "
+                "FROM unnest(CAST(:k AS text[])) AS k")
 
-    For episodes on the test's contract-less tasks, which no environment can replay; the
+
+def judge_as_written(verifier: Engine, rows: list[dict[str, Any]],
+                     store: Callable[[], None] = lambda: None) -> None:
+    """The stand-in verifier (as ``triloop_verifier``): ``store()`` the episodes, then a
+    verdict agreeing with each row, holding the verifier's claim on them throughout.
+
+    For episodes on the tests' contract-less tasks, which no environment can replay; the
     real verifier (``verifier/``) is tested on real environments."""
-    with verifier.begin() as conn:
-        for row in rows:
-            conn.execute(text(
-                "INSERT INTO verdict (trajectory_id, batch_id, success, total_reward, agrees) "
-                "VALUES (:id, :batch_id, :success, :reward, true) "
-                "ON CONFLICT (trajectory_id) DO NOTHING"),
-                {**row, "reward": 1.0 if row["success"] else 0.0})
+    ids = [row["id"] for row in rows]
+    with verifier.connect() as conn:
+        conn.execute(text(_CLAIM_LOCKS.format(fn="pg_advisory_lock")), {"k": ids})
+        try:
+            store()
+            for row in rows:
+                conn.execute(text(
+                    "INSERT INTO verdict (trajectory_id, batch_id, success, total_reward, "
+                    "agrees) VALUES (:id, :batch_id, :success, :reward, true) "
+                    "ON CONFLICT (trajectory_id) DO NOTHING"),
+                    {**row, "reward": 1.0 if row["success"] else 0.0})
+            conn.commit()
+        finally:
+            conn.execute(text(_CLAIM_LOCKS.format(fn="pg_advisory_unlock")), {"k": ids})
+            conn.commit()
 
 
 def _store_episodes(engine: Engine, rows: list[dict[str, Any]]) -> None:

@@ -185,6 +185,10 @@ def _verifier_role() -> None:
     op.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {VERIFIER}")
     op.execute(f"GRANT SELECT ON {', '.join(VERIFIER_READS)} TO {VERIFIER}")
     op.execute(f"GRANT INSERT ON verdict TO {VERIFIER}")
+    # Row-level security (0011) shows a role no trajectory without a policy of its own; the
+    # verifier reads every episode it judges, and writes none.
+    op.execute(f"CREATE POLICY trajectory_verifier_reads ON trajectory FOR SELECT TO {VERIFIER} "
+               "USING (true)")
     op.execute("GRANT SELECT ON verdict TO triloop_governance, triloop_web")
     for function in AUDIT_FUNCTIONS:  # it audits a verdict that contradicts execution's
         op.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {VERIFIER}")
@@ -199,6 +203,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DROP POLICY IF EXISTS trajectory_verifier_reads ON trajectory")
     op.execute("DROP TABLE IF EXISTS verdict")
     op.execute("DROP FUNCTION IF EXISTS triloop_verdict_stamped()")
     op.execute("DROP FUNCTION IF EXISTS triloop_verdict_append_only()")

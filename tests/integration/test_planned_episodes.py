@@ -122,12 +122,16 @@ def test_the_handler_takes_governance_request_only_against_governance_own_row(
 
 
 def test_only_the_verifier_writes_verdicts(scene: Scene, role_engine: Any) -> None:
-    batch = _eval_batch(scene)
-    episode = planned_episodes(batch)[0]
-    write_episodes(scene.execution, [_row(batch, episode.episode_id, episode.task_id, False)])
+    # A training episode: the running verifier judges none, so this test writes its verdict.
+    batch_id = uid("train-")
+    episode_id = f"{batch_id}:0:0"
+    write_episodes(scene.execution, [{
+        "id": episode_id, "batch_id": batch_id, "task_id": scene.world.task_ids[0],
+        "checkpoint_id": scene.world.candidate, "purpose": "training",
+        "group_id": f"{batch_id}:0", "success": False}], requester=scene.owner)
     verdict = ("INSERT INTO verdict (trajectory_id, batch_id, success, total_reward, agrees) "
                "VALUES (:t, :b, true, 1.0, true)")
-    params = {"t": episode.episode_id, "b": batch.batch_id}
+    params = {"t": episode_id, "b": batch_id}
     for role in ("execution", "governance", "web", "learning"):
         with pytest.raises(DBAPIError) as caught, role_engine(role).begin() as conn:
             conn.execute(text(verdict), params)

@@ -119,8 +119,10 @@ class Deps:
 
 @pytest.fixture
 async def deps(gov_settings: Settings, owner_engine: Engine, role_engine: Any,
-               authorizer: Authorizer) -> Deps:
-    """A fresh world (baseline in production, a proposed candidate) and a client."""
+               authorizer: Authorizer, verifier_service: None) -> Deps:
+    """A fresh world (baseline in production, a proposed candidate) and a client, with the
+    verifier running."""
+    del verifier_service
     client = await connect(gov_settings, identity="governance-test", service="governance")
     gov_engine = role_engine("governance")
     suffix = uuid.uuid4().hex[:6]
