@@ -16,6 +16,7 @@ from sqlmodel import Session
 
 from execution_loop.serving import TaskEnvironments
 from triloop.audit import record_event
+from triloop.contracts import ContractError
 from triloop.models import Verdict
 from triloop.weights import INTEGRITY_ACTION
 from verifier.replay import Judged, agrees, replay_and_judge
@@ -32,7 +33,7 @@ def judge(pending: Pending, *, session: Session, environments: TaskEnvironments)
                                                  f"episode {pending.trajectory_id} on this task"})
     try:
         opened = environments.task(pending.task_id)
-    except (LookupError, ValueError) as missing:  # no such task, or no contract to replay by
+    except (LookupError, ValueError, ContractError) as missing:  # nothing to replay it by
         return Judged(False, 0.0, {"unverified": f"cannot open task {pending.task_id}: "
                                                  f"{missing}"[:500]})
     if opened.contract.agent is not None:

@@ -11,7 +11,14 @@ from typing import cast
 
 from sqlalchemy.engine import make_url
 
-from triloop.config import DEV_SESSION_SECRET, LOOPS, SERVICES, ServiceName, Settings
+from triloop.config import (
+    DEV_SESSION_SECRET,
+    LOOPS,
+    SERVICES,
+    DatabaseRoleName,
+    ServiceName,
+    Settings,
+)
 from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import (
     ServiceProcess,
@@ -40,6 +47,7 @@ SERVICE_ORDER = (
     "postgres",
     "temporal",
     "opa",
+    "verifier",
     "governance-worker",
     "execution-worker",
     "learning-worker",
@@ -78,12 +86,13 @@ def _check_port(name: str, port: int, paths: StackPaths) -> None:
         )
 
 
-def service_env(settings: Settings, service: ServiceName) -> dict[str, str]:
+def service_env(settings: Settings, service: DatabaseRoleName) -> dict[str, str]:
     """The environment of one service process: its own credentials and nobody else's.
 
     The owner URL is left out (services never migrate), the role URL carries no password,
     ``TRILOOP_SECRETS_DIR`` is a folder holding only this service's secrets, and only
-    ``web`` gets the console's session secret.
+    ``web`` gets the console's session secret. The verifier holds its database password
+    only: it asks no policy and drives no workflow.
     """
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRILOOP_DATABASE_URL", "TRILOOP_OPA_TOKEN", "TRILOOP_SESSION_SECRET")}
@@ -92,9 +101,11 @@ def service_env(settings: Settings, service: ServiceName) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env[f"TRILOOP_DATABASE_URL_{service.upper()}"] = make_url(settings.role_url(service))._replace(
         password=None).render_as_string(hide_password=False)
-    own = [role_password_name(service), opa_token_name(service)]
-    if settings.temporal_credential(service) is not None:
-        own.append(temporal_token_name(service))
+    own = [role_password_name(service)]
+    if service != "verifier":
+        own.append(opa_token_name(service))
+        if settings.temporal_credential(service) is not None:
+            own.append(temporal_token_name(service))
     env["TRILOOP_SECRETS_DIR"] = str(hand_out(settings.secrets.resolve(), service, own))
     if service == "web":
         secret = settings.session_secret
@@ -149,6 +160,9 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
     provision_role_passwords(settings.owner_url(), role_passwords(settings.secrets))
     lines += [f"Temporal: created {made}" for made in provision(settings)]
     if with_workers:
+        # The verifier first: offline eval waits for its verdicts on every eval episode.
+        if not running("verifier"):
+            _start_python("verifier", ["-m", "verifier"], settings, paths, service="verifier")
         for name, module in WORKER_MODULES.items():
             if not running(name) and importlib.util.find_spec(module) is not None:
                 service = cast(ServiceName, name.split("-")[0])
@@ -188,7 +202,8 @@ def start_stack_temporal(settings: Settings, paths: StackPaths, port: int) -> Se
 
 
 def _start_python(
-    name: str, args: list[str], settings: Settings, paths: StackPaths, *, service: ServiceName
+    name: str, args: list[str], settings: Settings, paths: StackPaths, *,
+    service: DatabaseRoleName,
 ) -> ServiceProcess:
     return start_process(
         name,
