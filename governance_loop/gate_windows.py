@@ -1,7 +1,8 @@
 """Episode reads for the gates: rows the execution loop and the verifier wrote, never here.
 
-Offline eval counts the verifier's verdicts (``verdict``), not the execution loop's own
-``success``/``total_reward``.
+Every gate counts the verifier's verdicts (``verdict``, written by ``triloop_verifier``), not
+the execution loop's own ``success``/``total_reward``; a window gate's counts hold only the
+episodes the verifier has judged so far, and offline eval waits until it has judged all.
 
 Episodes served while an operator's fault was injected carry ``outcome.injected_fault``.
 Every count can leave them out (``clean=True``) and ``fault_summary`` names the faults in
@@ -19,12 +20,10 @@ from sqlalchemy import text
 from sqlmodel import Session
 
 from triloop.models import RolloutBatch
-from triloop.production_traffic import SHADOW_PAIRS_FROM
+from triloop.production_traffic import SHADOW_PAIRS_FROM, VERIFIER_ROLE, judged
 from triloop.production_traffic import requested_traffic as _requested_traffic
 from triloop.statuses import Purpose
 
-# The database role whose verdicts an eval gate counts (``verdict.recorded_by``).
-VERIFIER_ROLE = "triloop_verifier"
 # SQL: the episode was served without an injected fault (or every episode, when not clean).
 _CLEAN = "(NOT CAST(:clean AS boolean) OR (outcome->'injected_fault') IS NULL)"
 
@@ -118,6 +117,21 @@ def unjudged_episodes(*, session: Session, batch_ids: Sequence[str]) -> list[str
     return [str(r[0]) for r in rows]
 
 
+def unjudged_in_windows(*, session: Session, windows: Sequence[Window]) -> list[str]:
+    """Requested episodes in these windows that the verifier has not judged yet."""
+    unjudged: list[str] = []
+    for checkpoint_id, purposes, since, until in windows:
+        rows = session.execute(
+            text("SELECT id FROM trajectory "
+                 f"WHERE {_IN_WINDOW} AND {_requested_traffic('trajectory')} "
+                 "AND NOT EXISTS (SELECT 1 FROM verdict v WHERE v.trajectory_id = trajectory.id "
+                 f"AND v.recorded_by = '{VERIFIER_ROLE}') ORDER BY id"),
+            {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until},
+        ).all()
+        unjudged += [str(r[0]) for r in rows]
+    return unjudged
+
+
 def episode_counts(
     *, session: Session, checkpoint_id: str, purposes: Sequence[str], since: datetime,
     until: datetime | None = None, clean: bool = False,
@@ -125,7 +139,8 @@ def episode_counts(
     """(episodes, successes) a checkpoint served for these purposes in a time window."""
     row = session.execute(
         text(
-            "SELECT count(*), count(*) FILTER (WHERE success) FROM trajectory "
+            "SELECT count(*), count(*) FILTER (WHERE j.success) FROM trajectory "
+            f"{judged('trajectory', 'j')} "
             f"WHERE {_IN_WINDOW} AND {_CLEAN} AND {_requested_traffic('trajectory')}"
         ),
         {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
@@ -140,8 +155,9 @@ def reward_summary(
     """(episodes, mean reward, sample variance of reward) in a time window."""
     row = session.execute(
         text(
-            "SELECT count(*), coalesce(avg(total_reward), 0), coalesce(var_samp(total_reward), 0) "
-            f"FROM trajectory WHERE {_IN_WINDOW} AND {_CLEAN} "
+            "SELECT count(*), coalesce(avg(j.total_reward), 0), "
+            "coalesce(var_samp(j.total_reward), 0) "
+            f"FROM trajectory {judged('trajectory', 'j')} WHERE {_IN_WINDOW} AND {_CLEAN} "
             f"AND {_requested_traffic('trajectory')}"
         ),
         {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
@@ -221,7 +237,7 @@ def shadow_pairs(
                      WHERE a.trajectory_id = s.id AND {_COMPARED}),
                    (SELECT count(*) FROM step a
                      WHERE a.trajectory_id = s.id AND {_COMPARED} AND {_AGREED}),
-                   p.total_reward, s.total_reward,
+                   jp.total_reward, js.total_reward,
                    COALESCE(p.outcome->'injected_fault', s.outcome->'injected_fault')
             {SHADOW_PAIRS_FROM}
             ORDER BY p.id

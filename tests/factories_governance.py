@@ -83,13 +83,16 @@ _CLAIM_LOCKS = ("SELECT {fn}(hashtextextended('verdict:' || k, 0)) "
 
 def judge_as_written(verifier: Engine, rows: list[dict[str, Any]],
                      store: Callable[[], None] = lambda: None) -> None:
-    """The stand-in verifier (as ``triloop_verifier``): ``store()`` the episodes, then a
-    verdict agreeing with each row, holding the verifier's claim on them throughout.
+    """The stand-in verifier (as ``triloop_verifier``; ``verifier`` is its engine or the
+    owner's): ``store()`` the episodes, then a verdict agreeing with each row, holding the
+    verifier's claim on them throughout.
 
     For episodes on the tests' contract-less tasks, which no environment can replay; the
     real verifier (``verifier/``) is tested on real environments."""
     ids = [row["id"] for row in rows]
     with verifier.connect() as conn:
+        # The verifier's role (the owner, in set-up, may take it): the database stamps it.
+        conn.execute(text("SET ROLE triloop_verifier"))
         conn.execute(text(_CLAIM_LOCKS.format(fn="pg_advisory_lock")), {"k": ids})
         try:
             store()
@@ -101,7 +104,9 @@ def judge_as_written(verifier: Engine, rows: list[dict[str, Any]],
                     {**row, "reward": 1.0 if row["success"] else 0.0})
             conn.commit()
         finally:
+            conn.rollback()
             conn.execute(text(_CLAIM_LOCKS.format(fn="pg_advisory_unlock")), {"k": ids})
+            conn.execute(text("RESET ROLE"))
             conn.commit()
 
 
@@ -355,7 +360,8 @@ class Scene:
             {"id": e, "batch_id": batch_id, "task_id": self.world.task_ids[0],
              "checkpoint_id": checkpoint, "purpose": purpose, "group_id": e, "success": ok,
              "outcome": outcome or {}}
-            for e, ok in zip(ids, successes, strict=True)], requester=self.owner)
+            for e, ok in zip(ids, successes, strict=True)], requester=self.owner,
+            verifier=self.verifier)
         return ids
 
     def gate_row(self, gate: str) -> tuple[bool, list[str], dict[str, Any]]:

@@ -60,7 +60,7 @@ from triloop.audit import record_event
 from triloop.db import session_scope
 from triloop.models import EvalSet, Threshold
 from triloop.policy import Authorizer, Resource
-from triloop.production_traffic import CANARY_PURPOSES
+from triloop.production_traffic import CANARY_PURPOSES, VERIFIER_ROLE
 from triloop.statuses import Gate, Purpose
 from triloop.weights import INTEGRITY_ACTION
 
@@ -76,13 +76,13 @@ def _stats(outcomes: episodes.Outcomes) -> EpisodeStats:
     return EpisodeStats.from_outcomes(outcomes.successes, outcomes.rewards)
 
 
-def await_verdicts(session: Session, batch_ids: list[str], *, wait_s: float,
+def await_verdicts(unjudged_now: Callable[[], list[str]], *, wait_s: float,
                    poll_s: float = 0.25) -> list[str]:
-    """Wait (heartbeating) until the verifier has judged every stored planned episode of
-    these batches, for at most ``wait_s`` seconds; return the episodes still unjudged."""
+    """Wait (heartbeating) until ``unjudged_now()`` (episodes the verifier has not judged)
+    is empty, for at most ``wait_s`` seconds; return the episodes still unjudged."""
     deadline = time.monotonic() + wait_s
     while True:
-        unjudged = episodes.unjudged_episodes(session=session, batch_ids=batch_ids)
+        unjudged = unjudged_now()
         if not unjudged or time.monotonic() >= deadline:
             return unjudged
         if activity.in_activity():
@@ -208,7 +208,9 @@ class EvidenceActivities(GovernanceShell):
                 evidence={"threshold_version": spec.version, "held_out": held_out_evidence},
             )
         batch_ids = [b for b in (request.candidate_batch_id, request.production_batch_id) if b]
-        unjudged = await_verdicts(session, batch_ids, wait_s=self._verdict_wait_s)
+        unjudged = await_verdicts(
+            lambda: episodes.unjudged_episodes(session=session, batch_ids=batch_ids),
+            wait_s=self._verdict_wait_s)
         if unjudged:
             return _unjudged_decision(spec, unjudged)
         candidate = episodes.requested_batch_outcomes(
@@ -242,14 +244,23 @@ class EvidenceActivities(GovernanceShell):
         decision.evidence["held_out"] = held_out_evidence
         decision.evidence["batches_bound"] = {
             "candidate": request.candidate_batch_id, "production": request.production_batch_id,
-            "requested_by": "governance", "judged_by": episodes.VERIFIER_ROLE}
+            "requested_by": "governance", "judged_by": VERIFIER_ROLE}
         return decision
 
     @activity.defn(name=DECIDE_SHADOW.name)
     def decide_shadow(self, request: ShadowInput) -> GateOutcome:
         """Judge the shadow soak on paired production/shadow episodes."""
+        since = parse_time(request.since)
+        windows: list[episodes.Window] = [
+            (request.candidate_checkpoint_id, (Purpose.SHADOW,), since, None),
+            (request.production_checkpoint_id, (Purpose.PRODUCTION,), since, None)]
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
+            # The soak is over: what it served is judged before the pairs are counted (an
+            # episode still unjudged after the wait is left out, as an unpaired one is).
+            await_verdicts(lambda: episodes.unjudged_in_windows(session=session,
+                                                                windows=windows),
+                           wait_s=self._verdict_wait_s)
             pairs = episodes.shadow_pairs(
                 session=session, candidate_id=request.candidate_checkpoint_id,
                 production_id=request.production_checkpoint_id,
@@ -271,11 +282,9 @@ class EvidenceActivities(GovernanceShell):
                 clean_episodes=decide_shadow(clean, spec) if faults else everything,
                 faults=faults, faulted_episodes=len(samples) - len(clean),
             )
-            since = parse_time(request.since)
             return self._store_window_gate(
                 session, request.promotion_id, decision, threshold_id=request.threshold_id,
-                windows=[(request.candidate_checkpoint_id, (Purpose.SHADOW,), since, None),
-                         (request.production_checkpoint_id, (Purpose.PRODUCTION,), since, None)])
+                windows=windows)
 
     @activity.defn(name=LOOK_CANARY.name)
     def look_canary(self, request: CanaryLook) -> GateOutcome:
