@@ -7,11 +7,13 @@ while the actions stored with them lose every game, and the baseline's rows are 
 winning games. The verifier replays each episode from the seed governance planned and the
 stored actions: the candidate's verdicts are 0/16, the gate holds the candidate, and each
 contradicted row is audited as an ``integrity_violation``. On main the gate read the rows'
-own ``success`` and passed the candidate.
+own ``success`` and passed the candidate. The same holds for people's production traffic:
+the canary gate counts the verifier's losses, not the rows' claimed wins.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -24,10 +26,11 @@ from governance_loop import store
 from governance_loop.contracts import OfflineEvalInput
 from tests.factories import uid
 from tests.factories_execution import make_task_on, register_builtin
-from tests.factories_governance import Scene
+from tests.factories_governance import Scene, look_canary
 from triloop.episode_plan import planned_episodes
 from triloop.workflow_api import RolloutBatchInput, RolloutItem
 from verifier.replay import replay_and_judge
+from web.actions import record_production_batch
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +47,17 @@ def _eval_batch(scene: Scene, task_id: str, checkpoint: str) -> RolloutBatchInpu
 
 
 def _store(engine: Engine, batch: RolloutBatchInput, episode_id: str, *, actions: list[str],
-           success: bool, total_reward: float) -> None:
+           success: bool, total_reward: float, checkpoint: str | None = None,
+           purpose: str = "eval") -> None:
     """One episode as the execution role writes it, with whatever it claims."""
     with engine.begin() as conn:
         conn.execute(text(
             "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, group_id, "
             "sample_index, policy_version, status, success, total_reward, num_steps) VALUES "
-            "(:i, :b, :t, :c, 'eval', :i, 0, 0, 'completed', :s, :r, :n)"),
+            "(:i, :b, :t, :c, :p, :i, 0, 0, 'completed', :s, :r, :n)"),
             {"i": episode_id, "b": batch.batch_id, "t": batch.items[0].task_id,
-             "c": batch.checkpoint_id, "s": success, "r": total_reward, "n": len(actions)})
+             "c": checkpoint or batch.checkpoint_id, "p": purpose, "s": success,
+             "r": total_reward, "n": len(actions)})
         for index, action in enumerate(actions):
             conn.execute(text(
                 "INSERT INTO step (trajectory_id, index, observation, action_text, reward, done)"
@@ -118,3 +123,49 @@ def test_offline_eval_holds_a_candidate_whose_rows_claim_wins_it_never_played(
                                     "ANY(:b)"), {"b": [candidate.batch_id,
                                                        baseline.batch_id]}).scalars().all()
     assert stamped == ["triloop_verifier"]
+
+
+def _judged(owner: Engine, episode_ids: list[str]) -> bool:
+    with owner.connect() as conn:
+        done = conn.execute(text("SELECT count(*) FROM verdict WHERE trajectory_id = ANY(:i)"),
+                            {"i": episode_ids}).scalar_one()
+    return int(done) == len(episode_ids)
+
+
+def test_the_canary_counts_the_verifier_not_rows_claiming_wins_in_web_traffic(
+    scene: Scene, role_engine: Any,
+) -> None:
+    world = scene.world
+    task_id = make_task_on(scene.owner, register_builtin(scene.owner, "frozen_lake"), seed=3208)
+    traffic = RolloutBatchInput(batch_id=uid("traffic-"), purpose="production",
+                                items=[RolloutItem(task_id, seed) for seed in range(20)])
+    with Session(role_engine("web")) as session:  # as the web service records people's batch
+        record_production_batch(session=session, batch=traffic)
+        session.commit()
+    played = planned_episodes(traffic)
+    env = get_environment("frozen_lake")()
+    for index, planned in enumerate(played):
+        if index < 10:  # the candidate's canary share: rows claim wins, the games are lost
+            _store(scene.execution, traffic, planned.episode_id, actions=["act"], success=True,
+                   total_reward=1.0, checkpoint=world.candidate, purpose="canary")
+            continue
+        moves = reference_solution(planned.seed, env.contract)
+        honest = replay_and_judge(get_environment("frozen_lake")(), seed=planned.seed,
+                                  actions=moves)
+        _store(scene.execution, traffic, planned.episode_id, actions=moves, success=True,
+               total_reward=honest.total_reward, checkpoint=world.baseline,
+               purpose="production")
+    ids = [p.episode_id for p in played]
+    for _ in range(600):  # the verifier runs beside the test: wait until it judged all
+        if _judged(scene.owner, ids):
+            break
+        time.sleep(0.1)
+    assert _judged(scene.owner, ids)
+
+    look_canary(scene, soak_complete=True)
+
+    _, _, evidence = scene.gate_row("canary")
+    assert evidence["canary"]["episodes"] == 10 and evidence["canary"]["successes"] == 0
+    assert evidence["production"]["episodes"] == 10
+    assert evidence["production"]["successes"] == 10
+    assert len(_integrity_events(scene.owner, traffic.batch_id)) == 10
