@@ -256,10 +256,13 @@ class EvidenceActivities(GovernanceShell):
             (request.production_checkpoint_id, (Purpose.PRODUCTION,), since, None)]
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
-            # The soak is over: what it served is judged before the pairs are counted (an
-            # episode still unjudged after the wait is left out, as an unpaired one is).
+            # The soak is over: what it served until now is judged before the pairs are
+            # counted (traffic goes on meanwhile; an episode still unjudged after the wait is
+            # left out, as an unpaired one is).
+            now = store.db_now(session)
+            served = [(c, p, start, now) for c, p, start, _ in windows]
             await_verdicts(lambda: episodes.unjudged_in_windows(session=session,
-                                                                windows=windows),
+                                                                windows=served),
                            wait_s=self._verdict_wait_s)
             pairs = episodes.shadow_pairs(
                 session=session, candidate_id=request.candidate_checkpoint_id,
