@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 OPA := .triloop/bin/opa
 
-.PHONY: bootstrap lock demo test lint policy-test unit integration bench up down status
+.PHONY: bootstrap lock demo test lint policy-test go-test unit integration bench up down status
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -27,7 +27,13 @@ lint: bootstrap
 policy-test: bootstrap
 	@echo "== opa check/fmt/test"; $(OPA) check --strict policies/ && $(OPA) fmt --list --fail policies/ && $(OPA) test policies/ --timeout 120s --coverage --threshold 95 --format json >/dev/null && $(OPA) test policies/ --timeout 120s
 
-test: lint policy-test
+# triloop's Temporal authorizer (tools/temporal-server), with the toolchain the server asks for.
+go-test: bootstrap
+	@echo "== go vet/test (tools/temporal-server)"; cd tools/temporal-server && \
+	  GOTOOLCHAIN=go1.27.3 GOFLAGS="-mod=readonly -buildvcs=false" go vet ./... && \
+	  GOTOOLCHAIN=go1.27.3 GOFLAGS="-mod=readonly -buildvcs=false" go test ./...
+
+test: lint policy-test go-test
 	@TRILOOP_WITH_BROWSER=1 scripts/bootstrap.sh
 	@echo "== pytest"; $(PY) -m pytest
 

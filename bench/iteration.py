@@ -190,7 +190,9 @@ async def run_triloop(settings: Settings, args: argparse.Namespace, base: Path
             id=training_run_workflow_id(run_id), task_queue=settings.task_queue(LEARNING_QUEUE),
         )
         await wait_for_iterations(owner, handle, run_id, config["schedule"]["iterations"])
-        await handle.terminate("bench: every iteration measured")
+        # The run's own loop ends it: the web token writes only starts, signals and updates.
+        await learning.get_workflow_handle(handle.id).terminate(
+            "bench: every iteration measured")
     with owner.connect() as conn:
         stamps = [r[0] for r in conn.execute(text(
             "SELECT created_at FROM training_step WHERE run_id = :r ORDER BY iteration"),

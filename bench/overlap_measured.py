@@ -189,7 +189,9 @@ async def measure(settings: Settings, base: Path, args: argparse.Namespace) -> l
             while len(found.get(UPDATE_ACTIVITY, [])) < args.iterations:  # the last report
                 found = await intervals_of(learning, handle.id)
                 await asyncio.sleep(0.2)
-            await handle.terminate("bench: every iteration measured")
+            # The run's own loop ends it: the web token writes only starts, signals and updates.
+            await learning.get_workflow_handle(handle.id).terminate(
+                "bench: every iteration measured")
             results.append(await summarize(execution, run_id, window, found, args))
     return results
 

@@ -6,7 +6,9 @@ Nexus handler can only reference those rows (``check_requested_batch``); the one
 writes is learning's training batch (``record_requested_batch``), the request its handler
 alone received, from the caller the Temporal server proved. Each row names its planned
 episodes (``triloop.episode_plan``): the database refuses a trajectory outside that plan,
-so evidence cannot be slipped into a batch governance will count.
+so evidence cannot be slipped into a batch governance will count. A training batch also
+records its tasks; the database refuses one on a held-out task (a frozen eval set's, or
+production traffic's).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import Session
 
 from triloop.episode_plan import batch_plan
+from triloop.held_out import Conflict, held_out_conflicts
 from triloop.models import RolloutBatch
 from triloop.workflow_api import RolloutBatchInput
 
@@ -26,7 +29,8 @@ RECORDED_HERE = "learning"
 
 
 class BatchConflict(ValueError):
-    """A batch id already requested for something else (another requester or checkpoint)."""
+    """A batch the database will not record: its id was already requested for something
+    else (another requester or checkpoint), or it trains on a held-out task."""
 
 
 def _asked(row: RolloutBatch) -> tuple[Any, ...]:
@@ -58,13 +62,18 @@ def record_requested_batch(*, engine: Engine, batch: RolloutBatchInput, requeste
             session.add(RolloutBatch(id=batch.batch_id, purpose=batch.purpose,
                                      checkpoint_id=batch.checkpoint_id, run_id=batch.run_id,
                                      requested_by=requested_by,
-                                     planned_episodes=batch_plan(batch)))
+                                     planned_episodes=batch_plan(batch),
+                                     task_ids=batch_tasks(batch)))
             try:
                 session.commit()
                 return
             except IntegrityError:  # a concurrent retry of the same request won the race
                 session.rollback()
                 existing = session.get(RolloutBatch, batch.batch_id)
+            except DBAPIError as refused:  # a trigger's refusal (SQLSTATE 42501) is final
+                if getattr(refused.orig, "sqlstate", None) != "42501":
+                    raise
+                raise BatchConflict(str(refused.orig)) from refused
         if existing is None or _asked(existing) != _wanted(batch, requested_by):
             raise _conflict(batch, existing, requested_by)
 
@@ -88,3 +97,16 @@ def vouch_for_batch(*, engine: Engine, batch: RolloutBatchInput, caller: str) ->
         record_requested_batch(engine=engine, batch=batch, requested_by=caller)
     else:
         check_requested_batch(engine=engine, batch=batch, requested_by=caller)
+
+
+def batch_tasks(batch: RolloutBatchInput) -> list[str]:
+    """Every task the batch asks to play: its items' and its continued episodes'."""
+    return sorted({item.task_id for item in batch.items}
+                  | {episode.task_id for episode in batch.continue_episodes})
+
+
+def training_conflicts(*, engine: Engine, batch: RolloutBatchInput) -> list[Conflict]:
+    """The batch's tasks that are held out (eval sets, production traffic), read from
+    PostgreSQL for the policy to decide on."""
+    with Session(engine) as session:
+        return held_out_conflicts(session, batch_tasks(batch))

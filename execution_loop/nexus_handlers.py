@@ -3,10 +3,13 @@
 Each operation first names the calling loop from the server's link and asks OPA, with the
 execution service's own token, whether that loop may ask for this purpose (learning:
 training batches only; governance: eval, shadow, canary and probe batches, and admission
-probes). A batch's ``rollout_batch`` row then says who asked: this handler records
-learning's, and checks the one governance recorded for itself. Then it starts the
-workflow here, in the execution namespace, under the
-execution worker's identity; the caller's workflow receives the result when it ends.
+probes). A training batch's request also carries, read from PostgreSQL, each of its
+tasks that is held out (in a frozen eval set or in production traffic): the policy refuses
+any, and the refusal is audited. A batch's ``rollout_batch`` row then says who asked:
+this handler records learning's, with its planned episodes and its tasks (the database
+refuses a held-out training task again), and checks the one governance recorded for
+itself. Then it starts the workflow here, in the execution namespace, under the execution
+worker's identity; the caller's workflow receives the result when it ends.
 """
 
 from __future__ import annotations
@@ -17,11 +20,17 @@ import nexusrpc
 from sqlalchemy import Engine
 from temporalio import nexus
 
-from execution_loop.batches import BatchConflict, vouch_for_batch
+from execution_loop.batches import (
+    BatchConflict,
+    batch_tasks,
+    training_conflicts,
+    vouch_for_batch,
+)
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
 from triloop import search_attributes
 from triloop.nexus_api import ExecutionService
 from triloop.nexus_caller import NexusCallerCheck
+from triloop.statuses import Purpose
 from triloop.workflow_api import (
     AdmissionProbeEvidence,
     AdmissionProbeInput,
@@ -49,9 +58,8 @@ class ExecutionNexusHandlers:
         with this plan: learning's is recorded here (the request this handler received),
         any other caller's is the row it recorded itself, which this handler only checks.
         """
-        caller = await self._check.admit(
-            ctx, purpose=batch.purpose,
-            attrs={"batch_id": batch.batch_id, "run_id": batch.run_id or ""})
+        caller = await self._check.admit(ctx, purpose=batch.purpose,
+                                         attrs=await self._batch_facts(batch))
         try:
             await asyncio.to_thread(vouch_for_batch, engine=self._engine, batch=batch,
                                     caller=caller)
@@ -62,6 +70,16 @@ class ExecutionNexusHandlers:
             RolloutWorkflow.run, batch, id=rollout_workflow_id(batch.batch_id),
             search_attributes=search_attributes.attributes(loop="execution",
                                                            run_id=batch.run_id))
+
+    async def _batch_facts(self, batch: RolloutBatchInput) -> dict[str, object]:
+        """What the policy decides a batch on; for training, its held-out tasks."""
+        facts: dict[str, object] = {"batch_id": batch.batch_id, "run_id": batch.run_id or ""}
+        if batch.purpose == Purpose.TRAINING:
+            conflicts = await asyncio.to_thread(training_conflicts, engine=self._engine,
+                                                batch=batch)
+            facts["task_ids"] = batch_tasks(batch)
+            facts["held_out_conflicts"] = [c.to_fact() for c in conflicts]
+        return facts
 
     @nexus.workflow_run_operation
     async def probe_admission(

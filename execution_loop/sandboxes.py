@@ -16,6 +16,8 @@ PID, IPC, UTS and network namespaces:
 - the rlimits of ``SandboxLimits`` plus ``RLIMIT_NPROC``. A limit on processes holds only
   for an unprivileged user, so a worker running as root starts bubblewrap as
   ``sandbox_uid`` (nobody by default), which also makes the work directory that user's.
+  A worker running as its own user (``dev up`` as root) keeps it: the kernel counts its
+  own threads too, so the limit is that many tasks above what the user runs already.
 
 ``DockerSandbox`` runs the command in a container (``--network none``, read-only root,
 ``--pids-limit``) when a Docker daemon answers; it is never the default.
@@ -101,7 +103,12 @@ class BubblewrapSandbox(LocalProcessSandbox):
         self._uid = sandbox_uid if os.geteuid() == 0 else -1
 
     def _identity(self, limits: SandboxLimits) -> tuple[int, int]:
-        return limits.max_processes, self._uid
+        if self._uid >= 0:
+            return limits.max_processes, self._uid
+        # Not root (the worker runs as its own OS user): the command keeps that user, and
+        # the kernel counts every task of it against RLIMIT_NPROC, the worker's own threads
+        # included. The limit is then that many tasks more than the user already runs.
+        return limits.max_processes + tasks_of(os.getuid()), -1
 
     def reaching(self, loopback: Mapping[str, str]) -> BubblewrapSandbox:
         """A copy whose commands also reach these host addresses (``name: "127.0.0.1:port"``)
@@ -206,6 +213,26 @@ class BubblewrapSandbox(LocalProcessSandbox):
             "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", *binds,
             "--bind", work, work, "--remount-ro", "/", "--chdir", work, "--", *argv,
         ]
+
+
+def tasks_of(uid: int) -> int:
+    """How many tasks (threads of every process) the user runs now, as RLIMIT_NPROC counts.
+
+    Read from ``/proc`` with the standard library: verifiers import this module inside the
+    sandbox, where only the interpreter is.
+    """
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = Path(entry.path, "status").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["Uid"].split()[0]) == uid:
+            count += int(fields["Threads"])
+    return count
 
 
 def _give(folder: Path, uid: int) -> None:

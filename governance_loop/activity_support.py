@@ -16,7 +16,14 @@ from governance_loop import store
 from governance_loop.contracts import GateOutcome
 from governance_loop.gates import GateDecision
 from triloop.audit import append_event
-from triloop.decisions import DecisionRefused, HumanDecision, audit_refusal, load_decision
+from triloop.db import session_scope
+from triloop.decisions import (
+    DecisionRefused,
+    HumanDecision,
+    audit_refusal,
+    current_execution,
+    load_decision,
+)
 from triloop.models import DecisionKind, GateResult
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
 from triloop.workflow_api import ErrorType
@@ -61,11 +68,13 @@ class GovernanceShell:
         self, decision_id: str, kind: DecisionKind, subject: str, *, role: str,
         resource: Resource,
     ) -> HumanDecision:
-        """The person's recorded decision, read from the database; a refusal is audited."""
+        """The person's recorded decision, read from the database and marked used by this
+        activity execution (committed before it acts); a refusal is audited."""
         try:
-            with Session(self._engine) as session:
+            with session_scope(self._engine) as session:
                 return load_decision(session, decision_id=decision_id, kind=kind,
-                                     subject=subject, role=role)
+                                     subject=subject, role=role,
+                                     execution=current_execution())
         except DecisionRefused as exc:
             audit_refusal(self._engine, service=GOVERNANCE.service, action=f"{kind}_decision",
                           resource=resource.to_input(), decision_id=decision_id, reason=str(exc))

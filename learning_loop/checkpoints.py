@@ -127,6 +127,7 @@ def save_checkpoint(
         checkpoint_id = saved_weights_digest(staging)
         state = _trainer_state(optimizer, scheduler, data_cursor, metadata)
         torch.save(state, staging / TRAINER_STATE)
+        readable_by_readers(staging)
         final = root / checkpoint_id
         try:
             os.rename(staging, final)
@@ -139,6 +140,22 @@ def save_checkpoint(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return CheckpointRef(id=checkpoint_id, path=final)
+
+
+def readable_by_readers(directory: Path) -> None:
+    """Folders 0755 and files 0644 under ``directory``, whatever wrote them.
+
+    ``mkdtemp`` makes the folder 0700 and the weights' writer its file 0600, but the
+    execution and governance workers, other OS users in the artifact store's group, read
+    checkpoints too (``triloop.devstack.accounts``). Who may enter the store at all is
+    the store's top folder's say, not each file's.
+    """
+    os.chmod(directory, 0o755)
+    for parent, folders, files in os.walk(directory):
+        for name in folders:
+            os.chmod(os.path.join(parent, name), 0o755)
+        for name in files:
+            os.chmod(os.path.join(parent, name), 0o644)
 
 
 def load_checkpoint(
@@ -200,6 +217,7 @@ def annotate_checkpoint(ref: CheckpointRef, metadata: Mapping[str, Any]) -> Chec
     os.close(fd)
     try:
         torch.save(state, staging)
+        os.chmod(staging, 0o644)  # as every checkpoint file: see readable_by_readers
         os.replace(staging, state_file)
     finally:
         Path(staging).unlink(missing_ok=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triloop.config import Settings
-from triloop.db import role_engine, session_scope
+from triloop.db import owner_engine, role_engine, session_scope
 from triloop.policy import Actor, Resource
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
@@ -68,11 +68,14 @@ def admin_token(settings: Settings, name: str, secret: str) -> str:
     stored = read_secret(settings.secrets, secret)
     if stored is not None:
         return stored
+    # On the server as the database's owner, as `triloop users create` does: the web role
+    # never writes an admin, and the local actor is no person whose credential it could check.
     admin = Actor(service="web", user=f"{getpass.getuser()}@demo", roles=("admin",))
-    build_authorizer(settings, "web").authorize(
+    server = owner_engine(settings)
+    build_authorizer(settings, "web", audit_engine=server).authorize(
         admin, "create", Resource(kind="user", id=name, attrs={"founding_admin": True}))
     try:
-        with session_scope(role_engine(settings, "web")) as session:
+        with session_scope(server) as session:
             _, token = create_first_admin(session=session, name=name,
                                           created_by=admin.user or "demo",
                                           token_lifetime_s=settings.api_token_lifetime_s)

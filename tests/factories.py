@@ -136,14 +136,44 @@ def make_person(engine: Engine, name: str, roles: list[str], *, disabled: bool =
     return name
 
 
+def person_token(owner: Engine, user: str) -> str:
+    """A fresh, live API token of ``user``, issued as the owner (as ``triloop users token``)."""
+    import hashlib
+
+    token = f"tl_{uuid.uuid4().hex}{uuid.uuid4().hex}"
+    with owner.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO api_token (id, user_name, token_hash, label, created_by, expires_at)"
+            " VALUES (:i, :u, :h, 'test', 'test', now() + interval '1 day')"),
+            {"i": uid("tok-"), "u": user, "h": hashlib.sha256(token.encode()).hexdigest()})
+    return token
+
+
 def record_decision(engine: Engine, *, kind: str, subject: str, decision: str, user: str,
-                    comment: str = "checked the evidence", details: dict[str, Any] | None = None
-                    ) -> str:
-    """A ``human_decision`` row inserted with ``engine``'s role (the web role, or a forger)."""
-    decision_id = uid("dec-")
-    insert(engine, "human_decision", id=decision_id, kind=kind, subject=subject,
-           decision=decision, user_name=user, comment=comment, details=details or {})
-    return decision_id
+                    comment: str = "checked the evidence", details: dict[str, Any] | None = None,
+                    owner: Engine | None = None, credential: str | None = None) -> str:
+    """A person's decision.
+
+    With ``owner`` or ``credential``: as the web service records it, ``engine`` (the web
+    role) calling ``triloop_record_decision`` with the person's token (``credential``, or a
+    fresh one issued as ``owner``). Without: a row inserted directly with ``engine``'s role
+    (the owner, or a forger the database refuses).
+    """
+    if owner is None and credential is None:
+        decision_id = uid("dec-")
+        insert(engine, "human_decision", id=decision_id, kind=kind, subject=subject,
+               decision=decision, user_name=user, comment=comment, details=details or {})
+        return decision_id
+    import json
+
+    if credential is None:
+        assert owner is not None
+        credential = person_token(owner, user)
+    with engine.begin() as conn:
+        return str(conn.execute(text(
+            "SELECT triloop_record_decision(:c, :k, :s, :d, :m, CAST(:x AS jsonb))"),
+            {"c": credential, "k": kind, "s": subject, "d": decision, "m": comment,
+             "x": json.dumps(details or {})}).scalar_one())
 
 
 def outcome_advantages(returns: Any, config: Any) -> Any:

@@ -95,9 +95,11 @@ async def loops_running(
 ) -> AsyncIterator[None]:
     """Execution worker, governance stand-in and (unless told not to) the learning workers.
 
-    Each runs in its own loop's namespace with that loop's token; ``client`` (learning's
-    namespace) serves the learning workers. Governance's stand-in answers through the real
-    ``propose_candidate`` Nexus handler, which opens the stand-in promotion workflow.
+    Each runs in its own loop's namespace with that loop's token, as the workers do;
+    ``client`` (the web service's stand-in, in learning's namespace) only starts and
+    signals runs: the server lets the web token poll no task queue. Governance's stand-in
+    answers through the real ``propose_candidate`` Nexus handler, which opens the stand-in
+    promotion workflow.
     """
     from execution_loop.worker import build_worker as build_execution_worker
     from learning_loop.worker import build_worker as build_learning_workers
@@ -111,7 +113,8 @@ async def loops_running(
                nexus_service_handlers=[governance_nexus(settings)]),
     ]
     if learning:
-        workers += build_learning_workers(client, settings)
+        own_learning = await loop_client(settings, "learning", "learning-test")
+        workers += build_learning_workers(own_learning, settings)
     async with AsyncExitStack() as stack:
         for worker in workers:
             await stack.enter_async_context(worker)

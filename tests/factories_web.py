@@ -186,3 +186,17 @@ def ensure_production(engine: Engine, people: dict[str, Person]) -> tuple[str, s
         conn.execute(text("UPDATE deployment SET promotion_id = :p WHERE alias = 'production'"),
                      {"p": seeded.promotion_id})
     return seeded.checkpoint_id, seeded.promotion_id
+
+
+def console_cookie(app: Any, person: Person, csrf: str = "c") -> str:
+    """A console session cookie as ``POST /login`` makes it: the database opens the session
+    from the person's token (``triloop_sign_in``), the app signs its secret into the cookie."""
+    from triloop.db import session_scope
+    from web import tokens
+    from web.auth import ConsoleSession
+
+    services = app.state.services
+    with session_scope(services.engine) as session:
+        opened = tokens.sign_in(session=session, token=person.token, lifetime_s=3600)
+    return str(services.signer.dump_session(ConsoleSession(
+        user=opened.user_name, csrf=csrf, token_id=opened.token_id, secret=opened.secret)))

@@ -11,7 +11,7 @@ import threading
 import uuid
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from triloop.config import LoopName, ServiceName, Settings
 from triloop.devstack.temporal_server import provision
@@ -50,6 +50,27 @@ async def loop_client(settings: Settings, loop: LoopName, identity: str,
                       *, service: ServiceName | None = None) -> Client:
     """A client in ``loop``'s namespace with ``service``'s token (default: the loop's own)."""
     return await connect(settings, identity=identity, service=service or loop, loop=loop)
+
+
+async def admin_client(settings: Settings, loop: LoopName) -> Client:
+    """A client in ``loop``'s namespace with the operator's admin token (no service holds it):
+    what a test uses to end a workflow, which no service token may do in governance."""
+    from triloop.devstack.temporal_keys import ADMIN
+    from triloop.temporal import DATA_CONVERTER
+
+    return await Client.connect(settings.temporal_address,
+                                namespace=settings.temporal_namespace(loop),
+                                api_key=settings.temporal_credential(ADMIN), tls=False,
+                                identity="triloop-test-operator", data_converter=DATA_CONVERTER)
+
+
+async def terminate_as_operator(settings: Settings, handle: WorkflowHandle[Any, Any],
+                                reason: str = "test over",
+                                loop: LoopName = "governance") -> None:
+    """End a test's workflow as the operator would: no service token may end a governance
+    workflow (the server's authorizer refuses it)."""
+    operator = await admin_client(settings, loop)
+    await operator.get_workflow_handle(handle.id).terminate(reason)
 
 
 def execution_nexus(settings: Settings) -> Any:

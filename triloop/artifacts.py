@@ -99,6 +99,9 @@ def write_verified(digest: str, chunks: Iterator[bytes], target: Path, where: st
                 handle.write(chunk)
         if hasher.hexdigest() != digest:
             raise ArtifactCorrupted(digest, hasher.hexdigest(), where)
+        # mkstemp makes it 0600: the other workers sharing the store or cache read it too
+        # (who may enter is the store's top folder's say, see triloop.devstack.accounts).
+        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -195,6 +198,7 @@ def materialize(store: ArtifactStore, uri: str, cache: Path, name: str = "conten
         raise ValueError(f"artifact {digest} in {store.location} is not a directory manifest")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".incoming-"))
+    os.chmod(staging, 0o755)  # as for blobs: the workers sharing the cache read it
     try:
         for relative, file_digest in manifest["files"].items():
             path = (staging / relative).resolve()

@@ -1,12 +1,15 @@
 """Append to and verify the hash-chained audit log.
 
-Each row stores ``hash = sha256(prev_hash || canonical row)`` where the canonical
-row is compact, key-sorted JSON of every column but the hashes. No service role may
-INSERT into ``audit_event``: a writer calls ``triloop_audit_head()`` (SECURITY DEFINER),
-which locks the chain head for the transaction, with a bounded wait, and says which
-database role logged in; the writer hashes ``seq = head + 1`` with that role in the row and
-calls ``triloop_audit_append``, which refuses another role or a row that does not extend
-the head. Concurrent writers serialise into one chain instead of forking it.
+Each row stores ``hash = sha256(prev_hash || canonical row)``. No role may INSERT into
+``audit_event``: a writer makes one call, ``triloop_audit_log(...)`` (SECURITY DEFINER,
+migration 0020), which takes the chain head under a bounded wait, stamps the role that
+logged in, computes the hash itself and appends, so no caller chooses a hash or holds the
+head between calls. Its canonical row is jsonb's own text of the stored values
+(``triloop_audit_canonical``); rows from before 0020 (``hashed_in_db`` false) hash the
+compact, key-sorted JSON their writer made (``canonical_row``). ``verify_chain`` recomputes
+both. The database also refuses a service role naming another service or any person as the
+actor; the web role names a person only with the raw secret that person presented with
+this request (``credential``).
 """
 
 from __future__ import annotations
@@ -18,17 +21,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, func, text
 from sqlmodel import Session, col, select
 
-from triloop.models.audit import AccessEvent, AuditEvent
+from triloop.models.audit import AuditEvent
 
 GENESIS_HASH = "0" * 64
-_HEAD_SQL = text("SELECT seq, hash, db_role FROM triloop_audit_head()")
-_APPEND_SQL = text(
-    "SELECT triloop_audit_append(:seq, :at, CAST(:actor AS jsonb), :action,"
-    " CAST(:resource AS jsonb), :decision, :decision_id, :policy_revision,"
-    " CAST(:payload AS jsonb), :prev_hash, :hash, :db_role)")
+_LOG_SQL = text(
+    "SELECT seq, at, prev_hash, hash, db_role FROM triloop_audit_log(CAST(:actor AS jsonb),"
+    " :action, CAST(:resource AS jsonb), :decision, :decision_id, :policy_revision,"
+    " CAST(:payload AS jsonb), :credential)")
 # The database role each service's actor is written by (audit verify checks the pairing).
 SERVICE_ROLES = {"execution": "triloop_execution", "learning": "triloop_learning",
                  "governance": "triloop_governance", "web": "triloop_web",
@@ -98,36 +100,30 @@ def append_event(
     decision_id: str | None = None,
     policy_revision: str | None = None,
     payload: Mapping[str, Any] | None = None,
+    credential: str | None = None,
 ) -> AuditEvent:
-    """Append one event in the session's transaction (the caller commits)."""
-    head = session.execute(_HEAD_SQL).one()
-    seq, prev_hash, db_role = int(head[0]) + 1, str(head[1]), str(head[2])
-    # Round-trip through JSON so what we hash is exactly what JSONB will give back.
-    actor_doc = json.loads(json.dumps(dict(actor), allow_nan=False))
-    resource_doc = json.loads(json.dumps(dict(resource), allow_nan=False, default=str))
-    payload_doc = json.loads(json.dumps(dict(payload or {}), allow_nan=False, default=str))
-    event = AuditEvent(
-        seq=seq,
-        at=datetime.now(UTC),
-        actor=actor_doc,
-        action=action,
-        resource=resource_doc,
-        decision=decision,
-        decision_id=decision_id,
-        policy_revision=policy_revision,
-        payload=payload_doc,
-        prev_hash=prev_hash,
-        hash="",
-        db_role=db_role,
-    )
-    event.hash = chain_hash(prev_hash, canonical_row_of(event))
-    session.execute(_APPEND_SQL, {
-        "seq": seq, "at": event.at, "actor": json.dumps(actor_doc), "action": action,
-        "resource": json.dumps(resource_doc), "decision": decision, "decision_id": decision_id,
-        "policy_revision": policy_revision, "payload": json.dumps(payload_doc),
-        "prev_hash": prev_hash, "hash": event.hash, "db_role": db_role,
-    })
-    return event
+    """Append one event in the session's transaction (the caller commits).
+
+    ``credential``: the raw secret the person named in ``actor`` presented with this
+    request; the database refuses a person without it (and any person from a loop).
+    """
+    actor_doc = _json(actor)
+    resource_doc, payload_doc = _json(resource), _json(payload or {})
+    row = session.execute(_LOG_SQL, {
+        "actor": json.dumps(actor_doc), "action": action, "resource": json.dumps(resource_doc),
+        "decision": decision, "decision_id": decision_id, "policy_revision": policy_revision,
+        "payload": json.dumps(payload_doc), "credential": credential,
+    }).one()
+    return AuditEvent(seq=int(row[0]), at=row[1], actor=actor_doc, action=action,
+                      resource=resource_doc, decision=decision, decision_id=decision_id,
+                      policy_revision=policy_revision, payload=payload_doc, prev_hash=str(row[2]),
+                      hash=str(row[3]), db_role=str(row[4]), hashed_in_db=True)
+
+
+def _json(document: Mapping[str, Any]) -> dict[str, Any]:
+    # What JSONB will store; NaN is refused, anything else unknown is written as text.
+    loaded: dict[str, Any] = json.loads(json.dumps(dict(document), allow_nan=False, default=str))
+    return loaded
 
 
 @dataclass(frozen=True)
@@ -140,13 +136,20 @@ class ChainReport:
     problem: str | None = None
 
 
-def _rows(engine: Engine, batch: int = 2000) -> Iterator[AuditEvent]:
+_CANONICAL_IN_DB = func.triloop_audit_canonical(
+    col(AuditEvent.seq), col(AuditEvent.at), col(AuditEvent.actor), col(AuditEvent.action),
+    col(AuditEvent.resource), col(AuditEvent.decision), col(AuditEvent.decision_id),
+    col(AuditEvent.policy_revision), col(AuditEvent.payload), col(AuditEvent.db_role))
+
+
+def _rows(engine: Engine, batch: int = 2000) -> Iterator[tuple[AuditEvent, bytes]]:
+    """Each row with the bytes its hash covers (PostgreSQL's canonical text since 0020)."""
     last = 0
     while True:
         with Session(engine) as session:
             rows = list(
                 session.exec(
-                    select(AuditEvent)
+                    select(AuditEvent, _CANONICAL_IN_DB)
                     .where(col(AuditEvent.seq) > last)
                     .order_by(col(AuditEvent.seq))
                     .limit(batch)
@@ -154,8 +157,9 @@ def _rows(engine: Engine, batch: int = 2000) -> Iterator[AuditEvent]:
             )
         if not rows:
             return
-        yield from rows
-        last = int(rows[-1].seq)
+        for event, in_db in rows:
+            yield event, (str(in_db).encode() if event.hashed_in_db else canonical_row_of(event))
+        last = int(rows[-1][0].seq)
 
 
 def verify_chain(engine: Engine) -> ChainReport:
@@ -163,14 +167,13 @@ def verify_chain(engine: Engine) -> ChainReport:
     prev_hash = GENESIS_HASH
     expected_seq = 1
     checked = 0
-    for event in _rows(engine):
+    for event, row in _rows(engine):
         if event.seq != expected_seq:
             return ChainReport(
                 False, checked, expected_seq, f"row {expected_seq} is missing (next is {event.seq})"
             )
         if event.prev_hash != prev_hash:
             return ChainReport(False, checked, event.seq, "prev_hash does not match the row before")
-        row = canonical_row_of(event)
         if chain_hash(prev_hash, row) != event.hash:
             return ChainReport(False, checked, event.seq, "contents do not match the stored hash")
         mismatch = actor_role_mismatch(event)
@@ -219,15 +222,22 @@ def actor_role_mismatch(event: AuditEvent) -> str | None:
 READ_ACTIONS = frozenset({"read"})
 
 
+# No role may INSERT into ``access_event``: ``triloop_access_append`` (SECURITY DEFINER,
+# migration 0022) appends and stamps ``db_role`` with the role that logged in.
+_ACCESS_SQL = text(
+    "SELECT triloop_access_append(CAST(:actor AS jsonb), :action, CAST(:resource AS jsonb),"
+    " :decision_id, :policy_revision)")
+
+
 def append_access(
     session: Session, *, actor: Mapping[str, Any], action: str, resource: Mapping[str, Any],
     decision_id: str | None, policy_revision: str | None,
 ) -> None:
     """Append one allowed read to the append-only access log (the database stamps the role)."""
-    session.add(AccessEvent(
-        actor=json.loads(json.dumps(dict(actor), allow_nan=False, default=str)), action=action,
-        resource=json.loads(json.dumps(dict(resource), allow_nan=False, default=str)),
-        decision_id=decision_id, policy_revision=policy_revision))
+    session.execute(_ACCESS_SQL, {
+        "actor": json.dumps(dict(actor), allow_nan=False, default=str), "action": action,
+        "resource": json.dumps(dict(resource), allow_nan=False, default=str),
+        "decision_id": decision_id, "policy_revision": policy_revision})
 
 
 class DatabaseAuditSink:
@@ -259,7 +269,7 @@ class DatabaseAuditSink:
                 # A new policy decides from here on: say so once, old and new revision.
                 append_event(session, actor=actor.to_input(), action="policy_revision_changed",
                              resource={"kind": "policy", "id": revision}, decision="record",
-                             policy_revision=revision,
+                             policy_revision=revision, credential=actor.credential,
                              payload={"old": self._revision, "new": revision})
             # A read asked about with context (e.g. a refused NUL input) stays a decision.
             if decision.allow and action in READ_ACTIONS and not context:
@@ -276,6 +286,7 @@ class DatabaseAuditSink:
                     decision_id=decision.decision_id,
                     policy_revision=decision.policy_revision,
                     payload={"reasons": list(decision.reasons), "context": dict(context or {})},
+                    credential=actor.credential,
                 )
         if revision is not None:
             self._revision = revision
@@ -289,13 +300,16 @@ def record_event(
     resource: Mapping[str, Any],
     payload: Mapping[str, Any] | None = None,
     decision_id: str | None = None,
+    decision: str = "record",
+    credential: str | None = None,
 ) -> AuditEvent:
-    """Append a non-decision event (an alarm, a gate verdict, the outcome of an allowed
-    action: ``decision_id`` then names the authorization it follows) in its own transaction."""
+    """Append an event in its own transaction: a non-decision ``record`` (an alarm, a gate
+    verdict, the outcome of an allowed action: ``decision_id`` then names the authorization
+    it follows), or the ``deny`` of an allowed action that was then refused."""
     from triloop.db import session_scope
 
     with session_scope(engine) as session:
         return append_event(
-            session, actor=actor, action=action, resource=resource, decision="record",
-            payload=payload, decision_id=decision_id,
+            session, actor=actor, action=action, resource=resource, decision=decision,
+            payload=payload, decision_id=decision_id, credential=credential,
         )

@@ -54,3 +54,16 @@ def dispose_all() -> None:
     for engine in _engines.values():
         engine.dispose()
     _engines.clear()
+
+
+# SQLSTATEs that mean something other than "PostgreSQL cannot be reached".
+LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout ran out (e.g. the audit chain head)
+CREDENTIAL_REFUSED = "28000"  # a person's secret the database did not accept
+INSUFFICIENT_PRIVILEGE = "42501"
+
+
+def sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a database error (SQLAlchemy's or psycopg's), if it has one."""
+    original = getattr(error, "orig", error)
+    state = getattr(original, "sqlstate", None)
+    return state if isinstance(state, str) else None

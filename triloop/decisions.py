@@ -6,7 +6,11 @@ loop that carries the decision out calls ``load_decision``, which refuses:
 - a row some other role inserted (``recorded_by`` is stated by the database);
 - a row about another subject or of another kind (a decision replayed elsewhere);
 - a person who no longer exists or is disabled;
-- a person who does not hold, now, the role the decision needs.
+- a person who does not hold, now, the role the decision needs;
+- a decision another execution already carried out (``decision_use``, migration 0020: one
+  row per decision, written in the proving transaction, naming the workflow run and
+  activity that used it; a retry of that same activity execution passes, a second
+  workflow, a reset's new run or another activity is refused).
 The person and their roles come from ``app_user`` at that moment, never from a payload, and
 so does ``role_since``: when that role became active (the second admin's confirmation of
 its ``role_grant``; for founding admins and people from before two-person grants, the
@@ -17,13 +21,15 @@ so it stays on record although the action does not happen.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlmodel import Session, col, select
+from temporalio import activity
 
 from triloop.audit import append_event
 from triloop.db import session_scope
@@ -70,9 +76,13 @@ class HumanDecision:
 
 def load_decision(
     session: Session, *, decision_id: str, kind: DecisionKind, subject: str,
-    role: str | None = None,
+    role: str | None = None, execution: str | None = None,
 ) -> HumanDecision:
-    """The recorded decision, or ``DecisionRefused`` naming what does not hold."""
+    """The recorded decision, or ``DecisionRefused`` naming what does not hold.
+
+    With ``execution`` (``current_execution()``) the decision is also marked used by it, in
+    the session's transaction: the caller commits before it acts.
+    """
     row = session.get(HumanDecisionRow, decision_id) if decision_id else None
     if row is None:
         raise DecisionRefused(f"no human decision {decision_id!r} is recorded")
@@ -92,11 +102,41 @@ def load_decision(
         raise DecisionRefused(
             f"decision {decision_id}: user {user.name!r} does not hold the {role!r} role"
             f" (holds {sorted(user.roles)})")
+    if execution is not None:
+        use_decision(session, decision_id=row.id, execution=execution)
     return HumanDecision(
         id=row.id, kind=DecisionKind(row.kind), subject=row.subject, decision=row.decision,
         comment=row.comment, details=dict(row.details), user=user.name,
         roles=tuple(user.roles),
         role_since=None if role is None else role_active_since(session, user=user, role=role))
+
+
+_USE_SQL = text("INSERT INTO decision_use (decision_id, execution) VALUES (:d, :e)"
+                " ON CONFLICT (decision_id) DO NOTHING")
+_USED_SQL = text("SELECT execution, used_by, used_at FROM decision_use WHERE decision_id = :d")
+
+
+def use_decision(session: Session, *, decision_id: str, execution: str) -> None:
+    """Mark the decision used by ``execution``; refuse it if another execution used it."""
+    session.execute(_USE_SQL, {"d": decision_id, "e": execution})
+    used = session.execute(_USED_SQL, {"d": decision_id}).one()
+    if used[0] != execution:
+        raise DecisionRefused(
+            f"decision {decision_id} was already carried out by {used[0]} ({used[1]}, at"
+            f" {used[2].isoformat(timespec='seconds')}); a decision is used once: the person"
+            " records a new one")
+
+
+def current_execution() -> str:
+    """This activity execution (its retries share it): workflow, run and activity id.
+
+    Outside an activity (a CLI, a test calling the method) every call is its own execution.
+    """
+    try:
+        info = activity.info()
+    except RuntimeError:
+        return f"outside-an-activity/{uuid.uuid4().hex}"
+    return f"{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}"
 
 
 def role_active_since(session: Session, *, user: User, role: str) -> datetime:

@@ -80,6 +80,9 @@ def _write(home: Path, document: dict[str, dict[str, object]]) -> None:
     path = faults_file(home)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent)
+    # The web service writes it, the execution worker (another OS user, in the faults
+    # folder's group) reads it; mkstemp's 0600 would hide it from the reader.
+    os.fchmod(fd, 0o640)
     with os.fdopen(fd, "w") as handle:
         json.dump(document, handle, indent=2)
     os.replace(tmp, path)

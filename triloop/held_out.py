@@ -7,7 +7,13 @@ so a copy under a new task id, or a re-registered version, does not slip through
 
 Checked when an eval set is frozen (against every training run), when a run is submitted
 (against every frozen eval set), and again by the offline-eval gate (the candidate's run
-against its eval set), which records the check in its evidence.
+against its eval set), which records the check in its evidence. A run's training tasks are
+those its config names and those its training batches actually asked for or played
+(``rollout_batch.task_ids``, ``trajectory``): the learning worker need not follow its config.
+
+Production traffic is held out too: execution's Nexus handler refuses a training batch on
+a task of any frozen eval set or of production traffic (``held_out_conflicts``, the
+database's own ``triloop_held_out_conflicts``, which its triggers also apply).
 """
 
 from __future__ import annotations
@@ -71,12 +77,57 @@ def frozen_eval_tasks(session: Session) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
+# A run's training tasks: named in its config, asked for by its training batches, or played
+# in them (by the run, or on one of its checkpoints).
+_TRAINING_TASKS = text("""
+    SELECT jsonb_array_elements_text(config->'rollout'->'task_ids') FROM training_run
+    WHERE CAST(:r AS text) IS NULL OR id = :r
+    UNION
+    SELECT unnest(b.task_ids) FROM rollout_batch b WHERE b.purpose = 'training'
+      AND (CAST(:r AS text) IS NULL OR b.run_id = :r
+           OR b.checkpoint_id IN (SELECT id FROM checkpoint WHERE run_id = :r))
+    UNION
+    SELECT t.task_id FROM trajectory t WHERE t.purpose = 'training'
+      AND (CAST(:r AS text) IS NULL OR t.run_id = :r
+           OR t.checkpoint_id IN (SELECT id FROM checkpoint WHERE run_id = :r))
+""")
+
+
 def training_tasks(session: Session, *, run_id: str | None = None) -> list[str]:
-    """Tasks named in the config of every training run (or of one run)."""
+    """Tasks every training run (or one run) named in its config or trained on in fact."""
+    rows = session.execute(_TRAINING_TASKS, {"r": run_id}).all()
+    return sorted({str(r[0]) for r in rows})
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A task a training batch asks for that is held out: for eval, or production traffic."""
+
+    task_id: str
+    held_task: str
+    environment: str
+    seed: int
+    held_by: str  # "frozen eval set <name> v<version>" or "production traffic"
+
+    def describe(self) -> str:
+        same = ("is held out" if self.task_id == self.held_task
+                else f"is the same world as held-out task {self.held_task}")
+        return (f"task {self.task_id} {same} ({self.environment} seed {self.seed}, in "
+                f"{self.held_by})")
+
+    def to_fact(self) -> dict[str, str]:
+        """The conflict as a policy fact."""
+        return {"task_id": self.task_id, "held_task": self.held_task, "held_by": self.held_by,
+                "reason": self.describe()}
+
+
+def held_out_conflicts(session: Session, task_ids: Sequence[str]) -> list[Conflict]:
+    """Each of these tasks that shares an id, or an environment and seed, with a task of a
+    frozen eval set or of production traffic (the database's own definition)."""
     rows = session.execute(text(
-        "SELECT DISTINCT jsonb_array_elements_text(config->'rollout'->'task_ids') "
-        "FROM training_run WHERE CAST(:r AS text) IS NULL OR id = :r"), {"r": run_id}).all()
-    return [str(r[0]) for r in rows]
+        "SELECT task_id, held_task, environment, seed, held_by "
+        "FROM triloop_held_out_conflicts(CAST(:t AS text[]))"), {"t": sorted(set(task_ids))})
+    return [Conflict(str(r[0]), str(r[1]), str(r[2]), int(r[3]), str(r[4])) for r in rows]
 
 
 def require_held_out(*, session: Session, training: Sequence[str], evaluation: Sequence[str],

@@ -82,7 +82,11 @@ def caller_namespace(links: Sequence[nexusrpc.Link]) -> str | None:
     """The namespace of the workflow that scheduled the operation, from the server's link.
 
     The Temporal server builds this link itself from the calling workflow's own namespace
-    (``temporal:///namespaces/<ns>/workflows/...``); a caller cannot choose it.
+    (``temporal:///namespaces/<ns>/workflows/...``); a caller cannot choose it: the Nexus
+    HTTP API, where the link travels as the ``Nexus-Link`` header, takes only the server's
+    own certificate (no token reaches it), and a workflow may not set that header on an
+    operation it schedules (``DISALLOWED_NEXUS_HEADERS`` in the server's config). A request
+    with links to more than one namespace names no caller.
     """
     namespaces = {_link_namespace(link.url) for link in links}
     namespaces.discard(None)

@@ -4,10 +4,12 @@
 ``$TRILOOP_HOME/secrets/``: the PostgreSQL owner's password (``pg-owner``), one password
 per service role (``pg-<service>``), one OPA bearer token per service (``opa-<service>``)
 and the web service's session secret. Each service process is then handed a folder of its
-own, ``secrets/services/<service>/``, holding only its own credentials
-(``TRILOOP_SECRETS_DIR``), so a worker cannot log in as another loop's role or query OPA
-as another service. In production the same file names come from a secret store mounted
-per service, or each credential is passed explicitly (see the README).
+own, ``services/<service>/secrets/`` under the stack's home, holding only its own
+credentials (``TRILOOP_SECRETS_DIR``), so a worker cannot log in as another loop's role or
+query OPA as another service. Run as root, ``dev up`` makes that folder the service's OS
+user's and this one root's alone (``triloop.devstack.accounts``). In production the same
+file names come from a secret store mounted per service, or each credential is passed
+explicitly (see the README).
 """
 
 from __future__ import annotations
@@ -94,17 +96,42 @@ def ensure_secret(directory: Path, name: str) -> str:
     return value
 
 
-def service_folder(directory: Path, service: str) -> Path:
-    """The folder handed to one service process: only that service's credentials."""
-    return directory / "services" / service
+def hand_out(directory: Path, folder: Path, names: Iterable[str], *,
+             owner: tuple[int, int] | None = None) -> Path:
+    """Copy the named secrets into one service's own ``folder``; it holds those only.
 
-
-def hand_out(directory: Path, service: str, names: Iterable[str]) -> Path:
-    """Copy the named secrets into the service's own folder; returns that folder."""
-    folder = service_folder(directory, service)
-    for name in names:
+    ``owner`` (uid, gid): the service's OS user, who then owns the folder (0700) and its
+    files (0600). Each file is written new and renamed into place, never opened through
+    a name the service could have made a link: the folder is the service's to change.
+    """
+    wanted = list(names)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if owner is not None:
+        os.chown(folder, *owner, follow_symlinks=False)
+    os.chmod(folder, 0o700, follow_symlinks=False)
+    for stale in folder.iterdir():
+        if stale.name not in wanted:
+            stale.unlink()  # a link or an older credential: nothing the service should keep
+    for name in wanted:
         value = read_secret(directory, name)
         if value is None:
             raise FileNotFoundError(f"secret {name!r} is missing from {directory}")
-        write_secret(folder, name, value)
+        replace_file(folder / name, value, owner=owner)
     return folder
+
+
+def replace_file(path: Path, text: str, *, owner: tuple[int, int] | None = None,
+                 mode: int = 0o600) -> None:
+    """Write ``path`` anew and rename it into place: never through a link planted there.
+
+    For root writing into a folder a service owns (its secrets, its state): opening the
+    old name could follow a link the service made to any file on the host.
+    """
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        if owner is not None:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, mode)
+        handle.write(text)
+    os.replace(temporary, path)

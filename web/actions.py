@@ -249,7 +249,8 @@ async def control_run(
         raise conflict(f"run {run_id} has no workflow yet; try again in a moment")
     decision_id = await db.write(
         decisions.record_decision, kind=DecisionKind.RUN_CONTROL, subject=run_id,
-        decision=Decision(action), user=guard.principal.name, comment=reason)
+        decision=Decision(action), user=guard.principal.name, comment=reason,
+        credential=guard.principal.credential)
     await services.orchestrator.signal_run(run.workflow_id, RUN_SIGNALS[action],
                                            RunControl(decision_id=decision_id))
     return run
@@ -278,7 +279,8 @@ async def decide_promotion(
     person = guard.principal
     decision_id = await db.write(
         decisions.record_decision, kind=decision.kind, subject=promotion_id,
-        decision=decision.verb, user=person.name, comment=body.comment.strip())
+        decision=decision.verb, user=person.name, comment=body.comment.strip(),
+        credential=person.credential)
     result = await services.orchestrator.promotion_update(
         promotion.workflow_id, decision.gate, DecisionRef(decision_id=decision_id))
     return DecisionOutcome(promotion_id=promotion_id, action=decision, decision=decision.verb,
@@ -307,7 +309,8 @@ async def rollback(
     decision_id = await db.write(
         decisions.record_decision, kind=DecisionKind.ROLLBACK, subject=body.alias,
         decision=Decision.ROLLBACK, user=guard.principal.name, comment=body.reason.strip(),
-        details={"to_revision": body.to_revision, "to_checkpoint_id": body.to_checkpoint_id})
+        details={"to_revision": body.to_revision, "to_checkpoint_id": body.to_checkpoint_id},
+        credential=guard.principal.credential)
     workflow_id = f"rollback-{body.alias}-{uuid.uuid4().hex[:12]}"
     request = RollbackInput(decision_id=decision_id, alias=body.alias)
     result = await services.orchestrator.rollback(request, workflow_id,
@@ -360,7 +363,7 @@ async def decide_admission(
     decision_id = await db.write(
         decisions.record_decision, kind=DecisionKind.ADMISSION, subject=task_id,
         decision=Decision(body.decision), user=guard.principal.name,
-        comment=body.comment.strip())
+        comment=body.comment.strip(), credential=guard.principal.credential)
     result = await services.orchestrator.admission_update(task_id, DecisionRef(decision_id))
     return AdmissionOutcome(task_id=task_id, status=result.status,
                             admissible=result.admissible, reasons=list(result.reasons),

@@ -2,11 +2,14 @@
 
 The policy's ``allow`` says a person may try; it does not say what happened. An approve
 that the promotion workflow then refused (409) used to read as a plain ``approve ...
-allow``. This ASGI middleware appends, for each allowed action other than a read, a
-``record`` event with the same action and resource, ``decision_id`` set to the
-authorization's, and the payload ``{"outcome": "succeeded" | "refused" | "failed",
-"status": ..., "detail": ...}``. It is written before the response leaves, so whoever
-sees the answer can already read its outcome in the log.
+allow``. This ASGI middleware appends, for each allowed action other than a read, an
+event with the same action and resource, ``decision_id`` set to the authorization's, and
+the payload ``{"outcome": "succeeded" | "refused" | "failed", "status": ..., "detail":
+...}``. A refused action (4xx: a loop, the database or a rule refused what the policy
+allowed) is a ``deny`` on the person's own row, with ``reasons`` saying why; anything else
+is a ``record``. The row names the person, so the database checks the credential of this
+request (migration 0020). It is written before the response leaves, so whoever sees the
+answer can already read its outcome in the log.
 """
 
 from __future__ import annotations
@@ -34,13 +37,18 @@ def outcome_word(status: int) -> str:
 
 def record_outcomes(guard: Guard, status: int, detail: str | None) -> None:
     """Append one outcome event per allowed action of the request (blocking)."""
+    outcome = outcome_word(status)
     for allowed in guard.authorized:
-        payload: dict[str, Any] = {"outcome": outcome_word(status), "status": status}
+        payload: dict[str, Any] = {"outcome": outcome, "status": status}
         if detail:
             payload["detail"] = detail[:MAX_DETAIL_CHARS]
+        if outcome == "refused":
+            payload["reasons"] = [payload.get("detail") or f"refused with HTTP {status}"]
         record_event(guard.engine, actor=guard.principal.actor.to_input(),
                      action=allowed.action, resource=allowed.resource.to_input(),
-                     payload=payload, decision_id=allowed.decision_id)
+                     payload=payload, decision_id=allowed.decision_id,
+                     decision="deny" if outcome == "refused" else "record",
+                     credential=guard.principal.credential)
 
 
 class OutcomeRecorder:

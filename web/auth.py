@@ -1,9 +1,13 @@
 """Credentials: hashed API tokens, the signed console session cookie, and CSRF tokens.
 
 API clients send ``Authorization: Bearer <token>``; only ``sha256(token)`` is
-stored. The console keeps ``{user, csrf}`` in a cookie signed with
+stored. The console keeps ``{user, csrf, token_id, secret}`` in a cookie signed with
 ``settings.session_secret`` (itsdangerous, time-stamped); every console form and
-every cookie-authenticated unsafe API call must carry that csrf token.
+every cookie-authenticated unsafe API call must carry that csrf token. ``secret`` is the
+console session's own secret, made by the database at sign-in (``triloop_sign_in``) after
+it checked the person's API token; the database keeps only its sha256 and checks the raw
+secret again whenever a decision or an audit row speaks for the person, so the signing key
+alone does not make a session.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
@@ -62,6 +66,7 @@ class ConsoleSession:
     user: str
     csrf: str
     token_id: str | None = None
+    secret: str | None = field(default=None, repr=False)
 
 
 class CookieSigner:
@@ -75,9 +80,8 @@ class CookieSigner:
 
     def dump_session(self, session: ConsoleSession) -> str:
         """Cookie value for a signed-in user."""
-        return self._session.dumps(
-            {"user": session.user, "csrf": session.csrf, "token_id": session.token_id}
-        )
+        return self._session.dumps({"user": session.user, "csrf": session.csrf,
+                                    "token_id": session.token_id, "secret": session.secret})
 
     def load_session(self, value: str | None) -> ConsoleSession | None:
         """The session in a cookie, or None when missing, forged or older than the max age.
@@ -89,11 +93,12 @@ class CookieSigner:
         if not isinstance(data, dict):
             return None
         user, csrf, token_id = data.get("user"), data.get("csrf"), data.get("token_id")
-        if not isinstance(user, str) or not isinstance(csrf, str):
-            return None
+        secret = data.get("secret")
+        if not isinstance(user, str) or not isinstance(csrf, str) or not isinstance(secret, str):
+            return None  # a cookie from before console sessions had secrets: sign in again
         if token_id is not None and not isinstance(token_id, str):
             return None
-        return ConsoleSession(user=user, csrf=csrf, token_id=token_id)
+        return ConsoleSession(user=user, csrf=csrf, token_id=token_id, secret=secret)
 
     def dump_login_csrf(self, token: str) -> str:
         """Cookie value binding the login form's csrf token to this browser."""

@@ -1,9 +1,12 @@
 """Command groups the ``triloop`` CLI mounts: users, promotions, rollback, faults (``train``
 lives in ``web.cli_runs``; the HTTP helper in ``web.cli_api``).
 
-``users create`` runs on this machine with the web service's database role: it is how the
-two founding admins come to exist on a fresh install (a privileged role needs one admin to
-ask and another to confirm), and it refuses once two admins exist.
+``users create``, ``token``, ``tokens``, ``revoke-token`` and ``list`` run on the server with
+the database owner's credentials (the operator's secrets folder): ``users create`` is how
+the two founding admins come to exist on a fresh install (a privileged role needs one admin
+to ask and another to confirm), and it refuses once two admins exist. The web service's
+own role cannot do these: it never writes a privileged role, and it issues a token only
+for the person whose credential the database checked (migration 0020).
 Everything else calls the HTTP API with a token (``--token`` or ``TRILOOP_TOKEN``) at
 ``TRILOOP_API_URL``, so the CLI is refused exactly what the console would refuse.
 """
@@ -53,6 +56,21 @@ def _local_actor() -> str:
     return f"{getpass.getuser()}@cli"
 
 
+def _server_engine() -> Any:
+    """The owner's engine: these commands run on the server, as the database's owner."""
+    from triloop.db import owner_engine
+
+    return owner_engine(get_settings())
+
+
+def _server_authorizer() -> Any:
+    """The web service's policy, audited with the owner's role (the local actor is no
+    person the database could check a credential of)."""
+    from triloop.wiring import build_authorizer
+
+    return build_authorizer(get_settings(), "web", audit_engine=_server_engine())
+
+
 @users_app.command("create")
 def users_create(
     name: Annotated[str, typer.Argument(help="Lowercase user name, e.g. root.")],
@@ -67,9 +85,8 @@ def users_create(
     users add` or POST /api/users), and their operator, auditor or admin role becomes
     active only when a second admin confirms it (`triloop users confirm GRANT_ID`).
     """
-    from triloop.db import role_engine, session_scope
+    from triloop.db import session_scope
     from triloop.policy import Actor, PolicyDenied, Resource
-    from triloop.wiring import build_authorizer
     from web.users import UserError, check_new_user, create_first_admin
 
     settings = get_settings()
@@ -79,11 +96,11 @@ def users_create(
             raise UserError("a founding user is an admin (--role admin) and nothing else;"
                             " an admin then creates everyone else through the API")
         actor = Actor(service="web", user=_local_actor(), roles=("admin",))
-        build_authorizer(settings, "web").authorize(
+        _server_authorizer().authorize(
             actor, "create", Resource(kind="user", id=name, attrs={"via": "cli",
                                                                   "founding_admin": True})
         )
-        with session_scope(role_engine(settings, "web")) as session:
+        with session_scope(_server_engine()) as session:
             _, token = create_first_admin(session=session, name=name,
                                           created_by=_local_actor(),
                                           token_lifetime_s=settings.api_token_lifetime_s)
@@ -172,11 +189,10 @@ GRANT_COLUMNS = (field("id", "id"), field("user", "user_name"), field("role", "r
 def _authorize_locally(action: str, resource: Any) -> None:
     """Ask the policy as the local operator acting as an admin (audited); exit 1 if refused."""
     from triloop.policy import Actor, PolicyDenied
-    from triloop.wiring import build_authorizer
 
     actor = Actor(service="web", user=_local_actor(), roles=("admin",))
     try:
-        build_authorizer(get_settings(), "web").authorize(actor, action, resource)
+        _server_authorizer().authorize(actor, action, resource)
     except PolicyDenied as error:
         fail(str(error))
 
@@ -187,14 +203,14 @@ def users_token(
     label: Annotated[str, typer.Option("--label", help="What the token is for.")] = "",
 ) -> None:
     """Issue a new API token for a person (e.g. after theirs expired); printed once."""
-    from triloop.db import role_engine, session_scope
+    from triloop.db import session_scope
     from triloop.policy import Resource
     from web.tokens import issue_token
     from web.users import get_user
 
     settings = get_settings()
     _authorize_locally("create", Resource(kind="api_token", owner=name, attrs={"via": "cli"}))
-    with session_scope(role_engine(settings, "web")) as session:
+    with session_scope(_server_engine()) as session:
         if get_user(session=session, name=name) is None:
             fail(f"no enabled user {name!r}")
         row, token = issue_token(session=session, user_name=name, created_by=_local_actor(),
@@ -211,13 +227,13 @@ def users_tokens(
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """List a person's API tokens: id, state, expiry (never the token or its hash)."""
-    from triloop.db import role_engine, session_scope
+    from triloop.db import session_scope
     from triloop.policy import Resource
     from web.pagination import MAX_LIMIT
     from web.tokens import list_tokens
 
     _authorize_locally("read", Resource(kind="api_token", owner=name, attrs={"via": "cli"}))
-    with session_scope(role_engine(get_settings(), "web")) as session:
+    with session_scope(_server_engine()) as session:
         page = list_tokens(session=session, limit=MAX_LIMIT, cursor=None, user_name=name)
     rows = [t.model_dump(mode="json") for t in page.items]
     print_rows(rows, (field("id", "id"), field("state", "state"),
@@ -230,11 +246,11 @@ def users_revoke_token(
     token_id: Annotated[str, typer.Argument(help="Token id (from `triloop users tokens`).")],
 ) -> None:
     """Revoke an API token at once; it never authenticates again."""
-    from triloop.db import role_engine, session_scope
+    from triloop.db import session_scope
     from triloop.policy import Resource
     from web.tokens import TokenError, get_token, revoke_token
 
-    engine = role_engine(get_settings(), "web")
+    engine = _server_engine()
     with session_scope(engine) as session:
         row = get_token(session=session, token_id=token_id)
     if row is None:
@@ -254,20 +270,17 @@ def users_list(output: OutputOption = OutputFormat.table) -> None:
     """List users and their roles (never tokens)."""
     from sqlmodel import Session, col, select
 
-    from triloop.db import role_engine
     from triloop.models import User
     from triloop.policy import Actor, PolicyDenied, Resource
-    from triloop.wiring import build_authorizer
 
-    settings = get_settings()
     try:
-        build_authorizer(settings, "web").authorize(
+        _server_authorizer().authorize(
             Actor(service="web", user=_local_actor(), roles=("admin",)), "read",
             Resource(kind="user", attrs={"via": "cli"}),
         )
     except PolicyDenied as error:
         fail(str(error))
-    with Session(role_engine(settings, "web")) as session:
+    with Session(_server_engine()) as session:
         rows = [{"name": u.name, "roles": ",".join(u.roles), "disabled": u.disabled,
                  "created_by": u.created_by, "created_at": u.created_at.isoformat()}
                 for u in session.exec(select(User).order_by(col(User.created_at)))]

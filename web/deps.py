@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
@@ -91,35 +91,43 @@ class Principal:
 
     ``token_id`` names the API token that proved them (directly, or when the console
     session was opened): revoking or expiring it ends the console session too.
+    ``credential`` is the raw secret of this request (the bearer token, or the console
+    session's secret): the web service relays it to the database functions that record a
+    decision or an audit row for the person, which check it themselves.
     """
 
     name: str
     roles: tuple[str, ...]
     csrf: str | None = None
     token_id: str | None = None
+    credential: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def actor(self) -> Actor:
-        """The policy actor: this person through the web service."""
-        return Actor(service="web", user=self.name, roles=self.roles)
+        """The policy actor: this person through the web service (with this request's secret)."""
+        return Actor(service="web", user=self.name, roles=self.roles, credential=self.credential)
 
 
 def principal_for_token(*, session: Session, token: str) -> Principal:
     """The person a bearer token proves, or ``TokenRefused`` (unknown, expired, revoked)."""
     user, row = tokens.authenticate(session=session, token=token)
-    return Principal(user.name, tuple(user.roles), token_id=row.id)
+    return Principal(user.name, tuple(user.roles), token_id=row.id, credential=token)
 
 
 def principal_for_session(*, session: Session, cookie: ConsoleSession) -> Principal | None:
-    """The person of a console session, while they are enabled and its token is live."""
+    """The person of a console session, while they are enabled, it is open and its token
+    is live."""
     user = users.get_user(session=session, name=cookie.user)
-    if user is None:
+    if user is None or cookie.secret is None:
         return None
-    if cookie.token_id is not None and not tokens.active_token(
-        session=session, token_id=cookie.token_id, user_name=user.name
-    ):
+    live = tokens.live_console_session(session=session, secret=cookie.secret,
+                                       user_name=user.name)
+    if live is None or (cookie.token_id is not None and live.token_id != cookie.token_id):
         return None
-    return Principal(user.name, tuple(user.roles), csrf=cookie.csrf, token_id=cookie.token_id)
+    if not tokens.active_token(session=session, token_id=live.token_id, user_name=user.name):
+        return None
+    return Principal(user.name, tuple(user.roles), csrf=cookie.csrf, token_id=live.token_id,
+                     credential=cookie.secret)
 
 
 async def optional_user(

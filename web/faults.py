@@ -89,6 +89,7 @@ async def inject_fault(
     await asyncio.to_thread(inject_serving_fault, _home(services), fault)
     await asyncio.to_thread(
         record_event, services.engine, actor=guard.principal.actor.to_input(),
+        credential=guard.principal.credential,
         action="inject_fault", resource={"kind": KIND, "id": body.checkpoint_id},
         payload={"temperature": fault.temperature, "note": fault.note})
     return _public(fault)
@@ -100,5 +101,6 @@ async def clear_faults(*, guard: Guard, services: WebServices) -> FaultsCleared:
     cleared = await asyncio.to_thread(clear_serving_faults, _home(services))
     await asyncio.to_thread(
         record_event, services.engine, actor=guard.principal.actor.to_input(),
+        credential=guard.principal.credential,
         action="clear_fault", resource={"kind": KIND}, payload={"cleared": cleared})
     return FaultsCleared(cleared=cleared)

@@ -85,7 +85,8 @@ async def _decide(
     """Record the person's decision, then run governance's write on it to the end."""
     decision_id = await db.write(
         decisions.record_decision, kind=kind, subject=subject, decision=decision,
-        user=guard.principal.name, comment=comment.strip(), details=details)
+        user=guard.principal.name, comment=comment.strip(), details=details,
+        credential=guard.principal.credential)
     workflow_id = governance_write_workflow_id(decision_id)
     result = await services.orchestrator.governance_write(
         GovernanceWriteInput(decision_id=decision_id, kind=kind.value, subject=subject),

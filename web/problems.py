@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from triloop.db import CREDENTIAL_REFUSED, INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, sqlstate
 from triloop.policy import PolicyDenied
 
 log = logging.getLogger("triloop.web")
@@ -140,6 +141,9 @@ def as_problem(exc: Exception) -> ProblemError:
         title = titles.get(exc.status_code, "HTTP error")
         return ProblemError(exc.status_code, title, str(exc.detail),
                             headers=dict(exc.headers or {}) or None)
+    refusal = _database_refusal(exc)
+    if refusal is not None:
+        return refusal
     if isinstance(exc, OperationalError):
         return ProblemError(503, "Database unavailable",
                             "PostgreSQL cannot be reached right now; try again shortly")
@@ -153,6 +157,27 @@ def as_problem(exc: Exception) -> ProblemError:
         500, "Internal error",
         "the server failed on this request; the error is logged with its traceback",
     )
+
+
+def _database_refusal(exc: Exception) -> ProblemError | None:
+    """A database error that is an answer, not an outage: a lock timeout, a refused
+    credential or privilege (each would otherwise read "PostgreSQL cannot be reached")."""
+    state = sqlstate(exc)
+    if state is None:
+        return None
+    cause = _first_line(getattr(exc, "orig", exc))
+    if state == LOCK_NOT_AVAILABLE:
+        return ProblemError(503, "Database lock timeout",
+                            f"lock timeout: a database lock was not granted in time ({cause});"
+                            " nothing was changed. Try again; if it persists, a transaction is"
+                            " holding the lock (pg_stat_activity shows which)",
+                            headers={"Retry-After": "5"})
+    if state == CREDENTIAL_REFUSED:
+        return unauthenticated(f"the database refused this request's credential: {cause};"
+                               " sign in again", invalid_token=True)
+    if state == INSUFFICIENT_PRIVILEGE:
+        return ProblemError(403, "Forbidden", f"the database refused the change: {cause}")
+    return None
 
 
 def _first_line(error: object) -> str:

@@ -2,7 +2,11 @@
 confirms it, and only then does the role enter ``app_user.roles``.
 
 The database backs the rule: ``role_grant`` refuses a grant decided by its requester and
-any change to a decided grant (migration 0007).
+any change to a decided grant (migration 0007). The web role can neither write
+``role_grant`` nor change ``app_user.roles``: a request and a decision go through
+``triloop_request_role_grant`` / ``triloop_decide_role_grant``, which take the raw
+credential of the admin acting, check it inside the database and stamp ``requested_by`` /
+``confirmed_by`` from it; only a confirm there adds the role (migration 0020).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from pydantic import BaseModel
+from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from triloop.models import RoleGrant, User
@@ -59,9 +64,17 @@ def split_roles(roles: list[str]) -> tuple[list[str], list[str]]:
             [r for r in roles if r in PRIVILEGED_ROLES])
 
 
-def request_grant(*, session: Session, user_name: str, role: str,
-                  requested_by: str) -> RoleGrant:
-    """A pending grant of a privileged role; refused if held or already pending."""
+_REQUEST_SQL = text("SELECT triloop_request_role_grant(:credential, :user_name, :role)")
+_DECIDE_SQL = text("SELECT triloop_decide_role_grant(:credential, :grant_id, :confirm)")
+
+
+def request_grant(*, session: Session, user_name: str, role: str, requested_by: str,
+                  credential: str | None = None) -> RoleGrant:
+    """A pending grant of a privileged role; refused if held or already pending.
+
+    With ``credential`` (the requesting admin's raw secret) the database stamps
+    ``requested_by``; without it only the owner may insert.
+    """
     if role not in PRIVILEGED_ROLES:
         what = "needs no grant" if role == "ml_engineer" else "is not a role"
         raise GrantError(f"{role!r} {what}; grants are for {', '.join(PRIVILEGED_ROLES)}")
@@ -76,6 +89,13 @@ def request_grant(*, session: Session, user_name: str, role: str,
     if pending is not None:
         raise GrantConflict(f"grant {pending.id} of {role!r} to {user_name!r} is already"
                             f" pending; another admin confirms it")
+    if credential is not None:
+        grant_id = session.execute(_REQUEST_SQL, {"credential": credential,
+                                                  "user_name": user_name, "role": role}
+                                   ).scalar_one()
+        stored = session.get(RoleGrant, str(grant_id))
+        assert stored is not None  # the function just inserted it
+        return stored
     grant = RoleGrant(user_name=user_name, role=role, requested_by=requested_by)
     session.add(grant)
     session.flush()
@@ -87,15 +107,25 @@ def get_grant(*, session: Session, grant_id: str) -> RoleGrant | None:
     return session.get(RoleGrant, grant_id)
 
 
-def decide_grant(*, session: Session, grant_id: str, decided_by: str,
-                 confirm: bool) -> RoleGrant:
-    """Confirm (the role becomes active now) or refuse a pending grant."""
-    grant = session.exec(
-        select(RoleGrant).where(RoleGrant.id == grant_id).with_for_update()).first()
+def decide_grant(*, session: Session, grant_id: str, decided_by: str, confirm: bool,
+                 credential: str | None = None) -> RoleGrant:
+    """Confirm (the role becomes active now) or refuse a pending grant.
+
+    With ``credential`` (the deciding admin's raw secret) the database checks it, stamps
+    ``confirmed_by`` and adds the role; without it only the owner may write.
+    """
+    query = select(RoleGrant).where(RoleGrant.id == grant_id)
+    # The function locks the row itself (the web role may not: FOR UPDATE needs UPDATE).
+    grant = session.exec(query if credential is not None else query.with_for_update()).first()
     if grant is None:
         raise LookupError(f"role grant {grant_id!r} does not exist")
     if grant.status != GrantStatus.pending:
         raise GrantConflict(f"role grant {grant_id} is already {grant.status}")
+    if credential is not None:
+        session.execute(_DECIDE_SQL, {"credential": credential, "grant_id": grant_id,
+                                      "confirm": confirm})
+        session.refresh(grant)
+        return grant
     now = utcnow()
     grant.status = GrantStatus.active if confirm else GrantStatus.refused
     grant.confirmed_by = decided_by

@@ -1,19 +1,24 @@
 """API tokens (data access): issued with an expiry, listed without their hash, revoked.
 
 A token authenticates only while it is unexpired, unrevoked and its person is
-enabled. The web role may insert tokens and set the revocation columns, nothing
-else (migration 0003), so no code path here can extend or re-key a token.
+enabled. The web role may set the revocation columns, nothing else (migration 0003): it
+issues a token only through ``triloop_issue_token``, which checks the raw credential of
+the person asking inside the database (a person issues their own; an admin only the first
+token of a new person), so the web service cannot mint a token for anyone (0020).
+Console sessions are made the same way, by ``triloop_sign_in`` from the person's token.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, Field
+from sqlalchemy import text
 from sqlmodel import Session, col, select
 
-from triloop.models import ApiToken, User
+from triloop.models import ApiToken, ConsoleSession, User
 from triloop.models._columns import utcnow
 from web.auth import hash_token, new_token
 from web.pagination import Page, keyset, page_of
@@ -75,11 +80,32 @@ def public(row: ApiToken, now: datetime | None = None) -> TokenPublic:
     )
 
 
+_ISSUE_SQL = text("SELECT triloop_issue_token(:credential, :user_name, :token_hash, :label,"
+                  " :lifetime_s)")
+_SIGN_IN_SQL = text("SELECT session_id, user_name, token_id, secret"
+                    " FROM triloop_sign_in(:token, :lifetime_s)")
+_SIGN_OUT_SQL = text("SELECT triloop_sign_out(:secret)")
+
+
 def issue_token(
-    *, session: Session, user_name: str, created_by: str, lifetime_s: int, label: str = ""
+    *, session: Session, user_name: str, created_by: str, lifetime_s: int, label: str = "",
+    credential: str | None = None,
 ) -> tuple[ApiToken, str]:
-    """Insert a fresh token for a person; returns the row and the token (store nowhere)."""
-    token, now = new_token(), utcnow()
+    """A fresh token for a person; returns the row and the token (store nowhere).
+
+    ``credential`` is the raw secret of the person asking: the database stamps
+    ``created_by`` from it. Without one the row is inserted directly, which only the owner
+    may do (the server's CLI, ``triloop users token``).
+    """
+    token = new_token()
+    if credential is not None:
+        token_id = session.execute(_ISSUE_SQL, {
+            "credential": credential, "user_name": user_name, "token_hash": hash_token(token),
+            "label": label, "lifetime_s": lifetime_s}).scalar_one()
+        row = session.get(ApiToken, str(token_id))
+        assert row is not None  # the function just inserted it
+        return row, token
+    now = utcnow()
     row = ApiToken(
         user_name=user_name, token_hash=hash_token(token), label=label, created_by=created_by,
         created_at=now, expires_at=now + timedelta(seconds=lifetime_s),
@@ -87,6 +113,37 @@ def issue_token(
     session.add(row)
     session.flush()
     return row, token
+
+
+@dataclass(frozen=True)
+class SignedIn:
+    """A console session the database opened for the person whose token it checked."""
+
+    user_name: str
+    token_id: str
+    secret: str = field(repr=False)
+
+
+def sign_in(*, session: Session, token: str, lifetime_s: int) -> SignedIn:
+    """Open a console session from the person's API token (checked by the database)."""
+    row = session.execute(_SIGN_IN_SQL, {"token": token, "lifetime_s": lifetime_s}).one()
+    return SignedIn(user_name=str(row[1]), token_id=str(row[2]), secret=str(row[3]))
+
+
+def sign_out(*, session: Session, secret: str) -> None:
+    """End the console session whose secret this is."""
+    session.execute(_SIGN_OUT_SQL, {"secret": secret})
+
+
+def live_console_session(*, session: Session, secret: str,
+                         user_name: str) -> ConsoleSession | None:
+    """The open, unexpired console session of this person with this secret, if any."""
+    row = session.exec(select(ConsoleSession).where(
+        ConsoleSession.secret_hash == hash_token(secret),
+        ConsoleSession.user_name == user_name)).first()
+    if row is None or row.ended_at is not None or row.expires_at <= utcnow():
+        return None
+    return row
 
 
 def authenticate(*, session: Session, token: str) -> tuple[User, ApiToken]:

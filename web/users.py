@@ -1,4 +1,9 @@
-"""People (data access; the web role may insert and update users). Tokens: ``web.tokens``."""
+"""People (data access). Tokens: ``web.tokens``.
+
+The web role may insert a person without a privileged role and update only ``disabled``
+and ``last_seen_at``; operator, auditor and admin come from a confirmed grant
+(``web.role_grants``), founding admins from the owner on the server (migration 0020).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,6 @@ from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from triloop.models import User
-from triloop.models._columns import utcnow
 from web import tokens
 from web.pagination import Page, keyset, page_of
 from web.role_grants import RoleGrantPublic
@@ -75,12 +79,13 @@ def check_new_user(name: str, roles: list[str], *, allow_no_role: bool = False) 
 
 def create_user(
     *, session: Session, name: str, roles: list[str], created_by: str, token_lifetime_s: int,
-    allow_no_role: bool = False,
+    allow_no_role: bool = False, credential: str | None = None,
 ) -> tuple[User, str]:
     """Insert a user with a fresh expiring token; returns the user and the token (store nowhere).
 
     ``allow_no_role``: the person starts with no active role because every role they asked
-    for is a pending grant.
+    for is a pending grant. ``credential``: the creating admin's raw secret, which the
+    database checks before it issues the first token (none: the owner, on the server).
     """
     roles = check_new_user(name, roles, allow_no_role=allow_no_role)
     if session.get(User, name) is not None:
@@ -89,7 +94,8 @@ def create_user(
     session.add(user)
     session.flush()
     _, token = tokens.issue_token(session=session, user_name=name, created_by=created_by,
-                                  lifetime_s=token_lifetime_s, label="issued with the user")
+                                  lifetime_s=token_lifetime_s, label="issued with the user",
+                                  credential=credential)
     return user, token
 
 
@@ -120,14 +126,6 @@ def get_user(*, session: Session, name: str) -> User | None:
     if user is None or user.disabled:
         return None
     return user
-
-
-def touch(*, session: Session, name: str) -> None:
-    """Record that a user was seen (sign-in)."""
-    user = session.get(User, name)
-    if user is not None:
-        user.last_seen_at = utcnow()
-        session.add(user)
 
 
 def list_users(*, session: Session, limit: int, cursor: str | None) -> Page[UserPublic]:

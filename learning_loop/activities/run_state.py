@@ -48,7 +48,8 @@ from learning_loop.store import (
     set_run_status,
 )
 from triloop.audit import record_event
-from triloop.decisions import DecisionRefused, audit_refusal, load_decision
+from triloop.db import session_scope
+from triloop.decisions import DecisionRefused, audit_refusal, current_execution, load_decision
 from triloop.models import DecisionKind, EnvironmentVersion, Proposal
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
 from triloop.statuses import Decision, RunStatus
@@ -140,9 +141,10 @@ class RunActivities:
             return ControlDecision(False, f"training run {request.run_id} has no row")
         resource = Resource("training_run", id=request.run_id, owner=run.submitted_by)
         try:
-            with Session(self._engine) as session:
+            with session_scope(self._engine) as session:  # used once, before it acts
                 proven = load_decision(session, decision_id=request.decision_id,
-                                       kind=DecisionKind.RUN_CONTROL, subject=request.run_id)
+                                       kind=DecisionKind.RUN_CONTROL, subject=request.run_id,
+                                       execution=current_execution())
             if proven.decision != request.action:
                 raise DecisionRefused(
                     f"decision {proven.id} asks to {proven.decision}, not to {request.action}")

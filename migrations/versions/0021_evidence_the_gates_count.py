@@ -19,7 +19,7 @@ role may insert there; the database stamps the role; rows never change. The gate
 verifier's verdicts for those episodes, never execution's own ``success``/``total_reward``.
 
 Revision ID: 0021
-Revises: 0019
+Revises: 0020
 Create Date: 2026-12-01
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0021"
-down_revision: str | None = "0019"
+down_revision: str | None = "0020"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -124,9 +124,82 @@ VERIFIER = "triloop_verifier"
 # steps, the task and its pinned environment version.
 VERIFIER_READS = ("rollout_batch", "trajectory", "step", "task", "environment_version",
                   "environment", "verdict")
-AUDIT_FUNCTIONS = ("triloop_audit_head()",
-                   "triloop_audit_append(bigint, timestamptz, jsonb, text, jsonb, text, text,"
-                   " text, jsonb, text, text, text)")
+# It audits a verdict that contradicts execution's row, in one call (0020).
+AUDIT_LOG = "triloop_audit_log(jsonb, text, jsonb, text, text, text, jsonb, text)"
+SERVICE_ROLES = ("triloop_execution", "triloop_learning", "triloop_governance", "triloop_web")
+
+
+def _role_list(roles: Sequence[str]) -> str:
+    return ", ".join(f"'{role}'" for role in roles)
+
+
+def _audit_rules(roles: Sequence[str]) -> str:
+    """0020's rules on who writes which actor, and whose hold on the chain head is ended,
+    for these service roles: each may name only its own service (``triloop_<service>``).
+    A role left out would be judged as the owner is, not at all."""
+    role_list = _role_list(roles)
+    return f"""
+CREATE OR REPLACE FUNCTION triloop_audit_actor_check(p_actor jsonb, p_credential text)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path = public AS $$
+DECLARE
+    service text := p_actor ->> 'service';
+    person text := p_actor ->> 'user';
+    claimed text[];
+BEGIN
+    IF session_user NOT IN ({role_list}) THEN
+        RETURN;  -- the owner (set-up, tests) is not judged here
+    END IF;
+    IF 'triloop_' || coalesce(service, '') <> session_user THEN
+        RAISE EXCEPTION 'database role % writes only its own service''s events, not %',
+            session_user, coalesce(service, '(none)') USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF person IS NULL THEN
+        RETURN;
+    END IF;
+    IF session_user <> 'triloop_web' THEN
+        RAISE EXCEPTION 'only the web service names a person as the actor; % may not name %',
+            session_user, person USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF triloop_person_of(p_credential) IS DISTINCT FROM person THEN
+        RAISE EXCEPTION 'the credential of this request is not %''s', person
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    claimed := ARRAY(SELECT jsonb_array_elements_text(coalesce(p_actor -> 'roles', '[]')));
+    IF NOT claimed <@ (SELECT roles FROM app_user WHERE name = person) THEN
+        RAISE EXCEPTION '% does not hold every role the event names (%)', person, claimed
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END;
+$$;
+REVOKE ALL ON FUNCTION triloop_audit_actor_check(jsonb, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION triloop_audit_end_head_holder() RETURNS void
+LANGUAGE plpgsql SET search_path = public AS $$
+DECLARE
+    locker xid := (SELECT xmax FROM audit_chain_head);
+    holder integer;
+BEGIN
+    SELECT l.pid INTO holder FROM pg_locks l
+        WHERE l.locktype = 'transactionid' AND l.granted AND l.transactionid = locker
+          AND l.pid <> pg_backend_pid();
+    IF holder IS NULL THEN
+        SELECT a.pid INTO holder FROM pg_stat_activity a
+            WHERE a.pid <> pg_backend_pid() AND a.backend_xid IS NOT NULL
+              AND a.usename IN ({role_list})
+              AND a.backend_xid::text::bigint <= locker::text::bigint
+              AND a.xact_start <= clock_timestamp() - interval '5s'
+            ORDER BY a.backend_xid::text::bigint DESC LIMIT 1;
+    END IF;
+    IF holder IS NOT NULL THEN
+        RAISE WARNING 'ending backend %: it held the audit chain head past lock_timeout',
+            holder;
+        PERFORM pg_terminate_backend(holder, 5000);
+    END IF;
+END;
+$$;
+REVOKE ALL ON FUNCTION triloop_audit_end_head_holder() FROM PUBLIC;
+"""
+
 
 VERDICT = """
 CREATE TABLE verdict (
@@ -190,8 +263,9 @@ def _verifier_role() -> None:
     op.execute(f"CREATE POLICY trajectory_verifier_reads ON trajectory FOR SELECT TO {VERIFIER} "
                "USING (true)")
     op.execute("GRANT SELECT ON verdict TO triloop_governance, triloop_web")
-    for function in AUDIT_FUNCTIONS:  # it audits a verdict that contradicts execution's
-        op.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {VERIFIER}")
+    # A service like the others for the audit log: it names only itself (``verifier``).
+    op.execute(_audit_rules((*SERVICE_ROLES, VERIFIER)))
+    op.execute(f"GRANT EXECUTE ON FUNCTION {AUDIT_LOG} TO {VERIFIER}")
 
 
 def upgrade() -> None:
@@ -207,8 +281,8 @@ def downgrade() -> None:
     op.execute("DROP TABLE IF EXISTS verdict")
     op.execute("DROP FUNCTION IF EXISTS triloop_verdict_stamped()")
     op.execute("DROP FUNCTION IF EXISTS triloop_verdict_append_only()")
-    for function in AUDIT_FUNCTIONS:
-        op.execute(f"REVOKE EXECUTE ON FUNCTION {function} FROM {VERIFIER}")
+    op.execute(f"REVOKE EXECUTE ON FUNCTION {AUDIT_LOG} FROM {VERIFIER}")
+    op.execute(_audit_rules(SERVICE_ROLES))
     # The role stays (roles are cluster-wide, as 0002's are): it keeps no grant here.
     op.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {VERIFIER}")
     op.execute(f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {VERIFIER}")

@@ -32,6 +32,7 @@ from tests.factories_web import (
     make_promotion,
     make_user,
 )
+from tests.temporal_helpers import terminate_as_operator
 from triloop.config import Settings
 from triloop.workflow_api import (
     PROMOTION_STATUS_QUERY,
@@ -100,7 +101,7 @@ def test_auditor_sees_no_approve_button_and_a_forged_post_is_refused(
     assert no_csrf.status == 403 and "CSRF" in no_csrf.text()
     loop, _ = governance
     assert loop.run(handle.query(PROMOTION_STATUS_QUERY)) == []
-    loop.run(handle.terminate())
+    loop.run(terminate_as_operator(browser_settings, handle))
 
 
 def test_operator_overrides_a_candidates_alarms_and_an_auditor_only_sees_them(

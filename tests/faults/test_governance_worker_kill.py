@@ -29,7 +29,7 @@ from tests.factories_governance import (
     make_world,
     wait_for,
 )
-from tests.temporal_helpers import own_queues
+from tests.temporal_helpers import own_queues, terminate_as_operator
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
@@ -157,7 +157,7 @@ async def test_killed_worker_resumes_promotion_at_the_same_gate(
                            what="the promotion to pass shadow and canary after the restart")
             assert time.monotonic() - killed_at > 3.0
         finally:
-            await handle.terminate("test over")
+            await terminate_as_operator(test_settings, handle)
             with owner_engine.begin() as conn:
                 conn.execute(text("UPDATE routing SET checkpoint_id = NULL, share = 0 "
                                   "WHERE slot IN ('canary', 'shadow')"))

@@ -135,7 +135,8 @@ def decide(owner_engine: Engine, role_engine: Any) -> Decide:
              comment: str = "checked") -> DecisionRef:
         make_person(owner_engine, user, roles)
         return DecisionRef(record_decision(web, kind="admission", subject=task_id,
-                                           decision=decision, user=user, comment=comment))
+                                           decision=decision, user=user, comment=comment,
+                                           owner=owner_engine))
 
     return make
 

@@ -9,6 +9,7 @@ import typer
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 from typer.testing import CliRunner
 
 from tests.factories import make_checkpoint, make_run, uid
@@ -58,7 +59,8 @@ def test_users_create_makes_only_the_first_admin(
     assert refused.exit_code == 1 and "admins already exist" in refused.output
     wrong_role = CliRunner().invoke(app_cli, ["users", "create", "root", "--role", "operator"])
     assert wrong_role.exit_code == 1 and "founding user is an admin" in wrong_role.output
-    # On an empty database, as the web role: two founding admins, then no third.
+    # On an empty database, as the owner on the server: two founding admins, then no third.
+    # The web role may never write an admin (issue 32, route 4).
     from sqlalchemy.engine import make_url
 
     from triloop.db import engine_for_url, session_scope
@@ -73,17 +75,22 @@ def test_users_create_makes_only_the_first_admin(
     upgrade(owner.set(database=name).render_as_string(hide_password=False))
     web = engine_for_url(make_url(web_settings.role_url("web")).set(database=name)
                          .render_as_string(hide_password=False))
+    server = engine_for_url(owner.set(database=name).render_as_string(hide_password=False))
     lifetime = web_settings.api_token_lifetime_s
-    with session_scope(web) as session:
+    with pytest.raises(DBAPIError, match="only through a confirmed role grant"), \
+            session_scope(web) as session:
+        create_first_admin(session=session, name="root", created_by="test",
+                           token_lifetime_s=lifetime)
+    with session_scope(server) as session:
         user, token = create_first_admin(session=session, name="root", created_by="test",
                                          token_lifetime_s=lifetime)
     assert user.roles == ["admin"] and token
-    with session_scope(web) as session:
+    with session_scope(server) as session:
         second, _ = create_first_admin(session=session, name="root2", created_by="test",
                                        token_lifetime_s=lifetime)
     assert second.roles == ["admin"]
     with pytest.raises(UserError, match="2 admins already exist"), \
-            session_scope(web) as session:
+            session_scope(server) as session:
         create_first_admin(session=session, name="root3", created_by="test",
                            token_lifetime_s=lifetime)
 

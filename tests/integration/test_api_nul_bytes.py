@@ -61,11 +61,12 @@ async def test_a_nul_anywhere_is_refused_and_the_attempt_audited(
 async def test_a_nul_in_a_console_form_is_refused_and_audited(
     api: httpx.AsyncClient, owner_engine: Engine, web_app: Any
 ) -> None:
-    from web.auth import SESSION_COOKIE, ConsoleSession
+    from tests.factories_web import console_cookie
+    from web.auth import SESSION_COOKIE
 
     person = make_user(owner_engine, "operator")
     seeded = make_promotion(owner_engine, submitted_by=make_user(owner_engine, "ml_engineer").name)
-    cookie = web_app.state.services.signer.dump_session(ConsoleSession(person.name, "c1"))
+    cookie = console_cookie(web_app, person, csrf="c1")
     before = len(_rows_of(owner_engine, person.name))
     response = await api.post(
         f"/promotions/{seeded.promotion_id}/approve",

@@ -30,6 +30,7 @@ from tests.factories_web import (
     make_promotion,
     make_user,
 )
+from tests.temporal_helpers import terminate_as_operator
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.workflow_api import (
@@ -207,7 +208,7 @@ async def test_workflow_validator_refusal_is_409(
                               json={"comment": "looks fine"}, headers=people["operator"].headers)
     assert_problem(response, 409, "re-checked by governance")
     assert await handle.query(PROMOTION_STATUS_QUERY) == []
-    await handle.terminate()
+    await terminate_as_operator(web_settings, handle)
 
 
 @pytest.mark.parametrize(("error_type", "status"), [
@@ -228,7 +229,7 @@ async def test_a_refused_update_is_answered_by_its_error_type(
                               json={"comment": "looks fine"}, headers=people["operator"].headers)
     assert_problem(response, status, "the rules say no")
     assert await handle.query(PROMOTION_STATUS_QUERY) == []
-    await handle.terminate()
+    await terminate_as_operator(web_settings, handle)
 
 
 # ---- refusals: none of these reach Temporal (no workflow runs for these promotions) ----
@@ -391,3 +392,33 @@ async def test_override_refusals_never_reach_governance(
         written = conn.execute(text("SELECT count(*) FROM human_decision WHERE subject = ANY(:s)"),
                                {"s": [seeded.promotion_id, others.promotion_id]}).scalar_one()
     assert written == 0
+
+
+async def test_a_refused_override_is_a_refusal_on_the_persons_own_row(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+    governance: Client, web_settings: Settings,
+) -> None:
+    """Issue 32, route 8: the policy allowed the override, governance refused it. The log
+    shows the operator's own ``deny`` with the reason, not an ``allow`` with no outcome."""
+    seeded = _seed(owner_engine, people["engineer"].name, gate="stability")
+    handle = await _start(governance, web_settings, seeded,
+                          submitted_by=ErrorType.DECISION_REFUSED)
+    response = await _decide(api, people["operator"], seeded.promotion_id, "override-alarms",
+                             "the alarms are an artefact")
+    assert_problem(response, 403, "the rules say no")
+    with owner_engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT decision, actor->>'user', payload FROM audit_event WHERE action ="
+            " 'override_alarms' AND resource->>'id' = :p ORDER BY seq"),
+            {"p": seeded.promotion_id}).all()
+    assert [(r[0], r[1]) for r in rows] == [("allow", people["operator"].name),
+                                            ("deny", people["operator"].name)]
+    refusal = rows[1][2]
+    assert refusal["outcome"] == "refused" and "the rules say no" in refusal["reasons"][0]
+    listed = await api.get("/api/audit/events", params={"actor": people["operator"].name},
+                           headers=people["auditor"].headers)
+    assert listed.status_code == 200, listed.text
+    allowed = [e for e in listed.json()["items"] if e["action"] == "override_alarms"
+               and e["decision"] == "allow"]
+    assert allowed and allowed[0]["outcome"] == "refused", allowed
+    await handle.terminate()

@@ -9,7 +9,7 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import Engine, text
 
-from tests.factories_web import Person, add_token, assert_problem, make_user
+from tests.factories_web import Person, add_token, assert_problem, console_cookie, make_user
 from web.auth import SESSION_COOKIE, ConsoleSession, new_token
 
 pytestmark = pytest.mark.integration
@@ -116,10 +116,17 @@ async def test_a_console_session_ends_with_the_token_it_was_opened_with(
     person = make_user(owner_engine, "auditor")
     token = new_token()
     token_id = add_token(owner_engine, person.name, token)
-    signer = web_app.state.services.signer
-    cookie = signer.dump_session(ConsoleSession(user=person.name, csrf="c", token_id=token_id))
+    cookie = console_cookie(web_app, Person(person.name, token))
     headers = {"Cookie": f"{SESSION_COOKIE}={cookie}"}
     assert (await api.get("/api/me", headers=headers)).status_code == 200
+    # The signing key alone makes no session (issue 32, route 4): a cookie without the
+    # secret the database made at sign-in, or with another one, is nobody's.
+    signer = web_app.state.services.signer
+    for secret in (None, "tls_" + "0" * 64):
+        forged = signer.dump_session(ConsoleSession(user=person.name, csrf="c",
+                                                    token_id=token_id, secret=secret))
+        assert_challenge(await api.get("/api/me", headers={"Cookie": f"{SESSION_COOKIE}={forged}"}),
+                         "sign in")
     revoked = await api.post(f"/api/tokens/{token_id}/revoke", headers=_bearer(token))
     assert revoked.status_code == 200
     assert_challenge(await api.get("/api/me", headers=headers), "sign in")

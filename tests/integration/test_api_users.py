@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine, text
 
 from tests.factories import uid
-from tests.factories_web import Person, assert_problem
+from tests.factories_web import Person, assert_problem, console_cookie
 from web.auth import SESSION_COOKIE, ConsoleSession
 
 pytestmark = pytest.mark.integration
@@ -72,7 +72,7 @@ async def test_console_cookie_reads_the_api_but_changes_need_the_csrf_header(
     api: httpx.AsyncClient, people: dict[str, Person], web_app: FastAPI
 ) -> None:
     signer = web_app.state.services.signer
-    cookie = signer.dump_session(ConsoleSession(user=people["auditor"].name, csrf="c-123"))
+    cookie = console_cookie(web_app, people["auditor"], csrf="c-123")
     cookies = {"Cookie": f"{SESSION_COOKIE}={cookie}"}
     me = await api.get("/api/me", headers=cookies)
     assert me.status_code == 200 and me.json()["name"] == people["auditor"].name

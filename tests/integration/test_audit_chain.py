@@ -143,16 +143,14 @@ def test_no_service_role_inserts_directly_or_holds_the_chain_lock(
         assert "permission denied" in str(caught.value.orig)
 
 
-def test_a_role_cannot_claim_another_role_in_its_row(role_engine: Callable[[str], Engine]
-                                                     ) -> None:
+def test_a_role_cannot_claim_another_service_in_its_row(role_engine: Callable[[str], Engine]
+                                                        ) -> None:
     learning = role_engine("learning")
     with pytest.raises(DBAPIError) as caught, learning.begin() as conn:
-        head = conn.execute(text("SELECT seq, hash FROM triloop_audit_head()")).one()
         conn.execute(text(
-            "SELECT triloop_audit_append(:seq, now(), '{\"service\": \"governance\"}',"
-            " 'promote', '{}', 'allow', NULL, NULL, '{}', :prev, :hash, 'triloop_governance')"),
-            {"seq": head[0] + 1, "prev": head[1], "hash": "f" * 64})
-    assert "states the role that wrote it" in str(caught.value.orig)
+            "SELECT triloop_audit_log('{\"service\": \"governance\"}', 'promote', '{}',"
+            " 'allow', NULL, NULL, '{}')"))
+    assert "writes only its own service's events" in str(caught.value.orig)
 
 
 def test_the_old_advisory_lock_no_longer_stalls_appends(
@@ -165,7 +163,7 @@ def test_the_old_advisory_lock_no_longer_stalls_appends(
         holder.execute(text("SELECT pg_advisory_lock(hashtext('triloop.audit_event'))"))
         with session_scope(role_engine("web")) as session:
             session.execute(text("SET LOCAL lock_timeout = '2s'"))
-            append_event(session, actor={"service": "web", "user": "u"}, action="read",
+            append_event(session, actor={"service": "web"}, action="read",
                          resource={"kind": "task"}, decision="allow")
     finally:
         holder.execute(text("SELECT pg_advisory_unlock_all()"))

@@ -43,9 +43,11 @@ async def test_an_allowed_action_that_was_refused_reads_as_refused(
     allowed = next(e for e in events if e["decision"] == "allow")
     assert allowed["outcome"] == "refused" and allowed["outcome_status"] == 409
     assert "decisions need it open" in allowed["outcome_detail"]
-    record = next(e for e in events if e["decision"] == "record")
+    # The refusal is the person's own row: a deny with the reason (issue 32, route 8).
+    record = next(e for e in events if e["decision"] == "deny")
     assert record["decision_id"] == allowed["decision_id"] and record["seq"] > allowed["seq"]
     assert record["payload"]["outcome"] == "refused"
+    assert "decisions need it open" in record["payload"]["reasons"][0]
 
 
 async def test_reads_go_to_an_append_only_access_log(

@@ -15,17 +15,19 @@ import pytest
 from sqlalchemy import Engine, text
 
 from governance_loop.contracts import OfflineEvalInput
-from tests.factories import uid
+from tests.factories import make_task, uid
 from tests.factories_governance import Scene, look_canary, write_episodes
 
 pytestmark = pytest.mark.integration
 
 
 def _request(engine: Engine, scene: Scene, batch_id: str, checkpoint: str, *,
-             requested_by: str = "governance", purpose: str = "eval", episodes: int = 30) -> str:
-    """The batch's row with ``episodes`` planned episodes, as ``engine``'s role records it."""
-    plan = {f"{batch_id}:0:{i}": {"task_id": scene.world.task_ids[0], "seed": 0}
-            for i in range(episodes)}
+             requested_by: str = "governance", purpose: str = "eval", episodes: int = 30,
+             task_id: str | None = None) -> str:
+    """The batch's row with ``episodes`` planned episodes (on ``task_id``, default the eval
+    set's first task), as ``engine``'s role records it."""
+    task = task_id or scene.world.task_ids[0]
+    plan = {f"{batch_id}:0:{i}": {"task_id": task, "seed": 0} for i in range(episodes)}
     with engine.begin() as conn:
         conn.execute(text(
             "INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by, "
@@ -36,11 +38,13 @@ def _request(engine: Engine, scene: Scene, batch_id: str, checkpoint: str, *,
 
 
 def _episodes(engine: Engine, scene: Scene, batch_id: str, checkpoint: str,
-              successes: list[bool], *, first: int = 0, purpose: str = "eval") -> None:
+              successes: list[bool], *, first: int = 0, purpose: str = "eval",
+              task_id: str | None = None) -> None:
     """Planned episodes ``first``, ``first + 1``, ... of the batch."""
     write_episodes(engine, [
         {"id": f"{batch_id}:0:{first + i}", "batch_id": batch_id,
-         "task_id": scene.world.task_ids[0], "checkpoint_id": checkpoint, "purpose": purpose,
+         "task_id": task_id or scene.world.task_ids[0], "checkpoint_id": checkpoint,
+         "purpose": purpose,
          "group_id": f"{batch_id}:0", "success": ok}
         for i, ok in enumerate(successes)], verifier=scene.verifier)
 
@@ -79,9 +83,12 @@ def test_batches_governance_asked_for_are_counted(scene: Scene) -> None:
 def test_a_batch_requested_by_learning_counts_for_nothing(scene: Scene) -> None:
     world = scene.world
     # Learning's training batch of the candidate, all successes, offered as eval evidence.
+    # On a task outside the eval set: training on an eval task is refused outright (0022).
+    trained_on = make_task(scene.owner)
     planted = _request(scene.execution, scene, uid("train-"), world.candidate,
-                       requested_by="learning", purpose="training")
-    _episodes(scene.execution, scene, planted, world.candidate, [True] * 30, purpose="training")
+                       requested_by="learning", purpose="training", task_id=trained_on)
+    _episodes(scene.execution, scene, planted, world.candidate, [True] * 30, purpose="training",
+              task_id=trained_on)
     production = _request(scene.governance, scene, uid("eval-p-"), world.baseline)
     _episodes(scene.execution, scene, production, world.baseline, [False] * 30)
     outcome = _judge(scene, planted, production)

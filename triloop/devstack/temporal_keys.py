@@ -3,11 +3,15 @@
 The real Temporal server checks every call with its default JWT claim mapper and default
 authorizer: a token's ``permissions`` claim lists ``<namespace>:<role>`` entries (role ``read``,
 ``write`` or ``admin``; the namespace ``temporal-system`` stands for the whole cluster),
-and a call that changes a namespace needs ``write`` there. One RSA key per install signs
-the tokens; its private half stays in the operator's secrets folder (never handed to a
-service), its public half is the JWKS file the server reads. Each service gets a token for its own
-loop's namespace only, so the learning worker's credentials cannot start, signal, update,
-terminate or reset a governance workflow: the server refuses them.
+and a call that changes a namespace needs ``write`` there. In front of it, triloop's own
+authorizer (``tools/temporal-server``, keyed on each token's subject) narrows the service
+tokens further: none may reset, terminate or cancel a governance workflow, the web token
+writes only starts, signals and named updates, and none reaches the Nexus HTTP API.
+One RSA key per install signs the tokens; its private half stays in the operator's
+secrets folder (never handed to a service), its public half is the JWKS file the server
+reads. Each service gets a token for its own loop's namespace only, so the learning
+worker's credentials cannot start, signal, update, terminate or reset a governance
+workflow: the server refuses them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from triloop.config import LOOPS, SERVICES, Settings
 from triloop.devstack.secrets import ensure_rsa_key
-from triloop.secrets import temporal_token_name, write_secret
+from triloop.secrets import replace_file, temporal_token_name, write_secret
 
 SIGNING_KEY = "temporal-signing-key"
 ADMIN = "admin"  # the operator's own token: namespaces and Nexus endpoints, never a service's
@@ -48,6 +52,22 @@ def permissions(settings: Settings, holder: str) -> list[str]:
     raise ValueError(f"no Temporal permissions for {holder!r}")
 
 
+def token_subject(holder: str) -> str:
+    """The ``sub`` claim of ``holder``'s token: the server's authorizer keys its rules on it."""
+    return f"triloop-{holder}"
+
+
+def authorizer_policy(settings: Settings) -> dict[str, object]:
+    """Who holds which token, for the server's authorizer (``tools/temporal-server``).
+
+    Its rules are Go; this names the governance namespace and each loop token's own one.
+    The admin token is not listed: the authorizer does not narrow it.
+    """
+    return {"governance_namespace": settings.temporal_namespace("governance"),
+            "loops": {token_subject(loop): settings.temporal_namespace(loop) for loop in LOOPS},
+            "web": token_subject("web")}
+
+
 def ensure_signing_key(secrets_dir: Path) -> rsa.RSAPrivateKey:
     """The install's token signing key, generated the first time."""
     return ensure_rsa_key(secrets_dir, SIGNING_KEY)
@@ -66,7 +86,8 @@ def write_jwks(key: rsa.RSAPrivateKey, path: Path) -> None:
     jwk = {"kty": "RSA", "use": "sig", "alg": "RS256", "kid": key_id(key),
            "n": _b64_uint(numbers.n), "e": _b64_uint(numbers.e)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"keys": [jwk]}))
+    # The server's folder is its OS user's (dev up as root): never write through a link.
+    replace_file(path, json.dumps({"keys": [jwk]}), mode=0o644)
 
 
 def mint_token(key: rsa.RSAPrivateKey, *, subject: str, grants: list[str],
@@ -87,7 +108,7 @@ def ensure_tokens(settings: Settings, jwks_path: Path) -> None:
     key = ensure_signing_key(settings.secrets)
     write_jwks(key, jwks_path)
     for holder in (*SERVICES, ADMIN):
-        token = mint_token(key, subject=f"triloop-{holder}", grants=permissions(settings, holder))
+        token = mint_token(key, subject=token_subject(holder), grants=permissions(settings, holder))
         write_secret(settings.secrets, temporal_token_name(holder), token)
 
 

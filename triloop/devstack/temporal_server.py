@@ -1,12 +1,20 @@
 """The real Temporal server on loopback: SQLite persistence, JWT authorization on.
 
-``bootstrap.sh`` builds the server once per version into the cache (``go install
-go.temporal.io/server/cmd/server``) and links it as ``.triloop/bin/temporal-server``.
+``bootstrap.sh`` builds the server from ``tools/temporal-server`` (the pinned server module
+with triloop's authorizer) into the cache and links it as ``.triloop/bin/temporal-server``.
 This module writes its config, starts it, and provisions what the loops need: one
-namespace per loop and the Nexus endpoints through which loops call each other. The
-server's default claim mapper reads each caller's token (see ``temporal_keys``) and its
-default authorizer allows a call that changes a namespace only with ``write`` there. Internal
-components reach the server through its internal frontend, which needs no token.
+namespace per loop and the Nexus endpoints through which loops call each other.
+
+Who gets in where:
+
+- the public frontend (gRPC): every caller shows a token (see ``temporal_keys``); the
+  default claim mapper reads it, triloop's authorizer narrows the service tokens and the
+  default authorizer then asks for ``write`` in the namespace a call changes;
+- every other port (the internal frontend's gRPC and HTTP, the public HTTP port, history,
+  matching, worker, and each service's ring membership port): mutual TLS with the
+  server's own certificate (``temporal_tls``), which only the server's process holds. The
+  internal frontend grants its callers everything, so that certificate is its lock;
+- no metrics or pprof listener: nothing reads them.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import yaml
@@ -22,6 +30,7 @@ from temporalio.client import Client
 
 from triloop import search_attributes
 from triloop.config import LOOPS, Settings
+from triloop.devstack.accounts import ServiceAccount
 from triloop.devstack.processes import (
     ServiceProcess,
     free_port,
@@ -29,20 +38,26 @@ from triloop.devstack.processes import (
     start_process,
     wait_until,
 )
-from triloop.devstack.temporal_keys import ADMIN, ensure_tokens
+from triloop.devstack.temporal_keys import ADMIN, authorizer_policy, ensure_tokens
+from triloop.devstack.temporal_tls import (
+    InternodeTLS,
+    ensure_internode_tls,
+    internode_tls_config,
+)
 from triloop.nexus_api import ENDPOINT_TARGETS, endpoint_name
 from triloop.temporal import DATA_CONVERTER
 
 SERVER_LOG_LEVEL = "warn"
 NAMESPACE_RETENTION_DAYS = 7
-# The internal frontend is what the server's own components use (no token needed there);
-# the public frontend, the only one a client reaches, checks every token.
+# The internal frontend is what the server's own components use (their certificate, no
+# token); the public frontend, the only one a client reaches, checks every token.
 SERVER_SERVICES = ("frontend", "internal-frontend", "history", "matching", "worker")
 
 
 @dataclass(frozen=True)
 class TemporalPorts:
-    """Every port the server's services bind on 127.0.0.1."""
+    """Every port the server's services bind on 127.0.0.1 (only ``frontend`` takes tokens;
+    every other one asks for the server's certificate)."""
 
     frontend: int
     http: int
@@ -57,7 +72,6 @@ class TemporalPorts:
     matching_membership: int
     worker: int
     worker_membership: int
-    metrics: int
 
     @classmethod
     def from_base(cls, frontend: int) -> TemporalPorts:
@@ -67,13 +81,13 @@ class TemporalPorts:
                    internal_http=frontend + 13,
                    history=frontend + 1, history_membership=frontend - 299,
                    matching=frontend + 2, matching_membership=frontend - 298,
-                   worker=frontend + 6, worker_membership=frontend - 294, metrics=frontend + 20)
+                   worker=frontend + 6, worker_membership=frontend - 294)
 
     @classmethod
     def free(cls, frontend: int | None = None) -> TemporalPorts:
         """Free ports only (tests, benchmarks)."""
         ports: list[int] = [frontend] if frontend else []
-        while len(ports) < 13:  # thirteen distinct ports
+        while len(ports) < len(fields(cls)):  # all distinct
             port = free_port()
             if port not in ports:
                 ports.append(port)
@@ -86,10 +100,12 @@ class TemporalPorts:
         Kept in ``ports.json`` so a restarted server finds its own membership ports again.
         """
         saved = state_dir / "ports.json"
+        known = {f.name for f in fields(cls)}
         if saved.exists():
-            ports = cls(**json.loads(saved.read_text()))
-            if ports.frontend == frontend:
-                return ports
+            recorded = json.loads(saved.read_text())
+            if set(recorded) >= known and recorded["frontend"] == frontend:
+                # An older layout's extra ports (metrics) are no longer bound.
+                return cls(**{name: recorded[name] for name in known})
         ports = cls.from_base(frontend)
         if any(port_in_use(p) for p in asdict(ports).values() if p != frontend):
             ports = cls.free(frontend)
@@ -98,13 +114,29 @@ class TemporalPorts:
         return ports
 
 
-# Refusals say why (an expired token, a missing role) instead of only "unauthorized".
-DYNAMIC_CONFIG = {"frontend.exposeAuthorizerErrors": [{"value": True}]}
+# Headers a workflow may not set on a Nexus request it schedules: the server's defaults,
+# plus the link through which a handler learns its caller (``triloop.nexus_caller``), so
+# that only the server writes it.
+DISALLOWED_NEXUS_HEADERS = [
+    "request-timeout", "xdc-redirection-api", "xdc-redirection-source-cell", "xdc-redirection",
+    "caller-name", "caller-type", "call-initiation", "temporal-principal-type",
+    "temporal-principal-name", "nexus-link",
+]
+DYNAMIC_CONFIG = {
+    # Refusals say why (an expired token, a missing role) instead of only "unauthorized".
+    "frontend.exposeAuthorizerErrors": [{"value": True}],
+    # The ring membership ports speak the same mutual TLS as the services' gRPC ports.
+    "system.enableRingpopTLS": [{"value": True}],
+    # Both of the server's Nexus operation implementations read their own key.
+    "component.nexusoperations.disallowedHeaders": [{"value": DISALLOWED_NEXUS_HEADERS}],
+    "nexusoperation.disallowedHeaders": [{"value": DISALLOWED_NEXUS_HEADERS}],
+}
 
 
 def server_config(*, db_file: Path, jwks: Path, dynamic_config: Path,
-                  ports: TemporalPorts) -> dict[str, object]:
-    """The server's YAML config as a dict: one SQLite file, JWT authorization on."""
+                  ports: TemporalPorts, tls: InternodeTLS) -> dict[str, object]:
+    """The server's YAML config as a dict: one SQLite file, JWT authorization on the public
+    frontend, mutual TLS with the server's own certificate everywhere else."""
     sqlite = {"sql": {
         "pluginName": "sqlite", "databaseName": str(db_file), "connectAddr": "localhost",
         "connectProtocol": "tcp",
@@ -127,8 +159,7 @@ def server_config(*, db_file: Path, jwks: Path, dynamic_config: Path,
                         "numHistoryShards": 1, "datastores": {"sqlite": sqlite}},
         "global": {
             "membership": {"maxJoinDuration": "30s", "broadcastAddress": "127.0.0.1"},
-            "metrics": {"prometheus": {"framework": "tally", "timerType": "histogram",
-                                       "listenAddress": f"127.0.0.1:{ports.metrics}"}},
+            "tls": internode_tls_config(tls),
             "authorization": {
                 "authorizer": "default", "claimMapper": "default",
                 "jwtKeyProvider": {"keySourceURIs": [jwks.resolve().as_uri()],
@@ -164,26 +195,41 @@ def start_temporal_server(
     log_dir: Path,
     binary: str,
     name: str = "temporal",
+    account: ServiceAccount | None = None,
 ) -> ServiceProcess:
-    """Write keys, tokens and config under ``state_dir``, start the server, wait for it."""
+    """Write keys, tokens, the server's certificate and config under ``state_dir``, start
+    the server, wait for it.
+
+    With ``account`` the server runs as that user, who is then given ``state_dir`` (its
+    certificate's folder included).
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
     jwks = state_dir / "jwks.json"
     ensure_tokens(settings, jwks)
+    tls = ensure_internode_tls(internode_secrets(state_dir))
     dynamic = state_dir / "dynamic-config.yaml"
     dynamic.write_text(yaml.safe_dump(DYNAMIC_CONFIG))
+    policy_file = state_dir / "authorization.json"
+    policy_file.write_text(json.dumps(authorizer_policy(settings), indent=2))
     config_file = state_dir / "config.yaml"
     config_file.write_text(yaml.safe_dump(server_config(
-        db_file=state_dir / "temporal.db", jwks=jwks, dynamic_config=dynamic, ports=ports),
-        sort_keys=False))
-    argv = [binary, "--config-file", str(config_file), "--allow-no-auth", "start"]
+        db_file=state_dir / "temporal.db", jwks=jwks, dynamic_config=dynamic, ports=ports,
+        tls=tls), sort_keys=False))
+    argv = [binary, "--config-file", str(config_file), "--policy-file", str(policy_file)]
     for service in SERVER_SERVICES:
         argv += ["--service", service]
-    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir)
+    proc = start_process(name, argv, run_dir=run_dir, log_dir=log_dir, account=account,
+                         owns=(state_dir,))
     from triloop.devstack.servers import _alive, _tcp_open
 
     wait_until(lambda: _tcp_open(ports.frontend), name=name, log_path=proc.log_path,
                timeout_s=90, alive=lambda: _alive(proc))
     return proc
+
+
+def internode_secrets(state_dir: Path) -> Path:
+    """The server's own secrets folder: its certificate and key, nobody else's."""
+    return state_dir / "secrets"
 
 
 def provision(settings: Settings, *, timeout_s: float = 60.0) -> list[str]:

@@ -1,7 +1,7 @@
 """All tables; importing this module registers them on ``SQLModel.metadata``."""
 
 from triloop.models.audit import AccessEvent, AuditEvent
-from triloop.models.decisions import DecisionKind, HumanDecisionRow
+from triloop.models.decisions import DecisionKind, DecisionUse, HumanDecisionRow
 from triloop.models.environments import Environment, EnvironmentVersion, Task
 from triloop.models.evaluation import EvalItem, EvalSet, Threshold
 from triloop.models.governance import (
@@ -20,7 +20,7 @@ from triloop.models.trajectories import (
     TrajectorySequence,
     Verdict,
 )
-from triloop.models.users import ApiToken, RoleGrant, User
+from triloop.models.users import ApiToken, ConsoleSession, RoleGrant, User
 
 __all__ = [
     "ApiToken",
@@ -28,7 +28,9 @@ __all__ = [
     "AccessEvent",
     "AuditEvent",
     "Checkpoint",
+    "ConsoleSession",
     "DecisionKind",
+    "DecisionUse",
     "Deployment",
     "DeploymentHistory",
     "Environment",

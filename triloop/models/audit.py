@@ -30,6 +30,9 @@ class AuditEvent(SQLModel, table=True):
     hash: str = Field(sa_column=Column(Text, nullable=False, unique=True))
     db_role: str | None = Field(default=None, description="the database role that wrote it"
                                 " (stated by the database; NULL before it was recorded)")
+    hashed_in_db: bool = Field(default=False, description="PostgreSQL computed the hash from"
+                               " the row as stored (migration 0020); older rows were hashed by"
+                               " their writer")
 
 
 class AccessEvent(SQLModel, table=True):

@@ -18,7 +18,7 @@ from sqlmodel import Field, SQLModel
 from triloop.models._columns import created_at_field, json_field, new_id
 from triloop.statuses import DecisionKind
 
-__all__ = ["WEB_ROLE", "DecisionKind", "HumanDecisionRow"]
+__all__ = ["WEB_ROLE", "DecisionKind", "DecisionUse", "HumanDecisionRow"]
 
 WEB_ROLE = "triloop_web"
 
@@ -41,3 +41,18 @@ class HumanDecisionRow(SQLModel, table=True):
         description="the database role that inserted the row (set by the database)",
     )
     created_at: datetime = created_at_field()
+
+
+class DecisionUse(SQLModel, table=True):
+    """A decision carried out: one row per decision (migration 0020), written by the loop
+    that proved it, naming the activity execution that used it. A second use is refused."""
+
+    __tablename__ = "decision_use"
+    decision_id: str = Field(foreign_key="human_decision.id", primary_key=True)
+    used_by: str = Field(
+        default=None,
+        sa_column=Column(Text, nullable=False, server_default=text("current_user")),
+        description="the database role that used it (set by the database)",
+    )
+    execution: str = Field(description="workflow run and activity that carried it out")
+    used_at: datetime = created_at_field()

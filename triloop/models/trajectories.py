@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, Float, Text, text
+from sqlalchemy import ARRAY, Column, Float, Text, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
@@ -104,6 +104,10 @@ class RolloutBatch(SQLModel, table=True):
     # and the gates count (``triloop.episode_plan``). None only on rows from before plans.
     planned_episodes: dict[str, Any] | None = Field(
         default=None, sa_column=Column(JSONB, nullable=True))
+    task_ids: list[str] | None = Field(
+        default=None, sa_column=Column(ARRAY(Text), nullable=True),
+        description="the tasks the batch was asked for (None: not recorded, as before 0022);"
+                    " a training batch on a held-out task is refused")
     recorded_by: str = Field(
         default=None,
         sa_column=Column(Text, nullable=False, server_default=text("current_user")),

@@ -40,6 +40,21 @@ class ApiToken(SQLModel, table=True):
     revoked_by: str | None = None
 
 
+class ConsoleSession(SQLModel, table=True):
+    """One console sign-in: the sha256 of a secret the database made once it checked the
+    person's API token (``triloop_sign_in``, migration 0020). The web role may read it,
+    never write it, so it cannot open a session for anyone who did not sign in."""
+
+    __tablename__ = "console_session"
+    id: str = Field(primary_key=True)
+    user_name: str = Field(foreign_key="app_user.name", index=True)
+    token_id: str = Field(foreign_key="api_token.id")
+    secret_hash: str = Field(unique=True, description="sha256 of the session's secret")
+    created_at: datetime = created_at_field()
+    expires_at: datetime = timestamp_field(nullable=False)
+    ended_at: datetime | None = timestamp_field()
+
+
 class RoleGrant(SQLModel, table=True):
     """A privileged role asked for by one admin; it is active only once another confirms.
 

@@ -14,6 +14,9 @@ class Actor:
     service: str
     user: str | None = None
     roles: tuple[str, ...] = ()
+    credential: str | None = field(default=None, repr=False, compare=False)
+    """The raw secret the person presented with this request (web only): never sent to the
+    policy nor stored; the database checks it when an audit row names the person."""
 
     def to_input(self) -> dict[str, Any]:
         """The ``actor`` object of the policy input."""

@@ -31,7 +31,8 @@ async def request_role(
     await guard("create", "role_grant", attrs={"user": name, "role": body.role})
     try:
         grant = await db.write(role_grants.request_grant, user_name=name, role=body.role,
-                               requested_by=guard.principal.name)
+                               requested_by=guard.principal.name,
+                               credential=guard.principal.credential)
     except LookupError as exc:
         raise not_found("user", name) from exc
     except GrantConflict as exc:
@@ -52,7 +53,8 @@ async def _decide(grant_id: str, action: str, guard: AuthorizeDep,
         "requested_by": grant.requested_by, "user": grant.user_name, "role": grant.role})
     try:
         decided = await db.write(role_grants.decide_grant, grant_id=grant_id,
-                                 decided_by=guard.principal.name, confirm=action == "confirm")
+                                 decided_by=guard.principal.name, confirm=action == "confirm",
+                                 credential=guard.principal.credential)
     except GrantConflict as exc:
         raise conflict(str(exc)) from exc
     return role_grants.public(decided)

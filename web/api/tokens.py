@@ -31,9 +31,10 @@ async def list_tokens(
     return await db.read(tokens.list_tokens, limit=limit, cursor=cursor, user_name=owner)
 
 
-def _issue(*, session: Session, user_name: str, lifetime_s: int, label: str) -> TokenIssued:
+def _issue(*, session: Session, user_name: str, lifetime_s: int, label: str,
+           credential: str | None) -> TokenIssued:
     row, token = tokens.issue_token(session=session, user_name=user_name, created_by=user_name,
-                                    lifetime_s=lifetime_s, label=label)
+                                    lifetime_s=lifetime_s, label=label, credential=credential)
     return TokenIssued(**tokens.public(row).model_dump(), token=token)
 
 
@@ -46,7 +47,8 @@ async def issue_token(
     longest = services.settings.api_token_lifetime_s
     lifetime = min(body.lifetime_s or longest, longest)
     await guard("create", "api_token", owner=me, attrs={"lifetime_s": lifetime})
-    return await db.write(_issue, user_name=me, lifetime_s=lifetime, label=body.label)
+    return await db.write(_issue, user_name=me, lifetime_s=lifetime, label=body.label,
+                          credential=guard.principal.credential)
 
 
 @router.post("/{token_id}/revoke", response_model=TokenPublic)

@@ -35,15 +35,17 @@ async def list_users(
 
 
 def _create(
-    *, session: Session, body: UserCreate, created_by: str, token_lifetime_s: int
+    *, session: Session, body: UserCreate, created_by: str, token_lifetime_s: int,
+    credential: str | None,
 ) -> UserCreated:
     roles = users.check_new_user(body.name, body.roles)
     active, privileged = role_grants.split_roles(roles)
     user, token = users.create_user(session=session, name=body.name, roles=active,
                                     created_by=created_by, token_lifetime_s=token_lifetime_s,
-                                    allow_no_role=bool(privileged))
+                                    allow_no_role=bool(privileged), credential=credential)
     pending = [role_grants.request_grant(session=session, user_name=user.name, role=role,
-                                         requested_by=created_by) for role in privileged]
+                                         requested_by=created_by, credential=credential)
+               for role in privileged]
     return UserCreated(**users.public(user).model_dump(), token=token,
                        pending_grants=[role_grants.public(g) for g in pending])
 
@@ -58,7 +60,8 @@ async def create_user(
         await guard("create", "role_grant", attrs={"user": body.name, "role": role})
     try:
         return await db.write(_create, body=body, created_by=guard.principal.name,
-                              token_lifetime_s=services.settings.api_token_lifetime_s)
+                              token_lifetime_s=services.settings.api_token_lifetime_s,
+                              credential=guard.principal.credential)
     except UserError as exc:
         if "already exists" in str(exc):
             raise ProblemError(409, "Conflict", str(exc)) from exc

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from web import actions
+from web import actions, tokens
 from web.auth import (
     LOGIN_CSRF_COOKIE,
     SESSION_COOKIE,
@@ -30,7 +30,6 @@ from web.pagination import CursorParam
 from web.problems import ProblemError, not_found
 from web.request_fields import field_with_nul
 from web.tokens import TokenRefused
-from web.users import touch
 
 router = APIRouter(include_in_schema=False)
 
@@ -60,12 +59,16 @@ async def login(
     csrf_token: Annotated[str, Form(max_length=200)] = "",
     next: Annotated[str, Form(max_length=500)] = "/",
 ) -> Response:
-    """Check the token and set the signed session cookie."""
+    """Check the token, have the database open a console session, set the signed cookie.
+
+    The session's secret comes from ``triloop_sign_in``, which checks the token itself: the
+    cookie-signing key alone cannot make a session that records decisions for anyone.
+    """
     expected = services.signer.load_login_csrf(request.cookies.get(LOGIN_CSRF_COOKIE))
     if not same_secret(csrf_token, expected):
         raise ProblemError(403, "Forbidden", "the sign-in form expired; reload it and try again")
     try:
-        principal = await db.read(principal_for_token, token=token.strip())
+        await db.read(principal_for_token, token=token.strip())  # its refusal says why
     except TokenRefused as refused:
         fresh = new_csrf_token()
         response = page(request, "login.html", None, status_code=401, title="Sign in",
@@ -75,9 +78,10 @@ async def login(
         response.set_cookie(LOGIN_CSRF_COOKIE, services.signer.dump_login_csrf(fresh),
                             max_age=3600, httponly=True, samesite="strict")
         return response
-    await db.write(touch, name=principal.name)
-    session = ConsoleSession(user=principal.name, csrf=new_csrf_token(),
-                             token_id=principal.token_id)
+    opened = await db.write(tokens.sign_in, token=token.strip(),
+                            lifetime_s=services.signer.session_max_age_s)
+    session = ConsoleSession(user=opened.user_name, csrf=new_csrf_token(),
+                             token_id=opened.token_id, secret=opened.secret)
     signed_in = RedirectResponse(_safe_next(next), status_code=303)
     signed_in.set_cookie(SESSION_COOKIE, services.signer.dump_session(session),
                         max_age=services.signer.session_max_age_s, httponly=True, samesite="lax",
@@ -87,8 +91,10 @@ async def login(
 
 
 @router.post("/logout")
-async def logout(request: Request, _: CsrfChecked) -> Response:
-    """Forget the session."""
+async def logout(request: Request, checked: CsrfChecked, db: SessionDep) -> Response:
+    """End the session in the database and forget the cookie."""
+    if checked.credential is not None and checked.csrf is not None:  # a console session's
+        await db.write(tokens.sign_out, secret=checked.credential)
     response = redirect(request, "/login", notice=("info", "You are signed out."))
     response.delete_cookie(SESSION_COOKIE)
     return response

@@ -117,7 +117,7 @@ def with_outcomes(session: Session, events: list[AuditEventPublic]) -> list[Audi
     outcomes = {
         row.decision_id: row.payload for row in session.exec(
             select(AuditEvent).where(col(AuditEvent.decision_id).in_(ids),
-                                     AuditEvent.decision == "record"))
+                                     col(AuditEvent.decision).in_(("record", "deny"))))
         if isinstance(row.payload, dict) and "outcome" in row.payload
     }
     return [

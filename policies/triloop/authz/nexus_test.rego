@@ -7,7 +7,8 @@ serve(server, operation, caller, purpose) := {
 }
 
 test_learning_asks_execution_for_training_rollouts if {
-	allowed(serve("execution", "run_rollouts", "learning", "training"))
+	request := serve("execution", "run_rollouts", "learning", "training")
+	allowed(json.patch(request, [{"op": "add", "path": "/resource/attrs/held_out_conflicts", "value": []}]))
 }
 
 test_governance_asks_execution_for_gate_batches if {
