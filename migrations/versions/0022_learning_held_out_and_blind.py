@@ -83,10 +83,10 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public AS $$
     ORDER BY 1, 2, 5
 $$;
 REVOKE ALL ON FUNCTION triloop_held_out_conflicts(text[]) FROM PUBLIC;
--- The roles that insert rollout batches; never learning, which would learn from it which
--- tasks are held out.
+-- The roles that insert rollout batches (governance its own since 0021); never learning,
+-- which would learn from it which tasks are held out.
 GRANT EXECUTE ON FUNCTION triloop_held_out_conflicts(text[]) TO triloop_execution,
-    triloop_web;
+    triloop_web, triloop_governance;
 
 -- Raise naming every conflict of these tasks, if any (the caller's statement fails).
 CREATE OR REPLACE FUNCTION triloop_refuse_held_out(p_what text, p_tasks text[])
@@ -107,7 +107,7 @@ END;
 $$;
 REVOKE ALL ON FUNCTION triloop_refuse_held_out(text, text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION triloop_refuse_held_out(text, text[]) TO triloop_execution,
-    triloop_web;
+    triloop_web, triloop_governance;
 
 CREATE OR REPLACE FUNCTION triloop_rollout_batch_held_out() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -21,7 +21,7 @@ from sqlmodel import Session
 from execution_loop.batches import BatchConflict, check_requested_batch
 from governance_loop import store
 from governance_loop.gate_windows import requested_batch_outcomes
-from tests.factories import uid
+from tests.factories import make_task, uid
 from tests.factories_governance import Scene, write_episodes
 from triloop.episode_plan import planned_episodes
 from triloop.workflow_api import RolloutBatchInput, RolloutItem
@@ -123,10 +123,11 @@ def test_the_handler_takes_governance_request_only_against_governance_own_row(
 
 def test_only_the_verifier_writes_verdicts(scene: Scene, role_engine: Any) -> None:
     # A training episode: the running verifier judges none, so this test writes its verdict.
+    # On a task of its own: training on the eval set's is refused (0022).
     batch_id = uid("train-")
     episode_id = f"{batch_id}:0:0"
     write_episodes(scene.execution, [{
-        "id": episode_id, "batch_id": batch_id, "task_id": scene.world.task_ids[0],
+        "id": episode_id, "batch_id": batch_id, "task_id": make_task(scene.owner),
         "checkpoint_id": scene.world.candidate, "purpose": "training",
         "group_id": f"{batch_id}:0", "success": False}], requester=scene.owner)
     verdict = ("INSERT INTO verdict (trajectory_id, batch_id, success, total_reward, agrees) "
