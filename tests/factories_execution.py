@@ -105,8 +105,10 @@ def register_checkpoint_dir(
 
     ckpt = checkpoint_id or safetensors_digest(model_dir)
     stored = model_dir if checkpoint_id else content_addressed(model_dir, ckpt)
+    # A root as the learner registers it (``learning_loop.store.register_root``): its own
+    # base, so a training run that later starts from these weights finds the same row.
     _insert_once(
-        engine, "checkpoint", "id", id=ckpt, base_model="tiny",
+        engine, "checkpoint", "id", id=ckpt, base_model="tiny" if checkpoint_id else ckpt,
         artifact_uri=stored.resolve().as_uri(), created_by="learning", data={},
     )
     return ckpt
