@@ -71,7 +71,8 @@ async def admit(settings: Settings, owner: Engine, governance: Engine, web: Engi
         assert status.admissible, status.reasons
         make_person(owner, "byo-operator", ["operator"])
         decision = record_decision(web, kind="admission", subject=task_id, decision="approve",
-                                   user="byo-operator", comment="evidence checked")
+                                   user="byo-operator", comment="evidence checked",
+                                   owner=owner)
         await handle.execute_update(ADMISSION_DECIDE_UPDATE, DecisionRef(decision))
         result: AdmissionResult = await handle.result()
     return result

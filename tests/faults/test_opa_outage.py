@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from execution_loop.worker import build_worker
+from tests.factories import make_person, person_token
 from tests.factories_execution import make_builtin_task, register_checkpoint_dir, request_batch
 from tests.faults.conftest import (
     assert_each_episode_whole_and_once,
@@ -57,8 +58,12 @@ DUTY_ATTRS = {"submitted_by": "fault-ml", "audited_by": "fault-auditor",
               "approved_by": "fault-operator", "rollback_target": "ckpt-prev"}
 
 
-def privileged_actions() -> list[tuple[Actor, str, Resource]]:
-    """Every non-read action the policy's own tables grant a service or a human role."""
+def privileged_actions(owner: Engine) -> list[tuple[Actor, str, Resource]]:
+    """Every non-read action the policy's own tables grant a service or a human role.
+
+    Each human role is a real person with a live token: the audit log names a person only
+    with the credential they presented (issue 32, route 8).
+    """
     def table(name: str) -> dict[str, Any]:
         # Read from the Rego files with `opa eval`: the server answers decisions only.
         out = subprocess.run(
@@ -74,7 +79,9 @@ def privileged_actions() -> list[tuple[Actor, str, Resource]]:
                                                                  attrs=DUTY_ATTRS))
                       for action in actions if action != "read"]
     for role, kinds in table("role_grants").items():
-        person = Actor(service="web", user=f"fault-{role}", roles=(role,))
+        name = make_person(owner, f"fault-{role}", [role])
+        person = Actor(service="web", user=name, roles=(role,),
+                       credential=person_token(owner, name))
         for kind, actions in kinds.items():
             found += [(person, action, Resource(kind, f"fault-{kind}", owner=person.user,
                                                 attrs=DUTY_ATTRS)) for action in actions]
@@ -123,7 +130,7 @@ async def test_opa_outage_denies_every_privileged_action_then_work_resumes(
 ) -> None:
     opa = restartable_opa
     test_settings = own_queues(settings, opa_url=opa.address)
-    requests = privileged_actions()
+    requests = privileged_actions(owner_engine)
     by_service = authorizers(test_settings)
     granted = [r for r in requests if allowed(by_service, r)]
     # The policy grants each loop its own writes: a broken table would make this test moot.

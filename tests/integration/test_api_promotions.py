@@ -421,4 +421,4 @@ async def test_a_refused_override_is_a_refusal_on_the_persons_own_row(
     allowed = [e for e in listed.json()["items"] if e["action"] == "override_alarms"
                and e["decision"] == "allow"]
     assert allowed and allowed[0]["outcome"] == "refused", allowed
-    await handle.terminate()
+    await terminate_as_operator(web_settings, handle)

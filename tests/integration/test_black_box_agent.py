@@ -91,7 +91,7 @@ async def admit(settings: Settings, owner: Engine, gov: Engine, web: Engine,
         make_person(owner, "olive", ["operator"])
         decision = DecisionRef(record_decision(web, kind="admission", subject=task_id,
                                                decision="approve", user="olive",
-                                               comment="probe evidence checked"))
+                                               comment="probe evidence checked", owner=owner))
         await handle.execute_update(ADMISSION_DECIDE_UPDATE, decision)
         result: AdmissionResult = await asyncio.wait_for(handle.result(), 60)
     return result
