@@ -20,8 +20,8 @@ demo: bootstrap
 	@$(PY) -m scripts.demo
 
 lint: bootstrap
-	@echo "== ruff"; .venv/bin/ruff check triloop execution_loop learning_loop governance_loop web tests bench scripts migrations
-	@echo "== mypy (strict)"; .venv/bin/mypy triloop execution_loop learning_loop governance_loop web bench
+	@echo "== ruff"; .venv/bin/ruff check triloop execution_loop learning_loop governance_loop web verifier tests bench scripts migrations
+	@echo "== mypy (strict)"; .venv/bin/mypy triloop execution_loop learning_loop governance_loop web verifier bench
 	@echo "== import-linter"; .venv/bin/lint-imports --no-cache
 
 policy-test: bootstrap

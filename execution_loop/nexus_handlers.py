@@ -5,10 +5,11 @@ execution service's own token, whether that loop may ask for this purpose (learn
 training batches only; governance: eval, shadow, canary and probe batches, and admission
 probes). A training batch's request also carries, read from PostgreSQL, each of its
 tasks that is held out (in a frozen eval set or in production traffic): the policy refuses
-any, and the refusal is audited. A batch's ``rollout_batch`` row then records who asked
-and for which tasks (the database refuses a held-out training task again). Then it starts
-the workflow here, in the execution namespace, under the execution worker's identity; the
-caller's workflow receives the result when it ends.
+any, and the refusal is audited. A batch's ``rollout_batch`` row then says who asked:
+this handler records learning's, with its planned episodes and its tasks (the database
+refuses a held-out training task again), and checks the one governance recorded for
+itself. Then it starts the workflow here, in the execution namespace, under the execution
+worker's identity; the caller's workflow receives the result when it ends.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from temporalio import nexus
 from execution_loop.batches import (
     BatchConflict,
     batch_tasks,
-    record_requested_batch,
     training_conflicts,
+    vouch_for_batch,
 )
 from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
 from triloop import search_attributes
@@ -53,14 +54,15 @@ class ExecutionNexusHandlers:
     ) -> nexus.WorkflowHandle[RolloutBatchResult]:
         """A batch of episodes; its purpose decides who may ask for it.
 
-        The batch's row names the caller as its requester before any episode runs, so
-        every trajectory it stores is vouched for by the database.
+        Before any episode runs, the batch's row must name the caller as its requester
+        with this plan: learning's is recorded here (the request this handler received),
+        any other caller's is the row it recorded itself, which this handler only checks.
         """
         caller = await self._check.admit(ctx, purpose=batch.purpose,
                                          attrs=await self._batch_facts(batch))
         try:
-            await asyncio.to_thread(record_requested_batch, engine=self._engine, batch=batch,
-                                    requested_by=caller)
+            await asyncio.to_thread(vouch_for_batch, engine=self._engine, batch=batch,
+                                    caller=caller)
         except BatchConflict as conflict:
             raise nexusrpc.HandlerError(str(conflict), type=nexusrpc.HandlerErrorType.BAD_REQUEST,
                                         retryable_override=False) from conflict

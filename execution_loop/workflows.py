@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         RouteInput,
         TruncateInput,
     )
+    from triloop.episode_plan import planned_episodes
     from triloop.statuses import EpisodeStatus, Purpose
     from triloop.workflow_api import (
         ADMISSION_PROBE_WORKFLOW,
@@ -52,7 +53,6 @@ with workflow.unsafe.imports_passed_through():
         AdmissionProbeInput,
         RolloutBatchInput,
         RolloutBatchResult,
-        continuation_episode_id,
     )
 
 # Batches started since this marker run a group's episodes in one activity (histories
@@ -80,27 +80,15 @@ def episode_groups(specs: list[EpisodeSpec], max_concurrency: int) -> list[list[
 
 
 def plan_episodes(batch: RolloutBatchInput, checkpoint_id: str) -> list[EpisodeSpec]:
-    """Every episode of the batch with its deterministic id (pure)."""
+    """Every episode of the batch with its deterministic id (pure): the plan the batch's
+    requester recorded (``triloop.episode_plan``), served by ``checkpoint_id``."""
     return [
         EpisodeSpec(
-            episode_id=f"{batch.batch_id}:{index}:{sample}",
-            task_id=item.task_id,
-            task_seed=item.seed,
-            group_id=f"{batch.batch_id}:{index}",
-            sample_index=sample,
-            checkpoint_id=checkpoint_id,
-            purpose=batch.purpose,
+            episode_id=planned.episode_id, task_id=planned.task_id, task_seed=planned.seed,
+            group_id=planned.group_id, sample_index=planned.sample_index,
+            checkpoint_id=checkpoint_id, purpose=batch.purpose, continues=planned.continues,
         )
-        for index, item in enumerate(batch.items)
-        for sample in range(item.group_size)
-    ] + [
-        EpisodeSpec(
-            episode_id=continuation_episode_id(batch.batch_id, position, episode),
-            task_id=episode.task_id, task_seed=episode.seed, group_id=episode.group_id,
-            sample_index=episode.sample_index, checkpoint_id=checkpoint_id,
-            purpose=batch.purpose, continues=episode.prior_episode_id,
-        )
-        for position, episode in enumerate(batch.continue_episodes)
+        for planned in planned_episodes(batch)
     ]
 
 

@@ -24,6 +24,7 @@ from triloop.workflow_api import (
     GovernanceWriteResult,
     RollbackInput,
     RollbackResult,
+    RolloutBatchInput,
     RolloutItem,
     StabilityAlarm,
 )
@@ -300,6 +301,9 @@ MARK_PROMOTION: ActivityContract[MarkPromotion, None] = _quick(
     "mark_promotion", MarkPromotion, type(None))
 RECORD_GATE: ActivityContract[GateRecord, GateOutcome] = _quick(
     "record_gate", GateRecord, GateOutcome)
+# Governance's own row for an eval batch, planned episodes included, before it asks for it.
+RECORD_ROLLOUT_BATCH: ActivityContract[RolloutBatchInput, None] = ActivityContract(
+    "governance.record_rollout_batch", RolloutBatchInput, type(None), QUICK, RETRY)
 DECIDE_OFFLINE_EVAL: ActivityContract[OfflineEvalInput, GateOutcome] = _quick(
     "decide_offline_eval", OfflineEvalInput, GateOutcome)
 SET_ROUTING: ActivityContract[RoutingRequest, RoutingChange] = _quick(

@@ -1,4 +1,8 @@
-"""Episode reads for the gates: rows the execution loop wrote, never written here.
+"""Episode reads for the gates: rows the execution loop and the verifier wrote, never here.
+
+Every gate counts the verifier's verdicts (``verdict``, written by ``triloop_verifier``), not
+the execution loop's own ``success``/``total_reward``; a window gate's counts hold only the
+episodes the verifier has judged so far, and offline eval waits until it has judged all.
 
 Episodes served while an operator's fault was injected carry ``outcome.injected_fault``.
 Every count can leave them out (``clean=True``) and ``fault_summary`` names the faults in
@@ -16,7 +20,7 @@ from sqlalchemy import text
 from sqlmodel import Session
 
 from triloop.models import RolloutBatch
-from triloop.production_traffic import SHADOW_PAIRS_FROM
+from triloop.production_traffic import SHADOW_PAIRS_FROM, VERIFIER_ROLE, judged
 from triloop.production_traffic import requested_traffic as _requested_traffic
 from triloop.statuses import Purpose
 
@@ -64,8 +68,12 @@ def requested_batch_outcomes(
     """Outcomes of a batch governance asked for, counting only what it asked for.
 
     The batch's ``rollout_batch`` row must say governance requested it, for this purpose
-    and checkpoint; otherwise nothing in it counts. Episodes a different checkpoint served
-    never count. Each such finding is a problem the gate reports (and audits).
+    and checkpoint; otherwise nothing in it counts. Only the episodes it planned count
+    (the database refuses the execution role any other); episodes a different checkpoint
+    served never count. Each such finding is a problem the gate reports (and audits).
+    Success and reward are the verifier's verdict (``verdict``, written by its own role),
+    never the execution loop's row; an episode without one is not counted (offline eval
+    waits for them first: ``unjudged_episodes``).
     """
     batch = session.get(RolloutBatch, batch_id)
     if batch is None:
@@ -76,17 +84,52 @@ def requested_batch_outcomes(
             f"batch {batch_id} was requested by {batch.requested_by} for {batch.purpose} of "
             f"{batch.checkpoint_id}, not by governance for {purpose} of {checkpoint_id}"])
     rows = session.execute(
-        text("SELECT success, total_reward, checkpoint_id FROM trajectory "
-             "WHERE batch_id = :b AND purpose <> 'shadow' ORDER BY id"),
+        text("SELECT v.success, v.total_reward, t.checkpoint_id, "
+             "coalesce(b.planned_episodes ? t.id, false), v.trajectory_id IS NOT NULL "
+             "FROM trajectory t JOIN rollout_batch b ON b.id = t.batch_id "
+             f"LEFT JOIN verdict v ON v.trajectory_id = t.id AND v.recorded_by = '{VERIFIER_ROLE}' "
+             "WHERE t.batch_id = :b AND t.purpose <> 'shadow' ORDER BY t.id"),
         {"b": batch_id},
     ).all()
-    counted = [r for r in rows if r[2] == checkpoint_id]
+    planned = [r for r in rows if r[3]]
+    served = [r for r in planned if r[2] == checkpoint_id]
+    counted = [r for r in served if r[4]]
     problems = []
-    if len(counted) < len(rows):
-        problems.append(f"{len(rows) - len(counted)} episodes of batch {batch_id} were served "
+    if len(planned) < len(rows):
+        problems.append(f"{len(rows) - len(planned)} episodes of batch {batch_id} are not "
+                        "among the episodes it planned; not counted")
+    if len(served) < len(planned):
+        problems.append(f"{len(planned) - len(served)} episodes of batch {batch_id} were served "
                         f"by another checkpoint than {checkpoint_id}; not counted")
     return BoundOutcomes(Outcomes([bool(r[0]) for r in counted],
                                   [float(r[1]) for r in counted]), problems)
+
+
+def unjudged_episodes(*, session: Session, batch_ids: Sequence[str]) -> list[str]:
+    """Stored, planned episodes of these batches that the verifier has not judged yet."""
+    rows = session.execute(
+        text("SELECT t.id FROM trajectory t JOIN rollout_batch b ON b.id = t.batch_id "
+             "WHERE t.batch_id = ANY(:b) AND t.purpose <> 'shadow' AND b.planned_episodes ? t.id "
+             "AND NOT EXISTS (SELECT 1 FROM verdict v WHERE v.trajectory_id = t.id "
+             f"AND v.recorded_by = '{VERIFIER_ROLE}') ORDER BY t.id"),
+        {"b": list(batch_ids)},
+    ).all()
+    return [str(r[0]) for r in rows]
+
+
+def unjudged_in_windows(*, session: Session, windows: Sequence[Window]) -> list[str]:
+    """Requested episodes in these windows that the verifier has not judged yet."""
+    unjudged: list[str] = []
+    for checkpoint_id, purposes, since, until in windows:
+        rows = session.execute(
+            text("SELECT id FROM trajectory "
+                 f"WHERE {_IN_WINDOW} AND {_requested_traffic('trajectory')} "
+                 "AND NOT EXISTS (SELECT 1 FROM verdict v WHERE v.trajectory_id = trajectory.id "
+                 f"AND v.recorded_by = '{VERIFIER_ROLE}') ORDER BY id"),
+            {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until},
+        ).all()
+        unjudged += [str(r[0]) for r in rows]
+    return unjudged
 
 
 def episode_counts(
@@ -96,7 +139,8 @@ def episode_counts(
     """(episodes, successes) a checkpoint served for these purposes in a time window."""
     row = session.execute(
         text(
-            "SELECT count(*), count(*) FILTER (WHERE success) FROM trajectory "
+            "SELECT count(*), count(*) FILTER (WHERE j.success) FROM trajectory "
+            f"{judged('trajectory', 'j')} "
             f"WHERE {_IN_WINDOW} AND {_CLEAN} AND {_requested_traffic('trajectory')}"
         ),
         {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
@@ -111,8 +155,9 @@ def reward_summary(
     """(episodes, mean reward, sample variance of reward) in a time window."""
     row = session.execute(
         text(
-            "SELECT count(*), coalesce(avg(total_reward), 0), coalesce(var_samp(total_reward), 0) "
-            f"FROM trajectory WHERE {_IN_WINDOW} AND {_CLEAN} "
+            "SELECT count(*), coalesce(avg(j.total_reward), 0), "
+            "coalesce(var_samp(j.total_reward), 0) "
+            f"FROM trajectory {judged('trajectory', 'j')} WHERE {_IN_WINDOW} AND {_CLEAN} "
             f"AND {_requested_traffic('trajectory')}"
         ),
         {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
@@ -192,7 +237,7 @@ def shadow_pairs(
                      WHERE a.trajectory_id = s.id AND {_COMPARED}),
                    (SELECT count(*) FROM step a
                      WHERE a.trajectory_id = s.id AND {_COMPARED} AND {_AGREED}),
-                   p.total_reward, s.total_reward,
+                   jp.total_reward, js.total_reward,
                    COALESCE(p.outcome->'injected_fault', s.outcome->'injected_fault')
             {SHADOW_PAIRS_FROM}
             ORDER BY p.id

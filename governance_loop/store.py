@@ -17,6 +17,7 @@ from sqlalchemy import func, text
 from sqlmodel import Session, col, select
 
 from triloop.deployment_history import Revision, next_rollback_target, revisions
+from triloop.episode_plan import batch_plan
 from triloop.models import (
     Approval,
     Deployment,
@@ -27,6 +28,7 @@ from triloop.models import (
     EvalSet,
     GateResult,
     Promotion,
+    RolloutBatch,
     Routing,
     Task,
     Threshold,
@@ -34,6 +36,7 @@ from triloop.models import (
 from triloop.models._columns import new_id, utcnow
 from triloop.routing_claims import ServingSlot, serving_slots
 from triloop.statuses import PromotionStatus
+from triloop.workflow_api import RolloutBatchInput
 
 ROUTING_SLOTS = ("production", "canary", "shadow")
 
@@ -368,3 +371,20 @@ def latest_threshold(*, session: Session, name: str) -> Threshold | None:
     """The newest version of a named threshold."""
     query = select(Threshold).where(Threshold.name == name)
     return session.exec(query.order_by(col(Threshold.version).desc())).first()
+
+
+def record_rollout_batch(*, session: Session, batch: RolloutBatchInput) -> None:
+    """Governance's own ``rollout_batch`` row for a batch it is about to ask for, with the
+    episodes it plans; a retry finds its row and adds nothing."""
+    existing = session.get(RolloutBatch, batch.batch_id)
+    plan = batch_plan(batch)
+    if existing is None:
+        session.add(RolloutBatch(id=batch.batch_id, purpose=batch.purpose,
+                                 checkpoint_id=batch.checkpoint_id, run_id=batch.run_id,
+                                 requested_by="governance", planned_episodes=plan))
+        return
+    if (existing.requested_by, existing.purpose, existing.checkpoint_id,
+            existing.planned_episodes) != ("governance", batch.purpose, batch.checkpoint_id, plan):
+        raise StoreError(f"batch {batch.batch_id} is already recorded as another request "
+                         f"({existing.requested_by}, {existing.purpose} of "
+                         f"{existing.checkpoint_id})")

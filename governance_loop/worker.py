@@ -75,6 +75,7 @@ def build_worker(
         workflows=[PromotionWorkflow, RollbackWorkflow, AdmissionWorkflow, GovernanceWriteWorkflow],
         activities=[
             promotion.open_promotion, promotion.mark_promotion, promotion.record_gate,
+            promotion.record_rollout_batch,
             promotion.set_routing, promotion.record_human_decision, promotion.promote_candidate,
             promotion.close_promotion,
             evidence.decide_offline_eval, evidence.decide_shadow, evidence.look_canary,

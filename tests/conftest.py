@@ -164,6 +164,28 @@ def role_engine(db_settings: Settings) -> Callable[[ServiceName], Engine]:
 
 
 @pytest.fixture(scope="session")
+def verifier_service(settings: Settings) -> Iterator[None]:
+    """The verifier (``verifier/``) as ``triloop_verifier``, judging episodes in a thread
+    for the rest of the session, as ``triloop dev up`` runs it in its own process."""
+    import threading
+
+    from execution_loop.serving import TaskEnvironments
+    from triloop.db import role_engine as make
+    from verifier.service import run_forever
+
+    engine = make(settings, "verifier")
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=run_forever, name="verifier", daemon=True,
+        kwargs={"engine": engine, "environments": TaskEnvironments(engine=engine),
+                "stop": stop, "poll_s": 0.2})
+    thread.start()
+    yield
+    stop.set()
+    thread.join(timeout=60)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model (seed 0), created locally once per session: no download."""
     import torch

@@ -17,6 +17,7 @@ from sqlalchemy import Engine, text
 
 from execution_loop.inference.base import FINISH_STOP, Generation
 from tests.factories import uid
+from triloop.episode_plan import batch_plan
 from triloop.workflow_api import RolloutBatchInput
 
 
@@ -104,8 +105,10 @@ def register_checkpoint_dir(
 
     ckpt = checkpoint_id or safetensors_digest(model_dir)
     stored = model_dir if checkpoint_id else content_addressed(model_dir, ckpt)
+    # A root as the learner registers it (``learning_loop.store.register_root``): its own
+    # base, so a training run that later starts from these weights finds the same row.
     _insert_once(
-        engine, "checkpoint", "id", id=ckpt, base_model="tiny",
+        engine, "checkpoint", "id", id=ckpt, base_model="tiny" if checkpoint_id else ckpt,
         artifact_uri=stored.resolve().as_uri(), created_by="learning", data={},
     )
     return ckpt
@@ -170,7 +173,8 @@ def set_routing(engine: Engine, slot: str, checkpoint_id: str | None, share: flo
 
 
 def request_batch(engine: Engine, batch: RolloutBatchInput) -> RolloutBatchInput:
-    """The batch's ``rollout_batch`` row, as the Nexus handler (or web) would have recorded it.
+    """The batch's ``rollout_batch`` row and its planned episodes, as its requester (or for
+    learning, the Nexus handler) would have recorded it.
 
     Tests that start a rollout workflow directly need it: the database refuses the
     execution role's trajectories in a batch nobody asked for.
@@ -178,7 +182,7 @@ def request_batch(engine: Engine, batch: RolloutBatchInput) -> RolloutBatchInput
     requested_by = {"training": "learning", "production": "web"}.get(batch.purpose, "governance")
     _insert_once(engine, "rollout_batch", "id", id=batch.batch_id, purpose=batch.purpose,
                  checkpoint_id=batch.checkpoint_id, run_id=batch.run_id,
-                 requested_by=requested_by)
+                 requested_by=requested_by, planned_episodes=batch_plan(batch))
     return batch
 
 

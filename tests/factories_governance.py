@@ -65,9 +65,53 @@ class Quality:
         return int((n + 1) * rate + 1e-9) > int(n * rate + 1e-9)
 
 
-def _write(engine: Engine, rows: list[dict[str, Any]]) -> None:
+def _write(engine: Engine, rows: list[dict[str, Any]], requester: Engine | None = None,
+           verifier: Engine | None = None) -> None:
+    if requester is not None:
+        request_batches(requester, rows)
+    if verifier is None:
+        _store_episodes(engine, rows)
+    else:
+        judge_as_written(verifier, rows, store=lambda: _store_episodes(engine, rows))
+
+
+# The lock the verifier claims an episode with (``verifier.store``): while the stand-in
+# holds it, a running verifier skips the episode, and finds the stand-in's verdict after.
+_CLAIM_LOCKS = ("SELECT {fn}(hashtextextended('verdict:' || k, 0)) "
+                "FROM unnest(CAST(:k AS text[])) AS k")
+
+
+def judge_as_written(verifier: Engine, rows: list[dict[str, Any]],
+                     store: Callable[[], None] = lambda: None) -> None:
+    """The stand-in verifier (as ``triloop_verifier``; ``verifier`` is its engine or the
+    owner's): ``store()`` the episodes, then a verdict agreeing with each row, holding the
+    verifier's claim on them throughout.
+
+    For episodes on the tests' contract-less tasks, which no environment can replay; the
+    real verifier (``verifier/``) is tested on real environments."""
+    ids = [row["id"] for row in rows]
+    with verifier.connect() as conn:
+        # The verifier's role (the owner, in set-up, may take it): the database stamps it.
+        conn.execute(text("SET ROLE triloop_verifier"))
+        conn.execute(text(_CLAIM_LOCKS.format(fn="pg_advisory_lock")), {"k": ids})
+        try:
+            store()
+            for row in rows:
+                conn.execute(text(
+                    "INSERT INTO verdict (trajectory_id, batch_id, success, total_reward, "
+                    "agrees) VALUES (:id, :batch_id, :success, :reward, true) "
+                    "ON CONFLICT (trajectory_id) DO NOTHING"),
+                    {**row, "reward": 1.0 if row["success"] else 0.0})
+            conn.commit()
+        finally:
+            conn.rollback()
+            conn.execute(text(_CLAIM_LOCKS.format(fn="pg_advisory_unlock")), {"k": ids})
+            conn.execute(text("RESET ROLE"))
+            conn.commit()
+
+
+def _store_episodes(engine: Engine, rows: list[dict[str, Any]]) -> None:
     with engine.begin() as conn:
-        _request_batches(conn, rows)
         for row in rows:
             conn.execute(text(
                 "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, group_id, "
@@ -90,29 +134,50 @@ def _write(engine: Engine, rows: list[dict[str, Any]]) -> None:
                 "f": json.dumps(feedback)})
 
 
-def _request_batches(conn: Any, rows: list[dict[str, Any]]) -> None:
-    """Batch rows for episodes written outside a Nexus request (the stand-in's traffic), as
-    the execution role may record them: asked for by governance. Batches the real handler
-    recorded (eval) are left as they are."""
-    served = {"production", "shadow", "canary"}
-    for batch_id, purpose in {(r["batch_id"], r["purpose"]) for r in rows}:
-        conn.execute(text(
-            "INSERT INTO rollout_batch (id, purpose, requested_by) VALUES (:b, :p, 'governance') "
-            "ON CONFLICT (id) DO NOTHING"),
-            {"b": batch_id, "p": "production" if purpose in served else purpose})
+# Who asks for a batch of each purpose (the stand-in's traffic is people's, via the web).
+REQUESTER = {"production": "web", "shadow": "web", "canary": "web", "training": "learning"}
 
 
-def write_episodes(engine: Engine, rows: list[dict[str, Any]]) -> None:
+def request_batches(requester: Engine, rows: list[dict[str, Any]]) -> None:
+    """The ``rollout_batch`` rows of these episodes, as their requesters record them before
+    asking: planned episodes are exactly these (a shadow stands for its production episode).
+    ``requester`` is the owner (set-up) or the requester's own role. Rows already there
+    (an eval batch governance recorded) are left as they are."""
+    batches: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        batch = batches.setdefault(row["batch_id"], {"purpose": row["purpose"], "plan": {}})
+        if row["purpose"] != "shadow":
+            batch["plan"][row["id"]] = {"task_id": row["task_id"], "seed": 0}
+        if row["purpose"] in ("shadow", "canary"):
+            batch["purpose"] = "production"
+    with requester.begin() as conn:
+        for batch_id, batch in batches.items():
+            conn.execute(text(
+                "INSERT INTO rollout_batch (id, purpose, requested_by, planned_episodes) "
+                "VALUES (:b, :p, :r, CAST(:plan AS jsonb)) ON CONFLICT (id) DO NOTHING"),
+                {"b": batch_id, "p": batch["purpose"],
+                 "r": REQUESTER.get(batch["purpose"], "governance"),
+                 "plan": json.dumps(batch["plan"])})
+
+
+def write_episodes(engine: Engine, rows: list[dict[str, Any]], *,
+                   requester: Engine | None = None, verifier: Engine | None = None) -> None:
     """Store episodes as the execution loop does: id, batch_id, task_id, checkpoint_id,
-    purpose, group_id, success, optionally outcome (e.g. ``injected_fault``, ``shadow_of``)."""
-    _write(engine, rows)
+    purpose, group_id, success, optionally outcome (e.g. ``injected_fault``, ``shadow_of``).
+
+    ``requester`` first records their batches (``request_batches``); None: they are.
+    ``verifier`` then judges them as written (``judge_as_written``); None: nobody yet."""
+    _write(engine, rows, requester, verifier)
 
 
 class StandInExecution:
     """Eval batches (child workflows) and production traffic, as the execution role."""
 
-    def __init__(self, engine: Engine, quality: Quality, task_id: str) -> None:
+    def __init__(self, engine: Engine, quality: Quality, task_id: str, *,
+                 requester: Engine, verifier: Engine) -> None:
         self.engine = engine
+        self.requester = requester  # records the traffic's batches, as the web service does
+        self.verifier = verifier  # judges the episodes as written (the stand-in verifier)
         self.quality = quality
         self.task_id = task_id
         self.served = 0
@@ -130,7 +195,7 @@ class StandInExecution:
                     "purpose": batch.purpose, "group_id": f"{batch.batch_id}:{i}",
                     "success": self.quality.success(batch.checkpoint_id, batch.purpose),
                 })
-        _write(self.engine, rows)
+        _write(self.engine, rows, verifier=self.verifier)
         wins = sum(1 for r in rows if r["success"])
         return RolloutBatchResult(batch_id=batch.batch_id, trajectory_ids=[r["id"] for r in rows],
                                   completed=len(rows), success_rate=wins / max(1, len(rows)))
@@ -146,22 +211,23 @@ class StandInExecution:
         if production is None:
             return
         rows = []
-        for _ in range(episodes):
+        batch_id = f"traffic-{uuid.uuid4().hex}"
+        for index in range(episodes):
             self.served += 1
-            eid = f"prod-{uuid.uuid4().hex}"
+            eid = f"{batch_id}:{index}:0"
             bucket = int(hashlib.sha256(eid.encode()).hexdigest()[:8], 16) / 2**32
             if canary and bucket < share:
-                rows.append(self._row(eid, canary, "canary"))
+                rows.append(self._row(eid, batch_id, canary, "canary"))
                 continue
-            rows.append(self._row(eid, production, "production"))
+            rows.append(self._row(eid, batch_id, production, "production"))
             if shadow and shadow != production:
-                row = self._row(f"{eid}:shadow", shadow, "shadow")
+                row = self._row(f"{eid}:shadow", batch_id, shadow, "shadow")
                 row["outcome"] = {"shadow_of": eid}
                 rows.append(row)
-        _write(self.engine, rows)
+        _write(self.engine, rows, self.requester, self.verifier)
 
-    def _row(self, eid: str, checkpoint: str, purpose: str) -> dict[str, Any]:
-        return {"id": eid, "batch_id": "traffic", "task_id": self.task_id,
+    def _row(self, eid: str, batch_id: str, checkpoint: str, purpose: str) -> dict[str, Any]:
+        return {"id": eid, "batch_id": batch_id, "task_id": self.task_id,
                 "checkpoint_id": checkpoint, "purpose": purpose, "group_id": eid,
                 "success": self.quality.success(checkpoint, purpose)}
 
@@ -280,18 +346,22 @@ class Scene:
     promotion_id: str
     activities: EvidenceActivities
     since: datetime
+    governance: Engine  # governance's own role: it records its eval batches
+    verifier: Engine  # the verifier's own role: its verdicts are what offline eval counts
 
     def fault(self, checkpoint: str) -> dict[str, Any]:
         return {"checkpoint_id": checkpoint, "temperature": 8.0, "note": "game day"}
 
     def episodes(self, checkpoint: str, purpose: str, successes: list[bool],
                  outcome: dict[str, Any] | None = None) -> list[str]:
-        ids = [uid("ep-") for _ in successes]
+        batch_id = uid("traffic-")
+        ids = [f"{batch_id}:{i}:0" for i in range(len(successes))]
         write_episodes(self.execution, [
-            {"id": e, "batch_id": "traffic", "task_id": self.world.task_ids[0],
+            {"id": e, "batch_id": batch_id, "task_id": self.world.task_ids[0],
              "checkpoint_id": checkpoint, "purpose": purpose, "group_id": e, "success": ok,
              "outcome": outcome or {}}
-            for e, ok in zip(ids, successes, strict=True)])
+            for e, ok in zip(ids, successes, strict=True)], requester=self.owner,
+            verifier=self.verifier)
         return ids
 
     def gate_row(self, gate: str) -> tuple[bool, list[str], dict[str, Any]]:
@@ -314,7 +384,8 @@ def make_scene(settings: Settings, owner_engine: Engine, role_engine: Any) -> Sc
     with owner_engine.connect() as conn:
         since = conn.execute(text("SELECT now()")).scalar_one()
     return Scene(owner_engine, role_engine("execution"), world, promotion_id,
-                 EvidenceActivities(governance, authorizer), since)
+                 EvidenceActivities(governance, authorizer), since, governance,
+                 role_engine("verifier"))
 
 
 def look_canary(scene: Scene, *, soak_complete: bool) -> Any:

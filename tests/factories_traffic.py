@@ -52,7 +52,7 @@ def write_shadow_pairs(engine: Engine, seeded: SeededPromotion, task_id: str, n:
                      "checkpoint_id": seeded.checkpoint_id, "purpose": "shadow",
                      "group_id": production, "success": True,
                      "outcome": {"shadow_of": production}})
-    write_episodes(engine, rows)
+    write_episodes(engine, rows, requester=engine, verifier=engine)
 
 
 def write_served(engine: Engine, checkpoint_id: str, purpose: str, task_id: str, n: int) -> None:
@@ -60,7 +60,8 @@ def write_served(engine: Engine, checkpoint_id: str, purpose: str, task_id: str,
     batch = uid("traffic-")
     write_episodes(engine, [{"id": f"{batch}:{i}", "batch_id": batch, "task_id": task_id,
                              "checkpoint_id": checkpoint_id, "purpose": purpose,
-                             "group_id": f"{batch}:{i}", "success": True} for i in range(n)])
+                             "group_id": f"{batch}:{i}", "success": True} for i in range(n)],
+                   requester=engine, verifier=engine)
 
 
 def task_of(engine: Engine, seeded: SeededPromotion) -> str:

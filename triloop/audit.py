@@ -33,7 +33,8 @@ _LOG_SQL = text(
     " CAST(:payload AS jsonb), :credential)")
 # The database role each service's actor is written by (audit verify checks the pairing).
 SERVICE_ROLES = {"execution": "triloop_execution", "learning": "triloop_learning",
-                 "governance": "triloop_governance", "web": "triloop_web"}
+                 "governance": "triloop_governance", "web": "triloop_web",
+                 "verifier": "triloop_verifier"}
 
 
 def canonical_row(

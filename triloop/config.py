@@ -25,6 +25,10 @@ ServiceName = Literal["execution", "learning", "governance", "web"]
 # The built-in session secret: anyone can read it here, so only the test profile accepts it.
 DEV_SESSION_SECRET = "triloop-dev-session-secret-change-me"
 SERVICES: tuple[ServiceName, ...] = ("execution", "learning", "governance", "web")
+# Every database role a process logs in with: the services, and the verifier, which
+# re-judges the episodes the gates count (``verifier/``) and holds no other credential.
+DatabaseRoleName = Literal["execution", "learning", "governance", "web", "verifier"]
+DATABASE_ROLES: tuple[DatabaseRoleName, ...] = (*SERVICES, "verifier")
 LoopName = Literal["execution", "learning", "governance"]
 # Each loop has its own Temporal namespace; the web service is not a loop.
 LOOPS: tuple[LoopName, ...] = ("execution", "learning", "governance")
@@ -44,6 +48,7 @@ class Settings(BaseSettings):
     database_url_learning: str | None = Field(None, description="URL for triloop_learning.")
     database_url_governance: str | None = Field(None, description="URL for triloop_governance.")
     database_url_web: str | None = Field(None, description="URL for triloop_web.")
+    database_url_verifier: str | None = Field(None, description="URL for triloop_verifier.")
     pg_port: int = Field(55432, description="Port of the embedded PostgreSQL (loopback).")
 
     temporal_address: str = Field("127.0.0.1:7233", description="Temporal frontend host:port.")
@@ -160,7 +165,7 @@ class Settings(BaseSettings):
         url = f"postgresql+psycopg://postgres@127.0.0.1:{self.pg_port}/triloop"
         return _with_password(url, read_secret(self.secrets, OWNER_PASSWORD))
 
-    def role_url(self, service: ServiceName) -> str:
+    def role_url(self, service: DatabaseRoleName) -> str:
         """URL a service connects with: its own role and password, never the owner's.
 
         The password is the one in the URL if it has one, else the service's secret file;

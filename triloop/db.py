@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from sqlalchemy import Engine
 from sqlmodel import Session, create_engine
 
-from triloop.config import ServiceName, Settings
+from triloop.config import DatabaseRoleName, Settings
 
 _engines: dict[str, Engine] = {}
 
@@ -27,7 +27,7 @@ def engine_for_url(url: str) -> Engine:
     return engine
 
 
-def role_engine(settings: Settings, service: ServiceName) -> Engine:
+def role_engine(settings: Settings, service: DatabaseRoleName) -> Engine:
     """The engine a service uses: its own database role."""
     return engine_for_url(settings.role_url(service))
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validat
 from sqlmodel import Session
 
 from triloop import held_out
+from triloop.episode_plan import batch_plan
 from triloop.models import RolloutBatch
 from triloop.models._columns import new_id
 from triloop.run_config import RunConfig, RunConfigError
@@ -369,9 +370,11 @@ async def decide_admission(
                             decided_by=result.decided_by)
 
 
-def record_production_batch(*, session: Session, batch_id: str) -> None:
-    """The ``rollout_batch`` row of people's production traffic (routing picks checkpoints)."""
-    session.add(RolloutBatch(id=batch_id, purpose=Purpose.PRODUCTION, requested_by="web"))
+def record_production_batch(*, session: Session, batch: RolloutBatchInput) -> None:
+    """The ``rollout_batch`` row of people's production traffic (routing picks checkpoints),
+    naming the episodes it plans: execution stores no others in it."""
+    session.add(RolloutBatch(id=batch.batch_id, purpose=Purpose.PRODUCTION, requested_by="web",
+                             planned_episodes=batch_plan(batch)))
 
 
 async def start_episodes(
@@ -390,7 +393,7 @@ async def start_episodes(
         max_concurrency=body.max_concurrency, deadline_s=body.deadline_s,
     )
     # The batch's row says people asked for it: execution stores its episodes only then.
-    await db.write(record_production_batch, batch_id=batch_id)
+    await db.write(record_production_batch, batch=batch)
     await services.orchestrator.start_episodes(batch, workflow_id)
     return EpisodesStarted(batch_id=batch_id, workflow_id=workflow_id, purpose=Purpose.PRODUCTION,
                            episodes=sum(i.group_size for i in body.items))

@@ -11,9 +11,11 @@ degraded: each decides on all episodes and on those no fault touched, and
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlmodel import Session
 from temporalio import activity
 
@@ -57,8 +59,8 @@ from triloop import held_out
 from triloop.audit import record_event
 from triloop.db import session_scope
 from triloop.models import EvalSet, Threshold
-from triloop.policy import Resource
-from triloop.production_traffic import CANARY_PURPOSES
+from triloop.policy import Authorizer, Resource
+from triloop.production_traffic import CANARY_PURPOSES, VERIFIER_ROLE
 from triloop.statuses import Gate, Purpose
 from triloop.weights import INTEGRITY_ACTION
 
@@ -74,8 +76,40 @@ def _stats(outcomes: episodes.Outcomes) -> EpisodeStats:
     return EpisodeStats.from_outcomes(outcomes.successes, outcomes.rewards)
 
 
+def await_verdicts(unjudged_now: Callable[[], list[str]], *, wait_s: float,
+                   poll_s: float = 0.25) -> list[str]:
+    """Wait (heartbeating) until ``unjudged_now()`` (episodes the verifier has not judged)
+    is empty, for at most ``wait_s`` seconds; return the episodes still unjudged."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        unjudged = unjudged_now()
+        if not unjudged or time.monotonic() >= deadline:
+            return unjudged
+        if activity.in_activity():
+            activity.heartbeat(len(unjudged))
+        time.sleep(poll_s)
+
+
+def _unjudged_decision(spec: ThresholdSpec, unjudged: list[str]) -> GateDecision:
+    return GateDecision(
+        gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
+        reasons=[f"the verifier has not judged {len(unjudged)} episodes of the eval batches "
+                 f"(first: {', '.join(unjudged[:5])}); offline eval counts only its verdicts: "
+                 "is the verifier running (`python -m verifier`, `triloop dev up`)?"],
+        evidence={"threshold_version": spec.version, "unjudged": unjudged[:50]},
+    )
+
+
 class EvidenceActivities(GovernanceShell):
-    """Reads episodes and decides gates; writes only ``gate_result`` rows and audit events."""
+    """Reads episodes and decides gates; writes only ``gate_result`` rows and audit events.
+
+    ``verdict_wait_s``: how long offline eval waits for the verifier's verdicts (seconds).
+    """
+
+    def __init__(self, engine: Engine, authorizer: Authorizer, *,
+                 verdict_wait_s: float = 40.0) -> None:
+        super().__init__(engine, authorizer)
+        self._verdict_wait_s = verdict_wait_s
 
     def _store(
         self, session: Session, promotion_id: str, decision: GateDecision, *,
@@ -174,6 +208,12 @@ class EvidenceActivities(GovernanceShell):
                 reasons=[f"not held out: {o.describe()}" for o in shared],
                 evidence={"threshold_version": spec.version, "held_out": held_out_evidence},
             )
+        batch_ids = [b for b in (request.candidate_batch_id, request.production_batch_id) if b]
+        unjudged = await_verdicts(
+            lambda: episodes.unjudged_episodes(session=session, batch_ids=batch_ids),
+            wait_s=self._verdict_wait_s)
+        if unjudged:
+            return _unjudged_decision(spec, unjudged)
         candidate = episodes.requested_batch_outcomes(
             session=session, batch_id=request.candidate_batch_id,
             checkpoint_id=promotion.checkpoint_id)
@@ -205,15 +245,27 @@ class EvidenceActivities(GovernanceShell):
         decision.evidence["held_out"] = held_out_evidence
         decision.evidence["batches_bound"] = {
             "candidate": request.candidate_batch_id, "production": request.production_batch_id,
-            "requested_by": "governance"}
+            "requested_by": "governance", "judged_by": VERIFIER_ROLE}
         return decision
 
     @activity.defn(name=DECIDE_SHADOW.name)
     def decide_shadow(self, request: ShadowInput) -> GateOutcome:
         """Judge the shadow soak on paired production/shadow episodes."""
         self.own(request.promotion_id, "decide_shadow")
+        since = parse_time(request.since)
+        windows: list[episodes.Window] = [
+            (request.candidate_checkpoint_id, (Purpose.SHADOW,), since, None),
+            (request.production_checkpoint_id, (Purpose.PRODUCTION,), since, None)]
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
+            # The soak is over: what it served until now is judged before the pairs are
+            # counted (traffic goes on meanwhile; an episode still unjudged after the wait is
+            # left out, as an unpaired one is).
+            now = store.db_now(session)
+            served = [(c, p, start, now) for c, p, start, _ in windows]
+            await_verdicts(lambda: episodes.unjudged_in_windows(session=session,
+                                                                windows=served),
+                           wait_s=self._verdict_wait_s)
             pairs = episodes.shadow_pairs(
                 session=session, candidate_id=request.candidate_checkpoint_id,
                 production_id=request.production_checkpoint_id,
@@ -235,11 +287,9 @@ class EvidenceActivities(GovernanceShell):
                 clean_episodes=decide_shadow(clean, spec) if faults else everything,
                 faults=faults, faulted_episodes=len(samples) - len(clean),
             )
-            since = parse_time(request.since)
             return self._store_window_gate(
                 session, request.promotion_id, decision, threshold_id=request.threshold_id,
-                windows=[(request.candidate_checkpoint_id, (Purpose.SHADOW,), since, None),
-                         (request.production_checkpoint_id, (Purpose.PRODUCTION,), since, None)])
+                windows=windows)
 
     @activity.defn(name=LOOK_CANARY.name)
     def look_canary(self, request: CanaryLook) -> GateOutcome:

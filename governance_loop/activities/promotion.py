@@ -33,6 +33,7 @@ from governance_loop.contracts import (
     PROMOTE_CANDIDATE,
     RECORD_GATE,
     RECORD_HUMAN_DECISION,
+    RECORD_ROLLOUT_BATCH,
     SET_ROUTING,
     ClosePromotion,
     GateOutcome,
@@ -84,7 +85,7 @@ from triloop.weights import (
     record_integrity_event,
     verify_weights,
 )
-from triloop.workflow_api import ErrorType, RolloutItem
+from triloop.workflow_api import ErrorType, RolloutBatchInput, RolloutItem
 
 DEFAULT_THRESHOLD_NAME = "promotion"
 
@@ -266,6 +267,18 @@ class PromotionActivities(GovernanceShell):
                 )
         except store.StoreError as error:
             raise refused(str(error)) from error
+
+    @activity.defn(name=RECORD_ROLLOUT_BATCH.name)
+    def record_rollout_batch(self, batch: RolloutBatchInput) -> None:
+        """Record a batch governance is about to ask execution for, with its planned episodes:
+        execution's handler only checks this row, and stores nothing outside the plan."""
+        self.authorize("create", Resource("rollout_batch", id=batch.batch_id,
+                                          attrs={"purpose": batch.purpose}))
+        try:
+            with session_scope(self._engine) as session:
+                store.record_rollout_batch(session=session, batch=batch)
+        except store.StoreError as conflict:
+            raise refused(str(conflict)) from conflict
 
     @activity.defn(name=RECORD_GATE.name)
     def record_gate(self, gate: GateRecord) -> GateOutcome:

@@ -68,6 +68,9 @@ with workflow.unsafe.imports_passed_through():
 OUTCOME_PATCH = "promotion-outcome-search-attribute"
 # Marks histories recorded before a cancelled or failed promotion freed its routing slots.
 CLOSE_PATCH = "promotion-close-on-cancel-or-failure"
+# Marks histories whose eval batches governance records itself (``rollout_batch``) before
+# asking execution; histories recorded before it asked execution to record them.
+RECORDED_BATCHES_PATCH = "governance-records-its-eval-batches"
 
 
 @workflow.defn(name=PROMOTION_WORKFLOW)
@@ -268,16 +271,22 @@ class PromotionWorkflow:
         prefix = f"{workflow.info().workflow_id}-eval-{workflow.uuid4().hex[:12]}"
         arms = {"candidate": plan.candidate_checkpoint_id,
                 "production": plan.baseline_checkpoint_id}
+        batches = [RolloutBatchInput(batch_id=f"{prefix}-{arm}", purpose=Purpose.EVAL,
+                                     items=plan.eval_items, checkpoint_id=checkpoint,
+                                     deadline_s=plan.timing.eval_timeout_s / 2)
+                   for arm, checkpoint in arms.items()]
+        if workflow.patched(RECORDED_BATCHES_PATCH):
+            # Governance's own rows, planned episodes and all: execution's handler only
+            # checks them, so it cannot say governance asked for anything else.
+            for batch in batches:
+                await m.RECORD_ROLLOUT_BATCH.call(batch)
         execution = execution_loop()
         runs = [
             execution.execute_operation(
-                ExecutionService.run_rollouts,
-                RolloutBatchInput(batch_id=f"{prefix}-{arm}", purpose=Purpose.EVAL,
-                                  items=plan.eval_items, checkpoint_id=checkpoint,
-                                  deadline_s=plan.timing.eval_timeout_s / 2),
+                ExecutionService.run_rollouts, batch,
                 schedule_to_close_timeout=timedelta(seconds=plan.timing.eval_timeout_s),
             )
-            for arm, checkpoint in arms.items()
+            for batch in batches
         ]
         results = await asyncio.gather(*runs, return_exceptions=True)
         errors = [f"{arm} batch: {failure_chain(r)}" for arm, r in zip(arms, results, strict=True)

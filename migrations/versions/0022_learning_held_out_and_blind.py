@@ -20,7 +20,8 @@ What judges learning is out of its sight (issue 32, item 7):
   ``deployment_history``; the learning worker reads none of them (it appends to the audit
   log through the SECURITY DEFINER functions of 0006).
 - Row-level security: on ``rollout_batch`` learning sees training batches only (eval batch
-  ids stay governance's); on ``human_decision`` it sees run controls only (the decisions it
+  ids stay governance's; governance, the web service, execution and the verifier see every
+  batch); on ``human_decision`` it sees run controls only (the decisions it
   carries out), not audits, approvals or overrides.
 - ``access_event`` gets one way in, ``triloop_access_append`` (SECURITY DEFINER), which
   stamps ``db_role`` with the role that logged in; no role may INSERT directly.
@@ -29,7 +30,7 @@ What judges learning is out of its sight (issue 32, item 7):
   (an iteration without learning signal keeps its parent's weights and id).
 
 Revision ID: 0022
-Revises: 0019
+Revises: 0021
 Create Date: 2026-12-01
 """
 
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0022"
-down_revision: str | None = "0020"
+down_revision: str | None = "0021"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -82,10 +83,10 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public AS $$
     ORDER BY 1, 2, 5
 $$;
 REVOKE ALL ON FUNCTION triloop_held_out_conflicts(text[]) FROM PUBLIC;
--- The roles that insert rollout batches; never learning, which would learn from it which
--- tasks are held out.
+-- The roles that insert rollout batches (governance its own since 0021); never learning,
+-- which would learn from it which tasks are held out.
 GRANT EXECUTE ON FUNCTION triloop_held_out_conflicts(text[]) TO triloop_execution,
-    triloop_web;
+    triloop_web, triloop_governance;
 
 -- Raise naming every conflict of these tasks, if any (the caller's statement fails).
 CREATE OR REPLACE FUNCTION triloop_refuse_held_out(p_what text, p_tasks text[])
@@ -106,7 +107,7 @@ END;
 $$;
 REVOKE ALL ON FUNCTION triloop_refuse_held_out(text, text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION triloop_refuse_held_out(text, text[]) TO triloop_execution,
-    triloop_web;
+    triloop_web, triloop_governance;
 
 CREATE OR REPLACE FUNCTION triloop_rollout_batch_held_out() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -142,6 +143,9 @@ CREATE POLICY rollout_batch_learning_training_only ON rollout_batch FOR SELECT
     TO triloop_learning USING (purpose = 'training');
 CREATE POLICY rollout_batch_other_services ON rollout_batch TO {OTHERS}
     USING (true) WITH CHECK (true);
+-- The verifier (0021) reads every batch's plan to replay its episodes; it writes none.
+CREATE POLICY rollout_batch_verifier_reads ON rollout_batch FOR SELECT
+    TO triloop_verifier USING (true);
 
 ALTER TABLE human_decision ENABLE ROW LEVEL SECURITY;
 CREATE POLICY human_decision_learning_run_controls ON human_decision FOR SELECT
@@ -213,6 +217,7 @@ DROP FUNCTION IF EXISTS triloop_proposal_own_checkpoint();
 DROP POLICY IF EXISTS human_decision_other_services ON human_decision;
 DROP POLICY IF EXISTS human_decision_learning_run_controls ON human_decision;
 ALTER TABLE human_decision DISABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS rollout_batch_verifier_reads ON rollout_batch;
 DROP POLICY IF EXISTS rollout_batch_other_services ON rollout_batch;
 DROP POLICY IF EXISTS rollout_batch_learning_training_only ON rollout_batch;
 ALTER TABLE rollout_batch DISABLE ROW LEVEL SECURITY;

@@ -113,7 +113,9 @@ async def test_killed_worker_resumes_promotion_at_the_same_gate(
     quality = Quality()
     quality.set(world.baseline, 0.8)  # failures enough for the canary to decide early
     quality.set(world.candidate, 1.0)
-    execution = StandInExecution(role_engine("execution"), quality, world.task_ids[0])
+    execution = StandInExecution(role_engine("execution"), quality, world.task_ids[0],
+                                 requester=role_engine("web"),
+                                 verifier=role_engine("verifier"))
     client = await connect(test_settings, identity="governance-fault-test", service="governance")
     proposal = PromotionInput(world.proposal_id, world.candidate, world.run_id, world.submitter)
 

@@ -12,6 +12,9 @@ from triloop.config import Settings
 
 
 @pytest.fixture
-def scene(settings: Settings, owner_engine: Engine, role_engine: Any) -> Scene:
-    """A promotion under judgement by the real evidence activities (PostgreSQL and OPA)."""
+def scene(settings: Settings, owner_engine: Engine, role_engine: Any,
+          verifier_service: None) -> Scene:
+    """A promotion under judgement by the real evidence activities (PostgreSQL and OPA),
+    with the verifier running beside them."""
+    del verifier_service
     return make_scene(settings, owner_engine, role_engine)

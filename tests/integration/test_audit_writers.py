@@ -23,7 +23,8 @@ from web.problems import as_problem
 
 pytestmark = pytest.mark.integration
 
-SERVICES = ["execution", "learning", "governance", "web"]
+# The verifier (0021) is a service like the others: it names only itself.
+SERVICES = ["execution", "learning", "governance", "web", "verifier"]
 LOG = ("SELECT seq, hash FROM triloop_audit_log(CAST(:a AS jsonb), 'test.write', '{}',"
        " 'record', NULL, NULL, '{}', :c)")
 
@@ -78,7 +79,17 @@ def test_a_role_holding_the_head_is_ended_and_nobody_else_stalls(
     assert verify_chain(owner_engine).ok
 
 
-@pytest.mark.parametrize("service", ["execution", "learning", "governance"])
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_service_role_writes_only_its_own_service_events(
+    role_engine: Callable[[str], Engine], owner_engine: Engine, service: str,
+) -> None:
+    other = "governance" if service != "governance" else "web"
+    problem = _refused(role_engine(service), LOG, a=json.dumps({"service": other}), c=None)
+    assert f"writes only its own service's events, not {other}" in problem
+    assert verify_chain(owner_engine).ok
+
+
+@pytest.mark.parametrize("service", ["execution", "learning", "governance", "verifier"])
 def test_a_service_role_may_not_name_a_person(
     role_engine: Callable[[str], Engine], owner_engine: Engine, service: str,
 ) -> None:

@@ -147,14 +147,15 @@ def test_execution_role_writes_trajectories(
     execution = role_engine("execution")
     task_id = make_task(owner_engine)
     traj = uid("ep-")
-    _run(execution, "INSERT INTO rollout_batch (id, purpose, requested_by) "
-         "VALUES ('b', 'training', 'learning') ON CONFLICT (id) DO NOTHING")
+    _run(execution, "INSERT INTO rollout_batch (id, purpose, requested_by, planned_episodes) "
+         "VALUES (:b, 'training', 'learning', CAST(:plan AS jsonb))",
+         {"b": (batch := uid("b-")), "plan": _plan(traj, task=task_id)})
     _run(
         execution,
         "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, group_id, status, "
         "total_reward, sample_index, policy_version, success, num_steps) "
-        "VALUES (:i, 'b', :t, 'c', 'training', 'g', 'completed', 1.0, 0, 0, true, 1)",
-        {"i": traj, "t": task_id},
+        "VALUES (:i, :b, :t, 'c', 'training', 'g', 'completed', 1.0, 0, 0, true, 1)",
+        {"i": traj, "b": batch, "t": task_id},
     )
     _run(
         execution,
@@ -187,8 +188,13 @@ TRAJECTORY = (
     "total_reward, sample_index, policy_version, success, num_steps) "
     "VALUES (:i, :b, :t, :c, :p, 'g', 'completed', 1.0, 0, 0, true, 1)"
 )
-BATCH = ("INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by) "
-         "VALUES (:b, :p, :c, :r)")
+BATCH = ("INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by, "
+         "planned_episodes) VALUES (:b, :p, :c, :r, CAST(:plan AS jsonb))")
+
+
+def _plan(*episodes: str, task: str = "t") -> str:
+    """A ``planned_episodes`` value: these episode ids, all on one task."""
+    return json.dumps({e: {"task_id": task, "seed": 0} for e in episodes})
 
 
 def test_execution_stores_episodes_only_as_their_batch_was_asked_for(
@@ -197,10 +203,14 @@ def test_execution_stores_episodes_only_as_their_batch_was_asked_for(
     execution = role_engine("execution")
     task_id = make_task(owner_engine)
     batch = uid("eval-")
-    _run(execution, BATCH, {"b": batch, "p": "eval", "c": "c-asked", "r": "governance"})
+    planned = [f"{batch}:0:{i}" for i in range(12)]
+    _run(role_engine("governance"), BATCH, {"b": batch, "p": "eval", "c": "c-asked",
+                                            "r": "governance",
+                                            "plan": _plan(*planned, task=task_id)})
+    left = iter(planned)
 
     def episode(**changes: str) -> dict[str, str]:
-        return {"i": uid("ep-"), "b": batch, "t": task_id, "c": "c-asked", "p": "eval",
+        return {"i": next(left), "b": batch, "t": task_id, "c": "c-asked", "p": "eval",
                 **changes}
 
     never = _denied(execution, TRAJECTORY, episode(b=uid("never-")))
@@ -208,35 +218,56 @@ def test_execution_stores_episodes_only_as_their_batch_was_asked_for(
     assert "asked for c-asked" in _denied(execution, TRAJECTORY, episode(c="c-other"))
     assert "a training episode in eval batch" in _denied(execution, TRAJECTORY,
                                                            episode(p="training"))
+    # Only the episodes the batch planned, on the planned task.
+    assert "not an episode batch" in _denied(execution, TRAJECTORY, episode(i=uid("ep-")))
+    assert "planned it on task" in _denied(execution, TRAJECTORY,
+                                           episode(t=make_task(owner_engine)))
     _run(execution, TRAJECTORY, episode())
-    # Production batches carry their shadow and canary episodes, from any checkpoint.
+    # Production batches carry their shadow and canary episodes, from any checkpoint; a
+    # shadow stands beside the production episode it mirrors.
     traffic = uid("traffic-")
-    _run(role_engine("web"), BATCH, {"b": traffic, "p": "production", "c": None, "r": "web"})
-    for purpose, checkpoint in (("production", "c1"), ("shadow", "c2"), ("canary", "c3")):
-        _run(execution, TRAJECTORY, episode(b=traffic, p=purpose, c=checkpoint))
+    served = [f"{traffic}:0:{i}" for i in range(2)]
+    _run(role_engine("web"), BATCH, {"b": traffic, "p": "production", "c": None, "r": "web",
+                                     "plan": _plan(*served, task=task_id)})
+    for episode_id, purpose, checkpoint in ((served[0], "production", "c1"),
+                                            (f"{served[0]}:shadow", "shadow", "c2"),
+                                            (served[1], "canary", "c3")):
+        _run(execution, TRAJECTORY, episode(i=episode_id, b=traffic, p=purpose, c=checkpoint))
+    assert "<planned episode>:shadow" in _denied(execution, TRAJECTORY, episode(
+        i=served[1], b=traffic, p="shadow", c="c2"))
 
 
 def test_each_role_vouches_only_for_the_requests_it_can_know(
     role_engine: Callable[[str], Engine]
 ) -> None:
     execution, web = role_engine("execution"), role_engine("web")
+    governance = role_engine("governance")
 
-    def batch(purpose: str, requested_by: str) -> dict[str, str | None]:
-        return {"b": uid("b-"), "p": purpose, "c": None, "r": requested_by}
+    def batch(purpose: str, requested_by: str, plan: str | None = None) -> dict[str, str | None]:
+        return {"b": uid("b-"), "p": purpose, "c": None, "r": requested_by,
+                "plan": _plan("e") if plan is None else plan}
 
-    # Execution vouches for the loops whose Nexus requests it admitted, not for people...
-    assert "not web" in _denied(execution, BATCH, batch("production", "web"))
-    # ...and learning asks for training batches only.
-    assert "training batches only" in _denied(execution, BATCH, batch("eval", "learning"))
+    # Execution vouches only for what its Nexus handler received: learning's training...
+    assert "not a production batch for web" in _denied(execution, BATCH,
+                                                       batch("production", "web"))
+    assert "not a eval batch for learning" in _denied(execution, BATCH,
+                                                      batch("eval", "learning"))
+    # ...never "governance asked": governance records its own batches.
+    assert "record their own" in _denied(execution, BATCH, batch("eval", "governance"))
+    _run(governance, BATCH, batch("eval", "governance"))
+    assert "not a training batch" in _denied(governance, BATCH, batch("training", "learning"))
+    assert "not a eval batch for learning" in _denied(governance, BATCH,
+                                                      batch("eval", "learning"))
     # The web service records people's production traffic and nothing else.
     assert "not a eval batch" in _denied(web, BATCH, batch("eval", "web"))
     assert "for governance" in _denied(web, BATCH, batch("production", "governance"))
-    # The loops that never write batches have no grant; nobody forges the stamp.
-    for role in ("learning", "governance"):
-        _denied(role_engine(role), BATCH, batch("training", "learning"))
+    # Every batch names the episodes it plans.
+    assert "planned_episodes" in _denied(web, BATCH, batch("production", "web", plan="{}"))
+    # The learning loop never writes batches; nobody forges the stamp.
+    _denied(role_engine("learning"), BATCH, batch("training", "learning"))
     assert "inserting role" in _denied(
-        execution, BATCH.replace("requested_by)", "requested_by, recorded_by)").replace(
-            ":r)", ":r, 'triloop_web')"), batch("training", "learning"))
+        execution, BATCH.replace("planned_episodes)", "planned_episodes, recorded_by)").replace(
+            "jsonb))", "jsonb), 'triloop_web')"), batch("training", "learning"))
     # Rows never change, not even for the owner's roles with a grant.
     row = batch("training", "learning")
     _run(execution, BATCH, row)
@@ -402,11 +433,14 @@ def test_learning_sees_training_episodes_only(
     ids = {}
     for purpose in ("training", "eval", "shadow", "canary", "production"):
         batch = uid(f"{purpose}-")
+        ids[purpose] = f"{batch}:0:0"
         insert(owner_engine, "rollout_batch", id=batch,
                purpose="production" if purpose in ("shadow", "canary") else purpose,
                requested_by={"training": "learning", "production": "web"}.get(purpose,
-                                                                            "governance"))
-        ids[purpose] = uid("ep-")
+                                                                            "governance"),
+               planned_episodes={ids[purpose]: {"task_id": task_id, "seed": 0}})
+        if purpose == "shadow":
+            ids[purpose] += ":shadow"
         _run(role_engine("execution"), TRAJECTORY, {
             "i": ids[purpose], "b": batch, "t": task_id, "c": "c", "p": purpose})
         _run(role_engine("execution"),

@@ -103,6 +103,11 @@ def test_each_service_is_handed_its_own_credentials_only(
         assert claims["permissions"] == expected
         assert ("TRILOOP_SESSION_SECRET" in env) == (service == "web")
         assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    # The verifier holds its own database password and nothing else.
+    env = service_env(settings, "verifier")
+    assert make_url(env["TRILOOP_DATABASE_URL_VERIFIER"]).username == "triloop_verifier"
+    assert {p.name for p in Path(env["TRILOOP_SECRETS_DIR"]).iterdir()} == {"pg-verifier"}
+    assert "TRILOOP_SESSION_SECRET" not in env
 
 
 def test_status_says_plainly_when_temporal_authenticates_nobody(tmp_path: Path) -> None:

@@ -1,13 +1,14 @@
 """Offline eval counts only what governance asked for: its own batches, the arm's checkpoint.
 
-The batches are recorded as execution's Nexus handler records them (``rollout_batch``,
-written by the execution role); episodes are real trajectory rows. A batch someone else
-requested, or episodes another checkpoint served (which only the owner can still insert),
-fail the gate, are left out of its statistics, and are audited as integrity events.
-"""
+The batches are recorded as their requesters record them (``rollout_batch``, written by
+governance's own role, with the episodes it plans); episodes are real trajectory rows. A
+batch someone else requested, or episodes another checkpoint served (which only the owner
+can still insert), fail the gate, are left out of its statistics, and are audited as
+integrity events."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -20,22 +21,32 @@ from tests.factories_governance import Scene, look_canary, write_episodes
 pytestmark = pytest.mark.integration
 
 
-def _request(engine: Engine, batch_id: str, checkpoint: str, requested_by: str = "governance",
-             purpose: str = "eval") -> str:
+def _request(engine: Engine, scene: Scene, batch_id: str, checkpoint: str, *,
+             requested_by: str = "governance", purpose: str = "eval", episodes: int = 30,
+             task_id: str | None = None) -> str:
+    """The batch's row with ``episodes`` planned episodes (on ``task_id``, default the eval
+    set's first task), as ``engine``'s role records it."""
+    task = task_id or scene.world.task_ids[0]
+    plan = {f"{batch_id}:0:{i}": {"task_id": task, "seed": 0} for i in range(episodes)}
     with engine.begin() as conn:
         conn.execute(text(
-            "INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by) "
-            "VALUES (:b, :p, :c, :r)"),
-            {"b": batch_id, "p": purpose, "c": checkpoint, "r": requested_by})
+            "INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by, "
+            "planned_episodes) VALUES (:b, :p, :c, :r, CAST(:plan AS jsonb))"),
+            {"b": batch_id, "p": purpose, "c": checkpoint, "r": requested_by,
+             "plan": json.dumps(plan)})
     return batch_id
 
 
 def _episodes(engine: Engine, scene: Scene, batch_id: str, checkpoint: str,
-              successes: list[bool]) -> None:
+              successes: list[bool], *, first: int = 0, purpose: str = "eval",
+              task_id: str | None = None) -> None:
+    """Planned episodes ``first``, ``first + 1``, ... of the batch."""
     write_episodes(engine, [
-        {"id": uid("ep-"), "batch_id": batch_id, "task_id": scene.world.task_ids[0],
-         "checkpoint_id": checkpoint, "purpose": "eval", "group_id": uid("g-"), "success": ok}
-        for ok in successes])
+        {"id": f"{batch_id}:0:{first + i}", "batch_id": batch_id,
+         "task_id": task_id or scene.world.task_ids[0], "checkpoint_id": checkpoint,
+         "purpose": purpose,
+         "group_id": f"{batch_id}:0", "success": ok}
+        for i, ok in enumerate(successes)], verifier=scene.verifier)
 
 
 def _judge(scene: Scene, candidate: str, production: str) -> Any:
@@ -57,8 +68,8 @@ def _integrity_events(scene: Scene) -> list[str]:
 
 def test_batches_governance_asked_for_are_counted(scene: Scene) -> None:
     world = scene.world
-    candidate = _request(scene.execution, uid("eval-c-"), world.candidate)
-    production = _request(scene.execution, uid("eval-p-"), world.baseline)
+    candidate = _request(scene.governance, scene, uid("eval-c-"), world.candidate)
+    production = _request(scene.governance, scene, uid("eval-p-"), world.baseline)
     _episodes(scene.execution, scene, candidate, world.candidate, [True] * 30)
     _episodes(scene.execution, scene, production, world.baseline, [True] * 10 + [False] * 20)
     outcome = _judge(scene, candidate, production)
@@ -72,15 +83,13 @@ def test_batches_governance_asked_for_are_counted(scene: Scene) -> None:
 def test_a_batch_requested_by_learning_counts_for_nothing(scene: Scene) -> None:
     world = scene.world
     # Learning's training batch of the candidate, all successes, offered as eval evidence.
-    planted = _request(scene.execution, uid("train-"), world.candidate, requested_by="learning",
-                       purpose="training")
     # On a task outside the eval set: training on an eval task is refused outright (0022).
     trained_on = make_task(scene.owner)
-    write_episodes(scene.execution, [
-        {"id": uid("ep-"), "batch_id": planted, "task_id": trained_on,
-         "checkpoint_id": world.candidate, "purpose": "training", "group_id": uid("g-"),
-         "success": True} for _ in range(30)])
-    production = _request(scene.execution, uid("eval-p-"), world.baseline)
+    planted = _request(scene.execution, scene, uid("train-"), world.candidate,
+                       requested_by="learning", purpose="training", task_id=trained_on)
+    _episodes(scene.execution, scene, planted, world.candidate, [True] * 30, purpose="training",
+              task_id=trained_on)
+    production = _request(scene.governance, scene, uid("eval-p-"), world.baseline)
     _episodes(scene.execution, scene, production, world.baseline, [False] * 30)
     outcome = _judge(scene, planted, production)
     passed, reasons, evidence = scene.gate_row("offline_eval")
@@ -93,11 +102,11 @@ def test_a_batch_requested_by_learning_counts_for_nothing(scene: Scene) -> None:
 
 def test_episodes_another_checkpoint_served_are_not_counted(scene: Scene) -> None:
     world = scene.world
-    candidate = _request(scene.execution, uid("eval-c-"), world.candidate)
-    production = _request(scene.execution, uid("eval-p-"), world.baseline)
+    candidate = _request(scene.governance, scene, uid("eval-c-"), world.candidate)
+    production = _request(scene.governance, scene, uid("eval-p-"), world.baseline)
     _episodes(scene.execution, scene, candidate, world.candidate, [False] * 5)
     # Slipped in past the trigger (only the owner can): another checkpoint's successes.
-    _episodes(scene.owner, scene, candidate, world.baseline, [True] * 25)
+    _episodes(scene.owner, scene, candidate, world.baseline, [True] * 25, first=5)
     _episodes(scene.execution, scene, production, world.baseline, [False] * 30)
     outcome = _judge(scene, candidate, production)
     passed, reasons, _ = scene.gate_row("offline_eval")
@@ -113,8 +122,8 @@ def test_a_candidate_whose_run_trained_on_the_eval_set_fails(scene: Scene) -> No
         conn.execute(text("UPDATE training_run SET config = jsonb_build_object('rollout', "
                           "jsonb_build_object('task_ids', jsonb_build_array(CAST(:t AS text)))) "
                           "WHERE id = :r"), {"t": world.task_ids[0], "r": world.run_id})
-    candidate = _request(scene.execution, uid("eval-c-"), world.candidate)
-    production = _request(scene.execution, uid("eval-p-"), world.baseline)
+    candidate = _request(scene.governance, scene, uid("eval-c-"), world.candidate)
+    production = _request(scene.governance, scene, uid("eval-p-"), world.baseline)
     _episodes(scene.execution, scene, candidate, world.candidate, [True] * 30)
     _episodes(scene.execution, scene, production, world.baseline, [False] * 30)
     outcome = _judge(scene, candidate, production)

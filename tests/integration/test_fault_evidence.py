@@ -48,9 +48,10 @@ def test_shadow_pairs_with_a_faulted_side_never_count_toward_a_pass(scene: Scene
     served = scene.episodes(world.baseline, "production", [False] * 6, {
         "injected_fault": scene.fault(world.baseline)})
     write_episodes(scene.execution, [
-        {"id": f"{e}:shadow", "batch_id": "traffic", "task_id": world.task_ids[0],
+        {"id": f"{e}:shadow", "batch_id": e.rsplit(":", 2)[0], "task_id": world.task_ids[0],
          "checkpoint_id": world.candidate, "purpose": "shadow", "group_id": e,
-         "success": True, "outcome": {"shadow_of": e}} for e in served])
+         "success": True, "outcome": {"shadow_of": e}} for e in served],
+        verifier=scene.verifier)
     outcome = scene.activities.decide_shadow(ShadowInput(
         promotion_id=scene.promotion_id, threshold_id=world.threshold_id,
         candidate_checkpoint_id=world.candidate, production_checkpoint_id=world.baseline,

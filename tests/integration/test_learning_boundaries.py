@@ -178,10 +178,14 @@ async def test_learning_may_not_ask_execution_to_train_on_held_out_tasks(
                     {"t": list(tasks.values())})
 
 
-BATCH = ("INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by, task_ids) "
-         "VALUES (:b, 'training', 'c', 'learning', ARRAY[:t])")
-CLEAN_BATCH = ("INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by) "
-               "VALUES (:b, 'training', 'c', 'learning')")
+# Execution records learning's training batch with its tasks and the episodes it plans (0021):
+# here one episode, :i on task :t.
+PLAN = "jsonb_build_object(CAST(:i AS text), jsonb_build_object('task_id', CAST(:t AS text), " \
+    "'seed', 0))"
+BATCH = ("INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by, task_ids, "
+         f"planned_episodes) VALUES (:b, 'training', 'c', 'learning', ARRAY[:t], {PLAN})")
+CLEAN_BATCH = ("INSERT INTO rollout_batch (id, purpose, checkpoint_id, requested_by, "
+               f"planned_episodes) VALUES (:b, 'training', 'c', 'learning', {PLAN})")
 TRAJECTORY = (
     "INSERT INTO trajectory (id, batch_id, task_id, checkpoint_id, purpose, group_id, status, "
     "total_reward, sample_index, policy_version, success, num_steps) "
@@ -199,17 +203,17 @@ def test_the_database_refuses_training_rows_on_held_out_tasks(
     task_id = HELD_OUT[held_by](owner_engine)
     if twin:
         task_id = _twin(owner_engine, task_id)
-    batch = uid("b-")
+    batch, episode = uid("b-"), uid("ep-")
     if row == "rollout_batch":
-        refused = _denied(execution, BATCH, {"b": batch, "t": task_id})
-    else:  # a batch that named no task, then an episode on a held-out one
-        _run(execution, CLEAN_BATCH, {"b": batch})
-        refused = _denied(execution, TRAJECTORY, {"i": uid("ep-"), "b": batch, "t": task_id})
+        refused = _denied(execution, BATCH, {"b": batch, "t": task_id, "i": episode})
+    else:  # a batch that named no task, then its planned episode on a held-out one
+        _run(execution, CLEAN_BATCH, {"b": batch, "t": task_id, "i": episode})
+        refused = _denied(execution, TRAJECTORY, {"i": episode, "b": batch, "t": task_id})
     assert f"task {task_id} " in refused and held_by in refused
     # The same rows on a task nothing holds out are stored.
-    clean, other = make_task(owner_engine), uid("b-")
-    _run(execution, BATCH, {"b": other, "t": clean})
-    _run(execution, TRAJECTORY, {"i": uid("ep-"), "b": other, "t": clean})
+    clean, other, planned = make_task(owner_engine), uid("b-"), uid("ep-")
+    _run(execution, BATCH, {"b": other, "t": clean, "i": planned})
+    _run(execution, TRAJECTORY, {"i": planned, "b": other, "t": clean})
 
 
 @pytest.mark.parametrize("evidence", ["trajectory of the run", "training batch of a checkpoint"])
@@ -298,7 +302,7 @@ def test_learning_sees_its_training_batches_and_run_controls_only(
         {"i": list(decisions.values())})}
     assert seen_batches == {batches["training"]}  # eval batch ids are governance's
     assert seen_decisions == {decisions["run_control"]}  # the decisions learning carries out
-    for role in ("execution", "governance", "web"):
+    for role in ("execution", "governance", "web", "verifier"):  # the verifier reads plans
         assert len(_run(role_engine(role), "SELECT id FROM rollout_batch WHERE id = ANY(:i)",
                         {"i": list(batches.values())})) == len(batches)
 

@@ -99,6 +99,7 @@ class Deps:
     web_engine: Engine
     authorizer: Authorizer
     world: PromotionWorld
+    verifier_engine: Engine  # the stand-in verifier's role (judges episodes as written)
     suffix: str = ""
 
     def person(self, key: str, roles: list[str]) -> str:
@@ -119,15 +120,17 @@ class Deps:
 
 @pytest.fixture
 async def deps(gov_settings: Settings, owner_engine: Engine, role_engine: Any,
-               authorizer: Authorizer) -> Deps:
-    """A fresh world (baseline in production, a proposed candidate) and a client."""
+               authorizer: Authorizer, verifier_service: None) -> Deps:
+    """A fresh world (baseline in production, a proposed candidate) and a client, with the
+    verifier running."""
+    del verifier_service
     client = await connect(gov_settings, identity="governance-test", service="governance")
     gov_engine = role_engine("governance")
     suffix = uuid.uuid4().hex[:6]
     world = make_world(owner_engine, gov_engine, authorizer,
                        threshold_name=f"thr-{uuid.uuid4().hex[:8]}", submitter=f"alice-{suffix}")
     return Deps(client, gov_settings, owner_engine, gov_engine, role_engine("execution"),
-                role_engine("web"), authorizer, world, suffix)
+                role_engine("web"), authorizer, world, role_engine("verifier"), suffix)
 
 
 @dataclass
@@ -180,7 +183,9 @@ async def running(deps: Deps, quality: Quality, timing: PromotionTiming = TIMING
     worker = build_worker(deps.client, deps.settings, engine=deps.gov_engine,
                           authorizer=deps.authorizer, threshold_name=world.threshold_name,
                           timing=timing)
-    execution = StandInExecution(deps.exec_engine, quality, world.task_ids[0])
+    execution = StandInExecution(deps.exec_engine, quality, world.task_ids[0],
+                                 requester=deps.web_engine,
+                                 verifier=deps.verifier_engine)
     proposal = PromotionInput(proposal_id=world.proposal_id, checkpoint_id=world.candidate,
                               run_id=world.run_id, submitted_by=world.submitter,
                               stability_alarms=list(alarms or []))

@@ -34,7 +34,7 @@ needs_root = pytest.mark.skipif(
 SHELL_OPA_TOKEN = "operator-shell-opa-token-not-for-services"
 SHELL_PG_PASSWORD = "operator-shell-pg-password-not-for-services"
 PYTHON_SERVICES = {"governance-worker": "governance", "execution-worker": "execution",
-                   "learning-worker": "learning", "web": "web"}
+                   "learning-worker": "learning", "web": "web", "verifier": "verifier"}
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +125,8 @@ def test_each_secrets_folder_and_log_is_its_services_alone(stack: Settings) -> N
         assert files, folder
         for file in files:
             assert (file.stat().st_uid, stat.S_IMODE(file.stat().st_mode)) == (uid, 0o600), file
+    # The verifier asks no policy and drives no workflow: its database password is all it has.
+    assert [p.name for p in _secrets_folder(stack, "verifier").iterdir()] == ["pg-verifier"]
     for name in SERVICE_ORDER:
         log = stack.home.resolve() / "logs" / f"{name}.log"
         uid = pwd.getpwnam(accounts.user_name(name)).pw_uid
@@ -163,7 +165,7 @@ def test_the_learning_worker_cannot_read_other_services_secrets(stack: Settings)
     learning = _pid(stack, "learning-worker")
     # Each other service's secrets folder, where its own process says it is.
     folders = [Path(_environ(_pid(stack, name))["TRILOOP_SECRETS_DIR"])
-               for name in ("governance-worker", "web", "execution-worker")]
+               for name in ("governance-worker", "web", "execution-worker", "verifier")]
     folders += [folder for folder in [_secrets_folder(stack, "opa")] if folder.is_dir()]
     others = [str(p) for folder in folders for p in folder.iterdir()]
     keys = [str(home / "secrets" / name) for name in (
@@ -173,7 +175,7 @@ def test_the_learning_worker_cannot_read_other_services_secrets(stack: Settings)
                 if name != "learning-worker"]
     server_state = [str(p) for p in (home / "temporal").iterdir() if p.is_file()]
     attempts = others + keys + environs + server_state
-    assert len(others) >= 9 and server_state
+    assert len(others) >= 10 and server_state
     assert _readable_as(learning, attempts) == []
     # Its own secrets and environment it does read: the refusals are about whose they are.
     own = [str(p) for p in Path(_environ(learning)["TRILOOP_SECRETS_DIR"]).iterdir()]

@@ -101,7 +101,7 @@ def routing(owner_engine: Engine) -> Iterator[None]:
         set_routing(owner_engine, slot, checkpoint_id, share)
 
 
-@pytest.mark.usefixtures("routing")
+@pytest.mark.usefixtures("routing", "verifier_service")
 async def test_shadow_gate_counts_only_steps_execution_compared(
     settings: Settings, owner_engine: Engine, role_engine: Any, tiny_model_dir: Path,
     tmp_path: Path,

@@ -35,6 +35,7 @@ from temporalio.exceptions import NexusOperationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from tests.factories import make_task
 from tests.temporal_helpers import admin_client, execution_nexus, loop_client, own_queues
 from triloop.config import ServiceName, Settings
 from triloop.devstack.processes import ServiceProcess
@@ -55,6 +56,7 @@ from triloop.workflow_api import (
     ROLLOUT_WORKFLOW,
     RolloutBatchInput,
     RolloutBatchResult,
+    RolloutItem,
 )
 
 pytestmark = pytest.mark.integration
@@ -101,14 +103,15 @@ class AskExecution:
     """A learning workflow asking execution for a batch of some purpose."""
 
     @workflow.run
-    async def run(self, purpose: str) -> str:
+    async def run(self, purpose: str, task_id: str) -> str:
         execution = workflow.create_nexus_client(
             service=ExecutionService,
             endpoint=endpoint_for(workflow.info().task_queue, "execution"))
+        # One planned episode: a batch that plans none is refused (0021).
         result = await execution.execute_operation(
             ExecutionService.run_rollouts,
             RolloutBatchInput(batch_id=f"ask-{purpose}-{workflow.info().run_id[:8]}",
-                              purpose=purpose, items=[]),
+                              purpose=purpose, items=[RolloutItem(task_id, 0, 1)]),
             schedule_to_close_timeout=timedelta(seconds=60))
         return result.batch_id
 
@@ -199,12 +202,14 @@ async def test_execution_serves_learning_training_batches_only(
                    workflows=[InstantRollout], workflow_runner=UnsandboxedWorkflowRunner(),
                    nexus_service_handlers=[execution_nexus(own)]):
         allowed = await learning.execute_workflow(
-            AskExecution.run, "training", id=f"ask-{uuid.uuid4().hex[:8]}",
+            AskExecution.run, args=["training", make_task(owner_engine)],
+            id=f"ask-{uuid.uuid4().hex[:8]}",
             task_queue=own.task_queue(LEARNING_QUEUE))
         assert allowed.startswith("ask-training-")
         with pytest.raises(Exception) as refused:
             await learning.execute_workflow(
-                AskExecution.run, "eval", id=f"ask-{uuid.uuid4().hex[:8]}",
+                AskExecution.run, args=["eval", make_task(owner_engine)],
+                id=f"ask-{uuid.uuid4().hex[:8]}",
                 task_queue=own.task_queue(LEARNING_QUEUE))
     failure = refused.value.__cause__
     assert isinstance(failure, NexusOperationError)

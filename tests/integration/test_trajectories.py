@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 
@@ -37,18 +38,17 @@ def engine(role_engine: Callable[[str], Engine]) -> Engine:
     return role_engine("execution")
 
 
-@pytest.fixture(autouse=True)
-def requested_batches(owner_engine: Engine) -> Callable[[str], str]:
-    """Batch rows for the episodes here (the database refuses episodes nobody asked for)."""
-    def request(batch_id: str) -> str:
-        with owner_engine.begin() as conn:
+def planned(owner_engine: Engine, *rows: TrajectoryRow) -> None:
+    """Batch rows planning exactly these episodes (the database stores no others)."""
+    plans: dict[str, dict[str, dict[str, object]]] = {}
+    for row in rows:
+        plans.setdefault(row.batch_id, {})[row.id] = {"task_id": row.task_id, "seed": 0}
+    with owner_engine.begin() as conn:
+        for batch_id, plan in plans.items():
             conn.execute(text(
-                "INSERT INTO rollout_batch (id, purpose, requested_by) "
-                "VALUES (:b, 'training', 'learning') ON CONFLICT (id) DO NOTHING"), {"b": batch_id})
-        return batch_id
-
-    request("batch")
-    return request
+                "INSERT INTO rollout_batch (id, purpose, requested_by, planned_episodes) "
+                "VALUES (:b, 'training', 'learning', CAST(:p AS jsonb))"),
+                {"b": batch_id, "p": json.dumps(plan)})
 
 
 @pytest.fixture
@@ -67,9 +67,10 @@ def count_steps(*, session: Session, trajectory_ids: list[str]) -> dict[str, int
     return {row[0]: int(row[1]) for row in rows}
 
 
-def episode(task_id: str, *, batch_id: str = "batch", run_id: str | None = None,
+def episode(task_id: str, *, batch_id: str | None = None, run_id: str | None = None,
             checkpoint_id: str = "ckpt", steps: int = 3) -> tuple[TrajectoryRow, list[StepRow]]:
-    """A trajectory and its steps with distinctive arrays."""
+    """A trajectory and its steps with distinctive arrays (a batch of its own by default)."""
+    batch_id = batch_id or uid("batch-")
     row = TrajectoryRow(
         id=uid("ep-"), batch_id=batch_id, task_id=task_id, checkpoint_id=checkpoint_id,
         purpose="training", group_id=f"{batch_id}:0", status="completed", run_id=run_id,
@@ -89,6 +90,7 @@ def test_write_is_idempotent_and_keeps_arrays_exact(
     engine: Engine, authorizer: Authorizer, owner_engine: Engine
 ) -> None:
     row, steps = episode(make_task(owner_engine))
+    planned(owner_engine, row)
     assert write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
     assert not write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
 
@@ -115,6 +117,7 @@ def test_copy_and_per_row_inserts_store_the_same_rows(
     task = make_task(owner_engine)
     bulk, steps = episode(task)
     plain = TrajectoryRow(**{**bulk.__dict__, "id": uid("ep-")})
+    planned(owner_engine, bulk, plain)
     with engine.begin() as conn:
         raw = conn.connection.driver_connection
         with raw.cursor() as cursor:  # type: ignore[union-attr]
@@ -144,6 +147,7 @@ def test_denied_write_stores_nothing(
     dead_opa = build_authorizer(settings.model_copy(update={"opa_url": "http://127.0.0.1:9"}),
                                 "execution")
     row, steps = episode(make_task(owner_engine))
+    planned(owner_engine, row)
     with pytest.raises(PolicyDenied):
         write_trajectory(engine=engine, authorizer=dead_opa, trajectory=row, steps=steps)
     with engine.connect() as conn:
@@ -158,6 +162,7 @@ def test_racing_writers_store_one_copy(
     engine: Engine, authorizer: Authorizer, owner_engine: Engine
 ) -> None:
     row, steps = episode(make_task(owner_engine), steps=50)
+    planned(owner_engine, row)
     results: list[bool] = []
     start = threading.Barrier(4)
 
@@ -184,6 +189,7 @@ def test_the_learner_reads_back_every_turn_through_its_views(
 ) -> None:
     run_id = uid("run-")
     row, _ = episode(make_task(owner_engine), run_id=run_id, steps=3)
+    planned(owner_engine, row)
     prompts = [[1, 2, 3], [1, 2, 3, 40, 41, 5], [1, 2, 3, 40, 41, 5, 42, 6, 7]]
     actions = [[40, 41], [42], [43, 44]]
     steps = [StepRow(i, p, a, [], [-0.5] * len(a), "o", "a", {}, 0.25, i == 2)
@@ -194,7 +200,8 @@ def test_the_learner_reads_back_every_turn_through_its_views(
                                    " WHERE trajectory_id = :t"), {"t": row.id}).scalar_one()
     assert tokens == [1, 2, 3, 40, 41, 5, 42, 6, 7, 43, 44]  # the opening context once
 
-    data = load_rollout_data(engine=role_engine("learning"), run_id=run_id, batch_ids=["batch"])
+    data = load_rollout_data(engine=role_engine("learning"), run_id=run_id,
+                             batch_ids=[row.batch_id])
     turns = [s for s in data.steps if s.action_token_ids]
     assert [list(s.prompt_token_ids) for s in turns] == prompts
     assert [list(s.action_token_ids) for s in turns] == actions
@@ -205,6 +212,7 @@ def test_turns_that_cannot_be_laid_out_store_nothing(
     engine: Engine, authorizer: Authorizer, owner_engine: Engine
 ) -> None:
     row, steps = episode(make_task(owner_engine))
+    planned(owner_engine, row)
     steps[1] = StepRow(**{**steps[1].__dict__, "behaviour_logprobs": [-0.5]})  # 1 for 2 ids
     with pytest.raises(SequenceLayoutError, match="turn 1: 1 behaviour logprobs"):
         write_trajectory(engine=engine, authorizer=authorizer, trajectory=row, steps=steps)
@@ -213,11 +221,11 @@ def test_turns_that_cannot_be_laid_out_store_nothing(
 
 def test_a_group_is_decided_once_and_stored_once(
     engine: Engine, authorizer: Authorizer, owner_engine: Engine,
-    requested_batches: Callable[[str], str],
 ) -> None:
-    batch = requested_batches(uid("group-batch-"))
+    batch = uid("group-batch-")
     task = make_task(owner_engine)
     group = [episode(task, batch_id=batch, steps=n) for n in (1, 2, 3)]
+    planned(owner_engine, *(row for row, _ in group))
     # One of them was stored already (an earlier attempt): it is neither decided nor written.
     assert write_trajectory(engine=engine, authorizer=authorizer, trajectory=group[0][0],
                             steps=group[0][1])
@@ -246,7 +254,8 @@ def test_a_denied_group_stores_none_of_its_episodes(
     dead_opa = build_authorizer(settings.model_copy(update={"opa_url": "http://127.0.0.1:9"}),
                                 "execution")
     task = make_task(owner_engine)
-    group = [episode(task) for _ in range(2)]
+    group = [episode(task, batch_id=uid("batch-")) for _ in range(2)]
+    planned(owner_engine, *(row for row, _ in group))
     result = write_trajectories(engine=engine, authorizer=dead_opa, episodes=group)
     assert result.written == set() and set(result.denied) == {row.id for row, _ in group}
     with engine.connect() as conn:

@@ -207,8 +207,10 @@ def _alive(pid: int) -> bool:
 
 
 def role_passwords(secrets_dir: Path) -> dict[str, str]:
-    """Each service role's password, generated into the secrets folder the first time."""
-    from triloop.config import SERVICES
+    """Each database role's password (the services' and the verifier's), generated into the
+    secrets folder the first time."""
+    from triloop.config import DATABASE_ROLES
     from triloop.secrets import ensure_secret, role_password_name
 
-    return {f"triloop_{s}": ensure_secret(secrets_dir, role_password_name(s)) for s in SERVICES}
+    return {f"triloop_{s}": ensure_secret(secrets_dir, role_password_name(s))
+            for s in DATABASE_ROLES}

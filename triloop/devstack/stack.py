@@ -17,7 +17,14 @@ from typing import cast
 
 from sqlalchemy.engine import make_url
 
-from triloop.config import DEV_SESSION_SECRET, LOOPS, SERVICES, ServiceName, Settings
+from triloop.config import (
+    DEV_SESSION_SECRET,
+    LOOPS,
+    SERVICES,
+    DatabaseRoleName,
+    ServiceName,
+    Settings,
+)
 from triloop.devstack.accounts import (
     ARTIFACTS_GROUP,
     FAULTS_GROUP,
@@ -60,6 +67,7 @@ SERVICE_ORDER = (
     "postgres",
     "temporal",
     "opa",
+    "verifier",
     "governance-worker",
     "execution-worker",
     "learning-worker",
@@ -106,7 +114,7 @@ def _check_port(name: str, port: int, paths: StackPaths) -> None:
 
 
 def service_env(
-    settings: Settings, service: ServiceName, account: ServiceAccount | None = None
+    settings: Settings, service: DatabaseRoleName, account: ServiceAccount | None = None
 ) -> dict[str, str]:
     """The environment of one service process: its own credentials and nobody else's.
 
@@ -114,7 +122,8 @@ def service_env(
     URL is left out (services never migrate), the role URL carries no password,
     ``TRILOOP_SECRETS_DIR`` is a folder holding only this service's secrets (``account``'s,
     0700, when it runs as its own user, with ``HOME`` beside it), and only ``web`` gets
-    the console's session secret.
+    the console's session secret. The verifier holds its database password only: it asks
+    no policy, drives no workflow and reads no artifact.
     """
     env = without_credentials(os.environ)
     env["TRILOOP_HOME"] = str(settings.home.resolve())
@@ -122,9 +131,11 @@ def service_env(
     env["PYTHONUNBUFFERED"] = "1"
     env[f"TRILOOP_DATABASE_URL_{service.upper()}"] = make_url(settings.role_url(service))._replace(
         password=None).render_as_string(hide_password=False)
-    own = [role_password_name(service), opa_token_name(service)]
-    if settings.temporal_credential(service) is not None:
-        own.append(temporal_token_name(service))
+    own = [role_password_name(service)]
+    if service != "verifier":
+        own.append(opa_token_name(service))
+        if settings.temporal_credential(service) is not None:
+            own.append(temporal_token_name(service))
     folder = StackPaths(settings.home.resolve()).service_dir(service)
     owner = (account.uid, account.gid) if account else None
     env["TRILOOP_SECRETS_DIR"] = str(hand_out(settings.secrets.resolve(), folder / "secrets",
@@ -192,6 +203,10 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
     provision_role_passwords(settings.owner_url(), role_passwords(settings.secrets))
     lines += [f"Temporal: created {made}" for made in provision(settings)]
     if with_workers:
+        # The verifier first: offline eval waits for its verdicts on every eval episode.
+        if not running("verifier"):
+            _start_python("verifier", ["-m", "verifier"], settings, paths, service="verifier",
+                          account=accounts["verifier"])
         for name, module in WORKER_MODULES.items():
             if not running(name) and importlib.util.find_spec(module) is not None:
                 service = cast(ServiceName, name.split("-")[0])
@@ -275,8 +290,8 @@ def start_stack_temporal(settings: Settings, paths: StackPaths, port: int, *,
 
 
 def _start_python(
-    name: str, args: list[str], settings: Settings, paths: StackPaths, *, service: ServiceName,
-    account: ServiceAccount | None,
+    name: str, args: list[str], settings: Settings, paths: StackPaths, *,
+    service: DatabaseRoleName, account: ServiceAccount | None,
 ) -> ServiceProcess:
     return start_process(
         name,

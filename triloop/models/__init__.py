@@ -14,7 +14,13 @@ from triloop.models.governance import (
     WorkflowInterruption,
 )
 from triloop.models.training import Checkpoint, Proposal, TrainingRun, TrainingStep
-from triloop.models.trajectories import RolloutBatch, Step, Trajectory, TrajectorySequence
+from triloop.models.trajectories import (
+    RolloutBatch,
+    Step,
+    Trajectory,
+    TrajectorySequence,
+    Verdict,
+)
 from triloop.models.users import ApiToken, ConsoleSession, RoleGrant, User
 
 __all__ = [
@@ -45,6 +51,7 @@ __all__ = [
     "TrainingRun",
     "TrainingStep",
     "RolloutBatch",
+    "Verdict",
     "Trajectory",
     "TrajectorySequence",
     "User",

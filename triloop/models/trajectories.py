@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ARRAY, Column, Float, Text, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
 from triloop.models._columns import (
@@ -87,9 +88,10 @@ class TrajectorySequence(SQLModel, table=True):
 class RolloutBatch(SQLModel, table=True):
     """A batch somebody asked for: execution writes trajectories into requested batches only.
 
-    The execution loop records it when its Nexus handler admits a loop's request (the
-    caller named by the Temporal server), the web service for people's production traffic;
-    the database stamps ``recorded_by`` and refuses a requester that role cannot vouch for.
+    The requester writes it under its own role before it asks: governance for its eval
+    batches, the web service for people's production traffic, and execution's Nexus handler
+    for learning's training batches (the caller proven by the Temporal server). The
+    database stamps ``recorded_by`` and refuses a requester that role cannot vouch for.
     """
 
     __tablename__ = "rollout_batch"
@@ -98,10 +100,38 @@ class RolloutBatch(SQLModel, table=True):
     checkpoint_id: str | None = Field(default=None, description="None: routing decides")
     run_id: str | None = None
     requested_by: str = Field(description="learning | governance | web")
+    # Episode id -> {"task_id", "seed"}: the only episodes the database stores in this batch
+    # and the gates count (``triloop.episode_plan``). None only on rows from before plans.
+    planned_episodes: dict[str, Any] | None = Field(
+        default=None, sa_column=Column(JSONB, nullable=True))
     task_ids: list[str] | None = Field(
         default=None, sa_column=Column(ARRAY(Text), nullable=True),
         description="the tasks the batch was asked for (None: not recorded, as before 0022);"
                     " a training batch on a held-out task is refused")
+    recorded_by: str = Field(
+        default=None,
+        sa_column=Column(Text, nullable=False, server_default=text("current_user")),
+        description="the database role that inserted the row (set by the database)",
+    )
+    created_at: datetime = created_at_field()
+
+
+class Verdict(SQLModel, table=True):
+    """The verifier's own judgement of a stored episode: replayed in a fresh environment of
+    the pinned version and judged by the contract's verifier (``verifier/``).
+
+    Only ``triloop_verifier`` inserts here and the database stamps ``recorded_by``; the gates
+    count these, not execution's ``success``/``total_reward``, for eval, shadow, canary and
+    production episodes. Rows never change.
+    """
+
+    __tablename__ = "verdict"
+    trajectory_id: str = Field(foreign_key="trajectory.id", primary_key=True)
+    batch_id: str
+    success: bool
+    total_reward: float = Field(sa_column=Column(Float, nullable=False))
+    agrees: bool = Field(description="execution's own row said the same success and reward")
+    details: dict[str, Any] = json_field()
     recorded_by: str = Field(
         default=None,
         sa_column=Column(Text, nullable=False, server_default=text("current_user")),

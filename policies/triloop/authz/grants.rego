@@ -63,6 +63,9 @@ service_grants := {
 		"deployment": {"read", "create", "update", "rollback"},
 		"routing": {"read", "create", "update", "route"},
 		"audit_event": {"read"},
+		# Governance records its own eval batches (and their planned episodes) before it
+		# asks execution for them: execution's handler only checks the row.
+		"rollout_batch": {"read", "create"},
 	},
 }
 
