@@ -68,12 +68,18 @@ async def status_of(handle: Any) -> RunStatus:
 
 
 async def until_idle(client: Client, handle: Any, timeout: float = 300) -> None:
-    """Until the run has no activity or child workflow in flight (counted, not timed)."""
+    """Until the run has no activity, child workflow or workflow task in flight (counted,
+    not timed).
+
+    The workflow task counts too: between an activity's completion and the next activity
+    it schedules there is only a workflow task, and an iteration may still finish in it.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         described = (await handle.describe()).raw_description
-        if not described.pending_activities and not described.pending_children:
+        if (not described.pending_activities and not described.pending_children
+                and not described.HasField("pending_workflow_task")):
             return
         assert loop.time() < deadline, "the run never went idle"
         await asyncio.sleep(0.2)
