@@ -31,6 +31,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from learning_loop.checkpoints import readable_by_readers
+
 PAD, BOS, END, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
 SPECIAL_TOKENS = (PAD, BOS, END, UNK, *ROLE_TOKENS)
@@ -260,6 +262,8 @@ def create_tiny_model(path: Path, *, seed: int = 0, spec: TinyModelSpec | None =
             hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
     _portable_tokenizer_config(path, tokenizer)
     _portable_model_config(path, rope_theta)
+    # A base model is read by every loop's OS user (the writer made the weights 0600).
+    readable_by_readers(path)
     return path
 
 

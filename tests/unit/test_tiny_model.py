@@ -134,3 +134,11 @@ def test_cli_init_tiny_refuses_a_non_empty_folder(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "not empty" in result.output
     assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_a_created_model_is_readable_by_every_loops_os_user(tmp_path: Path) -> None:
+    """The weights' writer makes its file 0600; the loops read the base as other OS users."""
+    path = create_tiny_model(tmp_path / "m", seed=0)
+    assert (path.stat().st_mode & 0o777) == 0o755
+    for file in path.iterdir():
+        assert (file.stat().st_mode & 0o777) == 0o644, file.name
