@@ -91,11 +91,13 @@ def main() -> int:
         console.print(f"  {line}")
 
     step("Creating the tiny base model locally (no download)")
+    from learning_loop.checkpoints import readable_by_readers
     from learning_loop.tiny_model import create_tiny_model, tiny_model_info
 
     base_dir = (settings.home / "models" / "tiny-base").resolve()
     if not (base_dir / "config.json").exists():
         create_tiny_model(base_dir, seed=0)
+    readable_by_readers(base_dir)  # one made before each loop ran as its own OS user
     info = tiny_model_info(base_dir)
     console.print(f"  {base_dir}: {info.num_parameters:,} parameters, vocab {info.vocab_size}")
 
