@@ -84,7 +84,8 @@ def main() -> int:
     suffix = time.strftime("%H%M%S")
     api_base = f"http://{settings.web_host}:{settings.web_port}"
 
-    step("Bringing the stack up (PostgreSQL, Temporal, OPA, three loop workers, web)")
+    step("Bringing the stack up (PostgreSQL, Temporal, OPA, the verifier, three loop workers,"
+         " web)")
     from triloop.devstack.stack import up
 
     for line in up(settings):
