@@ -39,7 +39,7 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 
 from governance_loop import store
 from governance_loop.activity_support import GOVERNANCE, GovernanceShell, owner_of, record_reset
-from governance_loop.gates.promote import RunRef
+from governance_loop.gates.promote import RunRef, same_run
 from triloop.audit import append_event
 from triloop.db import session_scope
 from triloop.models import Promotion
@@ -114,7 +114,7 @@ class InterruptionWatch(GovernanceShell):
         caller = RunRef(workflow_id=execution.id, run_id=execution.run_id)
         with session_scope(self._engine) as session:
             promotion = _promotion_of(session, execution.id)
-            owns = promotion is not None and _owns(promotion, caller)
+            owns = promotion is not None and same_run(owner=owner_of(promotion), caller=caller)
             if promotion is not None and owns and promotion.status == PromotionStatus.open:
                 self.authorize("update", Resource("promotion", id=promotion.id,
                                                   attrs={"status": status, "gate": None}))
@@ -195,8 +195,3 @@ class InterruptionWatch(GovernanceShell):
 def _promotion_of(session: Session, workflow_id: str) -> Promotion | None:
     query = select(Promotion).where(Promotion.workflow_id == workflow_id).with_for_update()
     return session.exec(query).first()
-
-
-def _owns(promotion: Promotion, caller: RunRef) -> bool:
-    owner = owner_of(promotion)
-    return owner.run_id is None or owner.run_id == caller.run_id

@@ -74,12 +74,18 @@ class PromoteFacts:
     history: Sequence[Revision]  # the production alias's revisions, oldest first
 
 
+def same_run(*, owner: RunRef, caller: RunRef) -> bool:
+    """Whether ``caller`` is the run that opened the promotion (what it records of it)."""
+    return ((owner.workflow_id is None or caller.workflow_id == owner.workflow_id)
+            and (owner.run_id is None or caller.run_id == owner.run_id))
+
+
 def refuse_foreign_run(promotion_id: str, *, owner: RunRef, caller: RunRef | None) -> None:
     """``promotion_run``: refuse a change to a promotion from a run that did not open it.
 
     A row opened before runs were recorded (``owner.run_id`` None) names only its workflow.
     """
-    if caller is None:
+    if caller is None or same_run(owner=owner, caller=caller):
         return
     if owner.workflow_id is not None and caller.workflow_id != owner.workflow_id:
         raise PromoteRefused("promotion_run", (
