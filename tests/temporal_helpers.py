@@ -11,6 +11,7 @@ import threading
 import uuid
 from typing import Any
 
+from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
 
 from triloop.config import LoopName, ServiceName, Settings
@@ -19,6 +20,7 @@ from triloop.nexus_caller import NexusCallerCheck
 from triloop.policy import Actor
 from triloop.temporal import connect
 from triloop.wiring import build_authorizer
+from triloop.workflow_api import ROLLOUT_WORKFLOW, RolloutBatchInput, RolloutBatchResult
 
 
 def own_queues(settings: Settings, tag: str = "", **update: Any) -> Settings:
@@ -89,3 +91,12 @@ def governance_nexus(settings: Settings) -> Any:
 
     return GovernanceNexusHandlers(NexusCallerCheck(
         settings, server=Actor("governance"), authorizer=build_authorizer(settings, "governance")))
+
+
+@workflow.defn(name=ROLLOUT_WORKFLOW)
+class InstantRollout:
+    """Stands in for the rollout workflow: answers at once."""
+
+    @workflow.run
+    async def run(self, batch: RolloutBatchInput) -> RolloutBatchResult:
+        return RolloutBatchResult(batch_id=batch.batch_id)

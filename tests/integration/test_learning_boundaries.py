@@ -35,16 +35,14 @@ from tests.factories import (
 )
 from tests.factories_governance import TEST_SPEC
 from tests.factories_web import make_promotion
-from tests.temporal_helpers import execution_nexus, loop_client, own_queues
+from tests.temporal_helpers import InstantRollout, execution_nexus, loop_client, own_queues
 from triloop.config import Settings
 from triloop.nexus_api import ExecutionService, endpoint_for
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import (
     EXECUTION_QUEUE,
     LEARNING_QUEUE,
-    ROLLOUT_WORKFLOW,
     RolloutBatchInput,
-    RolloutBatchResult,
     RolloutItem,
 )
 
@@ -105,15 +103,6 @@ HELD_OUT = {"frozen eval set": _frozen_eval_task, "production traffic": _traffic
 
 
 # -- route 6: training batches on held-out tasks --------------------------------------------
-
-
-@workflow.defn(name=ROLLOUT_WORKFLOW)
-class InstantRollout:
-    """Stands in for the rollout workflow: answers at once."""
-
-    @workflow.run
-    async def run(self, batch: RolloutBatchInput) -> RolloutBatchResult:
-        return RolloutBatchResult(batch_id=batch.batch_id)
 
 
 @workflow.defn(name="AskForTraining")

@@ -36,7 +36,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tests.factories import make_task
-from tests.temporal_helpers import admin_client, execution_nexus, loop_client, own_queues
+from tests.temporal_helpers import (
+    InstantRollout,
+    admin_client,
+    execution_nexus,
+    loop_client,
+    own_queues,
+)
 from triloop.config import ServiceName, Settings
 from triloop.devstack.processes import ServiceProcess
 from triloop.devstack.temporal_keys import mint_token
@@ -53,9 +59,7 @@ from triloop.workflow_api import (
     EXECUTION_QUEUE,
     GOVERNANCE_QUEUE,
     LEARNING_QUEUE,
-    ROLLOUT_WORKFLOW,
     RolloutBatchInput,
-    RolloutBatchResult,
     RolloutItem,
 )
 
@@ -87,15 +91,6 @@ class GovernanceTarget:
     @workflow.signal(name="finish")
     def finish(self) -> None:
         self.done = True
-
-
-@workflow.defn(name=ROLLOUT_WORKFLOW)
-class InstantRollout:
-    """Stands in for the rollout workflow: answers at once."""
-
-    @workflow.run
-    async def run(self, batch: RolloutBatchInput) -> RolloutBatchResult:
-        return RolloutBatchResult(batch_id=batch.batch_id)
 
 
 @workflow.defn(name="AskExecution")
