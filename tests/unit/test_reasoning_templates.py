@@ -21,6 +21,8 @@ from transformers import PreTrainedTokenizerBase
 
 from execution_loop.environments.base import Outcome, StepResult
 from execution_loop.episode import StepRecord, run_episode
+from execution_loop.gateway.api_shapes import ChatMessage, ModelRequest
+from execution_loop.gateway.session import Gateway, SessionSettings
 from execution_loop.harness import ChatHarness, ChatTemplateError, Turn
 from execution_loop.inference.base import Generation, decode_action
 from execution_loop.inference.torch_backend import TorchPolicyClient, teacher_forced_logprobs
@@ -34,6 +36,7 @@ from tests.chat_templates import (
     create_qwen3_style_model,
     qwen3_style_tokenizer,
 )
+from tests.gateway_standins import ScriptedPolicy
 from triloop.contracts import ContextRule, Limits, ToolSpec
 from triloop.token_sequence import TurnTokens, pack_turns, unpack_turns
 
@@ -201,6 +204,31 @@ def test_a_template_that_renders_nothing_usable_is_refused_naming_why(
     tokenizer.chat_template = template
     with pytest.raises(ChatTemplateError, match=match):
         ChatHarness(tokenizer).prompt_token_ids(system="s", initial_observation="o", turns=[])
+
+
+def request(messages: Sequence[ChatMessage]) -> ModelRequest:
+    return ModelRequest(api="chat.completions", model="m", messages=tuple(messages),
+                        max_tokens=None, temperature=None)
+
+
+def test_the_gateway_renders_an_agent_s_history_as_the_template_does_and_records_the_break(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    policy = ScriptedPolicy(tokenizer, [ACTIONS[0], ACTIONS[1], "answer: 8"])
+    session = Gateway().open_session(SessionSettings(
+        policy=policy, temperature=1.0, seed=5, max_tokens_per_turn=64, max_total_tokens=512))
+    messages = [ChatMessage("system", SYSTEM), ChatMessage("user", INITIAL)]
+    for observation in OBSERVATIONS[:2]:
+        answer = session.complete(request(messages), {})
+        messages += [ChatMessage("assistant", answer.text), ChatMessage("user", observation)]
+    session.complete(request(messages), {})
+    history = [{"role": m.role, "content": m.content} for m in messages]
+    assert policy.prompts[2] == tokenizer.apply_chat_template(
+        history, add_generation_prompt=True, tokenize=True, return_dict=False)
+    rebuilt = session.rebuilt()
+    # the first answer thought (its history drops the thought): a break; the second did not
+    assert [b.call for b in rebuilt.breaks] == [1] and len(rebuilt.segments) == 2
+    assert rebuilt.sampled_tokens == sum(len(c.completion_token_ids) for c in session.calls)
 
 
 class FakeEnvironment:
