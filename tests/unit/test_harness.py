@@ -174,14 +174,17 @@ def test_works_with_another_template_that_inserts_a_default_system_prompt() -> N
     )
 
 
-def test_refuses_templates_it_cannot_stitch() -> None:
+def test_refuses_a_tokenizer_without_a_template_and_renders_one_it_cannot_stitch() -> None:
     tokenizer = build_tokenizer()
     tokenizer.chat_template = None
     with pytest.raises(ChatTemplateError, match="no chat_template"):
         ChatHarness(tokenizer)
-    # renders the last message differently from the same message earlier on
+    # renders the last message differently from the same message earlier on: not stitched,
+    # so each prompt is the template's own rendering of the whole conversation
     tokenizer.chat_template = (
         "{% for m in messages %}{% if loop.last %}LAST {% endif %}{{ m['content'] }}\n{% endfor %}"
     )
-    with pytest.raises(ChatTemplateError, match="appending"):
-        prompt_token_ids(tokenizer, system="s", initial_observation="o", turns=[])
+    harness = ChatHarness(tokenizer)
+    assert not harness.prefix_stable(with_system=True)
+    ids = harness.prompt_token_ids(system="s", initial_observation="o", turns=[])
+    assert tokenizer.decode(ids) == "s\nLAST o\n"
