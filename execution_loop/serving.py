@@ -45,8 +45,9 @@ from triloop.weights import (
 )
 
 __all__ = [
-    "CheckpointPruned", "EnvironmentLookup", "OpenedTask", "PolicyCache", "PolicyFactory", "TaskEnvironments",
-    "TaskNotAdmitted", "UnknownCheckpoint", "UnsupportedArtifactUri", "WeightsIntegrityError",
+    "CheckpointPruned", "EnvironmentLookup", "OpenedTask", "PolicyCache", "PolicyFactory",
+    "TaskEnvironments", "TaskNotAdmitted", "UnknownCheckpoint", "UnsupportedArtifactUri",
+    "WeightsIntegrityError",
     "backend_factory", "checkpoint_dir", "serving_refusals",
 ]
 
