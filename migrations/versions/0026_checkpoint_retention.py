@@ -164,8 +164,8 @@ BEGIN
       AND NOT EXISTS (SELECT 1 FROM training_step s WHERE s.checkpoint_id = c.id
                       AND s.run_id <> p_run_id));
     IF p_dry_run THEN
-        RETURN QUERY SELECT c.id, c.artifact_uri, c.iteration, c.pruned_at,
-            COALESCE(c.pruned_rule, rule), c.pruned_at IS NULL FROM checkpoint c
+        RETURN QUERY SELECT c.id::text, c.artifact_uri::text, c.iteration, c.pruned_at,
+            COALESCE(c.pruned_rule::text, rule), c.pruned_at IS NULL FROM checkpoint c
         WHERE c.run_id = p_run_id
           AND (c.pruned_at IS NOT NULL OR c.id = ANY(prunable))
         ORDER BY c.iteration, c.id;
@@ -176,9 +176,11 @@ BEGIN
         WHERE c.id = ANY(prunable)
         RETURNING c.id, c.artifact_uri, c.iteration, c.pruned_at, c.pruned_rule
     )
-    SELECT m.id, m.artifact_uri, m.iteration, m.pruned_at, m.pruned_rule, true FROM marked m
+    SELECT m.id::text, m.artifact_uri::text, m.iteration, m.pruned_at, m.pruned_rule::text,
+           true FROM marked m
     UNION ALL
-    SELECT c.id, c.artifact_uri, c.iteration, c.pruned_at, c.pruned_rule, false
+    SELECT c.id::text, c.artifact_uri::text, c.iteration, c.pruned_at, c.pruned_rule::text,
+           false
     FROM checkpoint c WHERE c.run_id = p_run_id AND c.pruned_at IS NOT NULL
     ORDER BY 3, 1;
 END;
