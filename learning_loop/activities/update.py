@@ -249,6 +249,9 @@ class UpdateActivities:
             return
         progress.stage = "pruning"
         retain = [request.parent_checkpoint_id, *request.retain_checkpoint_ids]
+        self._authorizer.authorize(LEARNING, "delete", Resource(
+            "checkpoint", id=f"{request.run_id}:retention",
+            attrs={"run_id": request.run_id, "keep_last": keep}))
         try:
             report = prune_run(engine=self._engine, files=self._files, run_id=request.run_id,
                                keep_last=keep, retain=retain)
