@@ -240,8 +240,9 @@ class UpdateActivities:
     def _prune(self, request: UpdateInput, progress: _Progress) -> None:
         """Retention once the iteration is stored: older iterations give up their files.
 
-        A failure here costs disk, not the iteration: it is logged and the next update's
-        pass (which lists every pruned checkpoint again) finishes the work.
+        A failure here (a refusal, the database or the store) costs disk, not the
+        iteration: it is logged, and the next update's pass (which lists every pruned
+        checkpoint again) finishes the work.
         """
         keep = (self._retention.keep_for(request.config.checkpoints.keep_last)
                 if self._retention is not None else None)
@@ -249,13 +250,14 @@ class UpdateActivities:
             return
         progress.stage = "pruning"
         retain = [request.parent_checkpoint_id, *request.retain_checkpoint_ids]
-        self._authorizer.authorize(LEARNING, "delete", Resource(
-            "checkpoint", id=f"{request.run_id}:retention",
-            attrs={"run_id": request.run_id, "keep_last": keep}))
         try:
+            self._authorizer.authorize(LEARNING, "delete", Resource(
+                "checkpoint", id=f"{request.run_id}:retention",
+                attrs={"run_id": request.run_id, "keep_last": keep}))
             report = prune_run(engine=self._engine, files=self._files, run_id=request.run_id,
                                keep_last=keep, retain=retain)
-        except (SQLAlchemyError, OSError, ArtifactNotFound, ConnectionError) as exc:
+        except (PolicyDenied, SQLAlchemyError, OSError, ArtifactNotFound,
+                ConnectionError) as exc:
             activity.logger.warning("iteration %s: retention did not finish (%s: %s); the next"
                                     " update retries it", request.iteration,
                                     type(exc).__name__, exc)
