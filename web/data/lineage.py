@@ -41,6 +41,10 @@ class CheckpointPublic(BaseModel):
     artifact_uri: str
     created_by: str
     created_at: datetime
+    # Retention: when its weights and trainer state were deleted and by which rule (the
+    # row and its digests remain); None while its files are kept.
+    pruned_at: datetime | None = None
+    pruned_rule: str | None = None
 
 
 class EnvironmentRef(BaseModel):
