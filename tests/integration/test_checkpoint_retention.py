@@ -290,3 +290,35 @@ async def test_a_run_with_keep_last_two_leaves_only_the_protected_set_on_disk(
         if checkpoint["pruned"]:
             assert checkpoint["pruned_rule"] == f"keep_last=2 of run {run_id}"
     assert sum(not c["pruned"] for c in written) <= 2 + len(proposed)
+
+
+def test_the_prune_sweep_lists_first_then_prunes(
+    owner_engine: Engine, settings: Settings, opa_url: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    del opa_url
+    from typer.testing import CliRunner
+
+    from learning_loop.cli import model_app
+
+    run_id = make_run(owner_engine)
+    base = make_checkpoint(owner_engine)
+    c = make_chain(owner_engine, run_id, base, 4)
+    local = settings.model_copy(update={"artifact_dir": tmp_path / "artifacts"})
+    monkeypatch.setattr("triloop.config.get_settings", lambda: local)
+    runner = CliRunner()
+
+    listed = runner.invoke(model_app, ["prune", "--run", run_id, "--keep-last", "2",
+                                       "--dry-run"])
+    assert listed.exit_code == 0, listed.output
+    assert f"iteration 1: would prune {c[0]} (keep_last=2 of run {run_id})" in listed.output
+    assert f"would prune {c[1]}" in listed.output and "Dry run: nothing changed" in listed.output
+    assert not any(flag for flag, _ in marks(owner_engine, c).values())
+
+    done = runner.invoke(model_app, ["prune", "--run", run_id, "--keep-last", "2"])
+    assert done.exit_code == 0, done.output
+    assert f"iteration 2: pruned {c[1]}" in done.output
+    assert [flag for flag, _ in (marks(owner_engine, c)[i] for i in c)] == [
+        True, True, False, False]
+    missing = runner.invoke(model_app, ["prune", "--run", uid("run-")])
+    assert missing.exit_code == 1 and "No training run" in missing.output
