@@ -9,7 +9,8 @@ in-process client owns its checkpoint's batching engine, so concurrent episodes 
 checkpoint share micro-batches; eviction closes it. Every
 load first checks that the directory's weights hash to the checkpoint id (and again
 once loaded, so a file swapped while it was read is caught too); a mismatch refuses
-to serve with ``WeightsIntegrityError`` and is recorded as an integrity event.
+to serve with ``WeightsIntegrityError`` and is recorded as an integrity event. A checkpoint
+whose weights retention pruned is refused first, with ``CheckpointPruned`` naming the rule.
 
 ``TaskEnvironments``: task id -> its registered contract and environment factory.
 Episodes run only on admitted tasks; the admission probe may open pending ones.
@@ -33,6 +34,7 @@ from triloop.artifacts import ArtifactCorrupted, ArtifactStore
 from triloop.config import Settings
 from triloop.contracts import EnvironmentContract, parse_contract_text
 from triloop.models import Checkpoint, EnvironmentVersion, Task
+from triloop.retention import CheckpointPruned, refuse_pruned
 from triloop.statuses import TaskStatus
 from triloop.weights import (
     UnsupportedArtifactUri,
@@ -43,8 +45,9 @@ from triloop.weights import (
 )
 
 __all__ = [
-    "EnvironmentLookup", "OpenedTask", "PolicyCache", "PolicyFactory", "TaskEnvironments",
-    "TaskNotAdmitted", "UnknownCheckpoint", "UnsupportedArtifactUri", "WeightsIntegrityError",
+    "CheckpointPruned", "EnvironmentLookup", "OpenedTask", "PolicyCache", "PolicyFactory",
+    "TaskEnvironments", "TaskNotAdmitted", "UnknownCheckpoint", "UnsupportedArtifactUri",
+    "WeightsIntegrityError",
     "backend_factory", "checkpoint_dir", "serving_refusals",
 ]
 
@@ -209,6 +212,7 @@ class PolicyCache:
                 f"checkpoint {checkpoint_id!r} is not registered; the learning loop registers "
                 "checkpoints, and routing may only name registered ones"
             )
+        refuse_pruned(row, wanted_for="served")  # a clear error, not a missing file
         try:
             return checkpoint_dir(row.artifact_uri, home=self._home, store=self._store,
                                   checkpoint_id=checkpoint_id)

@@ -27,6 +27,7 @@ TASK_NOT_ADMITTED = "TaskNotAdmitted"
 BASE_MODEL_NOT_FOUND = "BaseModelNotFound"
 INVALID_TRAINING_DATA = "InvalidTrainingData"
 CHECKPOINT_BROKEN = "CheckpointBroken"
+CHECKPOINT_PRUNED = "CheckpointPruned"  # its weights were deleted by retention (names the rule)
 RANK_FAILED = "RankFailed"  # a rank of a multi-rank update failed (names it, quotes its log)
 
 
@@ -130,6 +131,9 @@ class UpdateInput:
     # a continuation, and groups of earlier batches whose continuations finished.
     held_group_ids: list[str] = field(default_factory=list)
     carried_group_ids: list[str] = field(default_factory=list)
+    # Retention: checkpoints the run still serves besides the parent (its rollouts in
+    # flight), which the prune after this update must keep whatever their age.
+    retain_checkpoint_ids: list[str] = field(default_factory=list)
 
 
 @dataclass

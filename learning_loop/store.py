@@ -217,3 +217,51 @@ def run_checkpoint_count(*, engine: Engine, run_id: str) -> int:
         return int(session.exec(
             select(func.count()).select_from(Checkpoint).where(Checkpoint.run_id == run_id)
         ).one())
+
+
+@dataclass(frozen=True)
+class PrunedCheckpoint:
+    """A checkpoint of the run whose weights retention gave up (or would, on a dry run)."""
+
+    checkpoint_id: str
+    artifact_uri: str
+    iteration: int | None
+    pruned_at: datetime | None  # None on a dry run: not marked yet
+    rule: str  # e.g. "keep_last=3 of run R"
+    newly: bool  # marked by this call (False: marked earlier; its files may linger)
+
+
+def prune_checkpoints(
+    *, engine: Engine, run_id: str, keep_last: int, retain: Sequence[str] = (),
+    dry_run: bool = False,
+) -> list[PrunedCheckpoint]:
+    """Mark the run's prunable checkpoints (the database decides which) and list them all.
+
+    One call of ``triloop_prune_checkpoints`` (migration 0026): it protects production,
+    rollback targets, routing, open promotions, candidates and bases, the run's last
+    ``keep_last`` iterations (at least its RUN.yaml's) and ``retain``. It returns every
+    pruned checkpoint of the run, so a deletion a crash interrupted is finished next time.
+    """
+    with session_scope(engine) as session:
+        rows = session.execute(
+            text("SELECT * FROM triloop_prune_checkpoints(:run, :keep, :retain, :dry)"),
+            {"run": run_id, "keep": keep_last, "retain": list(retain), "dry": dry_run},
+        ).all()
+    return [PrunedCheckpoint(str(r.checkpoint_id), str(r.artifact_uri), r.iteration,
+                             r.pruned_at, str(r.pruned_rule), bool(r.newly)) for r in rows]
+
+
+def kept_artifact_uris(*, engine: Engine) -> list[str]:
+    """The artifact URIs of every checkpoint whose weights are kept (not pruned)."""
+    with Session(engine) as session:
+        return list(session.exec(
+            select(Checkpoint.artifact_uri).where(col(Checkpoint.pruned_at).is_(None))))
+
+
+def run_ids(*, engine: Engine, run_id: str | None = None) -> list[str]:
+    """Every training run's id, oldest first (or just ``run_id`` if it exists)."""
+    with Session(engine) as session:
+        query = select(TrainingRun.id).order_by(col(TrainingRun.created_at))
+        if run_id is not None:
+            query = query.where(TrainingRun.id == run_id)
+        return list(session.exec(query))

@@ -30,6 +30,7 @@ from learning_loop.activities.run_state import RunActivities
 from learning_loop.workflows import ModelImportWorkflow, TrainingRunWorkflow
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
+from triloop.retention import RetentionPolicy
 from triloop.wiring import build_authorizer
 from triloop.worker_serve import serve, worker_identity
 from triloop.workflow_api import LEARNING_GPU_QUEUE, LEARNING_QUEUE
@@ -68,6 +69,7 @@ def build_update_worker(client: Client, settings: Settings) -> Worker:
         engine=engine, authorizer=authorizer, artifact_dir=settings.artifacts,
         store=store, cache_dir=settings.artifact_cache, home=settings.home,
         torch_threads=settings.torch_threads,
+        retention=RetentionPolicy(settings.checkpoint_retention, settings.checkpoint_keep_last),
     )
     bases = BaseActivities(engine=engine, authorizer=authorizer,
                            artifact_dir=settings.artifacts, store=store)

@@ -20,7 +20,8 @@ raised any alarm ends ``completed_with_alarms`` rather than ``completed``. Every
 proposal row, then governance's ``propose_candidate`` Nexus operation, which opens the
 promotion (learning holds no permission in governance's namespace). After
 ``continue_as_new_every`` iterations the workflow continues as new, carrying the
-iteration and the latest checkpoint.
+iteration and the latest checkpoint. Each update names the checkpoints its run's rollouts
+in flight are served from, so that retention (after the update is stored) keeps them.
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ class TrainingRunWorkflow:
         self._to_continue: list[ContinuedEpisode] = []
         self._continuations: dict[str, ContinuedEpisode] = {}
         self._batch_continued: dict[str, list[ContinuedEpisode]] = {}
+        # Retention: the checkpoint each rollout in flight is served from, which the prune
+        # after an update must keep however old it is (staleness_window > 1, rollbacks).
+        self._rollout_checkpoints: dict[asyncio.Task[RolloutBatchResult], str] = {}
 
     @workflow.signal(name=RUN_PAUSE_SIGNAL)
     def pause(self, control: RunControl) -> None:
@@ -407,10 +411,18 @@ class TrainingRunWorkflow:
         execution = workflow.create_nexus_client(
             service=ExecutionService, endpoint=endpoint_for(workflow.info().task_queue,
                                                             "execution"))
-        return asyncio.create_task(execution.execute_operation(
+        task = asyncio.create_task(execution.execute_operation(
             ExecutionService.run_rollouts, batch,
             cancellation_type=workflow.NexusOperationCancellationType.TRY_CANCEL,
         ))
+        self._rollout_checkpoints[task] = checkpoint_id
+        return task
+
+    def _served_by_rollouts(self) -> list[str]:
+        """The checkpoints rollouts in flight are served from (finished ones let go)."""
+        self._rollout_checkpoints = {task: checkpoint for task, checkpoint
+                                     in self._rollout_checkpoints.items() if not task.done()}
+        return sorted(set(self._rollout_checkpoints.values()))
 
     def _start_update(self, run: TrainingRunInput, config: RunConfig, plan: m.RunPlan,
                       iteration: int, parent: str, base: str, batch_ids: list[str],
@@ -434,7 +446,8 @@ class TrainingRunWorkflow:
                 series=series, entropy_coef_bonus=mitigation.entropy_coef_bonus,
                 learning_rate_scale=mitigation.learning_rate_scale,
                 held_group_ids=list(groups.held) if groups else [],
-                carried_group_ids=list(groups.carried) if groups else []),
+                carried_group_ids=list(groups.carried) if groups else [],
+                retain_checkpoint_ids=self._served_by_rollouts()),
             task_queue=sibling_queue(workflow.info().task_queue, LEARNING_GPU_QUEUE),
             heartbeat=timedelta(seconds=run.update_heartbeat_timeout_s),
         )

@@ -9,7 +9,9 @@ hashes what it got and refuses bytes that do not hash to the digest asked for
 A directory (a checkpoint: ``save_pretrained`` files plus trainer state) is stored as its
 files' blobs plus a manifest blob, canonical JSON mapping each relative path to its file's
 digest. Its URI is ``artifact://sha256/<manifest digest>``: immutable, and enough for any
-worker to fetch it. ``materialize`` writes it into a local cache folder keyed by that
+worker to fetch it. Retention deletes a pruned checkpoint's weight and trainer-state
+blobs (``delete``) and keeps its manifest, which still lists every file's digest.
+``materialize`` writes it into a local cache folder keyed by that
 digest (staged, then renamed), verifying every file on the way; the caller then verifies
 the weights against the checkpoint id as for any local checkpoint.
 """
@@ -56,6 +58,7 @@ class ArtifactStore(Protocol):
     def get_bytes(self, digest: str) -> bytes: ...
     def get_file(self, digest: str, target: Path) -> None: ...
     def exists(self, digest: str) -> bool: ...
+    def delete(self, digest: str) -> None: ...
 
 
 def check_digest(digest: str) -> str:
@@ -156,6 +159,10 @@ class LocalArtifactStore:
     def exists(self, digest: str) -> bool:
         """Whether an artifact is stored."""
         return self._location(digest).exists()
+
+    def delete(self, digest: str) -> None:
+        """Remove a blob (retention); a blob already gone is not an error."""
+        self._location(digest).unlink(missing_ok=True)
 
 
 def directory_uri(manifest_digest: str) -> str:

@@ -139,6 +139,13 @@ class Settings(BaseSettings):
         " thread and the learner's thread (count). Unset: torch's default, every core. Each"
         " thread that runs torch gets its own pool, so workers (or the two loops in one"
         " process) sharing a machine oversubscribe it unless their threads add up to its cores.")
+    checkpoint_retention: bool = Field(
+        True, description="Prune old iterations' checkpoint weights and trainer state (their"
+        " lineage rows stay, marked pruned); false: every checkpoint keeps its files forever.")
+    checkpoint_keep_last: int = Field(
+        3, ge=1, description="Iterations of a run whose checkpoints keep their files when its"
+        " RUN.yaml leaves checkpoints.keep_last unset (count). Production, candidates, rollback"
+        " targets and bases are kept whatever it says.")
     gate_profile: Literal["production", "demo", "test"] = Field(
         "production", description="Soak and deadline durations: days, minutes or seconds."
     )

@@ -402,6 +402,23 @@ class MitigationConfig(_Section):
         description="Mitigations at most per run (count); later alarms only alarm.")
 
 
+class CheckpointsConfig(_Section):
+    """Retention: how many iterations keep their weights (see learning_loop.retention).
+
+    After each iteration the learner deletes the weights and trainer state of the run's
+    older checkpoints; their lineage rows and digests stay, marked pruned. Whatever the
+    count, the database keeps what serves or may serve production (aliases, rollback
+    targets, routing, open promotions), every proposed candidate and every base.
+    """
+
+    keep_last: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description="Iterations whose checkpoints keep their files (count, >= 1): the newest"
+        " ones (a resume needs the newest, a mitigation rollback its parent). None: the"
+        " stack's TRILOOP_CHECKPOINT_KEEP_LAST (default 3). The stack's"
+        " TRILOOP_CHECKPOINT_RETENTION=false keeps every checkpoint.")
+
+
 class RunConfig(_Section):
     """A whole training run, as submitted in RUN.yaml."""
 
@@ -422,6 +439,8 @@ class RunConfig(_Section):
     sampling: SamplingConfig = SamplingConfig()
     asynchrony: AsynchronyConfig = AsynchronyConfig()
     mitigation: MitigationConfig = MitigationConfig()
+    # issue 25: checkpoint retention
+    checkpoints: CheckpointsConfig = CheckpointsConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

@@ -6,9 +6,9 @@ body's sha256 as ``x-amz-content-sha256``, so the server can refuse a body damag
 transit, and skips blobs already there (content addressing makes them equal). Every get is
 hashed and refused if it does not match (``ArtifactCorrupted``).
 
-Why not boto3 or s3fs: neither is in the locked dependency set, and the four calls used
-here (HEAD, PUT, GET of one object) need only a request signer; fsspec (locked) has no S3
-filesystem of its own.
+Why not boto3 or s3fs: neither is in the locked dependency set, and the calls used
+here (HEAD, PUT, GET, DELETE of one object) need only a request signer; fsspec (locked)
+has no S3 filesystem of its own.
 """
 
 from __future__ import annotations
@@ -135,6 +135,12 @@ class S3ArtifactStore:
             return False
         self._check(response, digest)
         return True
+
+    def delete(self, digest: str) -> None:
+        """Remove a blob (retention); S3 answers 204 whether or not it was there."""
+        response = self._send("DELETE", self._url(digest))
+        if response.status_code != 404:
+            self._check(response, digest)
 
     def put_bytes(self, data: bytes) -> str:
         """Store bytes (once); their digest."""

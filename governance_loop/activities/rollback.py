@@ -26,6 +26,7 @@ from triloop.db import session_scope
 from triloop.deployment_history import RollbackRefused, plan_rollback
 from triloop.models import Checkpoint, DecisionKind, DeploymentHistory
 from triloop.policy import Authorizer, Resource
+from triloop.retention import CheckpointPruned, refuse_pruned
 from triloop.statuses import PromotionStatus, Purpose
 from triloop.workflow_api import RollbackInput, RollbackResult
 
@@ -81,6 +82,8 @@ class RollbackActivities(GovernanceShell):
                 )
             except RollbackRefused as refusal:
                 problem = str(refusal)
+            if problem is None:
+                problem = _pruned_problem(session, plan.target.checkpoint_id)
             if problem is None:
                 target = plan.target.checkpoint_id
                 store.move_alias(
@@ -142,6 +145,23 @@ class RollbackActivities(GovernanceShell):
                               previous_checkpoint_id=row.previous_checkpoint_id or "")
 
 
+def _pruned_problem(session: Session, checkpoint_id: str) -> str | None:
+    """Why the rollback target cannot serve: its weights were pruned (None: they are kept).
+
+    Retention keeps every checkpoint of a deployment history, so this names a fault
+    (a store emptied by hand, a rule changed), in the rule's words, instead of a crash
+    when execution goes to load it.
+    """
+    row = session.get(Checkpoint, checkpoint_id)
+    if row is None:
+        return f"rollback target {checkpoint_id} has no checkpoint row"
+    try:
+        refuse_pruned(row, wanted_for="rolled back to")
+    except CheckpointPruned as pruned:
+        return str(pruned)
+    return None
+
+
 def _optional_int(value: object) -> int | None:
     """A revision number a person named, as stored in their decision's details."""
     if value is None or value == "":
@@ -164,8 +184,13 @@ def bootstrap_production(
     rollback target is then the last earlier revision that was not rolled back.
     """
     with session_scope(engine) as session:
-        if session.get(Checkpoint, checkpoint_id) is None:
+        row = session.get(Checkpoint, checkpoint_id)
+        if row is None:
             raise store.StoreError(f"checkpoint {checkpoint_id} does not exist")
+        try:
+            refuse_pruned(row, wanted_for="deployed as production")
+        except CheckpointPruned as pruned:
+            raise store.StoreError(str(pruned)) from pruned
         current = store.get_deployment(session=session, alias="production")
     if current is not None and not replace:
         raise store.StoreError(

@@ -32,6 +32,7 @@ from transformers import PreTrainedModel
 from learning_loop.checkpoints import saved_weights_digest, serving_hashes
 from learning_loop.contracts import (
     BASE_MODEL_NOT_FOUND,
+    CHECKPOINT_PRUNED,
     IMPORT_MODEL,
     REGISTER_BASE_CHECKPOINT,
     BaseCheckpoint,
@@ -58,6 +59,7 @@ from learning_loop.store import (
 from triloop.artifacts import ArtifactStore, publish_directory
 from triloop.models import Checkpoint
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
+from triloop.retention import CheckpointPruned, refuse_pruned
 from triloop.workflow_api import ErrorType, ModelImportInput, ModelImportResult
 
 LEARNING = Actor(service="learning")
@@ -86,6 +88,11 @@ class BaseActivities:
         """The base model as a root checkpoint: a registered id, or a directory to copy in."""
         existing = get_checkpoint(engine=self._engine, checkpoint_id=request.base)
         if existing is not None:
+            try:
+                refuse_pruned(existing, wanted_for=f"model.base of run {request.run_id}")
+            except CheckpointPruned as exc:
+                raise ApplicationError(str(exc), type=CHECKPOINT_PRUNED,
+                                       non_retryable=True) from exc
             return BaseCheckpoint(existing.id, created=False)
         source = Path(request.base)
         if not (source / "config.json").is_file():

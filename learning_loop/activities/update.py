@@ -6,7 +6,10 @@ exists, the stored result is returned and nothing trains. Otherwise the parent c
 saved it, on this worker), the rollout batches are read from the
 database, the update runs in a worker thread while the activity heartbeats, and the
 checkpoint is saved; then, after ``authorize()``, one transaction writes the checkpoint
-row, the training step, ``iterations_done`` and the alarms' audit events.
+row, the training step, ``iterations_done`` and the alarms' audit events. Last, retention
+(``learning_loop.retention``) deletes the files of the run's checkpoints the database
+says may go. A parent or base whose files were pruned is a ``CheckpointPruned`` error
+naming the rule, before anything is read.
 
 Heartbeat details say how far an attempt got. A retry after the checkpoint was saved
 (heartbeat stage ``saved``) reuses it instead of training again.
@@ -24,6 +27,7 @@ from typing import Any
 
 import torch
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -37,6 +41,7 @@ from learning_loop.checkpoints import (
 )
 from learning_loop.contracts import (
     CHECKPOINT_BROKEN,
+    CHECKPOINT_PRUNED,
     INVALID_TRAINING_DATA,
     RANK_FAILED,
     UPDATE_POLICY,
@@ -52,6 +57,7 @@ from learning_loop.iteration import (
 from learning_loop.iteration_records import alarm_record, saved_iteration, stability_history
 from learning_loop.mitigation import with_mitigations
 from learning_loop.rank_launch import RankFailed
+from learning_loop.retention import CheckpointFiles, prune_run
 from learning_loop.stability import StabilityInputError
 from learning_loop.store import (
     get_checkpoint,
@@ -61,9 +67,10 @@ from learning_loop.store import (
 )
 from learning_loop.trajectory_reader import load_rollout_data
 from learning_loop.update import UpdateError
-from triloop.artifacts import ArtifactStore
+from triloop.artifacts import ArtifactNotFound, ArtifactStore
 from triloop.models import Checkpoint, TrainingStep
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
+from triloop.retention import CheckpointPruned, RetentionPolicy, refuse_pruned
 from triloop.weights import UnsupportedArtifactUri, checkpoint_dir
 
 LEARNING = Actor(service="learning")
@@ -111,6 +118,7 @@ class UpdateActivities:
         self, *, engine: Engine, authorizer: Authorizer, artifact_dir: Path,
         store: ArtifactStore | None = None, cache_dir: Path | None = None,
         home: Path | None = None, torch_threads: int | None = None,
+        retention: RetentionPolicy | None = None,
     ) -> None:
         self._engine = engine
         self._authorizer = authorizer
@@ -122,6 +130,10 @@ class UpdateActivities:
         self._shared_store = store
         self._cache_dir = cache_dir or artifact_dir / "cache"
         self._executor = learner_executor(torch_threads)
+        # Retention after each stored iteration (None: keep every checkpoint's files).
+        self._retention = retention
+        self._files = CheckpointFiles(artifact_dir=artifact_dir, store=store,
+                                      cache_dir=self._cache_dir)
         # The learner the last update left in memory (only the learner thread touches it):
         # the run's next update starts from it instead of reading its checkpoint back.
         self._warm: WarmLearner | None = None
@@ -155,6 +167,8 @@ class UpdateActivities:
             # memory, a lost peer, the time limit) may not, so that one is retried.
             raise ApplicationError(str(exc), type=RANK_FAILED,
                                    non_retryable=exc.python_error) from exc
+        except CheckpointPruned as exc:
+            raise ApplicationError(str(exc), type=CHECKPOINT_PRUNED, non_retryable=True) from exc
         except (CheckpointError, PolicyDenied) as exc:
             kind = CHECKPOINT_BROKEN if isinstance(exc, CheckpointError) else "PolicyDenied"
             raise ApplicationError(str(exc), type=kind, non_retryable=True) from exc
@@ -166,22 +180,57 @@ class UpdateActivities:
         stored = get_training_step(engine=self._engine, run_id=request.run_id,
                                    iteration=request.iteration)
         if stored is not None:
+            self._prune(request, progress)  # an attempt that stored may not have pruned
             return result_of(stored, already_done=True)
         parent = get_checkpoint(engine=self._engine, checkpoint_id=request.parent_checkpoint_id)
         if parent is None:
             raise CheckpointError(f"parent checkpoint {request.parent_checkpoint_id} has no row")
-        parent_dir = self._local_dir(parent)
+        parent_dir = self._local_dir(parent, wanted_for="trained from (the update's parent)")
         trained = self._saved(resume, request)
         if trained is None:
             trained = self._train(request, parent, parent_dir, progress)
         if abort.is_set():
             raise UpdateCancelled(f"update of iteration {request.iteration} was cancelled")
-        return self._store(request, parent, trained)
+        result = self._store(request, parent, trained)
+        self._prune(request, progress)
+        return result
+
+    def _prune(self, request: UpdateInput, progress: _Progress) -> None:
+        """Retention once the iteration is stored: older iterations give up their files.
+
+        A failure here (a refusal, the database or the store) costs disk, not the
+        iteration: it is logged, and the next update's pass (which lists every pruned
+        checkpoint again) finishes the work.
+        """
+        keep = (self._retention.keep_for(request.config.checkpoints.keep_last)
+                if self._retention is not None else None)
+        if keep is None:
+            return
+        progress.stage = "pruning"
+        retain = [request.parent_checkpoint_id, *request.retain_checkpoint_ids]
+        try:
+            self._authorizer.authorize(LEARNING, "delete", Resource(
+                "checkpoint", id=f"{request.run_id}:retention",
+                attrs={"run_id": request.run_id, "keep_last": keep}))
+            report = prune_run(engine=self._engine, files=self._files, run_id=request.run_id,
+                               keep_last=keep, retain=retain)
+        except (PolicyDenied, SQLAlchemyError, OSError, ArtifactNotFound,
+                ConnectionError) as exc:
+            activity.logger.warning("iteration %s: retention did not finish (%s: %s); the next"
+                                    " update retries it", request.iteration,
+                                    type(exc).__name__, exc)
+            return
+        if report.newly_pruned:
+            activity.logger.info(
+                "iteration %s: pruned %d checkpoint(s) by keep_last=%d, %d bytes freed",
+                request.iteration, len(report.newly_pruned), report.keep_last,
+                report.freed_bytes)
 
     def _publish(self, directory: Path) -> str:
         return checkpoint_uri(self._shared_store, directory)
 
-    def _local_dir(self, checkpoint: Checkpoint) -> Path:
+    def _local_dir(self, checkpoint: Checkpoint, *, wanted_for: str) -> Path:
+        refuse_pruned(checkpoint, wanted_for=wanted_for)
         try:
             return checkpoint_dir(checkpoint.artifact_uri, home=self._home,
                                   store=self._shared_store, cache=self._cache_dir,
@@ -227,7 +276,7 @@ class UpdateActivities:
             base = get_checkpoint(engine=self._engine, checkpoint_id=request.base_checkpoint_id)
             if base is None:
                 raise CheckpointError(f"base checkpoint {request.base_checkpoint_id} has no row")
-            reference_dir = self._local_dir(base)
+            reference_dir = self._local_dir(base, wanted_for="the run's KL reference")
 
         def stage(name: str) -> None:
             progress.stage = name

@@ -460,7 +460,8 @@ def test_a_policy_edit_applies_when_opa_restarts_and_its_revision_is_audited(
     before = authorizer.authorize(case.actor, case.action, case.resource)
     grants = policies / "triloop" / "authz" / "grants.rego"
     grants.write_text(grants.read_text().replace(
-        '"checkpoint": {"read", "create", "propose"}', '"checkpoint": {"read", "propose"}'))
+        '"checkpoint": {"read", "create", "propose", "delete"}',
+        '"checkpoint": {"read", "propose", "delete"}'))
     # Without --watch nothing changes until OPA restarts, so no decision is ever reported
     # under a revision other than the one that made it.
     assert authorizer.authorize(case.actor, case.action, case.resource).policy_revision == \

@@ -91,6 +91,11 @@ class Checkpoint(SQLModel, table=True):
     dtype: str | None = Field(default=None, description="the dtype the weights are stored in")
     created_by: str
     created_at: datetime = created_at_field()
+    # Retention (migration 0026): when the weights and trainer state were deleted, and by
+    # which rule (``keep_last=3 of run R``). The row and its digests stay; only the
+    # database's ``triloop_prune_checkpoints`` sets them, and never clears them.
+    pruned_at: datetime | None = timestamp_field()
+    pruned_rule: str | None = None
 
 
 class Proposal(SQLModel, table=True):

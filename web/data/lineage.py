@@ -53,6 +53,10 @@ class CheckpointPublic(BaseModel):
     parameter_count: int | None = None
     source_dtype: str | None = Field(default=None, description="the weights' dtype at the source")
     dtype: str | None = Field(default=None, description="the dtype the weights are stored in")
+    # Retention: when its weights and trainer state were deleted and by which rule (the
+    # row and its digests remain); None while its files are kept.
+    pruned_at: datetime | None = None
+    pruned_rule: str | None = None
 
 
 class EnvironmentRef(BaseModel):

@@ -36,7 +36,8 @@ service_grants := {
 		"training_step": {"read", "create"},
 		"trajectory": {"read"},
 		"step": {"read"},
-		"checkpoint": {"read", "create", "propose"},
+		# delete: retention gives up old iterations' files (the database picks which).
+		"checkpoint": {"read", "create", "propose", "delete"},
 		"proposal": {"read", "create", "propose"},
 		"promotion": {"read"},
 		"gate_result": {"read"},
