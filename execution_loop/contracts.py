@@ -63,6 +63,20 @@ class EpisodeSummary:
 
 
 @dataclass
+class HeartbeatReport:
+    """An episode activity's heartbeat details after the steps count: what it was doing.
+
+    ``stage`` is the least recently lively running episode's stage in words ("decoding
+    turn 3 of episode b:0:1 (12 tokens so far)"); when the attempt times out, the last
+    report that reached the server says where it stopped moving.
+    """
+
+    steps: int = 0  # steps (or agent model calls) done by the activity's episodes (count)
+    stage: str = ""  # empty: no episode running (all queued for a slot, or all finished)
+    silent_s: float = 0.0  # how long that episode had been without progress (seconds)
+
+
+@dataclass
 class EpisodeGroupInput:
     """Episodes of one group (or a chunk of one) played together by one activity."""
 
