@@ -250,14 +250,13 @@ class RolloutActivities:
             temperature = fault.temperature
 
         def report(steps_done: int) -> None:  # steps (or agent model calls) done
-            if activity.is_cancelled():
+            if liveness.should_stop():
                 raise CancelledError(CANCELLED)
             liveness.stepped(episode_id, steps_done)
 
         prior = self._prior(job, agent=opened.contract.agent is not None)
         policy = WatchedPolicy(loaded, liveness, episode_id=episode_id,
                                owner=job.run_id or job.batch_id,
-                               cancelled=activity.is_cancelled,
                                turns_before=len(prior.steps) if prior else 0)
         env = opened.open()
         seed = episode_seed(spec.shadow_of or spec.episode_id)
@@ -356,9 +355,10 @@ class RolloutActivities:
         for job in request.episodes:
             if job.spec.episode_id in present:
                 continue
+            reason = request.reasons.get(job.spec.episode_id, request.reason)
             try:
                 write_trajectory(engine=self._engine, authorizer=self._authorizer,
-                                 trajectory=stub_row(job, request.reason), steps=[])
+                                 trajectory=stub_row(job, reason), steps=[])
             except PolicyDenied as denied:  # nothing written; the episode counts as failed
                 activity.logger.warning("truncated record refused: %s", denied)
         return TruncateResult(trajectory_statuses(engine=self._engine, ids=ids))

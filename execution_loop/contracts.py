@@ -62,6 +62,11 @@ class EpisodeSummary:
     failure_reason: str | None = None  # why it was truncated or failed
 
 
+# The error type of an episode group that stalled (an episode without progress for the
+# heartbeat timeout): its message names the stage.
+HEARTBEAT_TIMEOUT = "HeartbeatTimeout"
+
+
 @dataclass
 class HeartbeatReport:
     """An episode activity's heartbeat details after the steps count: what it was doing.
@@ -123,6 +128,9 @@ class TruncateInput:
     reason: str = "batch_deadline"
     # False: only report what is stored (episodes of a group that failed for good).
     record_missing: bool = True
+    # Episode id -> its own reason, where not ``reason`` (a group lost to a heartbeat
+    # timeout: "heartbeat_timeout").
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -17,8 +17,12 @@ What stays as it was, per episode:
   its own in that attempt is played again by the retry).
 - Liveness (``execution_loop.liveness``): the group heartbeats while its episodes make
   progress (steps, decoded tokens, checkpoint loading), but not while any running episode
-  has been silent for the heartbeat timeout, so a stuck turn still times the attempt out,
-  and the last heartbeat names the stage it stuck in.
+  has been silent for the heartbeat timeout. Then the attempt ends itself: it stores what
+  finished, stops the rest before their next turn, and fails, not to be retried, with a
+  ``HeartbeatTimeout`` that names the stage the episode stuck in ("heartbeat timeout while
+  decoding turn 3 of episode b:0:1 (12 tokens so far)"). A retry on the same worker would
+  wait behind the same stuck turn. (A worker that dies stops heartbeating: Temporal's own
+  heartbeat timeout retries the attempt elsewhere, as before.)
 
 The episodes play on the worker's ``EpisodeSlots``, shared fairly between runs; when the
 activity is cancelled (its batch's deadline, or its run cancelled), its queued episodes
@@ -33,7 +37,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 from temporalio import activity
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from execution_loop.activities import (
     RolloutActivities,
@@ -46,9 +50,10 @@ from execution_loop.contracts import (
     EpisodeGroupInput,
     EpisodeGroupResult,
     EpisodeInput,
+    HeartbeatReport,
 )
 from execution_loop.episode_slots import EpisodeSlots
-from execution_loop.liveness import EpisodeLiveness, heartbeat_pump
+from execution_loop.liveness import HEARTBEAT_TIMEOUT, EpisodeLiveness, heartbeat_pump
 from execution_loop.store import StepRow, TrajectoryRow, write_trajectories
 from triloop.policy import Authorizer
 
@@ -64,6 +69,7 @@ class _Played:
     failed: dict[str, str] = field(default_factory=dict)
     infrastructure: list[BaseException] = field(default_factory=list)
     cancelled: bool = False
+    stalled: HeartbeatReport | None = None  # an episode made no progress for the timeout
 
 
 class EpisodeGroupRunner:
@@ -106,6 +112,8 @@ class EpisodeGroupRunner:
                 summaries[row.id] = episode_summary(row, written=True)
         summaries.update(self._rollout.stored_summaries(sorted(stored.present)))
         failed.update(stored.denied)
+        if played.stalled is not None:
+            raise stall_error(played.stalled, timeout.total_seconds() if timeout else 0.0)
         if played.cancelled:
             raise CancelledError("episode group cancelled: its batch was cancelled or its"
                                  " deadline passed")
@@ -141,8 +149,12 @@ class EpisodeGroupRunner:
                         played.failed[job.spec.episode_id] = f"{type(exc).__name__}: {exc}"
                         activity.logger.warning("episode %s failed: %s",
                                                 job.spec.episode_id, exc)
-            if activity.is_cancelled():  # the batch is over: keep what finished, stop waiting
-                played.cancelled = True
+            stalled = liveness.stalled() if pending else None
+            if activity.is_cancelled() or stalled is not None:
+                # The batch is over, or an episode is stuck: keep what finished, stop the
+                # rest before their next turn, stop waiting.
+                played.cancelled, played.stalled = stalled is None, stalled
+                liveness.stop()
                 for future in pending:
                     future.cancel()  # queued for a slot: never starts
                 break
@@ -158,4 +170,12 @@ class EpisodeGroupRunner:
             liveness.finished(episode_id)
 
 
-__all__ = ["EpisodeGroupRunner"]
+def stall_error(report: HeartbeatReport, timeout_s: float) -> ApplicationError:
+    """The group's failure when an episode made no progress for the heartbeat timeout."""
+    return ApplicationError(
+        f"heartbeat timeout while {report.stage}: no progress for {timeout_s:g} s"
+        " (rollout.heartbeat_timeout_s; raise it for a model slower than that per token)",
+        report, type=HEARTBEAT_TIMEOUT, non_retryable=True)
+
+
+__all__ = ["EpisodeGroupRunner", "stall_error"]

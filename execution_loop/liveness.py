@@ -30,17 +30,17 @@ from temporalio import activity
 from temporalio.exceptions import CancelledError
 from transformers import PreTrainedTokenizerBase
 
-from execution_loop.contracts import HeartbeatReport
+from execution_loop.contracts import HEARTBEAT_TIMEOUT, HeartbeatReport
 from execution_loop.inference.base import Generation, PolicyClient
 from execution_loop.inference.progress import watching_decode
 
-__all__ = ["EpisodeLiveness", "WatchedPolicy", "heartbeat_pump"]
+__all__ = ["HEARTBEAT_TIMEOUT", "EpisodeLiveness", "WatchedPolicy", "heartbeat_pump"]
 
 # The pump heartbeats unless its last beat is younger than this: an SDK heartbeat costs
 # ~0.25 ms of the worker's event loop, and Temporal itself throttles what it sends to 0.8
 # of the heartbeat timeout (it sends the latest details when that interval ends).
 HEARTBEAT_MIN_INTERVAL_S = 0.1
-CANCELLED = "episode cancelled: its batch was cancelled or its deadline passed"
+CANCELLED = "episode stopped: its batch was cancelled, its deadline passed, or its group stalled"
 
 
 @dataclass
@@ -60,6 +60,15 @@ class EpisodeLiveness:
         self._running: dict[str, _Running] = {}
         self._steps: dict[str, int] = {}
         self._last_beat = clock()
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """The activity gave up on its episodes: each stops before its next turn."""
+        self._stopped.set()
+
+    def should_stop(self) -> bool:
+        """Whether the episodes should stop: the activity gave up, or was cancelled."""
+        return self._stopped.is_set() or activity.is_cancelled()
 
     def started(self, episode_id: str) -> None:
         """An episode began playing (in its thread)."""
@@ -115,6 +124,13 @@ class EpisodeLiveness:
         silent_s, stage = max(silent, key=lambda item: item[0])
         return HeartbeatReport(steps=steps, stage=stage, silent_s=round(silent_s, 3))
 
+    def stalled(self) -> HeartbeatReport | None:
+        """The report naming a running episode silent for the heartbeat timeout, if any."""
+        report = self.report()
+        if self._timeout_s is not None and report.silent_s >= self._timeout_s:
+            return report
+        return None
+
     def due(self) -> HeartbeatReport | None:
         """The report to heartbeat now, or None: too soon, or an episode is stuck."""
         report = self.report()
@@ -168,7 +184,7 @@ class _TurnWatcher:
             episode, f"decoding turn {self._turn} of episode {episode} ({tokens} tokens so far)")
 
     def waiting(self, engine_advanced: bool) -> None:
-        if self._policy.cancelled():
+        if self._policy.liveness.should_stop():
             raise CancelledError(CANCELLED)
         if engine_advanced:  # queued behind others' micro-batch: its turn comes
             self._policy.liveness.alive(self._policy.episode_id)
@@ -178,12 +194,11 @@ class WatchedPolicy:
     """The episode's policy client, its turns reporting their progress to its liveness."""
 
     def __init__(self, policy: PolicyClient, liveness: EpisodeLiveness, *, episode_id: str,
-                 owner: str, cancelled: Callable[[], bool], turns_before: int = 0) -> None:
+                 owner: str, turns_before: int = 0) -> None:
         self._policy = policy
         self.liveness = liveness
         self.episode_id = episode_id
         self.owner = owner  # the run (or batch): the batching engine shares by it
-        self.cancelled = cancelled
         self._turns = turns_before  # a continuation's replayed turns come first
         self.checkpoint_id = policy.checkpoint_id
 
@@ -195,6 +210,8 @@ class WatchedPolicy:
                  temperature: float, seed: int | None,
                  stop_token_ids: Sequence[int] = (), **options: Any) -> Generation:
         """The policy's turn, with its progress reported as it decodes."""
+        if self.liveness.should_stop():
+            raise CancelledError(CANCELLED)
         self._turns += 1
         turn, episode = self._turns, self.episode_id
         self.liveness.alive(episode, f"waiting for the first token of turn {turn} of episode"
