@@ -233,3 +233,47 @@ async def test_a_cancelled_batch_stops_its_episodes(
     kinds = [EventType.Name(e.event_type) for e in history.events]
     assert "EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED" in kinds
     slots.shutdown()
+
+
+async def test_a_run_whose_batch_lost_every_episode_fails_naming_the_cause(
+    settings: Settings, owner_engine: Engine, tiny_dir: Path, gate: threading.Event,
+) -> None:
+    """RUN.yaml's rollout.heartbeat_timeout_s reaches the rollout; a stalled engine loses
+    every episode, and the run's failure (its status_reason, what `train show` prints) is
+    that heartbeat timeout and its stage, not the update's "no trainable data"."""
+    from tests.factories_learning import (
+        frozen_lake_tasks,
+        loops_running,
+        make_run,
+        make_user,
+        queue_settings,
+        rows,
+        run_config,
+        start_run,
+    )
+
+    own = queue_settings(settings)
+    web = await connect(settings, identity="web-test", service="web", loop="learning")
+    alice = make_user(owner_engine)
+    tasks = frozen_lake_tasks(owner_engine, [4])
+    config = run_config(tiny_dir, tasks, rollout={"groups_per_iteration": 1, "group_size": 2,
+                                                  "heartbeat_timeout_s": 2})
+    run_id = make_run(owner_engine, config, alice)
+
+    def stalled(checkpoint_id: str, model_dir: Path) -> PolicyClient:
+        return SlowTokenPolicy(model_dir, checkpoint_id, gate=gate)
+
+    async with loops_running(web, own, policy_factory=stalled):
+        handle = await start_run(web, own, run_id, config, alice)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 300)
+        gate.set()
+
+    row = rows(owner_engine, "SELECT status, status_reason FROM training_run WHERE id = :r",
+               r=run_id)[0]
+    assert row["status"] == "failed"
+    reason = row["status_reason"]
+    assert "came back empty: all 2 episodes were lost" in reason, reason
+    assert "heartbeat timeout while waiting for the first token of turn 1 of episode" in reason
+    assert "no progress for 2 s" in reason and "NoTrainableData" not in reason
+    assert "came back empty" in str(failure.value.cause)
