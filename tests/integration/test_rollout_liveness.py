@@ -45,12 +45,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 class SlowTokenPolicy(TorchPolicyClient):
     """The torch backend whose every decode step sleeps ``per_step_s``, and first waits for
-    ``gate`` (a stalled engine until the test opens it); records each turn's seed."""
+    ``gate`` (a stalled engine until the test opens it); records each turn's seed.
+    ``full_turns``: every turn decodes its whole token budget (EOS does not end it)."""
 
     def __init__(self, model_dir: Path, checkpoint_id: str, *, per_step_s: float = 0.0,
-                 gate: threading.Event | None = None) -> None:
+                 gate: threading.Event | None = None, full_turns: bool = False) -> None:
         super().__init__(model_dir, device="cpu", checkpoint_id=checkpoint_id)
         self.turn_seeds: list[int | None] = []
+        self._full_turns = full_turns
 
         def slow_step(*_: Any) -> None:
             if gate is not None:
@@ -62,6 +64,10 @@ class SlowTokenPolicy(TorchPolicyClient):
     def generate(self, prompt_token_ids: list[int], **kwargs: Any) -> Generation:
         self.turn_seeds.append(kwargs.get("seed"))
         return super().generate(prompt_token_ids, **kwargs)
+
+    def sample(self, prompt_token_ids: Any, **kwargs: Any) -> Any:
+        kwargs["ignore_eos"] = kwargs.get("ignore_eos", False) or self._full_turns
+        return super().sample(prompt_token_ids, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -134,28 +140,27 @@ def stored(engine: Engine, batch_id: str) -> dict[str, dict[str, Any]]:
 async def test_a_turn_many_heartbeat_timeouts_long_finishes_without_a_retry(
     client: Client, queue_settings: Settings, owner_engine: Engine, checkpoint: str,
 ) -> None:
-    """Each token is a sign of life: a turn of ~9 decode steps of 1 s, with a heartbeat
-    timeout of 2 s, is played once (before, only finished turns heartbeat: the attempt
-    timed out in its first turn and was retried)."""
+    """Each token is a sign of life: a turn of 41 decode steps of 0.25 s or more (over 10 s),
+    with a heartbeat timeout of 3 s, is played once (before, only finished turns
+    heartbeat: the attempt timed out in its first turn and was retried)."""
     task = make_builtin_task(owner_engine, "tool_arithmetic", seed=31)
     batch = new_batch([RolloutItem(task, 31, group_size=2)], checkpoint_id=checkpoint,
-                      max_concurrency=2, deadline_s=300, heartbeat_timeout_s=2,
-                      max_turns=1, max_new_tokens=8)
+                      max_concurrency=2, deadline_s=300, heartbeat_timeout_s=3,
+                      max_turns=1, max_new_tokens=40)
 
     def slow(checkpoint_id: str, model_dir: Path) -> PolicyClient:
-        return SlowTokenPolicy(model_dir, checkpoint_id, per_step_s=1.0)
+        return SlowTokenPolicy(model_dir, checkpoint_id, per_step_s=0.25, full_turns=True)
 
     async with build_worker(client, queue_settings, policy_factory=slow):
         result = await (await start(client, queue_settings, batch)).result()
 
-    assert result.failed == 0 and result.lost == {}
+    assert result.failed == 0 and result.lost == {}, result.lost
     assert result.completed + result.truncated == 2
     rows = stored(owner_engine, batch.batch_id)
-    assert len(rows) == 2 and all(r["steps"] == 1 for r in rows.values())
-    # Each turn decoded at least 4 tokens, so it ran 5+ slowed steps: 2.5+ timeouts long.
-    assert all(r["tokens"] >= 4 for r in rows.values()), rows
-    attempts = await group_attempts(client, batch.batch_id)
-    assert attempts == [1]
+    # Each turn decoded its 40 tokens: 41 slowed steps, over three heartbeat timeouts.
+    assert len(rows) == 2 and all(r["steps"] == 1 and r["tokens"] == 40
+                                  for r in rows.values()), rows
+    assert await group_attempts(client, batch.batch_id) == [1]
     assert await failures(client, batch.batch_id) == []
 
 
