@@ -46,10 +46,16 @@ TRAIN_MAPS = (11, 12, 13, 14)
 HELD_OUT_MAPS = (21, 22, 23, 24)
 
 
+LAKE: dict[str, int] = {}  # initial_state overrides (--size, --holes) of the shipped contract
+
+
 def play(policy: TorchPolicyClient, task_seed: int, episode_seed: int, temperature: float,
          version: int, group: str) -> StoredTrajectory:
     """One frozen_lake episode as the learner would read it from the database."""
     contract = load_builtin_contract("frozen_lake")
+    if LAKE:
+        contract = contract.model_copy(
+            update={"initial_state": {**contract.initial_state, **LAKE}})
     env = make_environment(contract)
     try:
         record = run_episode(env, policy, seed=episode_seed, task_seed=task_seed,
@@ -160,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out-maps", type=int, nargs="+", default=list(HELD_OUT_MAPS),
                         help="frozen_lake map seeds to score on (maps, not just seeds, must"
                              " differ from the training maps)")
+    parser.add_argument("--size", type=int, help="lake size (default: the contract's)")
+    parser.add_argument("--holes", type=int, help="holes per map (default: the contract's)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
+    LAKE.update({k: v for k, v in (("size", args.size), ("holes", args.holes)) if v})
     torch.set_num_threads(1)
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
