@@ -91,9 +91,23 @@ def example_config(base: Path, tasks: list[str], seed: int) -> dict[str, Any]:
     return config
 
 
-async def held_out_reward(client: Client, settings: Settings, engine: Engine,
-                          tasks: list[str], checkpoint: str, name: str) -> float:
-    """Mean episode reward of a checkpoint on the held-out maps (an execution eval batch)."""
+@dataclass(frozen=True)
+class HeldOut:
+    """A checkpoint on the held-out maps: goals reached, holes fallen in, mean reward."""
+
+    episodes: int
+    successes: int
+    holes: int
+    reward: float
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.episodes
+
+
+async def held_out(client: Client, settings: Settings, engine: Engine,
+                   tasks: list[str], checkpoint: str, name: str) -> HeldOut:
+    """A checkpoint scored on the held-out maps (an execution eval batch)."""
     batch = RolloutBatchInput(
         batch_id=f"{name}-{checkpoint[:12]}", purpose="eval",
         items=[RolloutItem(task, seed, group_size=EVAL_EPISODES_PER_MAP)
@@ -107,14 +121,18 @@ async def held_out_reward(client: Client, settings: Settings, engine: Engine,
         task_queue=settings.task_queue(EXECUTION_QUEUE), result_type=RolloutBatchResult,
     )
     expected = len(HELD_OUT_MAPS) * EVAL_EPISODES_PER_MAP
-    # Truncated here means the episode used its 10 turns (the contract's max_turns): a
-    # normal end for a policy that never reaches the goal. The batch deadline is a day away,
-    # so no episode is cut short by load; the rows say why each one ended.
+    # Truncated here means the episode used its turns (the contract's max_turns): a normal
+    # end for a policy that never reaches the goal. The batch deadline is a day away, so no
+    # episode is cut short by load; the rows say why each one ended.
     assert result.completed + result.truncated == expected and result.failed == 0, result
-    reasons = {r["failure_reason"] for r in rows(
-        engine, "SELECT failure_reason FROM trajectory WHERE batch_id = :b", b=batch.batch_id)}
-    assert reasons <= {None, "max_turns"}, reasons
-    return result.mean_reward
+    stored = rows(engine, "SELECT failure_reason, success, outcome->'verifier'->>'reason' AS why"
+                  " FROM trajectory WHERE batch_id = :b", b=batch.batch_id)
+    assert len(stored) == expected
+    assert {r["failure_reason"] for r in stored} <= {None, "max_turns"}, stored
+    successes = sum(bool(r["success"]) for r in stored)
+    assert successes == round(result.success_rate * expected)  # the batch counted the same
+    return HeldOut(expected, successes, sum(r["why"] == "fell_in_hole" for r in stored),
+                   result.mean_reward)
 
 
 async def train(client: Client, own: Settings, engine: Engine, tiny_dir: Path, seed: int,
