@@ -99,6 +99,7 @@ def train(config: RunConfig, base: CheckpointRef, artifacts: Path,
     groups = rollout_cfg.groups_per_iteration
     curve: list[float] = []
     wins: list[float] = []
+    alarms: list[str] = []
     history: list[IterationMetrics] = []
     latest, previous = base, base
     for k in range(1, config.schedule.iterations + 1):
@@ -115,7 +116,9 @@ def train(config: RunConfig, base: CheckpointRef, artifacts: Path,
             config=config, data=to_rollout_data(batch), iteration=k, history=history,
             data_cursor={"iteration": k})
         history.append(outcome.stability)
+        alarms += [f"{k}:{a.kind}" for a in outcome.alarms]
         previous, latest = latest, outcome.checkpoint
+    print(f"  alarms {alarms or 'none'}", flush=True)
     return latest, curve, wins
 
 
