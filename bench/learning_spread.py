@@ -10,8 +10,13 @@ the base and the final checkpoint on *held-out* maps (seeds the run never saw).
     .venv/bin/python bench/learning_spread.py                 # the documented demo config
     .venv/bin/python bench/learning_spread.py --seeds 0 1 2 3 4 --set optimizer.learning_rate=0.01
 
-Prints, per seed, the training reward by iteration, base and final held-out reward and
-their difference, then the mean and spread of the differences.
+    .venv/bin/python bench/learning_spread.py --seeds 0 --size 3 --holes 1 \
+        --train-maps 100 101 102 --held-out-maps 500 501   # other maps (content checked by you)
+
+Prints, per seed, the training reward and training success rate by iteration, base and
+final held-out reward and their difference, base and final held-out success rate (goals
+reached, the verifier's verdict), and any stability alarms; then the mean and spread of
+the reward differences.
 """
 
 from __future__ import annotations
