@@ -13,13 +13,9 @@ missing checkpoint fails the episode once instead of burning retries.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import hashlib
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -50,6 +46,12 @@ from execution_loop.episode import (
     episode_limits,
     run_episode,
 )
+from execution_loop.liveness import (
+    CANCELLED,
+    EpisodeLiveness,
+    WatchedPolicy,
+    heartbeat_pump,
+)
 from execution_loop.partial_episodes import (
     ContinuationRefused,
     PriorEpisode,
@@ -74,11 +76,6 @@ from triloop.statuses import EpisodeStatus, Purpose
 # Faults degrade serving only: training and eval batches name their checkpoint themselves.
 SERVED_PURPOSES = (Purpose.PRODUCTION, Purpose.CANARY)
 
-# A step heartbeats unless the last sign of life (a heartbeat, or the start) is younger
-# than this: an SDK heartbeat costs ~0.25 ms of the worker's event loop and a server
-# round trip, as much as a whole step of a fast environment. Liveness is unchanged: the
-# heartbeat timeout is seconds, and Temporal itself throttles heartbeats to 0.8 of it.
-HEARTBEAT_MIN_INTERVAL_S = 0.1
 _RETRYABLE: tuple[type[BaseException], ...] = (
     *INFRASTRUCTURE_ERRORS,
     sqlalchemy.exc.OperationalError,
@@ -103,32 +100,6 @@ def non_retryable(exc: Exception) -> ApplicationError:
 def episode_seed(episode_id: str) -> int:
     """The sampling seed of an episode, fixed by its id (retries sample the same way)."""
     return int.from_bytes(hashlib.sha256(episode_id.encode()).digest()[:8], "big") % 2**31
-
-
-@contextmanager
-def keepalive() -> Iterator[None]:
-    """Heartbeat from a helper thread while a step-less part of an activity runs."""
-    timeout = activity.info().heartbeat_timeout
-    interval = max(timeout.total_seconds() / 3, 0.5) if timeout else 10.0
-    context = contextvars.copy_context()  # the activity's context, for the helper thread
-    stop = threading.Event()
-
-    beats = []
-
-    def beat() -> None:
-        while not stop.wait(interval):
-            context.run(activity.heartbeat, 0)
-            beats.append(1)
-
-    helper = threading.Thread(target=beat, name="keepalive", daemon=True)
-    helper.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        helper.join()
-        if beats:  # it ran long: restart the heartbeat clock from here
-            activity.heartbeat(0)
 
 
 def _step_row(step: StepRecord, extra: dict[str, Any] | None = None,
@@ -202,13 +173,18 @@ class RolloutActivities:
 
     @activity.defn(name=RUN_EPISODE.name, no_thread_cancel_exception=True)
     def run_episode(self, job: EpisodeInput) -> EpisodeSummary:
-        """Play one episode, heartbeating every step, and store it once."""
-        if activity.info().attempt > 1:
+        """Play one episode, heartbeating while it progresses, and store it once."""
+        info = activity.info()
+        if info.attempt > 1:
             stored = self._stored(job.spec.episode_id)
             if stored is not None:  # an earlier attempt wrote it, then lost its report
                 return stored
+        timeout = info.heartbeat_timeout
+        liveness = EpisodeLiveness(timeout.total_seconds() if timeout else None)
+        liveness.started(job.spec.episode_id)
         try:
-            row, steps = self._play(job)
+            with heartbeat_pump(liveness):
+                row, steps = self._play(job, liveness)
             written = write_trajectory(
                 engine=self._engine, authorizer=self._authorizer, trajectory=row, steps=steps
             )
@@ -245,46 +221,43 @@ class RolloutActivities:
         return dataclasses.replace(job, spec=moved), spec.checkpoint_id
 
     def play(
-        self, job: EpisodeInput, on_progress: Callable[[int], None] | None = None
+        self, job: EpisodeInput, liveness: EpisodeLiveness
     ) -> tuple[TrajectoryRow, list[StepRow]]:
         """Play one episode and build its rows (not stored); a group runner's entry point.
 
-        ``on_progress(steps_done)`` replaces the episode's own heartbeat (a group runner
-        heartbeats for all its episodes); it may raise to stop the episode.
+        The episode's signs of life (steps, decoded tokens, loading) go to ``liveness``,
+        whose pump heartbeats for the activity; a cancelled activity stops the episode.
         """
-        return self._play(job, on_progress)
+        return self._play(job, liveness)
 
     def _play(
-        self, job: EpisodeInput, on_progress: Callable[[int], None] | None = None
+        self, job: EpisodeInput, liveness: EpisodeLiveness
     ) -> tuple[TrajectoryRow, list[StepRow]]:
         job, rerouted_from = self._rerouted(job)
         spec = job.spec
+        episode_id = spec.episode_id
         opened = self._environments.task(spec.task_id)
-        if spec.checkpoint_id in self._policies.cached():
-            policy = self._policies.get(spec.checkpoint_id)
-        else:
-            with keepalive():  # loading a large checkpoint can outlast the heartbeat timeout
-                policy = self._policies.get(spec.checkpoint_id)
+        # Loading a large checkpoint can outlast the heartbeat timeout: it counts as alive.
+        with liveness.loading(episode_id, spec.checkpoint_id):
+            loaded = self._policies.get(spec.checkpoint_id)
         info = activity.info()
         restarted_after = info.heartbeat_details[0] if info.heartbeat_details else 0
 
-        last_beat = [time.monotonic()]  # loading ended with a sign of life
         temperature = job.temperature
         fault = (self._serving_faults().get(spec.checkpoint_id)
                  if spec.purpose in SERVED_PURPOSES else None)
         if fault is not None:  # an operator's game day: serve this checkpoint degraded
             temperature = fault.temperature
 
-        def progress(steps_done: int) -> None:
-            if activity.is_cancelled():
-                raise CancelledError("episode cancelled: the batch deadline passed")
-            now = time.monotonic()
-            if now - last_beat[0] >= HEARTBEAT_MIN_INTERVAL_S:
-                activity.heartbeat(steps_done)  # details: steps (or agent model calls) done
-                last_beat[0] = now
+        def report(steps_done: int) -> None:  # steps (or agent model calls) done
+            if liveness.should_stop():
+                raise CancelledError(CANCELLED)
+            liveness.stepped(episode_id, steps_done)
 
         prior = self._prior(job, agent=opened.contract.agent is not None)
-        report = on_progress or progress
+        policy = WatchedPolicy(loaded, liveness, episode_id=episode_id,
+                               owner=job.run_id or job.batch_id,
+                               turns_before=len(prior.steps) if prior else 0)
         env = opened.open()
         seed = episode_seed(spec.shadow_of or spec.episode_id)
         try:
@@ -382,9 +355,10 @@ class RolloutActivities:
         for job in request.episodes:
             if job.spec.episode_id in present:
                 continue
+            reason = request.reasons.get(job.spec.episode_id, request.reason)
             try:
                 write_trajectory(engine=self._engine, authorizer=self._authorizer,
-                                 trajectory=stub_row(job, request.reason), steps=[])
+                                 trajectory=stub_row(job, reason), steps=[])
             except PolicyDenied as denied:  # nothing written; the episode counts as failed
                 activity.logger.warning("truncated record refused: %s", denied)
         return TruncateResult(trajectory_statuses(engine=self._engine, ids=ids))

@@ -62,6 +62,25 @@ class EpisodeSummary:
     failure_reason: str | None = None  # why it was truncated or failed
 
 
+# The error type of an episode group that stalled (an episode without progress for the
+# heartbeat timeout): its message names the stage.
+HEARTBEAT_TIMEOUT = "HeartbeatTimeout"
+
+
+@dataclass
+class HeartbeatReport:
+    """An episode activity's heartbeat details after the steps count: what it was doing.
+
+    ``stage`` is the least recently lively running episode's stage in words ("decoding
+    turn 3 of episode b:0:1 (12 tokens so far)"); when the attempt times out, the last
+    report that reached the server says where it stopped moving.
+    """
+
+    steps: int = 0  # steps (or agent model calls) done by the activity's episodes (count)
+    stage: str = ""  # empty: no episode running (all queued for a slot, or all finished)
+    silent_s: float = 0.0  # how long that episode had been without progress (seconds)
+
+
 @dataclass
 class EpisodeGroupInput:
     """Episodes of one group (or a chunk of one) played together by one activity."""
@@ -109,6 +128,9 @@ class TruncateInput:
     reason: str = "batch_deadline"
     # False: only report what is stored (episodes of a group that failed for good).
     record_missing: bool = True
+    # Episode id -> its own reason, where not ``reason`` (a group lost to a heartbeat
+    # timeout: "heartbeat_timeout").
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -15,26 +15,31 @@ What stays as it was, per episode:
   denial) fails alone and stores nothing; the others are stored. An infrastructure error
   retries the activity after the finished episodes are stored (an episode that failed on
   its own in that attempt is played again by the retry).
-- Liveness: the group heartbeats when its episodes take steps, but not while any running
-  episode has been silent for the heartbeat timeout, so a stuck turn still times the
-  attempt out as it timed out its own activity.
+- Liveness (``execution_loop.liveness``): the group heartbeats while its episodes make
+  progress (steps, decoded tokens, checkpoint loading), but not while any running episode
+  has been silent for the heartbeat timeout. Then the attempt ends itself: it stores what
+  finished, stops the rest before their next turn, and fails, not to be retried, with a
+  ``HeartbeatTimeout`` that names the stage the episode stuck in ("heartbeat timeout while
+  decoding turn 3 of episode b:0:1 (12 tokens so far)"). A retry on the same worker would
+  wait behind the same stuck turn. (A worker that dies stops heartbeating: Temporal's own
+  heartbeat timeout retries the attempt elsewhere, as before.)
+
+The episodes play on the worker's ``EpisodeSlots``, shared fairly between runs; when the
+activity is cancelled (its batch's deadline, or its run cancelled), its queued episodes
+never start and its running ones stop before their next turn.
 """
 
 from __future__ import annotations
 
 import contextvars
-import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 from temporalio import activity
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from execution_loop.activities import (
-    HEARTBEAT_MIN_INTERVAL_S,
     RolloutActivities,
     episode_summary,
     is_infrastructure_error,
@@ -45,60 +50,15 @@ from execution_loop.contracts import (
     EpisodeGroupInput,
     EpisodeGroupResult,
     EpisodeInput,
+    HeartbeatReport,
 )
+from execution_loop.episode_slots import EpisodeSlots
+from execution_loop.liveness import HEARTBEAT_TIMEOUT, EpisodeLiveness, heartbeat_pump
 from execution_loop.store import StepRow, TrajectoryRow, write_trajectories
 from triloop.policy import Authorizer
 
 # How often the waiting activity looks for a cancellation while its episodes play.
 _CANCEL_POLL_S = 0.1
-
-
-class GroupHeartbeat:
-    """The group's heartbeat: total steps done, throttled, held back while an episode is stuck."""
-
-    def __init__(self, timeout_s: float | None, clock: Callable[[], float] = time.monotonic):
-        self._timeout_s = timeout_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._seen: dict[str, float] = {}  # running episode -> its last sign of life
-        self._steps: dict[str, int] = {}
-        self._last_beat = clock()
-
-    def started(self, episode_id: str) -> None:
-        """An episode began playing (in its thread)."""
-        with self._lock:
-            self._seen[episode_id] = self._clock()
-
-    def finished(self, episode_id: str) -> None:
-        """An episode ended: it no longer holds the heartbeat back."""
-        with self._lock:
-            self._seen.pop(episode_id, None)
-
-    def due(self, episode_id: str, steps_done: int) -> int | None:
-        """Record a step; the steps to report if a heartbeat is due now, else None."""
-        now = self._clock()
-        with self._lock:
-            self._seen[episode_id] = now
-            self._steps[episode_id] = steps_done
-            if now - self._last_beat < HEARTBEAT_MIN_INTERVAL_S:
-                return None
-            if self._timeout_s is not None and any(
-                    now - seen >= self._timeout_s for seen in self._seen.values()):
-                return None  # one episode is stuck in a turn: let the attempt time out
-            self._last_beat = now
-            return sum(self._steps.values())
-
-    def progress(self, episode_id: str) -> Callable[[int], None]:
-        """The episode's ``on_progress``: stop when cancelled, heartbeat when due."""
-
-        def report(steps_done: int) -> None:
-            if activity.is_cancelled():
-                raise CancelledError("episode cancelled: the batch deadline passed")
-            total = self.due(episode_id, steps_done)
-            if total is not None:
-                activity.heartbeat(total)
-
-        return report
 
 
 @dataclass
@@ -109,13 +69,14 @@ class _Played:
     failed: dict[str, str] = field(default_factory=dict)
     infrastructure: list[BaseException] = field(default_factory=list)
     cancelled: bool = False
+    stalled: HeartbeatReport | None = None  # an episode made no progress for the timeout
 
 
 class EpisodeGroupRunner:
     """The group activity, on the rollout activities' dependencies and the episode threads."""
 
     def __init__(self, *, rollout: RolloutActivities, engine: Engine, authorizer: Authorizer,
-                 episodes: Executor) -> None:
+                 episodes: EpisodeSlots) -> None:
         self._rollout = rollout
         self._engine = engine
         self._authorizer = authorizer
@@ -130,9 +91,11 @@ class EpisodeGroupRunner:
         # (and should a row exist anyway, the insert keeps it: first write wins).
         summaries = self._rollout.stored_summaries(order) if info.attempt > 1 else {}
         timeout = info.heartbeat_timeout
-        beat = GroupHeartbeat(timeout.total_seconds() if timeout else None)
-        played = self._play_all(
-            [job for job in request.episodes if job.spec.episode_id not in summaries], beat)
+        liveness = EpisodeLiveness(timeout.total_seconds() if timeout else None)
+        with heartbeat_pump(liveness):
+            played = self._play_all(
+                [job for job in request.episodes if job.spec.episode_id not in summaries],
+                liveness)
         failed = dict(played.failed)
         position = {episode_id: index for index, episode_id in enumerate(order)}
         played.finished.sort(key=lambda done: position[done[0].id])  # not finishing order
@@ -149,23 +112,28 @@ class EpisodeGroupRunner:
                 summaries[row.id] = episode_summary(row, written=True)
         summaries.update(self._rollout.stored_summaries(sorted(stored.present)))
         failed.update(stored.denied)
+        if played.stalled is not None:
+            raise stall_error(played.stalled, timeout.total_seconds() if timeout else 0.0)
         if played.cancelled:
-            raise CancelledError("episode group cancelled: the batch deadline passed")
+            raise CancelledError("episode group cancelled: its batch was cancelled or its"
+                                 " deadline passed")
         if played.infrastructure:  # retried: the next attempt plays only what is unstored
             raise played.infrastructure[0]
         return EpisodeGroupResult(
             summaries=[summaries[e] for e in order if e in summaries],
             failed={e: failed[e] for e in order if e in failed and e not in summaries})
 
-    def _play_all(self, jobs: list[EpisodeInput], beat: GroupHeartbeat) -> _Played:
-        """Every job on the episode threads; waits for all, or stops waiting when cancelled."""
+    def _play_all(self, jobs: list[EpisodeInput], liveness: EpisodeLiveness) -> _Played:
+        """Every job on the episode slots; waits for all, or stops waiting when cancelled."""
         played = _Played()
         pending: dict[Future[tuple[TrajectoryRow, list[StepRow]]], EpisodeInput] = {}
         for job in jobs:
             # Each episode thread runs in a copy of the activity's context (heartbeat,
             # cancellation and info work there as in the activity's own thread).
             context = contextvars.copy_context()
-            pending[self._episodes.submit(context.run, self._play_one, job, beat)] = job
+            owner = job.run_id or job.batch_id  # slots are shared fairly between runs
+            pending[self._episodes.submit(owner, context.run, self._play_one, job,
+                                          liveness)] = job
         while pending:
             done, _ = wait(pending, timeout=_CANCEL_POLL_S, return_when=FIRST_COMPLETED)
             for future in done:
@@ -181,19 +149,33 @@ class EpisodeGroupRunner:
                         played.failed[job.spec.episode_id] = f"{type(exc).__name__}: {exc}"
                         activity.logger.warning("episode %s failed: %s",
                                                 job.spec.episode_id, exc)
-            if activity.is_cancelled():  # the batch is over: keep what finished, stop waiting
-                played.cancelled = True
+            stalled = liveness.stalled() if pending else None
+            if activity.is_cancelled() or stalled is not None:
+                # The batch is over, or an episode is stuck: keep what finished, stop the
+                # rest before their next turn, stop waiting.
+                played.cancelled, played.stalled = stalled is None, stalled
+                liveness.stop()
+                for future in pending:
+                    future.cancel()  # queued for a slot: never starts
                 break
         return played
 
-    def _play_one(self, job: EpisodeInput, beat: GroupHeartbeat
+    def _play_one(self, job: EpisodeInput, liveness: EpisodeLiveness
                   ) -> tuple[TrajectoryRow, list[StepRow]]:
         episode_id = job.spec.episode_id
-        beat.started(episode_id)
+        liveness.started(episode_id)
         try:
-            return self._rollout.play(job, beat.progress(episode_id))
+            return self._rollout.play(job, liveness)
         finally:
-            beat.finished(episode_id)
+            liveness.finished(episode_id)
 
 
-__all__ = ["EpisodeGroupRunner", "GroupHeartbeat"]
+def stall_error(report: HeartbeatReport, timeout_s: float) -> ApplicationError:
+    """The group's failure when an episode made no progress for the heartbeat timeout."""
+    return ApplicationError(
+        f"heartbeat timeout while {report.stage}: no progress for {timeout_s:g} s"
+        " (rollout.heartbeat_timeout_s; raise it for a model slower than that per token)",
+        report, type=HEARTBEAT_TIMEOUT, non_retryable=True)
+
+
+__all__ = ["EpisodeGroupRunner", "stall_error"]

@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 from execution_loop.activities import RolloutActivities, activities_of
 from execution_loop.admission_probe import AdmissionProbe
 from execution_loop.environments.registry import ensure_plugins_load
+from execution_loop.episode_slots import EpisodeSlots
 from execution_loop.group_runner import EpisodeGroupRunner
 from execution_loop.nexus_handlers import ExecutionNexusHandlers
 from execution_loop.sandboxes import default_sandbox
@@ -55,8 +56,10 @@ def build_worker(
     policy_factory: PolicyFactory | None = None,
     environment_lookup: EnvironmentLookup | None = None,
     max_concurrent_episodes: int = DEFAULT_CONCURRENT_EPISODES,
+    episode_slots: EpisodeSlots | None = None,
 ) -> Worker:
-    """A worker on the (prefixed) execution queue; tests inject a policy or environments."""
+    """A worker on the (prefixed) execution queue; tests inject a policy, environments, or
+    the episode slots they watch."""
     engine = role_engine(settings, "execution")
     authorizer = build_authorizer(settings, "execution")
     policies = PolicyCache(
@@ -73,12 +76,11 @@ def build_worker(
         # elsewhere locally, and each episode's record says which and why.
         agent_sandbox=default_sandbox(),
     )
-    # A group activity plays its episodes on these threads: at most
-    # max_concurrent_episodes at once on this worker, whatever the groups.
+    # A group activity plays its episodes on these slots: at most max_concurrent_episodes
+    # at once on this worker, whatever the groups, shared fairly between runs.
     groups = EpisodeGroupRunner(
         rollout=rollout, engine=engine, authorizer=authorizer,
-        episodes=ThreadPoolExecutor(max_workers=max_concurrent_episodes,
-                                    thread_name_prefix="group-episode"),
+        episodes=episode_slots or EpisodeSlots(max_concurrent_episodes),
     )
     probe = AdmissionProbe(environments=environments)
     # Episodes are synchronous (torch, subprocess sandboxes): one thread each.

@@ -20,6 +20,12 @@ Deterministic code only (no torch, database or network here); the activities in
   row as truncated.
 - Only infrastructure errors are retried; the activity marks everything else
   non-retryable and the episode counts as failed.
+- Liveness (``execution_loop.liveness``): an episode activity heartbeats while its
+  episodes make progress (steps, decoded tokens, checkpoint loading), every
+  ``heartbeat_timeout_s`` at most. A group whose episode stalls that long fails with a
+  ``HeartbeatTimeout`` naming the stage; a worker that goes silent times out in Temporal.
+  Either way the batch's result says why it lost those episodes (``lost``: "heartbeat
+  timeout while decoding turn 3 of episode ..."), and so does its requester's failure.
 - Production batches ask governance's routing (an activity reading its tables)
   who serves each episode; other purposes run the checkpoint the caller names.
 """
@@ -31,16 +37,18 @@ from collections.abc import Collection
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
     from execution_loop import contracts as c
     from execution_loop.contracts import (
+        HEARTBEAT_TIMEOUT,
         EpisodeGroupInput,
         EpisodeInput,
         EpisodeSpec,
         EpisodeSummary,
+        HeartbeatReport,
         RouteInput,
         TruncateInput,
     )
@@ -58,6 +66,9 @@ with workflow.unsafe.imports_passed_through():
 # Batches started since this marker run a group's episodes in one activity (histories
 # recorded before it replay the one-activity-per-episode path).
 EPISODE_GROUPS_PATCH = "episode-groups-in-one-activity"
+# Batches cancelled since this marker cancel their running episode activities at once
+# (before it, they learned of it only when the closed workflow refused their heartbeat).
+CANCEL_EPISODES_PATCH = "cancel-episode-activities-with-the-batch"
 PRODUCTION, SHADOW = Purpose.PRODUCTION, Purpose.SHADOW
 COMPLETED, TRUNCATED, FAILED = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED,
                                 EpisodeStatus.FAILED)
@@ -102,17 +113,59 @@ def shadow_spec(spec: EpisodeSpec) -> EpisodeSpec:
     )
 
 
+def heartbeat_report(details: object) -> HeartbeatReport:
+    """The ``HeartbeatReport`` among an activity's last heartbeat details (pure); an empty
+    one when there is none (a history from before reports, or no heartbeat at all)."""
+    if isinstance(details, list | tuple) and len(details) > 1 and isinstance(details[1], dict):
+        known = {k: v for k, v in details[1].items() if k in HeartbeatReport.__dataclass_fields__}
+        try:
+            return HeartbeatReport(**known)
+        except TypeError:
+            pass
+    return HeartbeatReport()
+
+
+def lost_cause(error: BaseException | None, heartbeat_timeout_s: float) -> str | None:
+    """Why an episode activity lost its episodes, in words (pure); None when it failed for
+    another reason (its episodes are then looked up, and count as failed).
+
+    A group that stalled says so itself (``HeartbeatTimeout``, naming the stage); a timeout
+    in Temporal names the stage of the last heartbeat that reached the server.
+    """
+    cause = error.cause if isinstance(error, ActivityError) else error
+    if isinstance(cause, ApplicationError) and cause.type == HEARTBEAT_TIMEOUT:
+        return cause.message
+    if not isinstance(cause, TemporalTimeout):
+        return None
+    report = heartbeat_report(cause.last_heartbeat_details)
+    where = f" while {report.stage}" if report.stage else ""
+    if cause.type == TimeoutType.HEARTBEAT:
+        return (f"heartbeat timeout{where}: the execution worker sent no heartbeat for"
+                f" {heartbeat_timeout_s:g} s (it may have stopped; rollout.heartbeat_timeout_s)")
+    inner = lost_cause(cause.cause, heartbeat_timeout_s)
+    return inner or f"the batch deadline passed with the episodes still running{where}"
+
+
+def deadline_cause(deadline_s: float, *, started: bool) -> str:
+    """Why the batch deadline left an episode without a result (pure)."""
+    when = "while it played" if started else "before it started"
+    return f"the batch deadline (rollout.deadline_s = {deadline_s:g} s) passed {when}"
+
+
 def summarize(
     batch_id: str, specs: list[EpisodeSpec], summaries: dict[str, EpisodeSummary],
     statuses: dict[str, str], stored: set[str], never_started: Collection[str] = (),
+    lost: dict[str, str] | None = None,
 ) -> RolloutBatchResult:
     """Counts and rewards over the batch's own episodes (pure); shadows are listed apart.
+
+    ``lost``: why episodes came back without a result (a heartbeat timeout, the deadline).
 
     ``stored``: episode ids with a trajectory row; ``never_started``: those the deadline
     left without one (recorded truncated here), which partial rollouts continue too.
     Rewards average over the episodes that ran; the success rate is over every episode of the batch.
     """
-    result = RolloutBatchResult(batch_id=batch_id)
+    result = RolloutBatchResult(batch_id=batch_id, lost=dict(lost or {}))
     rewards: list[float] = []
     successes = 0
     for spec in specs:
@@ -160,6 +213,8 @@ class RolloutWorkflow:
         specs = await self._plan(batch)
         summaries: dict[str, EpisodeSummary] = {}
         statuses: dict[str, str] = {}
+        lost: dict[str, str] = {}  # episode id -> why the batch lost it
+        playing: set[str] = set()  # episodes whose activity was started
         slots = asyncio.Semaphore(max(1, batch.max_concurrency))
 
         def episode_input(spec: EpisodeSpec) -> EpisodeInput:
@@ -171,12 +226,16 @@ class RolloutWorkflow:
             left = deadline_epoch - workflow.now().timestamp()
             if left <= 0:
                 return  # never started: recorded as truncated below
+            playing.add(spec.episode_id)
             try:
                 summary = await c.RUN_EPISODE.call(
                     episode_input(spec), schedule_to_close=timedelta(seconds=left + grace),
                     heartbeat=heartbeat)
             except ActivityError as err:
-                if not isinstance(err.cause, TemporalTimeout):
+                why = lost_cause(err, batch.heartbeat_timeout_s)
+                if why is not None:
+                    lost[spec.episode_id] = why  # recorded truncated below, with the cause
+                elif not isinstance(err.cause, TemporalTimeout):
                     statuses[spec.episode_id] = FAILED
                     workflow.logger.warning("episode %s failed: %s", spec.episode_id, err.cause)
                 return
@@ -196,12 +255,16 @@ class RolloutWorkflow:
             left = deadline_epoch - workflow.now().timestamp()
             if left <= 0:
                 return  # never started: recorded as truncated below
+            playing.update(s.episode_id for s in chunk)
             try:
                 result = await c.RUN_EPISODE_GROUP.call(
                     EpisodeGroupInput([episode_input(s) for s in chunk]),
                     schedule_to_close=timedelta(seconds=left + grace), heartbeat=heartbeat)
             except ActivityError as err:
-                if not isinstance(err.cause, TemporalTimeout):
+                why = lost_cause(err, batch.heartbeat_timeout_s)
+                if why is not None:  # what it stored is found, the rest recorded, below
+                    lost.update((s.episode_id, why) for s in chunk)
+                elif not isinstance(err.cause, TemporalTimeout):
                     unsettled.extend(chunk)
                     workflow.logger.warning("episode group %s failed: %s",
                                             chunk[0].group_id, err.cause)
@@ -249,6 +312,11 @@ class RolloutWorkflow:
         except TimeoutError:  # the builtin: wait_condition timed out
             for task in tasks:
                 task.cancel()
+        except asyncio.CancelledError:  # the batch itself is cancelled (its run was)
+            if workflow.patched(CANCEL_EPISODES_PATCH):
+                for task in tasks:  # asks each running activity to stop its episodes now
+                    task.cancel()
+            raise
         await asyncio.gather(*tasks, return_exceptions=True)
 
         stored = set(summaries)
@@ -259,12 +327,19 @@ class RolloutWorkflow:
                 statuses[spec.episode_id] = found.statuses.get(spec.episode_id, FAILED)
             stored.update(found.statuses)
         left_over = [episode_input(s) for s in specs if s.episode_id not in statuses]
+        for job in left_over:
+            episode_id = job.spec.episode_id
+            lost.setdefault(episode_id, deadline_cause(batch.deadline_s,
+                                                       started=episode_id in playing))
         if left_over:
-            recorded = await c.RECORD_TRUNCATED.call(TruncateInput(left_over))
+            recorded = await c.RECORD_TRUNCATED.call(TruncateInput(left_over, reasons={
+                job.spec.episode_id: "heartbeat_timeout" for job in left_over
+                if lost[job.spec.episode_id].startswith("heartbeat timeout")}))
             statuses.update(recorded.statuses)
             stored.update(recorded.statuses)
         return summarize(batch.batch_id, specs, summaries, statuses, stored,
-                         {job.spec.episode_id for job in left_over})
+                         {job.spec.episode_id for job in left_over},
+                         {e: why for e, why in lost.items() if e not in summaries})
 
     async def _plan(self, batch: RolloutBatchInput) -> list[EpisodeSpec]:
         if batch.purpose != PRODUCTION:

@@ -249,7 +249,8 @@ def train_iteration(
             f"iteration {iteration} has no finished trajectory to learn from"
             f" ({data.skipped} failed or never started, {data.truncated_excluded} truncated"
             " episodes left out by asynchrony.truncated_episodes); check the execution loop's"
-            " episodes, or raise rollout.deadline_s"
+            " episodes (a rollout batch's lost episodes say why), or raise rollout.deadline_s"
+            " (the batch's budget) or rollout.heartbeat_timeout_s (a slow model's turns)"
         )
     device = select_device()
     on_stage("loading")

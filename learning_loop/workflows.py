@@ -26,7 +26,7 @@ iteration and the latest checkpoint.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import Counter, deque
 from datetime import timedelta
 from typing import TypeVar
 
@@ -78,7 +78,8 @@ with workflow.unsafe.imports_passed_through():
         sibling_queue,
     )
 
-__all__ = ["ModelImportWorkflow", "TrainingRunWorkflow", "completion", "rollout_items"]
+__all__ = ["ModelImportWorkflow", "TrainingRunWorkflow", "completion", "lost_batch",
+           "rollout_items"]
 
 T = TypeVar("T")
 # Episodes of one training batch at once: as many as the batching engine decodes together
@@ -99,6 +100,22 @@ def completion(iterations: int, state: RunStatus) -> tuple[str, str]:
     last = f"; last: {state.alarms[-1]}" if state.alarms else ""
     return RunState.completed_with_alarms, (f"{iterations} iterations with {state.alarms_raised}"
                                      f" stability alarm(s){last}")
+
+
+def lost_batch(batch: RolloutBatchResult) -> str | None:
+    """Why a rollout batch came back with nothing at all, when every episode was lost (pure).
+
+    A batch whose every episode timed out (or never started before its deadline) cannot
+    train; the run fails naming that cause rather than the update's "no trainable data".
+    """
+    episodes = list(batch.statuses)
+    if not episodes or any(episode not in batch.lost for episode in episodes):
+        return None
+    causes = Counter(batch.lost[episode] for episode in episodes).most_common()
+    listed = "; ".join(f"{count} episode(s): {why}" for why, count in causes[:3])
+    more = f"; and {len(causes) - 3} other cause(s)" if len(causes) > 3 else ""
+    return (f"rollout batch {batch.batch_id} came back empty: all {len(episodes)} episodes "
+            f"were lost ({listed}{more})")
 
 
 # The input's RunConfig was validated by the web service; one that fails to decode (a
@@ -168,6 +185,9 @@ class TrainingRunWorkflow:
             await self._set_status(run.run_id, RunState.failed, message[:2000])
             raise ApplicationError(message, type=cause.type if cause else "StepFailed",
                                    non_retryable=True) from err
+        except ApplicationError as err:  # the run's own verdict (a rollout batch lost)
+            await self._set_status(run.run_id, RunState.failed, err.message[:2000])
+            raise
         return state
 
     async def _iterate(self, run: TrainingRunInput, config: RunConfig) -> None:
@@ -199,6 +219,9 @@ class TrainingRunWorkflow:
             pending.popleft()
             if batch is None:
                 break
+            if (lost := lost_batch(batch)) is not None:
+                await self._cancel_rollouts(pending)
+                raise ApplicationError(lost, type="RolloutBatchLost", non_retryable=True)
             batch_ids = await self._resample(run, config, plan, k + 1, latest, k, batch)
             if batch_ids is None:
                 break
@@ -394,6 +417,7 @@ class TrainingRunWorkflow:
             max_concurrency=min(MAX_ROLLOUT_CONCURRENCY,
                                 count * rollout.group_size + len(continued)),
             deadline_s=rollout.deadline_s, temperature=rollout.temperature,
+            heartbeat_timeout_s=rollout.heartbeat_timeout_s,
             max_turns=max_turns, max_new_tokens=rollout.max_new_tokens,
         )
         self._batch_items[batch.batch_id] = items

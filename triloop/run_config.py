@@ -89,6 +89,13 @@ class RolloutSection(_Section):
         default=600.0, gt=0.0,
         description="Wall-clock budget for one rollout batch (seconds); unfinished episodes count "
         "as truncated.")
+    heartbeat_timeout_s: float = Field(
+        default=60.0, gt=0.0, le=3600.0,
+        description="How long an episode may go without progress before its group counts as "
+        "stuck (seconds). Progress is a step, a decoded token (in-process torch backend), or "
+        "loading a checkpoint, so a slow turn is not stuck as long as its tokens come; a "
+        "remote backend's turn must end within it. A stuck group fails with \"heartbeat "
+        "timeout while <stage>\", and its episodes are lost to the batch.")
 
 
 class AdvantageConfig(_Section):

@@ -140,7 +140,8 @@ class RolloutBatchInput:
     max_concurrency: int = 8
     deadline_s: float = 600.0
     temperature: float = 1.0
-    # Seconds without a heartbeat (one per step) before an episode attempt counts as lost.
+    # Seconds an episode may go without progress (a step, a decoded token, a checkpoint
+    # loading) before its activity attempt counts as lost (a run's rollout.heartbeat_timeout_s).
     heartbeat_timeout_s: float = 60.0
     # Turns per episode at most (count); None: the contract's limit, which it never raises.
     max_turns: int | None = None
@@ -175,6 +176,9 @@ class RolloutBatchResult:
     # Training episodes the batch deadline cut (truncated for the deadline, or never
     # started): what partial rollouts continue.
     cut_episodes: list[str] = field(default_factory=list)
+    # Episode id -> why the batch came back without its result: "heartbeat timeout while
+    # decoding turn 3 of episode ...", or the batch deadline (before or while it played).
+    lost: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

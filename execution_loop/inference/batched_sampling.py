@@ -15,7 +15,7 @@ Temperature 0 is greedy and, as in vLLM, reports logprobs of the untempered dist
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,8 @@ class SampleRequest:
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str = FINISH_LENGTH
     stop_reason: int | None = None
+    # Told the number of tokens so far after each token (the engine's progress report).
+    on_token: Callable[[int], None] | None = None
 
     def result(self) -> Sample:
         """The finished sample."""
@@ -63,6 +65,8 @@ class SampleRequest:
         if self.top_logprobs > 0 and logp is not None:
             values, indices = torch.topk(logp, min(self.top_logprobs, logp.numel()))
             self.tops.append(list(zip(indices.tolist(), values.tolist(), strict=True)))
+        if self.on_token is not None:
+            self.on_token(len(self.ids))
         if token in self.ends:
             self.finish_reason = FINISH_STOP
             self.stop_reason = token if token in self.stops else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from execution_loop.contracts import EpisodeSpec
-from execution_loop.group_runner import GroupHeartbeat
+from execution_loop.liveness import EpisodeLiveness
 from execution_loop.store import (
     TrajectoryRow,
     authorization_sets,
@@ -72,25 +72,65 @@ class Clock:
 
 def test_the_group_heartbeats_with_its_steps_and_is_throttled() -> None:
     clock = Clock()
-    beat = GroupHeartbeat(timeout_s=10.0, clock=clock)
+    beat = EpisodeLiveness(timeout_s=10.0, clock=clock)
     beat.started("a")
     beat.started("b")
-    assert beat.due("a", 1) is None  # too soon after the start
+    beat.stepped("a", 1)
+    assert beat.due() is None  # too soon after the start
     clock.now += 1.0
-    assert beat.due("a", 2) == 2
-    assert beat.due("b", 1) is None  # throttled: the last beat was just now
+    beat.stepped("a", 2)
+    report = beat.due()
+    assert report is not None and report.steps == 2
+    beat.stepped("b", 1)
+    assert beat.due() is None  # throttled: the last beat was just now
     clock.now += 1.0
-    assert beat.due("b", 3) == 5  # steps of every episode
+    beat.stepped("b", 3)
+    report = beat.due()
+    assert report is not None and report.steps == 5  # steps of every episode
 
 
 def test_a_stuck_episode_holds_the_heartbeat_back_until_it_ends() -> None:
     clock = Clock()
-    beat = GroupHeartbeat(timeout_s=10.0, clock=clock)
+    beat = EpisodeLiveness(timeout_s=10.0, clock=clock)
     beat.started("stuck")
     beat.started("busy")
     clock.now += 11.0  # "stuck" has been silent for longer than the heartbeat timeout
-    assert beat.due("busy", 1) is None
+    beat.stepped("busy", 1)
+    assert beat.due() is None
     beat.finished("stuck")
     clock.now += 1.0
-    assert beat.due("busy", 2) == 2
-    assert GroupHeartbeat(timeout_s=None, clock=clock).due("x", 1) is None  # just started
+    beat.stepped("busy", 2)
+    report = beat.due()
+    assert report is not None and report.steps == 2
+    assert EpisodeLiveness(timeout_s=None, clock=clock).due() is None  # just started
+
+
+def test_decoded_tokens_are_signs_of_life_and_a_silent_turn_is_named() -> None:
+    """A turn longer than the timeout stays alive token by token; without tokens it is
+    held back, and the report names the silent episode's stage."""
+    clock = Clock()
+    beat = EpisodeLiveness(timeout_s=10.0, clock=clock)
+    beat.started("e")
+    beat.alive("e", "decoding turn 1 of episode e (1 tokens so far)")
+    for tokens in range(2, 8):  # 6 tokens, 3 s apart: 18 s of turn, never 10 s silent
+        clock.now += 3.0
+        beat.alive("e", f"decoding turn 1 of episode e ({tokens} tokens so far)")
+        assert beat.due() is not None
+    clock.now += 9.0
+    report = beat.due()
+    assert report is not None and report.stage == "decoding turn 1 of episode e (7 tokens so far)"
+    assert report.silent_s == pytest.approx(9.0)
+    clock.now += 1.0  # the engine stalled: 10 s without a token
+    assert beat.due() is None
+
+
+def test_loading_a_checkpoint_is_alive_however_long_it_takes() -> None:
+    clock = Clock()
+    beat = EpisodeLiveness(timeout_s=10.0, clock=clock)
+    beat.started("e")
+    with beat.loading("e", "abcdef0123456789"):
+        clock.now += 60.0
+        report = beat.due()
+        assert report is not None and report.stage == "loading checkpoint abcdef012345"
+    clock.now += 9.0
+    assert beat.due() is not None  # loading ended with a sign of life
