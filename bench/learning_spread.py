@@ -46,10 +46,16 @@ TRAIN_MAPS = (11, 12, 13, 14)
 HELD_OUT_MAPS = (21, 22, 23, 24)
 
 
+LAKE: dict[str, int] = {}  # initial_state overrides (--size, --holes) of the shipped contract
+
+
 def play(policy: TorchPolicyClient, task_seed: int, episode_seed: int, temperature: float,
          version: int, group: str) -> StoredTrajectory:
     """One frozen_lake episode as the learner would read it from the database."""
     contract = load_builtin_contract("frozen_lake")
+    if LAKE:
+        contract = contract.model_copy(
+            update={"initial_state": {**contract.initial_state, **LAKE}})
     env = make_environment(contract)
     try:
         record = run_episode(env, policy, seed=episode_seed, task_seed=task_seed,
@@ -60,7 +66,7 @@ def play(policy: TorchPolicyClient, task_seed: int, episode_seed: int, temperatu
     steps = [StoredStep(s.index, s.prompt_token_ids, s.action_token_ids, s.action_mask,
                         s.behaviour_logprobs, s.reward) for s in record.steps]
     return StoredTrajectory(uuid.uuid4().hex, group, f"map-{task_seed}", version,
-                            record.total_reward, steps)
+                            record.total_reward, steps, success=record.success)
 
 
 def rollout(policy: TorchPolicyClient, maps: list[int], group_size: int, temperature: float,
@@ -74,41 +80,48 @@ def rollout(policy: TorchPolicyClient, maps: list[int], group_size: int, tempera
     return out
 
 
-def mean_reward(path: Path, maps: tuple[int, ...], episodes: int, seed: int) -> float:
-    """Mean episode reward of a checkpoint over `episodes` per map (temperature 1)."""
+def held_out(path: Path, maps: tuple[int, ...], episodes: int, seed: int) -> tuple[float, float]:
+    """Mean episode reward and success rate of a checkpoint over `episodes` per map
+    (temperature 1)."""
     policy = TorchPolicyClient(path, device="cpu")
     rng = random.Random(seed)
     trajectories = rollout(policy, list(maps), episodes, 1.0, 0, rng)
-    return statistics.fmean(t.total_reward for t in trajectories)
+    return (statistics.fmean(t.total_reward for t in trajectories),
+            statistics.fmean(bool(t.success) for t in trajectories))
 
 
-def train(config: RunConfig, base: CheckpointRef, artifacts: Path) -> tuple[CheckpointRef,
-                                                                             list[float]]:
+def train(config: RunConfig, base: CheckpointRef, artifacts: Path,
+          train_maps: tuple[int, ...] = TRAIN_MAPS
+          ) -> tuple[CheckpointRef, list[float], list[float]]:
     """The run's iterations with the workflow's one-step overlap; returns the last checkpoint."""
     rng = random.Random(config.schedule.seed)
     rollout_cfg = config.rollout
     groups = rollout_cfg.groups_per_iteration
     curve: list[float] = []
+    wins: list[float] = []
     history: list[IterationMetrics] = []
     latest, previous = base, base
     for k in range(1, config.schedule.iterations + 1):
         # Batch k is sampled with c_{k-2} (the workflow starts it while c_{k-1} trains).
         sampler = previous if k > 1 else base
-        maps = [TRAIN_MAPS[((k - 1) * groups + g) % len(TRAIN_MAPS)] for g in range(groups)]
+        maps = [train_maps[((k - 1) * groups + g) % len(train_maps)] for g in range(groups)]
         policy = TorchPolicyClient(sampler.path, device="cpu")
         batch = rollout(policy, maps, rollout_cfg.group_size, rollout_cfg.temperature,
                         max(k - 2, 0), rng)
         curve.append(statistics.fmean(t.total_reward for t in batch))
+        wins.append(statistics.fmean(bool(t.success) for t in batch))
         outcome = train_iteration(
             artifact_dir=artifacts, parent=latest, resume_optimizer=k > 1, reference_dir=base.path,
             config=config, data=to_rollout_data(batch), iteration=k, history=history,
             data_cursor={"iteration": k})
         history.append(outcome.stability)
         previous, latest = latest, outcome.checkpoint
-    return latest, curve
+    return latest, curve, wins
 
 
-def one_seed(config: RunConfig, seed: int, eval_episodes: int) -> dict[str, Any]:
+def one_seed(config: RunConfig, seed: int, eval_episodes: int,
+             train_maps: tuple[int, ...] = TRAIN_MAPS,
+             held_out_maps: tuple[int, ...] = HELD_OUT_MAPS) -> dict[str, Any]:
     """Train from a fresh tiny model with `seed` and score base and final on held-out maps."""
     config = config.model_copy(update={"schedule": config.schedule.model_copy(
         update={"seed": seed})})
@@ -118,11 +131,14 @@ def one_seed(config: RunConfig, seed: int, eval_episodes: int) -> dict[str, Any]
         model_dir = create_tiny_model(root / "tiny", seed=0)
         artifacts = root / "artifacts"
         base = save_servable(artifacts, load_model(model_dir, torch.device("cpu")), model_dir)
-        final, curve = train(config, base, artifacts)
-        before = mean_reward(base.path, HELD_OUT_MAPS, eval_episodes, seed=1000 + seed)
-        after = mean_reward(final.path, HELD_OUT_MAPS, eval_episodes, seed=1000 + seed)
+        final, curve, wins = train(config, base, artifacts, train_maps)
+        before, won_before = held_out(base.path, held_out_maps, eval_episodes, seed=1000 + seed)
+        after, won_after = held_out(final.path, held_out_maps, eval_episodes, seed=1000 + seed)
     return {"seed": seed, "base": before, "final": after, "gain": after - before,
-            "curve": [round(r, 2) for r in curve], "seconds": time.perf_counter() - started}
+            "success_base": won_before, "success_final": won_after,
+            "success_gain": won_after - won_before,
+            "curve": [round(r, 2) for r in curve], "success_curve": [round(w, 2) for w in wins],
+            "seconds": time.perf_counter() - started}
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -145,8 +161,16 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="SECTION.FIELD=VALUE", help="override one run-config field")
     parser.add_argument("--eval-episodes", type=int, default=16,
                         help="episodes per held-out map for base and final (default 16)")
+    parser.add_argument("--train-maps", type=int, nargs="+", default=list(TRAIN_MAPS),
+                        help="frozen_lake map seeds to train on")
+    parser.add_argument("--held-out-maps", type=int, nargs="+", default=list(HELD_OUT_MAPS),
+                        help="frozen_lake map seeds to score on (maps, not just seeds, must"
+                             " differ from the training maps)")
+    parser.add_argument("--size", type=int, help="lake size (default: the contract's)")
+    parser.add_argument("--holes", type=int, help="holes per map (default: the contract's)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
+    LAKE.update({k: v for k, v in (("size", args.size), ("holes", args.holes)) if v})
     torch.set_num_threads(1)
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
@@ -156,12 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     config = RunConfig.model_validate(data)
     results = []
     for seed in args.seeds:
-        result = one_seed(config, seed, args.eval_episodes)
+        result = one_seed(config, seed, args.eval_episodes, tuple(args.train_maps),
+                          tuple(args.held_out_maps))
         results.append(result)
         if not args.json:
-            print(f"seed {seed}: base {result['base']:+.3f} final {result['final']:+.3f}"
-                  f" gain {result['gain']:+.3f} ({result['seconds']:.0f}s)"
-                  f" rewards {result['curve']}", flush=True)
+            print(f"seed {seed}: reward base {result['base']:+.3f} final {result['final']:+.3f}"
+                  f" gain {result['gain']:+.3f}; success base {result['success_base']:.2f}"
+                  f" final {result['success_final']:.2f} ({result['seconds']:.0f}s)"
+                  f" rewards {result['curve']} success {result['success_curve']}", flush=True)
     gains = [r["gain"] for r in results]
     summary = {"mean_gain": statistics.fmean(gains),
                "stdev_gain": statistics.stdev(gains) if len(gains) > 1 else 0.0,

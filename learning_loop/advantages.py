@@ -69,6 +69,7 @@ class TrajectoryReturn:
     task_id: str
     total_reward: float
     environment: str = ""  # the environment's name, for environment-level normalisation
+    success: bool | None = None  # the task's verdict, apart from shaped reward (None: unknown)
 
 
 @dataclass(frozen=True)

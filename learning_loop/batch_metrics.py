@@ -1,8 +1,13 @@
-"""Per-iteration metric series of a rollout batch: reward per task and per environment.
+"""Per-iteration metric series of a rollout batch: reward and task success, per task and
+per environment.
 
 Stored under ``training_step.metrics["series"]`` as flat ``name -> number`` keys so that a
 multi-task run can be read: ``reward/task/<task id>`` and ``reward/env/<environment
 name>`` are the mean return of the iteration's trajectories of that task or environment.
+``success/rate``, ``success/task/<task id>`` and ``success/env/<environment name>`` are the
+share of them the environment's verdict called a success (reached the goal, the exact
+answer, the pinned tests pass), which shaped reward can hide: a policy may earn more by
+failing sooner. Trajectories whose success is unknown (None) count in no success key.
 The run page charts every key and overlays keys that share a prefix. Pure python.
 """
 
@@ -16,6 +21,9 @@ from learning_loop.advantages import TrajectoryReturn
 
 TASK_REWARD_PREFIX = "reward/task/"
 ENVIRONMENT_REWARD_PREFIX = "reward/env/"
+SUCCESS_RATE = "success/rate"
+TASK_SUCCESS_PREFIX = "success/task/"
+ENVIRONMENT_SUCCESS_PREFIX = "success/env/"
 
 
 def reward_series(returns: Sequence[TrajectoryReturn]) -> dict[str, float]:
@@ -29,6 +37,26 @@ def reward_series(returns: Sequence[TrajectoryReturn]) -> dict[str, float]:
             by_environment[r.environment].append(r.total_reward)
     series = {f"{TASK_REWARD_PREFIX}{k}": _mean(v) for k, v in by_task.items()}
     series.update({f"{ENVIRONMENT_REWARD_PREFIX}{k}": _mean(v) for k, v in by_environment.items()})
+    return dict(sorted(series.items()))
+
+
+def success_series(returns: Sequence[TrajectoryReturn]) -> dict[str, float]:
+    """Success rate (0..1) overall, per task and per environment, over the trajectories
+    whose success is known; no keys when none is."""
+    known = [r for r in returns if r.success is not None]
+    if not known:
+        return {}
+    by_task: dict[str, list[float]] = defaultdict(list)
+    by_environment: dict[str, list[float]] = defaultdict(list)
+    for r in known:
+        won = 1.0 if r.success else 0.0
+        by_task[r.task_id].append(won)
+        if r.environment:
+            by_environment[r.environment].append(won)
+    series = {SUCCESS_RATE: _mean(1.0 if r.success else 0.0 for r in known)}
+    series.update({f"{TASK_SUCCESS_PREFIX}{k}": _mean(v) for k, v in by_task.items()})
+    series.update({f"{ENVIRONMENT_SUCCESS_PREFIX}{k}": _mean(v)
+                   for k, v in by_environment.items()})
     return dict(sorted(series.items()))
 
 

@@ -28,7 +28,12 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from learning_loop.batch import TrainingSample, build_training_samples, collate, without_groups
-from learning_loop.batch_metrics import dynamic_sampling_series, merge_series, reward_series
+from learning_loop.batch_metrics import (
+    dynamic_sampling_series,
+    merge_series,
+    reward_series,
+    success_series,
+)
 from learning_loop.checkpoints import (
     CheckpointError,
     CheckpointRef,
@@ -311,7 +316,8 @@ def train_iteration(
     ) if a is not None]
     columns = step_columns(stability, update, alarms, advantages.zero_variance_groups,
                            advantages.groups, data,
-                           series=merge_series(series, reward_series(data.returns), sampling))
+                           series=merge_series(series, reward_series(data.returns),
+                                               success_series(data.returns), sampling))
     if update is None:  # nothing moved: a learner reused from memory is still the parent's
         return IterationOutcome(parent, False, columns, stability, alarms, learner=warm)
     on_stage("saving")

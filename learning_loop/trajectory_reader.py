@@ -76,6 +76,7 @@ class StoredTrajectory:
     environment: str = ""  # the environment's name
     status: str = EpisodeStatus.COMPLETED  # completed | truncated
     failure_reason: str | None = None  # the limit that truncated it
+    success: bool | None = None  # the task's own verdict (None: not known to the reader)
 
 
 @dataclass
@@ -145,7 +146,7 @@ def to_rollout_data(
         data.steps.append(_record(trajectory, (), (), (), trajectory.total_reward - step_rewards))
         data.returns.append(TrajectoryReturn(
             trajectory.id, trajectory.group_id, trajectory.task_id, trajectory.total_reward,
-            trajectory.environment,
+            trajectory.environment, trajectory.success,
         ))
         data.lengths.append(sum(len(s.action_token_ids) for s in trajectory.steps))
         data.policy_versions.append(trajectory.policy_version)
@@ -206,7 +207,7 @@ def load_rollout_data(
     stored = [
         StoredTrajectory(t.id, t.group_id, t.task_id, t.policy_version, t.total_reward,
                          by_trajectory.get(t.id, []), allowed.get(t.task_id, ""), t.status,
-                         t.failure_reason)
+                         t.failure_reason, t.success)
         for t in usable
     ]
     check_admitted(stored, allowed)

@@ -309,6 +309,29 @@ def _triloop(*args: str, token: str, api_url: str) -> None:
     console.print(f"  $ triloop {' '.join(args)}\n  {answer}")
 
 
+def held_out_lines(promotion: dict[str, Any]) -> list[str]:
+    """Held-out success and reward, base (production) before and candidate after, from the
+    offline-eval gate's evidence on each frozen eval set (the verifier's verdicts)."""
+    lines: list[str] = []
+    evals = [g for g in promotion.get("gates") or [] if g.get("gate") == "offline_eval"]
+    if evals:  # the last offline-eval verdict (a re-run gate decides again)
+        for result in (evals[-1].get("evidence") or {}).get("eval_sets") or []:
+            before, after = result.get("production"), result.get("candidate")
+            if not before or not after:
+                continue
+            lines.append(
+                f"held-out success ({result['eval_set']}): before {_share(before)} → after"
+                f" {_share(after)}; reward {before['reward_mean']['estimate']:+.3f} →"
+                f" {after['reward_mean']['estimate']:+.3f}")
+    return lines
+
+
+def _share(policy: dict[str, Any]) -> str:
+    episodes = int(policy["episodes"])
+    rate = policy["successes"] / episodes if episodes else 0.0
+    return f"{policy['successes']}/{episodes} ({rate:.0%})"
+
+
 def _summary(api: Api, run_id: str, promotion: dict[str, Any], rewards: list[float],
              api_base: str, traffic: TrafficGenerator, blocked_id: str) -> None:
     step("Summary")
@@ -318,6 +341,8 @@ def _summary(api: Api, run_id: str, promotion: dict[str, Any], rewards: list[flo
     if rewards:
         console.print(f"  training reward: first iteration {rewards[0]:+.3f} → "
                       f"last {rewards[-1]:+.3f}")
+    for line in held_out_lines(promotion):
+        console.print(f"  {line}")
     console.print(f"  promotion {promotion['id']}: {promotion['status']}")
     for gate in promotion["gates"]:
         verdict = "passed" if gate["passed"] else "did not pass"

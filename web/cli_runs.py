@@ -37,6 +37,7 @@ train_app = typer.Typer(help="Submit, follow and control training runs (ML engin
 
 EXIT_FAILED, EXIT_PAUSED, EXIT_TIMEOUT = 1, 3, 4
 METRIC_KEYS = ("reward_mean", "entropy", "kl", "grad_norm", "discrimination")
+SUCCESS_KEY = "success/rate"  # learning_loop.batch_metrics.SUCCESS_RATE (web imports no loop)
 
 RunArgument = Annotated[str, typer.Argument(help="Run id, or a unique prefix of it.")]
 ReasonOption = Annotated[str | None, typer.Option("--reason", help="Why, for the record.")]
@@ -53,7 +54,11 @@ def _resolve(ref: str, token: str | None, api_url: str) -> str:
 
 
 def _metrics_line(point: dict[str, Any]) -> str:
-    values = ", ".join(f"{k}={point[k]:.4g}" for k in METRIC_KEYS if point.get(k) is not None)
+    shown = {k: point[k] for k in METRIC_KEYS if point.get(k) is not None}
+    success = (point.get("extra_metrics") or {}).get(SUCCESS_KEY)
+    if success is not None:  # task success beside reward: shaped reward can rise without it
+        shown = {"reward_mean": shown.pop("reward_mean", None), "success": success, **shown}
+    values = ", ".join(f"{k}={v:.4g}" for k, v in shown.items() if v is not None)
     alarms = f"  ALARM {', '.join(point['alarms'])}" if point.get("alarms") else ""
     return f"iteration {point['iteration']}: {values}{alarms}"
 

@@ -1,8 +1,8 @@
 """A short real multi-task run with the issue-18 practices switched on.
 
 Two built-in environments (frozen_lake and tool_arithmetic), the tiny model on CPU, the
-real Temporal, PostgreSQL and OPA: each iteration stores reward per task and per
-environment, the dynamic-sampling drop rate, and the rollouts obey the run's max_turns.
+real Temporal, PostgreSQL and OPA: each iteration stores reward and success rate per task
+and per environment, the dynamic-sampling drop rate, and the rollouts obey the run's max_turns.
 Template collapse is made to fire so the configured mitigation runs and is audited.
 """
 
@@ -88,6 +88,11 @@ async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop
         for task, name in environments.items():
             assert math.isfinite(series[f"reward/task/{task}"])
             assert f"reward/env/{name}" in series
+        # Task success apart from reward (the environments' verdicts), overall and per key.
+        assert 0.0 <= series["success/rate"] <= 1.0
+        for task, name in environments.items():
+            assert 0.0 <= series[f"success/task/{task}"] <= 1.0
+            assert 0.0 <= series[f"success/env/{name}"] <= 1.0
         assert 0.0 <= series["dynamic_sampling/drop_rate"] <= 1.0
         assert series["dynamic_sampling/groups_dropped"] >= 0
         assert series["dynamic_sampling/resample_rounds"] in (0.0, 1.0)

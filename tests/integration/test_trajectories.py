@@ -21,6 +21,7 @@ from execution_loop.store import (
     write_trajectories,
     write_trajectory,
 )
+from learning_loop.batch_metrics import success_series
 from learning_loop.trajectory_reader import load_rollout_data
 from tests.factories import make_task, uid
 from triloop.config import Settings
@@ -206,6 +207,27 @@ def test_the_learner_reads_back_every_turn_through_its_views(
     assert [list(s.prompt_token_ids) for s in turns] == prompts
     assert [list(s.action_token_ids) for s in turns] == actions
     assert data.lengths == [5]
+
+
+def test_stored_task_success_reaches_the_learners_success_rate(
+    engine: Engine, authorizer: Authorizer, owner_engine: Engine,
+    role_engine: Callable[[str], Engine],
+) -> None:
+    run_id, batch = uid("run-"), uid("success-batch-")
+    task = make_task(owner_engine)
+    group = [episode(task, batch_id=batch, run_id=run_id, steps=2) for _ in range(4)]
+    # A failure with more shaped reward than the success: the rate counts the verdict only.
+    rows = [TrajectoryRow(**{**row.__dict__, "success": i == 0, "total_reward": 0.1 + 0.3 * i})
+            for i, (row, _) in enumerate(group)]
+    planned(owner_engine, *rows)
+    for row, (_, steps) in zip(rows, group, strict=True):
+        assert write_trajectory(engine=engine, authorizer=authorizer, trajectory=row,
+                                steps=steps)
+    data = load_rollout_data(engine=role_engine("learning"), run_id=run_id, batch_ids=[batch],
+                             task_environments={task: "frozen_lake"})
+    assert sorted(r.success for r in data.returns) == [False, False, False, True]
+    assert success_series(data.returns) == {"success/rate": 0.25, f"success/task/{task}": 0.25,
+                                            "success/env/frozen_lake": 0.25}
 
 
 def test_turns_that_cannot_be_laid_out_store_nothing(

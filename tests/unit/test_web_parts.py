@@ -54,6 +54,33 @@ def test_charts_cover_every_metric_key_and_overlay_reward_prefixes() -> None:
     assert "sort: 4 iterations" in by_title["Reward per task"].summary
 
 
+def test_success_rate_is_charted_beside_reward_and_overlaid_per_task_and_environment() -> None:
+    points = [{"iteration": i, "reward_mean": 0.1 * i, "entropy": 1.0, "alarms": [],
+               "extra_metrics": {"success/rate": 0.25 * i, "success/task/a": 0.5,
+                                 "success/task/b": 0.0, "success/env/grid": 0.25}}
+              for i in range(3)]
+    data = run_chart_data(points)
+    titles = [c.title for c in data.charts]
+    assert titles == ["Success rate per task", "Success rate per environment",
+                      "Reward (mean)", "Success rate", "Entropy"]
+    by_title = {c.title: c for c in data.charts}
+    assert data.columns["success/rate"] == [0.0, 0.25, 0.5]
+    assert by_title["Success rate"].unit == "share of episodes"
+    assert by_title["Success rate per task"].unit == "share of episodes"
+    assert [s.label for s in by_title["Success rate per task"].series] == ["a", "b"]
+
+
+def test_train_logs_print_success_beside_reward() -> None:
+    from web.cli_runs import _metrics_line
+
+    line = _metrics_line({"iteration": 3, "reward_mean": -0.5, "entropy": 1.25, "alarms": [],
+                          "extra_metrics": {"success/rate": 0.125}})
+    assert line == "iteration 3: reward_mean=-0.5, success=0.125, entropy=1.25"
+    # A run from before success was recorded reads as it did.
+    assert _metrics_line({"iteration": 1, "reward_mean": 0.5, "alarms": []}) == \
+        "iteration 1: reward_mean=0.5"
+
+
 def test_a_run_without_metrics_still_has_a_chart_saying_so() -> None:
     data = run_chart_data([])
     assert [c.summary for c in data.charts] == ["Reward (mean): no values yet"]

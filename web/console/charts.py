@@ -4,7 +4,8 @@ from the repository), which gives hover values, axis ticks, smoothing and a seco
 overlaid; ``static/charts.js`` reads the specs from the page.
 
 Keys sharing the prefix ``reward/task/`` are overlaid in one chart, and so are those
-sharing ``reward/env/``; every other key gets a chart of its own. Iterations that raised
+sharing ``reward/env/``, ``success/task/`` or ``success/env/``; the success rate is charted
+next to mean reward; every other key gets a chart of its own. Iterations that raised
 a stability alarm are marked on every chart. Each chart also carries a one-line text
 summary, for screen readers and for a browser without JavaScript.
 """
@@ -19,6 +20,8 @@ from typing import Any
 # The named columns of ``training_step``, in the order a reader looks for them.
 NAMED: tuple[tuple[str, str, str], ...] = (
     ("reward_mean", "Reward (mean)", ""),
+    # Not a column: the learner's series key, kept beside reward (learning_loop.batch_metrics).
+    ("success/rate", "Success rate", "share of episodes"),
     ("entropy", "Entropy", "nats/token"),
     ("kl", "KL to reference", ""),
     ("grad_norm", "Gradient norm", ""),
@@ -29,10 +32,12 @@ NAMED: tuple[tuple[str, str, str], ...] = (
     ("trainable_tokens", "Trainable tokens", "tokens"),
 )
 NAMED_KEYS = {key: (title, unit) for key, title, unit in NAMED}
-# Prefixes whose keys share one chart, and that chart's title.
-OVERLAID: tuple[tuple[str, str], ...] = (
-    ("reward/task/", "Reward per task"),
-    ("reward/env/", "Reward per environment"),
+# Prefixes whose keys share one chart, that chart's title and its unit.
+OVERLAID: tuple[tuple[str, str, str], ...] = (
+    ("reward/task/", "Reward per task", "reward"),
+    ("reward/env/", "Reward per environment", "reward"),
+    ("success/task/", "Success rate per task", "share of episodes"),
+    ("success/env/", "Success rate per environment", "share of episodes"),
 )
 
 
@@ -95,7 +100,8 @@ def columns_of(points: Sequence[Mapping[str, Any]]) -> dict[str, list[float | No
                 keys.append(key)
     columns: dict[str, list[float | None]] = {}
     for key in keys:
-        values = [_number(p.get(key)) if key in NAMED_KEYS else
+        # A named key is a column of the point, or (success/rate) one of its keyed metrics.
+        values = [_number(p[key]) if key in p else
                   _number((p.get("extra_metrics") or {}).get(key)) for p in points]
         if any(v is not None for v in values):
             columns[key] = values
@@ -131,12 +137,12 @@ def run_chart_data(points: Sequence[Mapping[str, Any]]) -> ChartData:
     columns = columns_of(points)
     charts: list[Chart] = []
     grouped: set[str] = set()
-    for prefix, title in OVERLAID:
+    for prefix, title, unit in OVERLAID:
         keys = sorted(k for k in columns if k.startswith(prefix))
         if keys:
             grouped.update(keys)
             series = [Series(k, k.removeprefix(prefix)) for k in keys]
-            charts.append(Chart(_chart_id(prefix), title, "reward", series,
+            charts.append(Chart(_chart_id(prefix), title, unit, series,
                                 _summary(title, series, columns, iterations, alarms)))
     for key in columns:
         if key in grouped:
