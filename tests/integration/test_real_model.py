@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 from sqlalchemy import Engine
@@ -41,6 +43,7 @@ from tests.factories_learning import (
 from tests.temporal_helpers import admin_client
 from triloop.config import Settings
 from triloop.temporal import connect
+from triloop.weights import adapter_base_id, adapter_digest
 from triloop.workflow_api import (
     LEARNING_QUEUE,
     MODEL_IMPORT_WORKFLOW,
@@ -81,7 +84,8 @@ def real_model_config(base: str, tasks: list[str]) -> dict[str, Any]:
                  "max_new_tokens": 16, "deadline_s": 3600},
         optimizer={"learning_rate": 1e-4},
         objective={"entropy_coef": 1e-3},
-        update={"micro_batch_size": 4},
+        update={"micro_batch_size": 4,
+                "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
         schedule={"iterations": 2, "propose_every": 2, "seed": 0},
     )
 
@@ -124,10 +128,17 @@ async def test_imported_smollm2_trains_two_iterations_through_the_workflows(
     assert status.status in ("completed", "completed_with_alarms"), status
     assert status.iterations_done == 2 and status.base_checkpoint_id == imported.checkpoint_id
 
-    # Two checkpoints, each a child of the one before, down to the imported base.
+    # Two adapter checkpoints, each a child of the one before, down to the imported base;
+    # each is an adapter alone (no base weights) whose config and row name that base.
     chain = lineage(engine=owner_engine, checkpoint_id=status.latest_checkpoint_id or "")
     assert chain[0].id == imported.checkpoint_id, [c.id for c in chain]
     assert len(chain) == 3, [c.id for c in chain]
+    for adapter in chain[1:]:
+        folder = Path(urlparse(adapter.artifact_uri).path)
+        assert adapter.base_model == imported.checkpoint_id, adapter
+        assert adapter_base_id(folder) == imported.checkpoint_id
+        assert adapter_digest(folder) == adapter.id
+        assert not (folder / "model.safetensors").exists()
 
     # Every sampled token is a trainable token: the stored sequences hold a behaviour
     # logprob per action-mask token, and each update trained on all of its iteration's.
