@@ -38,7 +38,7 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -275,8 +275,9 @@ def _load_gguf(path: Path, side_dir: Path) -> PreTrainedModel:
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32)
     # Dequantised already: without the marker save_pretrained writes plain float32 weights.
-    model.hf_quantizer = None
-    model.is_quantized = False  # type: ignore[misc]
+    marked = cast(Any, model)  # torch types these attributes as tensors or modules
+    marked.hf_quantizer = None
+    marked.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tokenizer.save_pretrained(side_dir)
