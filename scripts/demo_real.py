@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -36,6 +37,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "real-model"
 RUN_FILE = EXAMPLE / "smollm2-lora.run.yaml"
 CONTRACT_FILE = EXAMPLE / "tool_arithmetic_short.yaml"
 ENVIRONMENT = "tool_arithmetic_short"
+MODEL_NAME = "smollm2"
 TRAINING_SEEDS = tuple(range(101, 109))
 HELD_OUT_SEEDS = tuple(range(201, 209))
 # The offline gate's sample floor: 8 held-out problems x 2 episodes (governance's eval runs
@@ -64,23 +66,36 @@ def ticking(what: str, every_s: float = 30.0) -> Iterator[None]:
 
 
 def triloop_cli(*args: str, token: str, api_url: str) -> str:
-    """Run a triloop command as the person whose token it is; its stdout, or exit."""
-    import os
-
+    """Run a triloop command as the person whose token it is; its stdout. Its progress and
+    errors (stderr) show as they come."""
     env = {**os.environ, "TRILOOP_TOKEN": token, "TRILOOP_API_URL": api_url}
-    result = subprocess.run([sys.executable, "-m", "triloop.cli", *args], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "triloop.cli", *args], stdout=subprocess.PIPE,
                             text=True, check=False, env=env)
     if result.returncode != 0:
-        raise SystemExit(f"triloop {' '.join(args)} failed: {result.stderr.strip()[-800:]}")
+        raise SystemExit(f"triloop {' '.join(args)} failed (exit {result.returncode})")
     return result.stdout.strip()
 
 
 def import_example_model(engineer: Api, api_base: str) -> str:
-    """`triloop model import --example smollm2` as the ML engineer; the base checkpoint id."""
-    out = triloop_cli("model", "import", "--example", "smollm2", "--json",
-                      token=engineer.person.token, api_url=api_base)
-    imported: dict[str, Any] = json.loads(out)
-    return str(imported["id"])
+    """`triloop model import --example smollm2` as the ML engineer; the base checkpoint id.
+
+    A stack that imported it before (an earlier demo-real) keeps it under its name: shown,
+    not imported twice.
+    """
+    token = engineer.person.token
+    named = engineer.get("/api/checkpoints", name=MODEL_NAME, limit=1)["items"]
+    if named:
+        console.print(f"  already imported as {MODEL_NAME}:")
+        console.print("  " + triloop_cli("model", "show", MODEL_NAME, token=token,
+                                         api_url=api_base).replace("\n", "\n  "))
+        return str(named[0]["id"])
+    out = triloop_cli("model", "import", "--example", "smollm2", "--name", MODEL_NAME,
+                      "-o", "json", token=token, api_url=api_base)
+    checkpoint: dict[str, Any] = json.loads(out)["checkpoint"]
+    console.print(f"  {checkpoint['parameter_count']:,} parameters from "
+                  f"{checkpoint['source_kind']} ({checkpoint['source_dtype']}), stored as "
+                  f"{checkpoint['dtype']}")
+    return str(checkpoint["id"])
 
 
 def register_short_arithmetic(settings: Any, operator: world.Person) -> str:
@@ -127,7 +142,8 @@ def offline_verdict(operator: Api, run_id: str) -> dict[str, Any]:
         page = operator.get("/api/promotions", limit=50)
         return next((p for p in page["items"] if p["run_id"] == run_id), None)
 
-    opened = wait_for(promotion, timeout_s=600, what="the promotion for the run's proposal")
+    opened = cast(dict[str, Any], wait_for(promotion, timeout_s=600,
+                                           what="the promotion for the run's proposal"))
     console.print(f"  promotion {opened['id']} opened for checkpoint "
                   f"{opened['checkpoint_id'][:16]}…")
 
@@ -143,7 +159,8 @@ def offline_verdict(operator: Api, run_id: str) -> dict[str, Any]:
         return gate
 
     with ticking("governance evaluates candidate and base on the held-out set"):
-        return wait_for(offline, timeout_s=3600, what="the offline-eval gate's verdict")
+        return cast(dict[str, Any], wait_for(offline, timeout_s=3600,
+                                             what="the offline-eval gate's verdict"))
 
 
 def _share(value: Any) -> str:
@@ -220,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     held_out = world.add_tasks(settings, version, HELD_OUT_SEEDS, people["operator"])
 
     def admit(task_id: str) -> dict[str, Any]:
-        return operator.post(f"/api/tasks/{task_id}/admission", {
-            "decision": "approve", "comment": "evidence answers all four questions"})
+        return cast(dict[str, Any], operator.post(f"/api/tasks/{task_id}/admission", {
+            "decision": "approve", "comment": "evidence answers all four questions"}))
 
     import asyncio
 

