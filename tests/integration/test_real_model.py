@@ -34,13 +34,13 @@ from temporalio.client import Client
 from learning_loop.store import lineage
 from tests.factories import uid
 from tests.factories_execution import make_builtin_task
-from tests.factories_learning import loops_running, make_run, rows, run_config, start_run
+from tests.factories_learning import loops_running, rows, run_config
 from tests.factories_web import Person
 from tests.temporal_helpers import admin_client
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.weights import adapter_base_id, adapter_digest
-from triloop.workflow_api import RunStatus, rollout_workflow_id
+from triloop.workflow_api import RunStatus, rollout_workflow_id, training_run_workflow_id
 
 pytestmark = [pytest.mark.real_model, pytest.mark.integration, pytest.mark.slow,
               pytest.mark.timeout(3600)]  # a hang guard only: minutes on 2 loaded cores
@@ -117,9 +117,13 @@ async def test_imported_smollm2_trains_two_iterations_through_the_workflows(
         outcome = await import_example(api, engineer)
         assert outcome["status"] == "completed", outcome
         imported = outcome["checkpoint"]
-        config = real_model_config(imported["name"], tasks)  # RUN.yaml names it by name
-        run_id = make_run(owner_engine, config, engineer.name)
-        handle = await start_run(client, own, run_id, config, engineer.name)
+        # The engineer submits through the API, naming the base by its name.
+        submitted = await api.post("/api/runs", headers=engineer.headers, json={
+            "config": real_model_config(imported["name"], tasks)})
+        assert submitted.status_code == 201, submitted.text
+        run_id = submitted.json()["id"]
+        handle = client.get_workflow_handle(training_run_workflow_id(run_id),
+                                            result_type=RunStatus)
         status: RunStatus = await asyncio.wait_for(handle.result(), 3300)
 
     assert (imported["source_kind"], imported["parameter_count"]) == ("gguf", SMOLLM2), imported
