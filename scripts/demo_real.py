@@ -175,10 +175,11 @@ def _interval(policy: dict[str, Any] | None, key: str) -> str:
     return f"{point:+.3f}" if key == "reward_mean" else _share(point).strip()
 
 
-def summary(gate: dict[str, Any], detail: dict[str, Any], marks: dict[str, float]) -> None:
+def summary(gate: dict[str, Any] | None, detail: dict[str, Any],
+            marks: dict[str, float]) -> None:
     """Held-out success and reward before (base) and after (candidate), and the timings."""
     step("Summary")
-    for evidence in gate["evidence"].get("eval_sets", []):
+    for evidence in (gate or {}).get("evidence", {}).get("eval_sets", []):
         base, cand = evidence.get("production"), evidence["candidate"]
         console.print(f"  held-out ({evidence['eval_set']}, {cand['episodes']} episodes):"
                       f" success {_interval(base, 'success_rate')} → "
@@ -188,8 +189,9 @@ def summary(gate: dict[str, Any], detail: dict[str, Any], marks: dict[str, float
     if rewards:
         console.print(f"  training reward: first iteration {rewards[0]:+.3f} → "
                       f"last {rewards[-1]:+.3f}")
-    verdict = "passed" if gate["passed"] else "did not pass"
-    console.print(f"  offline eval {verdict}: {'; '.join(gate['reasons'])[:200]}")
+    if gate is not None:
+        verdict = "passed" if gate["passed"] else "did not pass"
+        console.print(f"  offline eval {verdict}: {'; '.join(gate['reasons'])[:200]}")
     for name, seconds in marks.items():
         console.print(f"  {name:<28} {seconds:6.0f}s")
     console.print(f"  total time {time.monotonic() - STARTED:.0f}s")
@@ -259,6 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"  run {run['id']}: {api_base}/runs/{run['id']}")
     detail = timed(marks, "training", lambda: follow_training(engineer, run["id"]))
 
+    if not detail["checkpoint_ids"]:
+        # GRPO learns from reward differences within a group; where every group tied there
+        # is nothing to learn, no checkpoint and so no proposal. Said, not hidden.
+        console.print("  [yellow]no group's rewards differed in any iteration: nothing was "
+                      "learned, so nothing was proposed[/yellow] (more iterations, larger "
+                      "groups, or sampling.dynamic_sampling give the model more chances)")
+        summary(None, detail, marks)
+        return 1
     step("Proposed: governance scores candidate and base on the held-out problems")
     gate = timed(marks, "proposal to offline verdict",
                  lambda: offline_verdict(operator, run["id"]))
