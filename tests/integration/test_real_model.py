@@ -36,7 +36,7 @@ from tests.factories import uid
 from tests.factories_execution import make_builtin_task
 from tests.factories_learning import loops_running, rows, run_config
 from tests.factories_web import Person
-from tests.temporal_helpers import admin_client
+from tests.temporal_helpers import admin_client, provision_endpoints
 from triloop.config import Settings
 from triloop.temporal import connect
 from triloop.weights import adapter_base_id, adapter_digest
@@ -109,8 +109,10 @@ async def test_imported_smollm2_trains_two_iterations_through_the_workflows(
     owner_engine: Engine,
 ) -> None:
     # The web app under test starts its workflows on web_settings' queues: the loops poll
-    # those (no other test's workers do while this module runs).
+    # those (no other test's workers do while this module runs), and the run reaches the
+    # execution and governance loops through the Nexus endpoints of that queue prefix.
     own = web_settings
+    provision_endpoints(own)
     tasks = [make_builtin_task(owner_engine, "tool_arithmetic", seed) for seed in TASK_SEEDS]
     engineer = people["engineer"]
     async with loops_running(client, own):
