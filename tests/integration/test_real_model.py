@@ -73,8 +73,10 @@ def real_model_config(base: str, tasks: list[str]) -> dict[str, Any]:
     """Two small iterations on the imported base (see the module docstring for the sizes)."""
     return run_config(
         base, tasks,
+        # A loaded machine can starve a decoding process of CPU for over a minute; what this
+        # test checks is that progress is counted as life, not that a token takes < 60 s.
         rollout={"group_size": 2, "groups_per_iteration": 2, "max_turns": 1,
-                 "max_new_tokens": 16, "deadline_s": 3600},
+                 "max_new_tokens": 16, "deadline_s": 3600, "heartbeat_timeout_s": 600},
         optimizer={"learning_rate": 1e-4},
         objective={"entropy_coef": 1e-3},
         update={"micro_batch_size": 4,
