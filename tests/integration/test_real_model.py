@@ -33,7 +33,7 @@ from temporalio.client import Client
 
 from learning_loop.store import lineage
 from tests.factories import uid
-from tests.factories_execution import make_builtin_task
+from tests.factories_execution import make_task_on, register_contract
 from tests.factories_learning import loops_running, rows, run_config
 from tests.factories_web import Person
 from tests.temporal_helpers import admin_client, provision_endpoints
@@ -46,6 +46,8 @@ pytestmark = [pytest.mark.real_model, pytest.mark.integration, pytest.mark.slow,
               pytest.mark.timeout(3600)]  # a hang guard only: minutes on 2 loaded cores
 pytest_plugins = ["tests.factories_web_fixtures"]
 TASK_SEEDS = (301, 302, 303, 304)
+SHORT_CONTRACT = (Path(__file__).resolve().parents[2] / "examples" / "real-model"
+                  / "tool_arithmetic_short.yaml")
 SMOLLM2 = 134_515_008  # parameters of SmolLM2-135M-Instruct
 
 
@@ -67,6 +69,17 @@ async def import_example(api: httpx.AsyncClient, person: Person) -> dict[str, An
         if status.json()["status"] != "running":
             return dict(status.json())
         await asyncio.sleep(1.0)
+
+
+def short_arithmetic_tasks(engine: Engine) -> list[str]:
+    """Admitted tasks on ``make demo-real``'s tool_arithmetic contract: its episode wall time
+    (600 s, not the built-in 120 s) leaves a starved decoder time to finish its turn, which
+    the run must then train on (a clock-cut episode is left out of the loss)."""
+    from execution_loop.environments.registry import CONTRACTS_DIR
+
+    version = register_contract(engine, SHORT_CONTRACT.read_text(), base_dir=CONTRACTS_DIR,
+                                name="tool_arithmetic_short")
+    return [make_task_on(engine, version, seed) for seed in TASK_SEEDS]
 
 
 def real_model_config(base: str, tasks: list[str]) -> dict[str, Any]:
@@ -115,7 +128,7 @@ async def test_imported_smollm2_trains_two_iterations_through_the_workflows(
     # execution and governance loops through the Nexus endpoints of that queue prefix.
     own = web_settings
     provision_endpoints(own)
-    tasks = [make_builtin_task(owner_engine, "tool_arithmetic", seed) for seed in TASK_SEEDS]
+    tasks = short_arithmetic_tasks(owner_engine)
     engineer = people["engineer"]
     async with loops_running(client, own):
         outcome = await import_example(api, engineer)
