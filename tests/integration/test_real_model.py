@@ -160,21 +160,21 @@ async def test_imported_smollm2_trains_two_iterations_through_the_workflows(
         assert not (folder / "model.safetensors").exists()
 
     # Every sampled token is a trainable token: the stored sequences hold a behaviour
-    # logprob per action-mask token, and each update trained on all of its iteration's.
+    # logprob per action-mask token, and the two updates together trained on all of them
+    # (which iteration trained a batch depends on asynchrony's window, not counted here).
     sequences = rows(owner_engine, """
-        SELECT t.policy_version, s.action_mask, s.behaviour_logprobs
+        SELECT s.action_mask, s.behaviour_logprobs
         FROM trajectory t JOIN trajectory_sequence s ON s.trajectory_id = t.id
         WHERE t.run_id = :r""", r=run_id)
     assert len(sequences) == 2 * 2 * 2, len(sequences)
-    sampled: dict[int, int] = {}
     for seq in sequences:
         assert sum(seq["action_mask"]) == len(seq["behaviour_logprobs"]) > 0
-        sampled[seq["policy_version"]] = sampled.get(seq["policy_version"], 0) + sum(
-            seq["action_mask"])
     steps = rows(owner_engine, "SELECT iteration, trainable_tokens FROM training_step"
                  " WHERE run_id = :r ORDER BY iteration", r=run_id)
-    assert [(s["iteration"], s["trainable_tokens"]) for s in steps] == [
-        (1, sampled[0]), (2, sampled[1])], (steps, sampled)
+    assert [s["iteration"] for s in steps] == [1, 2] and all(
+        s["trainable_tokens"] > 0 for s in steps), steps
+    assert sum(s["trainable_tokens"] for s in steps) == sum(
+        sum(seq["action_mask"]) for seq in sequences), steps
 
     # Governance got the proposal (its Nexus handler wrote the row and opened a promotion).
     proposals = rows(owner_engine, "SELECT checkpoint_id FROM proposal WHERE run_id = :r",
