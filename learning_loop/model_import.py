@@ -227,11 +227,12 @@ def _inspect_gguf(path: Path) -> ModelSource:
         return None if found is None else str(found.contents())
 
     architecture = text("general.architecture") or ""
-    if architecture not in GGUF_SUPPORTED_ARCHITECTURES and (
-            _GGUF_ALIASES.get(architecture) not in GGUF_SUPPORTED_ARCHITECTURES):
+    # The mapping's keys also hold its shared sections, which are no architecture.
+    readable = set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}
+    if architecture not in readable and _GGUF_ALIASES.get(architecture) not in readable:
         raise ModelImportError(
             f"{path.name}: GGUF architecture {architecture!r} is not one transformers can"
-            f" read; it reads {sorted(GGUF_SUPPORTED_ARCHITECTURES)}")
+            f" read; it reads {sorted(readable)}")
     if reader.get_field("tokenizer.ggml.model") is None:
         raise ModelImportError(f"{path.name} carries no tokenizer (tokenizer.ggml.*)")
     if not text("tokenizer.chat_template"):

@@ -6,6 +6,7 @@ written by the ``gguf`` package with the metadata a test needs.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -33,6 +34,15 @@ def tiny_source(target: Path, *, dtype: torch.dtype = torch.float32,
     for name in SIDE_FILES:
         shutil.copyfile(plain / name, target / name)
     return target
+
+
+def without_chat_template(source: Path) -> Path:
+    """The directory with its tokenizer's chat template removed (file and config key)."""
+    (source / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (source / "tokenizer_config.json").write_text(json.dumps(config))
+    return source
 
 
 def write_gguf(path: Path, *, architecture: str = "llama", chat_template: str | None = "{{x}}",

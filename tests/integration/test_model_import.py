@@ -21,12 +21,14 @@ import pytest
 import pytest_asyncio
 import torch
 import typer
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
 from learning_loop.tiny_model import create_tiny_model, tiny_model_info
 from tests.factories import make_task, uid
-from tests.factories_models import tiny_source, write_gguf
+from tests.factories_models import tiny_source, without_chat_template, write_gguf
 from tests.factories_web import Person, assert_problem
 from tests.temporal_helpers import admin_client, loop_client
 from triloop.config import Settings
@@ -154,8 +156,7 @@ def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
     (no_config / "config.json").unlink()
     bin_only = tiny_source(root / "bin-only")
     (bin_only / "model.safetensors").rename(bin_only / "pytorch_model.bin")
-    no_template = tiny_source(root / "no-template")
-    (no_template / "chat_template.jinja").unlink()
+    no_template = without_chat_template(tiny_source(root / "no-template"))
     return {
         "no config": (no_config, "has no config.json"),
         "bin only": (bin_only, ".bin weights only"),
@@ -255,16 +256,25 @@ async def test_bases_are_listed_shown_by_prefix_and_named_in_run_yaml(
 @pytest.mark.slow
 async def test_the_example_model_imports_from_its_wheel_through_the_cli(
     people: dict[str, Person], owner_engine: Engine, learning_worker: None,
-    app_cli: typer.Typer,
+    web_app: FastAPI, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from web.cli_models import model_app
 
-    app_cli.add_typer(model_app, name="model")
-    name = uid("smollm2-")
-    result = await asyncio.to_thread(
-        CliRunner().invoke, app_cli, ["model", "import", "--example", "smollm2", "--name", name,
-                                      "--poll-interval", "1", "--token",
-                                      people["operator"].token])
+    # One client (one event loop) for the whole command: the app connects to Temporal once,
+    # not once per request while the conversion keeps this process busy.
+    with TestClient(web_app) as client:
+        def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+            kwargs.pop("timeout", None)
+            return client.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
+
+        monkeypatch.setattr(httpx, "request", request)
+        root = typer.Typer()
+        root.add_typer(model_app, name="model")
+        name = uid("smollm2-")
+        result = await asyncio.to_thread(
+            CliRunner().invoke, root, ["model", "import", "--example", "smollm2", "--name",
+                                       name, "--poll-interval", "1",
+                                       "--token", people["operator"].token])
     assert result.exit_code == 0, result.output
     row = _row(owner_engine, name)
     assert row is not None and f"checkpoint {row['id']}" in result.output

@@ -20,7 +20,7 @@ from learning_loop.model_import import (
     parameter_count,
 )
 from learning_loop.tiny_model import create_tiny_model, tiny_model_info
-from tests.factories_models import tiny_source, write_gguf
+from tests.factories_models import tiny_source, without_chat_template, write_gguf
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +72,7 @@ def test_bin_weights_only_are_refused_with_the_way_out(tiny: Path, tmp_path: Pat
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused(tiny: Path, tmp_path: Path) -> None:
-    source = _copy(tiny, tmp_path, "chat_template.jinja")
-    config = json.loads((source / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (source / "tokenizer_config.json").write_text(json.dumps(config))
+    source = without_chat_template(_copy(tiny, tmp_path))
     with pytest.raises(ModelImportError, match="has no chat template"):
         inspect_source(source)
 
