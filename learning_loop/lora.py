@@ -116,7 +116,10 @@ class AdapterModel:
     def save_pretrained(self, save_directory: str | os.PathLike[str]) -> None:
         """Adapter weights and config from the model, everything else from the base."""
         target = Path(save_directory)
-        self.model.save_pretrained(str(target), safe_serialization=True)
+        # save_embedding_layers=False: peft's "auto" asks the hub whether the base (named by
+        # its id here) has a config; nothing may reach a network at run time.
+        self.model.save_pretrained(str(target), safe_serialization=True,
+                                   save_embedding_layers=False)
         (target / "README.md").unlink(missing_ok=True)  # peft's model card: a local path
         _canonical_adapter_config(target)
         for item in sorted(self.base_dir.iterdir()):
@@ -127,7 +130,7 @@ class AdapterModel:
 
     def state_dict(self) -> dict[str, Any]:
         """The adapter's tensors, under the names peft saves them with."""
-        return dict(get_peft_model_state_dict(self.model))
+        return dict(get_peft_model_state_dict(self.model, save_embedding_layers=False))
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
         """Load adapter tensors; every adapter tensor must be there, and nothing else."""

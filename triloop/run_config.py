@@ -202,8 +202,9 @@ class LoraConfig(_Section):
 
     rank: int = Field(ge=1, le=1024, description=(
         "Rank r of each adapter's A and B matrices (count): trainable parameters grow with it."))
-    alpha: float = Field(gt=0.0, le=65_536.0, description=(
-        "LoRA alpha (unitless): the adapter's output is scaled by alpha / rank."))
+    alpha: int = Field(ge=1, le=65_536, description=(
+        "LoRA alpha (unitless integer, as peft and vLLM take it): the adapter's output is"
+        " scaled by alpha / rank."))
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description=(
         "Dropout probability on each adapter's input during the update (0 <= p < 1). The"
         " update otherwise runs without dropout so that its ratio compares the function"

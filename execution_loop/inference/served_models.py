@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from execution_loop.inference.torch_backend import TorchPolicyClient
-from triloop.weights import checkpoint_digest
+from triloop.weights import adapter_base_id, checkpoint_digest, is_adapter_dir
 
 CHECKPOINT_ID = re.compile(r"^[0-9a-f]{64}$")
 
@@ -89,6 +89,9 @@ class ServedModels:
         """
         if not (model_dir / "config.json").is_file():
             raise LoadRefused(f"{model_dir} is not a checkpoint directory (no config.json)")
+        if is_adapter_dir(model_dir):
+            raise LoadRefused(f"{model_dir} is a LoRA adapter, not full weights: load it with"
+                              " /v1/load_lora_adapter on its base")
         old = self._base
         client = TorchPolicyClient(model_dir, device=self._device, checkpoint_id=old.name)
         self._base = ServedModel(old.name, client, _digest(model_dir), int(time.time()))
@@ -124,7 +127,8 @@ class ServedModels:
         if CHECKPOINT_ID.match(name) and digest != name:
             raise LoadRefused(
                 f"refusing to serve {model_dir} as '{name}': its weights hash to {digest}")
-        client = TorchPolicyClient(model_dir, device=self._device, checkpoint_id=name)
+        client = TorchPolicyClient(model_dir, device=self._device, checkpoint_id=name,
+                                   base_dir=self._adapter_base(model_dir))
         served = ServedModel(name, client, digest, int(time.time()))
         evicted: list[ServedModel] = []
         with self._lock:
@@ -137,6 +141,21 @@ class ServedModels:
         for old in evicted:
             old.client.close()
         return served
+
+    def _adapter_base(self, model_dir: Path) -> Path | None:
+        """The start-up model's directory when ``model_dir`` is an adapter on it."""
+        if not is_adapter_dir(model_dir):
+            return None
+        try:
+            base_id = adapter_base_id(model_dir)
+        except (OSError, ValueError) as exc:
+            raise LoadRefused(f"{model_dir} is not a usable LoRA adapter: {exc}") from exc
+        base = self._base
+        if base.weights_sha256 is not None and base.weights_sha256 != base_id:
+            raise LoadRefused(
+                f"{model_dir} is a LoRA adapter on base {base_id}, but this server's model"
+                f" '{base.name}' has weights {base.weights_sha256}; serve it where its base is")
+        return base.client.model_dir
 
     def unload(self, name: str) -> None:
         """Stop serving ``name`` (the start-up model cannot be unloaded)."""

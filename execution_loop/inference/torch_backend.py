@@ -101,7 +101,8 @@ class SharedBase:
     def model(self) -> Any:
         """A new module tree whose parameters are this base's tensors (no copy)."""
         with torch.random.fork_rng(devices=[]):  # the throw-away init must not move the RNG
-            model: Any = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
+            model: Any = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                self.config, dtype=self.dtype)
         missing, unexpected = model.load_state_dict(self.tensors, strict=False, assign=True)
         output, shared = model.get_output_embeddings(), model.get_input_embeddings()
         if getattr(self.config, "tie_word_embeddings", False) and output is not None:
