@@ -74,8 +74,9 @@ class EpisodeSlots:
     def waiting(self) -> dict[str, int]:
         """Episodes each owner has queued, not yet started."""
         with self._lock:
-            return {owner: sum(not q.future.cancelled() for q in queue)
-                    for owner, queue in self._queues.items() if queue}
+            counts = {owner: sum(not q.future.cancelled() for q in queue)
+                      for owner, queue in self._queues.items()}
+        return {owner: count for owner, count in counts.items() if count}
 
     def shutdown(self) -> None:
         """Stop the threads once the running episodes end (queued ones never start)."""

@@ -46,6 +46,10 @@ from triloop.worker_serve import serve, worker_identity
 from triloop.workflow_api import EXECUTION_QUEUE
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=30)
+# A cancel (the batch's run was cancelled) reaches a running episode activity in the answer
+# to its next heartbeat; the SDK would send one only every 0.8 heartbeat timeouts (48 s of
+# a 60 s timeout), so a cancelled run's episodes would play on for that long.
+HEARTBEAT_THROTTLE = timedelta(seconds=2)
 DEFAULT_CONCURRENT_EPISODES = 16
 
 
@@ -97,6 +101,8 @@ def build_worker(
         activity_executor=executor,
         max_concurrent_activities=max_concurrent_episodes,
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         identity=worker_identity("execution"),
     )
 

@@ -91,7 +91,8 @@ def queue_settings(settings: Settings) -> Settings:
 
 @asynccontextmanager
 async def loops_running(
-    client: Client, settings: Settings, *, learning: bool = True
+    client: Client, settings: Settings, *, learning: bool = True,
+    policy_factory: Any = None,
 ) -> AsyncIterator[None]:
     """Execution worker, governance stand-in and (unless told not to) the learning workers.
 
@@ -99,7 +100,8 @@ async def loops_running(
     ``client`` (the web service's stand-in, in learning's namespace) only starts and
     signals runs: the server lets the web token poll no task queue. Governance's stand-in
     answers through the real ``propose_candidate`` Nexus handler, which opens the stand-in
-    promotion workflow.
+    promotion workflow. ``policy_factory``: the execution worker's policy (default: the
+    configured backend).
     """
     from execution_loop.worker import build_worker as build_execution_worker
     from learning_loop.worker import build_worker as build_learning_workers
@@ -107,7 +109,8 @@ async def loops_running(
     execution = await loop_client(settings, "execution", "execution-test")
     governance = await loop_client(settings, "governance", "governance-stand-in")
     workers: list[Worker] = [
-        build_execution_worker(execution, settings, max_concurrent_episodes=4),
+        build_execution_worker(execution, settings, max_concurrent_episodes=4,
+                               policy_factory=policy_factory),
         Worker(governance, task_queue=settings.task_queue(GOVERNANCE_QUEUE),
                workflows=[StandInPromotionWorkflow],
                nexus_service_handlers=[governance_nexus(settings)]),

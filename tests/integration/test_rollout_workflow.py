@@ -292,10 +292,14 @@ async def test_stuck_episodes_never_hold_the_batch_past_its_deadline(
     assert result.truncated == 2 and result.completed == result.failed == 0
     rows = stored(owner_engine, batch.batch_id)
     assert sorted(rows) == sorted(result.trajectory_ids) and len(rows) == 2
-    # Played to its end an episode takes 10 turns of 6 s; cut at the deadline, each one
-    # stops after the turn in progress (counted, not timed, so load cannot change it).
+    # Played to its end an episode takes 10 turns of 6 s; a turn without progress for the
+    # heartbeat timeout (this stand-in reports no tokens) loses the group, which stops its
+    # episodes after the turn in progress (counted, not timed, so load cannot change it).
     assert all(r["stored_steps"] <= 1 for r in rows.values()), rows
-    assert {r["failure_reason"] for r in rows.values()} <= {"deadline", "batch_deadline"}
+    assert {r["failure_reason"] for r in rows.values()} <= {
+        "deadline", "batch_deadline", "heartbeat_timeout"}
+    assert all(why.startswith(("heartbeat timeout while", "the batch deadline"))
+               for why in result.lost.values()), result.lost
 
 
 async def test_loading_a_checkpoint_slower_than_the_heartbeat_timeout_keeps_the_episode(

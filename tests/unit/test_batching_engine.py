@@ -268,3 +268,100 @@ def test_settings_reach_the_in_process_engine(model_dir: Path) -> None:
     finally:
         client.engine.close()
     assert Settings().batch_gather_ms == 15.0 and Settings().torch_threads is None
+
+
+class Watcher:
+    """A turn's watcher: what the engine told it, in order."""
+
+    def __init__(self, owner: str, stop: threading.Event | None = None) -> None:
+        self.owner = owner
+        self.tokens: list[int] = []
+        self.waits: list[bool] = []
+        self._stop = stop
+
+    def decoded(self, tokens: int) -> None:
+        self.tokens.append(tokens)
+
+    def waiting(self, engine_advanced: bool) -> None:
+        self.waits.append(engine_advanced)
+        if self._stop is not None and self._stop.is_set():
+            raise RuntimeError("episode cancelled")
+
+
+def _request() -> SampleRequest:
+    return SampleRequest([1, 2], 3, 1.0, torch.Generator(), frozenset(), frozenset())
+
+
+def test_every_token_is_reported_and_a_queued_request_hears_the_engine_advance() -> None:
+    """A turn hears each of its tokens; a turn queued behind a long micro-batch hears that
+    the engine is advancing others (it waits its turn, it is not stuck)."""
+    first_in, go, more = threading.Event(), threading.Event(), threading.Event()
+    decoded_batches: list[int] = []
+
+    def slow_sampler(requests: Sequence[SampleRequest]) -> None:
+        decoded_batches.append(len(requests))
+        if len(decoded_batches) == 1:
+            requests[0].take(7, -0.5, None)  # one token, then hold the batch open
+            first_in.set()
+            assert go.wait(30)
+            requests[0].take(8, -0.5, None)
+            assert more.wait(30)
+        for request in requests:
+            while not request.take(9, -0.5, None):
+                pass
+
+    engine = BatchingEngine(slow_sampler, name="ckpt", gather_wait_s=0.0)
+    busy, queued = Watcher("run-a"), Watcher("run-b")
+
+    def ask(watcher: Watcher) -> Sample:
+        from execution_loop.inference.progress import watching_decode
+
+        with watching_decode(watcher):
+            return engine.sample(_request())
+
+    results: list[Sample] = []
+    first = threading.Thread(target=lambda: results.append(ask(busy)))
+    first.start()
+    assert first_in.wait(30)
+    second = threading.Thread(target=lambda: results.append(ask(queued)))
+    second.start()
+    while not queued.waits:  # queued behind the open batch, told the engine is idle
+        second.join(0.05)
+    go.set()  # the first batch decodes another token: the queued turn hears it
+    while True not in queued.waits:
+        second.join(0.05)
+    more.set()
+    first.join(30)
+    second.join(30)
+    engine.close()
+    assert busy.tokens == [1, 2, 3] and queued.tokens == [1, 2, 3]
+    assert queued.waits[0] is False and True in queued.waits
+    assert decoded_batches == [1, 1] and len(results) == 2
+
+
+def test_a_cancelled_turn_leaves_the_queue_without_being_decoded() -> None:
+    first_in, release = threading.Event(), threading.Event()
+    served: list[int] = []
+
+    def sampler(requests: Sequence[SampleRequest]) -> None:
+        served.append(len(requests))
+        first_in.set()
+        assert release.wait(30)
+        for request in requests:
+            while not request.take(9, -0.5, None):
+                pass
+
+    from execution_loop.inference.progress import watching_decode
+
+    engine = BatchingEngine(sampler, name="ckpt", gather_wait_s=0.0)
+    blocker = threading.Thread(target=lambda: engine.sample(_request()))
+    blocker.start()
+    assert first_in.wait(30)
+    stop = threading.Event()
+    stop.set()  # the episode's activity is already cancelled
+    with watching_decode(Watcher("run-b", stop)), pytest.raises(RuntimeError, match="cancelled"):
+        engine.sample(_request())
+    release.set()
+    blocker.join(30)
+    engine.close()
+    assert served == [1]  # the cancelled turn was never decoded
