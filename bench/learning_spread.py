@@ -10,8 +10,13 @@ the base and the final checkpoint on *held-out* maps (seeds the run never saw).
     .venv/bin/python bench/learning_spread.py                 # the documented demo config
     .venv/bin/python bench/learning_spread.py --seeds 0 1 2 3 4 --set optimizer.learning_rate=0.01
 
-Prints, per seed, the training reward by iteration, base and final held-out reward and
-their difference, then the mean and spread of the differences.
+    .venv/bin/python bench/learning_spread.py --seeds 0 --size 3 --holes 1 \
+        --train-maps 100 101 102 --held-out-maps 500 501   # other maps (content checked by you)
+
+Prints, per seed, the training reward and training success rate by iteration, base and
+final held-out reward and their difference, base and final held-out success rate (goals
+reached, the verifier's verdict), and any stability alarms; then the mean and spread of
+the reward differences.
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ def train(config: RunConfig, base: CheckpointRef, artifacts: Path,
     groups = rollout_cfg.groups_per_iteration
     curve: list[float] = []
     wins: list[float] = []
+    alarms: list[str] = []
     history: list[IterationMetrics] = []
     latest, previous = base, base
     for k in range(1, config.schedule.iterations + 1):
@@ -115,7 +121,9 @@ def train(config: RunConfig, base: CheckpointRef, artifacts: Path,
             config=config, data=to_rollout_data(batch), iteration=k, history=history,
             data_cursor={"iteration": k})
         history.append(outcome.stability)
+        alarms += [f"{k}:{a.kind}" for a in outcome.alarms]
         previous, latest = latest, outcome.checkpoint
+    print(f"  alarms {alarms or 'none'}", flush=True)
     return latest, curve, wins
 
 

@@ -1,18 +1,22 @@
-"""The loop learns: GRPO through the real TrainingRunWorkflow lifts reward on held-out maps.
+"""The loop learns the task: GRPO through the real TrainingRunWorkflow reaches the goal more
+often on held-out maps.
 
 Five runs of the documented example config (``examples/tiny-frozen-lake.run.yaml``, run
 seeds 0-4) train the randomly initialised tiny model on four frozen_lake maps through the
 real workflows (execution worker, learning workers, PostgreSQL, OPA). The checkpoint each
-run proposes to governance is then scored on four *other* maps, in an execution-loop
-``eval`` batch of 8 episodes per map, against the base scored the same way.
+run proposes to governance is then scored on four *other* maps (other content, not only
+other seeds), in an execution-loop ``eval`` batch of ``EVAL_EPISODES_PER_MAP`` episodes per
+map, against the base scored the same way.
 
-What the base does on any map is mostly text that is not a move (-0.1 a turn, about -0.85
-an episode); what a run learns first is to answer with moves and to close distance to the
-goal, which carries over to maps it never saw. The assertion is over seeds, not one run:
-the gain is positive in at least ``REQUIRED_POSITIVE`` of the five and their mean is above
-``MARGIN`` (see its comment for where it comes from). Nothing here is timed: the guard
-against a hang is the pytest timeout, and eval batches have a deadline no machine reaches,
-so every episode ends by the contract's own rules (goal, hole or its turn limit).
+What is asserted is task success, the environment verifier's verdict (the goal reached),
+not mean reward: shaped reward rises with a policy that only learned to write moves, or to
+fall into a hole sooner rather than wander (-0.87 -> -0.49 reward while goals went 0 -> 1
+of 64 and holes 5 -> 16). The assertion is over seeds, not one run: the held-out success
+rate rises in at least ``REQUIRED_POSITIVE`` of the five and the mean rise is above
+``SUCCESS_MARGIN``. Reward, goals and holes are printed beside it. Nothing here is timed:
+the guard against a hang is the pytest timeout, and eval batches have a deadline no
+machine reaches, so every episode ends by the contract's own rules (goal, hole or its turn
+limit).
 """
 
 from __future__ import annotations
@@ -58,11 +62,17 @@ EXAMPLE_RUN = Path(__file__).resolve().parents[2] / "examples" / "tiny-frozen-la
 RUN_SEEDS = (0, 1, 2, 3, 4)
 TRAINING_MAPS = (11, 12, 13, 14)
 HELD_OUT_MAPS = (21, 22, 23, 24)
-EVAL_EPISODES_PER_MAP = 8
+EVAL_EPISODES_PER_MAP = 16  # 64 held-out episodes per checkpoint: one goal is 1/64
 REQUIRED_POSITIVE = 4
-# Share of held-out episodes that reached the goal, after less before (provisional: set from
-# the measured spread below).
-SUCCESS_MARGIN = 0.0
+# Share of held-out episodes that reached the goal, after less before. The base's rate is
+# measured once and shared by all five gains; at a rate near 0.03 over 64 episodes its
+# standard error is about 0.02, so a mean rise above 0.03 (two goals in 64) is more than
+# the base's own noise.
+SUCCESS_MARGIN = 0.03
+# Measured in process (bench/learning_spread.py, 2 loaded cores, 2026-12-02), 32 held-out
+# episodes per checkpoint: the example config's final checkpoint went 0 -> 0 goals while its
+# reward rose -0.885 -> -0.302; a 3x3 lake with 1 hole on 16 training maps went 0 -> 1 goal
+# by iteration 12 (training success 0 -> 0.125). This config is not yet shown to pass.
 
 
 @dataclass(frozen=True)
