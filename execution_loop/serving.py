@@ -10,6 +10,9 @@ checkpoint share micro-batches; eviction closes it. Every
 load first checks that the directory's weights hash to the checkpoint id (and again
 once loaded, so a file swapped while it was read is caught too); a mismatch refuses
 to serve with ``WeightsIntegrityError`` and is recorded as an integrity event.
+A LoRA adapter checkpoint is served on its base: the base is the checkpoint its adapter
+config names (which its id includes) and its row's ``base_model``; the base's weights are
+verified too, and the factory gets its directory (``base_dir``).
 
 ``TaskEnvironments``: task id -> its registered contract and environment factory.
 Episodes run only on admitted tasks; the admission probe may open pending ones.
@@ -22,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from sqlalchemy import Engine
 from sqlmodel import Session
@@ -37,7 +40,9 @@ from triloop.statuses import TaskStatus
 from triloop.weights import (
     UnsupportedArtifactUri,
     WeightsIntegrityError,
+    adapter_base_id,
     checkpoint_dir,
+    is_adapter_dir,
     record_integrity_event,
     verify_weights,
 )
@@ -48,8 +53,18 @@ __all__ = [
     "backend_factory", "checkpoint_dir", "serving_refusals",
 ]
 
-PolicyFactory = Callable[[str, Path], PolicyClient]
-"""Builds a client for (checkpoint id, checkpoint directory)."""
+class PolicyFactory(Protocol):
+    """Builds a client for (checkpoint id, checkpoint directory); an adapter's also gets
+    its base's directory, ``base_dir`` (a factory that serves no adapters may omit it)."""
+
+    def __call__(self, checkpoint_id: str, model_dir: Path, /) -> PolicyClient: ...
+
+
+class AdapterFactory(Protocol):
+    """A ``PolicyFactory`` that also serves LoRA adapter checkpoints on their base."""
+
+    def __call__(self, checkpoint_id: str, model_dir: Path, /, *,
+                 base_dir: Path | None = None) -> PolicyClient: ...
 
 
 class UnknownCheckpoint(LookupError):
@@ -79,15 +94,18 @@ def backend_factory(
             # One per worker: every checkpoint's client shares the server's lease.
             full_server = FullWeightServer(DevModeControl(normalise_base_url(base_url)))
 
-        def remote(checkpoint_id: str, model_dir: Path) -> PolicyClient:
+        def remote(checkpoint_id: str, model_dir: Path, *,
+                   base_dir: Path | None = None) -> PolicyClient:
             from execution_loop.inference.openai_backend import OpenAICompatiblePolicyClient
 
-            # LoRA: the server serves the checkpoint under its id. Full: under its served
-            # model name, reloaded to this checkpoint. The tokenizer is read locally.
-            model = checkpoint_id if full_server is None else full_server.served_model()
+            # LoRA: the server serves the checkpoint under its id; an adapter checkpoint
+            # always goes this way (vLLM loads it on the base it serves). Full: under its
+            # served model name, reloaded to this checkpoint. The tokenizer is read locally.
+            full = None if base_dir is not None else full_server
+            model = checkpoint_id if full is None else full.served_model()
             client = OpenAICompatiblePolicyClient(
                 base_url, model, model_dir, checkpoint_id=checkpoint_id,
-                full_weights=full_server, audit=audit,
+                full_weights=full, audit=audit,
             )
             try:  # before the first request: the server loads it, or the batch is refused
                 client.ensure_served(model_dir)
@@ -98,12 +116,13 @@ def backend_factory(
 
         return remote
 
-    def local(checkpoint_id: str, model_dir: Path) -> PolicyClient:
+    def local(checkpoint_id: str, model_dir: Path, *,
+              base_dir: Path | None = None) -> PolicyClient:
         from execution_loop.inference.torch_backend import TorchPolicyClient
 
         return TorchPolicyClient(model_dir, checkpoint_id=checkpoint_id,
                                  gather_wait_s=settings.batch_gather_ms / 1000.0,
-                                 torch_threads=settings.torch_threads)
+                                 torch_threads=settings.torch_threads, base_dir=base_dir)
 
     return local
 
@@ -178,8 +197,13 @@ class PolicyCache:
         """Verify the checkpoint's weights, build its client, and verify them again."""
         model_dir = self.model_dir(checkpoint_id)
         self._verify(model_dir, checkpoint_id)
+        base_dir = self._adapter_base(checkpoint_id, model_dir)
         try:
-            client = self._factory(checkpoint_id, model_dir)
+            if base_dir is None:
+                client = self._factory(checkpoint_id, model_dir)
+            else:
+                client = cast(AdapterFactory, self._factory)(checkpoint_id, model_dir,
+                                                             base_dir=base_dir)
         except WeightsIntegrityError as error:  # an inference server serving other weights
             record_integrity_event(self._engine, service="execution", error=error,
                                    during="loading into the inference server")
@@ -190,6 +214,28 @@ class PolicyCache:
             _close(client)
             raise
         return client
+
+    def _adapter_base(self, checkpoint_id: str, model_dir: Path) -> Path | None:
+        """The verified directory of an adapter checkpoint's base (None: full weights).
+
+        The id already binds the adapter to the base its config names; the row must name
+        the same base, so lineage and weights never tell two stories.
+        """
+        if not is_adapter_dir(model_dir):
+            return None
+        base_id = adapter_base_id(model_dir)
+        with Session(self._engine) as session:
+            row = session.get(Checkpoint, checkpoint_id)
+        if row is not None and row.base_model != base_id:
+            error = WeightsIntegrityError(
+                checkpoint_id, model_dir,
+                f"the adapter is on base {base_id} but its row names base {row.base_model}")
+            record_integrity_event(self._engine, service="execution", error=error,
+                                   during="loading to serve or evaluate")
+            raise error
+        base_dir = self.model_dir(base_id)
+        self._verify(base_dir, base_id)
+        return base_dir
 
     def _verify(self, model_dir: Path, checkpoint_id: str) -> None:
         """Refuse weights that are not the checkpoint's, and record the refusal."""

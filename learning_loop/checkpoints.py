@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file
 
-from triloop.weights import safetensors_digest
+from triloop.weights import checkpoint_digest
 
 TRAINER_STATE = "trainer_state.pt"
 _FORMAT_VERSION = 1
@@ -91,14 +91,14 @@ def weights_digest(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def saved_weights_digest(model_dir: Path) -> str:
-    """The checkpoint id of the safetensors files in a saved model directory.
+    """The checkpoint id of a saved model (or LoRA adapter) directory.
 
     One definition with the serving side's check (``triloop.weights``), which streams the
     files instead of loading every tensor.
     """
     try:
-        return safetensors_digest(model_dir)
-    except ValueError as exc:
+        return checkpoint_digest(model_dir)
+    except (ValueError, OSError) as exc:
         raise CheckpointError(f"{model_dir}: {exc}") from exc
 
 

@@ -7,6 +7,9 @@ A checkpoint directory holds the weights (safetensors) plus the files that make 
 servable Hugging Face model (config, generation config, tokenizer), copied from its
 parent so every checkpoint in a lineage loads the same way, and ``trainer_state.pt``
 (optimizer, scheduler, RNG, data cursor) from ``learning_loop.checkpoints``.
+
+With ``update.lora`` the learner is the run's base with peft adapters
+(``learning_loop.lora``), and every checkpoint after the base is an adapter on it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
@@ -33,8 +37,16 @@ from learning_loop.checkpoints import (
     restore_rng_state,
     rng_state,
     save_checkpoint,
+    saved_weights_digest,
 )
 from learning_loop.iteration_records import alarm_record, step_columns
+from learning_loop.lora import (
+    AdapterDisabled,
+    AdapterModel,
+    LoraConfigError,
+    check_adapter_fits,
+    wrap_lora,
+)
 from learning_loop.objective import score_cross_input, token_entropy
 from learning_loop.rank_launch import RankJob, run_ranks
 from learning_loop.stability import (
@@ -57,6 +69,7 @@ from learning_loop.update import (
 from learning_loop.update import update_policy as grpo_update
 from learning_loop.update_options import apply_update_options
 from triloop.run_config import RunConfig
+from triloop.weights import is_adapter_dir
 
 # Files a checkpoint directory carries besides its weights and trainer state.
 _WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
@@ -139,6 +152,10 @@ def load_model(model_dir: Path, device: torch.device) -> PreTrainedModel:
     state, so two threads loading at once (a test's in-process execution worker beside
     this learner) can get each other's meta tensors.
     """
+    if is_adapter_dir(model_dir):
+        raise CheckpointError(
+            f"{model_dir} is a LoRA adapter, not full weights: continue it with update.lora"
+            " (its rank, alpha and target modules) on its base")
     config = AutoConfig.from_pretrained(model_dir)
     with torch.random.fork_rng(devices=[]):  # the random init must not move the run's RNG
         model: PreTrainedModel = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
@@ -177,9 +194,14 @@ def _tie_output_embeddings(model: PreTrainedModel) -> None:
 
 
 def save_servable(
-    artifact_dir: Path, model: PreTrainedModel, source_dir: Path, **kwargs: Any
+    artifact_dir: Path, model: PreTrainedModel, source_dir: Path, *,
+    base: CheckpointRef | None = None, **kwargs: Any,
 ) -> CheckpointRef:
-    """``save_checkpoint`` for a model whose other files come from ``source_dir``."""
+    """``save_checkpoint`` for a model whose other files come from ``source_dir``; with
+    ``base``, the model is a LoRA learner saved as an adapter on it."""
+    if base is not None:
+        return save_checkpoint(artifact_dir, AdapterModel(cast(PeftModel, model), base.path),
+                               **kwargs)
     return save_checkpoint(artifact_dir, ServableModel(model, source_dir), **kwargs)
 
 
@@ -208,6 +230,7 @@ def train_iteration(
     on_stage: Callable[[str], None] = lambda _stage: None,
     series: Mapping[str, float] | None = None,
     warm: WarmLearner | None = None,
+    base: CheckpointRef | None = None,
 ) -> IterationOutcome:
     """Update the parent checkpoint (policy version ``iteration - 1``) on ``data``; save.
 
@@ -217,6 +240,9 @@ def train_iteration(
     A batch without learning signal (no sample, or every advantage zero and neither a KL
     term nor an entropy bonus) changes nothing: no optimizer step, no new checkpoint; the
     outcome names the parent.
+
+    With ``update.lora``, ``base`` is the run's base checkpoint: the frozen model the
+    adapters sit on, whose id every adapter checkpoint's id includes.
     """
     if not data.returns:
         raise NoTrainableData(
@@ -233,7 +259,7 @@ def train_iteration(
     else:
         warm = None
         model, optimizer, scheduler = load_learner(parent.path, config, device,
-                                                   resume_optimizer=resume_optimizer)
+                                                   resume_optimizer=resume_optimizer, base=base)
     all_samples, advantages = build_training_samples(data.steps, config.advantage)
     # The monitors look at everything sampled; the loss only at what dynamic sampling keeps.
     samples, sampling = all_samples, {}
@@ -260,8 +286,10 @@ def train_iteration(
                 pad_token_id=pad_token_id, data_cursor=data_cursor))
             update, saved = outcome.metrics, outcome.checkpoint
         else:
-            reference = None
-            if reference_dir is not None and config.objective.kl_coef > 0:
+            reference: torch.nn.Module | None = None
+            if config.update.lora is not None and config.objective.kl_coef > 0:
+                reference = AdapterDisabled(cast(PeftModel, model))  # the base, not a copy
+            elif reference_dir is not None and config.objective.kl_coef > 0:
                 reference = load_model(reference_dir, device)
                 reference.train(False)
             apply_update_options(config.update, device, model, reference)
@@ -292,7 +320,8 @@ def train_iteration(
         ref = annotate_checkpoint(saved, metadata)
     else:
         ref = save_servable(artifact_dir, model, parent.path, optimizer=optimizer,
-                            scheduler=scheduler, data_cursor=data_cursor, metadata=metadata)
+                            scheduler=scheduler, data_cursor=data_cursor, metadata=metadata,
+                            base=base if config.update.lora is not None else None)
         # The RNG as saved: nothing random ran since the trainer state captured it.
         learner = WarmLearner(ref.id, model, optimizer, scheduler, rng_state())
         return IterationOutcome(ref, ref.id != parent.id, columns, stability, alarms,
@@ -301,23 +330,55 @@ def train_iteration(
 
 
 def load_learner(
-    parent_dir: Path, config: RunConfig, device: torch.device, *, resume_optimizer: bool
+    parent_dir: Path, config: RunConfig, device: torch.device, *, resume_optimizer: bool,
+    base: CheckpointRef | None = None,
 ) -> tuple[PreTrainedModel, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """The parent's model with its optimizer and scheduler, at the run's learning rate.
 
     Resuming a run restores the optimizer, scheduler and RNG the parent was saved with; a
     new run from a base starts a fresh optimizer and seeds the RNG from the run's seed.
+    With ``update.lora`` the model is ``base`` with the parent's adapter (fresh adapters
+    when the parent is the base) and the optimizer holds only the adapter's parameters.
     """
-    model = load_model(parent_dir, device)
-    optimizer, scheduler = build_optimizer(model, config.optimizer)
-    if resume_optimizer:
-        load_checkpoint(parent_dir, model, optimizer, scheduler)
+    saved: AdapterModel | PreTrainedModel | None
+    if config.update.lora is not None:
+        model, saved = lora_learner(parent_dir, config, device, base=base)
     else:
-        load_checkpoint(parent_dir, model, restore_rng=False)
+        model = saved = load_model(parent_dir, device)
+    optimizer, scheduler = build_optimizer(model, config.optimizer)
+    if resume_optimizer and saved is not None:
+        load_checkpoint(parent_dir, saved, optimizer, scheduler)
+    else:  # a new run (or fresh adapters on the base): nothing of theirs to resume
+        if saved is not None:
+            load_checkpoint(parent_dir, saved, restore_rng=False)
         random.seed(config.schedule.seed)
         torch.manual_seed(config.schedule.seed)
     set_learning_rate(optimizer, scheduler, config.optimizer.learning_rate)
     return model, optimizer, scheduler
+
+
+def lora_learner(
+    parent_dir: Path, config: RunConfig, device: torch.device, *, base: CheckpointRef | None,
+) -> tuple[PreTrainedModel, AdapterModel | None]:
+    """The run's base with fresh adapters (drawn from the run's seed), and, when the parent
+    is an adapter, the view its checkpoint loads into (None: the parent is the base)."""
+    lora = config.update.lora
+    assert lora is not None
+    if base is None:
+        raise LoraConfigError("update.lora needs the run's base checkpoint to put adapters on")
+    if not is_adapter_dir(parent_dir) and parent_dir.resolve() != base.path.resolve() and (
+            saved_weights_digest(parent_dir) != base.id):
+        raise LoraConfigError(
+            f"parent checkpoint {parent_dir.name} holds full weights that are not the run's base"
+            f" {base.id}; a LoRA run trains adapters on its base, so name that base")
+    if saved_weights_digest(base.path) != base.id:
+        raise CheckpointError(f"base {base.path} does not hash to its id {base.id}")
+    model = load_model(base.path, device)
+    learner = wrap_lora(model, lora, base_id=base.id, seed=config.schedule.seed)
+    if is_adapter_dir(parent_dir):
+        check_adapter_fits(parent_dir, lora, base.id)
+        return cast(PreTrainedModel, learner), AdapterModel(learner, base.path)
+    return cast(PreTrainedModel, learner), None
 
 
 @torch.no_grad()

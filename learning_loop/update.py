@@ -14,8 +14,10 @@ trains on its shard of every mini-batch and the gradients and statistics are sum
 across ranks before the clip, so every rank takes the step one process would.
 
 Dropout is off during the update (`model.eval()`): the ratio must compare the same
-function the rollout sampled from. Nothing here moves the model: place it (and the
-reference) on `select_device()` before building the optimizer.
+function the rollout sampled from. The one exception is a LoRA adapter's own dropout
+(`update.lora.dropout`, default 0), which is on in the forward/backward passes when set.
+Nothing here moves the model: place it (and the reference) on `select_device()` before
+building the optimizer.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -169,8 +172,9 @@ def update_policy(
                                        config.temperature)
         stats, norms, loss, skipped, fed = ObjectiveStats(), [], 0.0, 0, 0
         for mini in _split(kept, config.update.optimizer_steps_per_batch):
-            mini_stats, mini_loss, mini_fed = _accumulate(model, mini, config, reference, device,
-                                                          pad_token_id, ranks)
+            with adapter_dropout(model, config.update):
+                mini_stats, mini_loss, mini_fed = _accumulate(model, mini, config, reference,
+                                                              device, pad_token_id, ranks)
             if ranks is not None:
                 ranks.sum_gradients(model)
                 mini_stats, mini_loss = ranks.sum_stats(mini_stats, mini_loss,
@@ -255,6 +259,21 @@ def _accumulate(
         torch.autograd.backward(out.loss)
         stats, loss = stats.merge(out.stats), loss + float(out.loss.detach())
     return stats, loss, fed
+
+
+@contextmanager
+def adapter_dropout(model: torch.nn.Module, config: UpdateConfig) -> Iterator[None]:
+    """LoRA's adapter dropout on for the block when ``update.lora.dropout`` asks for it."""
+    rate = config.lora.dropout if config.lora is not None else 0.0
+    dropouts = [m for name, m in model.named_modules()
+                if rate > 0 and name.rsplit(".", 2)[-2:-1] == ["lora_dropout"]]
+    for module in dropouts:
+        module.train(True)
+    try:
+        yield
+    finally:
+        for module in dropouts:
+            module.train(False)
 
 
 def _guard_staleness(

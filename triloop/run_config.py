@@ -179,6 +179,41 @@ class OptimizerConfig(_Section):
         description="Linear warm-up length (optimizer steps); the rate is constant afterwards.")
 
 
+ModuleName = Annotated[str, Field(min_length=1, max_length=100,
+                                    pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class LoraConfig(_Section):
+    """A LoRA update (Hu et al., 2021) with peft: train low-rank adapters, keep the base frozen.
+
+    Each targeted linear layer ``W x`` becomes ``W x + (alpha / rank) B A x`` with ``A``
+    (rank x in) and ``B`` (out x rank) trained and ``W`` frozen; ``B`` starts at zero, so
+    the first policy is the base. Checkpoints are then adapters on the run's base.
+    """
+
+    rank: int = Field(ge=1, le=1024, description=(
+        "Rank r of each adapter's A and B matrices (count): trainable parameters grow with it."))
+    alpha: float = Field(gt=0.0, le=65_536.0, description=(
+        "LoRA alpha (unitless): the adapter's output is scaled by alpha / rank."))
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description=(
+        "Dropout probability on each adapter's input during the update (0 <= p < 1). The"
+        " update otherwise runs without dropout so that its ratio compares the function"
+        " the rollout sampled; above 0 the ratio is taken against a dropped-out adapter"
+        " (as TRL with peft does). Never applied while sampling."))
+    target_modules: list[ModuleName] = Field(min_length=1, max_length=64, description=(
+        "Names of the linear layers that get an adapter, matched against the last part of"
+        " each module's name (Llama: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,"
+        " down_proj). A name the model lacks is refused before training, listing those"
+        " it has."))
+
+    @model_validator(mode="after")
+    def _distinct_targets(self) -> LoraConfig:
+        repeated = sorted({m for m in self.target_modules if self.target_modules.count(m) > 1})
+        if repeated:
+            raise ValueError(f"target_modules names {repeated} more than once")
+        return self
+
+
 class UpdateConfig(_Section):
     """Batching of one policy update and the off-policy guard (see learning_loop.update)."""
 
@@ -228,6 +263,11 @@ class UpdateConfig(_Section):
     rank_timeout_s: float = Field(default=3600.0, gt=0.0, le=86_400.0, description=(
         "Wall-clock limit of a multi-rank update (seconds); the ranks are stopped after it"
         " and the activity fails naming the ranks that had not finished."))
+    # --- issue 25: LoRA beside full fine-tuning ---
+    lora: LoraConfig | None = Field(default=None, description=(
+        "Train LoRA adapters on the frozen base instead of every weight (see LoraConfig);"
+        " absent: full fine-tuning. Each checkpoint is then an adapter whose id is the"
+        " digest of its adapter weights and its base's id."))
 
 
 class StabilityConfig(_Section):
@@ -463,6 +503,12 @@ def cross_field_problems(config: RunConfig) -> list[ConfigProblem]:
             f"{update.world_size} ranks for mini-batches of {per_step} trajectories"
             " (rollout.groups_per_iteration * rollout.group_size / optimizer_steps_per_batch):"
             " some ranks would have nothing to train on",
+        ))
+    if update.lora is not None and update.world_size > 1:
+        problems.append(ConfigProblem(
+            "update.lora",
+            f"a LoRA update runs on one rank; update.world_size is {update.world_size}: set it"
+            " to 1, or remove update.lora for a multi-rank full fine-tuning",
         ))
     if stability.min_discrimination_prompts > stability.discrimination_prompts:
         problems.append(ConfigProblem(

@@ -8,6 +8,14 @@ alone, with the standard library: it reads the safetensors header (JSON) and str
 each tensor's byte range, so the execution loop (serving, eval) and governance (at
 promotion's end) verify without torch and without trusting what the files claim.
 
+A LoRA adapter checkpoint (a peft adapter directory: ``adapter_config.json`` and
+``adapter_model.safetensors``) has its own id, ``adapter_digest``: the sha256 of a short
+canonical text naming the base checkpoint's id (``base_model_name_or_path`` in the
+adapter config, which the learner sets to it), the adapter settings that change what the
+adapter computes (rank, alpha, targets, ...; canonical JSON) and the digest above of the
+adapter's weights. The same adapter on another base, or scaled differently, is another
+checkpoint; re-saving it gives the same id. ``checkpoint_digest`` picks the rule.
+
 Every caller that loads weights to serve or judge them calls ``verify_weights`` first;
 a mismatch is a ``WeightsIntegrityError`` naming the checkpoint, and the caller
 records it with ``record_integrity_event`` in the audit log.
@@ -155,10 +163,65 @@ def safetensors_digest(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_ID_VERSION = "triloop-lora-adapter/1"
+# The adapter_config.json keys that change the function an adapter computes (tensor names
+# and shapes already carry the layers and the rank). Bookkeeping (peft version, paths,
+# inference mode, dropout, which only acts while training) stays out of the id.
+ADAPTER_FUNCTION_KEYS = (
+    "r", "lora_alpha", "use_rslora", "use_dora", "bias", "fan_in_fan_out", "rank_pattern",
+    "alpha_pattern", "modules_to_save", "target_modules", "layers_to_transform",
+)
+
+
+def is_adapter_dir(model_dir: Path) -> bool:
+    """Whether the directory holds a peft adapter rather than full weights."""
+    return (model_dir / ADAPTER_CONFIG).is_file()
+
+
+def adapter_config(model_dir: Path) -> dict[str, Any]:
+    """The adapter's ``adapter_config.json``, checked to be a JSON object."""
+    data = json.loads((model_dir / ADAPTER_CONFIG).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{ADAPTER_CONFIG} is not a JSON object")
+    return data
+
+
+def adapter_base_id(model_dir: Path) -> str:
+    """The id of the base checkpoint an adapter directory applies to."""
+    base = adapter_config(model_dir).get("base_model_name_or_path")
+    if not isinstance(base, str) or len(base) != 64 or any(c not in "0123456789abcdef"
+                                                           for c in base):
+        raise ValueError(
+            f"{ADAPTER_CONFIG} names no base checkpoint id (base_model_name_or_path is "
+            f"{base!r}); triloop's adapters name their base's sha256 id there")
+    return base
+
+
+def adapter_digest(model_dir: Path) -> str:
+    """The checkpoint id of a peft adapter directory (see the module docstring)."""
+    config = adapter_config(model_dir)
+    function = {key: config.get(key) for key in ADAPTER_FUNCTION_KEYS}
+    targets = function["target_modules"]
+    if isinstance(targets, list):  # a set in peft: its order is not the adapter's
+        function["target_modules"] = sorted(str(t) for t in targets)
+    text = (f"{ADAPTER_ID_VERSION}\nbase {adapter_base_id(model_dir)}\n"
+            f"config {json.dumps(function, sort_keys=True, separators=(',', ':'))}\n"
+            f"weights {safetensors_digest(model_dir)}\n")
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def checkpoint_digest(model_dir: Path) -> str:
+    """The checkpoint id of a directory: an adapter's by its rule, full weights' by theirs."""
+    if is_adapter_dir(model_dir):
+        return adapter_digest(model_dir)
+    return safetensors_digest(model_dir)
+
+
 def verify_weights(model_dir: Path, checkpoint_id: str) -> None:
     """Refuse (``WeightsIntegrityError``) unless the directory's weights hash to the id."""
     try:
-        actual = safetensors_digest(model_dir)
+        actual = checkpoint_digest(model_dir)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise WeightsIntegrityError(checkpoint_id, model_dir,
                                     f"the weights cannot be read to verify ({error})") from error

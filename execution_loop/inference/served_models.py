@@ -3,7 +3,7 @@
 The server starts with one model (``--model``, served as ``--served-model-name``) and loads
 more at run time (``POST /v1/load_lora_adapter``), or replaces the start-up model's weights
 in place (dev mode's ``reload_weights``, ``dev_mode.py``). Each entry records the sha256 of the
-weights it actually loaded (``triloop.weights.safetensors_digest``, the checkpoint id), and
+weights it actually loaded (``triloop.weights.checkpoint_digest``, the checkpoint id), and
 ``/v1/models`` reports it as ``weights_sha256``: a client can see that the name it asks for
 is the weights it wants. A load under a name that is a sha256 (a checkpoint id) is refused
 unless the directory's weights hash to it, so this server never holds one id with another
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from execution_loop.inference.torch_backend import TorchPolicyClient
-from triloop.weights import safetensors_digest
+from triloop.weights import checkpoint_digest
 
 CHECKPOINT_ID = re.compile(r"^[0-9a-f]{64}$")
 
@@ -56,7 +56,7 @@ class ServedModel:
 
 def _digest(model_dir: Path) -> str | None:
     try:
-        return safetensors_digest(model_dir)
+        return checkpoint_digest(model_dir)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -9,19 +9,33 @@ Temperature 0 is greedy and, as in vLLM, reports logprobs of the untempered dist
 
 Each client owns one ``BatchingEngine``: concurrent episodes' requests are decoded together
 in padded micro-batches (``batched_sampling``), each row as it would be decoded alone.
+
+A LoRA adapter checkpoint (``triloop.weights.is_adapter_dir``) is served as its base plus
+the adapter, unmerged, as the learner computes it: the base's tensors are read once per
+process and shared (not copied) by every adapter on that base that is loaded at the same
+time (``SharedBase``); each adapter gets its own module tree around them, so engines of
+different adapters never switch one model's adapter under each other.
 """
 
 from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from safetensors.torch import load_file
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerBase,
+)
 
 from execution_loop.inference.base import (
     Generation,
@@ -36,6 +50,7 @@ from execution_loop.inference.batched_sampling import (
     sample_batch,
 )
 from execution_loop.inference.batching import BatchingEngine, EngineStats
+from triloop.weights import is_adapter_dir
 
 __all__ = ["Sample", "TorchPolicyClient", "teacher_forced_logprobs"]
 
@@ -66,6 +81,62 @@ def _pad_token_id(model: Any, eos_token_ids: frozenset[int]) -> int:
 _LOADING = threading.Lock()
 
 
+class SharedBase:
+    """A base model's tensors, read once, shared by the adapters served on it."""
+
+    def __init__(self, base_dir: Path, dtype: torch.dtype, device: torch.device) -> None:
+        self.base_dir = base_dir
+        self.config = AutoConfig.from_pretrained(base_dir)
+        generation = base_dir / "generation_config.json"
+        self.generation_config = (GenerationConfig.from_pretrained(base_dir)
+                                  if generation.is_file() else None)
+        tensors: dict[str, torch.Tensor] = {}
+        for file in sorted(base_dir.glob("*.safetensors")):
+            tensors.update(load_file(str(file)))
+        if not tensors:
+            raise FileNotFoundError(f"base {base_dir} has no *.safetensors weights")
+        self.tensors = {name: t.to(device=device, dtype=dtype) for name, t in tensors.items()}
+        self.dtype = dtype
+
+    def model(self) -> Any:
+        """A new module tree whose parameters are this base's tensors (no copy)."""
+        with torch.random.fork_rng(devices=[]):  # the throw-away init must not move the RNG
+            model: Any = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
+        missing, unexpected = model.load_state_dict(self.tensors, strict=False, assign=True)
+        output, shared = model.get_output_embeddings(), model.get_input_embeddings()
+        if getattr(self.config, "tie_word_embeddings", False) and output is not None:
+            output.weight = shared.weight  # assign=True replaced the tied parameter
+            missing = [m for m in missing if m != "lm_head.weight"]
+        if unexpected or missing:
+            raise ValueError(f"base {self.base_dir} does not fit its config: missing"
+                             f" {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+        if self.generation_config is not None:
+            model.generation_config = self.generation_config
+        return model
+
+
+# Bases in memory, by directory, dtype and device, while an adapter client holds them.
+_BASES: weakref.WeakValueDictionary[tuple[str, str, str], SharedBase] = (
+    weakref.WeakValueDictionary())
+
+
+def shared_base(base_dir: Path, dtype: torch.dtype, device: torch.device) -> SharedBase:
+    """The base at ``base_dir``, read from disk only if no client holds it already."""
+    key = (str(base_dir.resolve()), str(dtype), str(device))
+    base = _BASES.get(key)
+    if base is None:
+        base = SharedBase(base_dir, dtype, device)
+        _BASES[key] = base
+    return base
+
+
+def _adapter_model(adapter_dir: Path, base: SharedBase) -> Any:
+    """Base plus the adapter in ``adapter_dir``, unmerged, in eval mode."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base.model(), str(adapter_dir), is_trainable=False)
+
+
 class TorchPolicyClient:
     """A ``PolicyClient`` that runs the checkpoint in this process (CPU or CUDA)."""
 
@@ -79,6 +150,7 @@ class TorchPolicyClient:
         max_batch_size: int = 64,
         gather_wait_s: float = 0.015,
         torch_threads: int | None = None,
+        base_dir: Path | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
@@ -90,13 +162,23 @@ class TorchPolicyClient:
             device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
         )
         self.checkpoint_id = checkpoint_id or self.model_dir.name
+        # An adapter holds its base (shared with other adapters on it) while it is served.
+        self.base: SharedBase | None = None
         with _LOADING:
-            model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
+            if is_adapter_dir(self.model_dir):
+                if base_dir is None:
+                    raise ValueError(f"{self.model_dir} is a LoRA adapter: serving it needs the"
+                                     " directory of its base checkpoint (base_dir)")
+                self.base = shared_base(Path(base_dir), dtype, self.device)
+                model: Any = _adapter_model(self.model_dir, self.base)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
             self.model: Any = model.to(self.device).eval()
         self.max_model_len = int(self.model.config.max_position_embeddings)
         self.eos_token_ids = _eos_token_ids(self.model)
         # transformers 5 renamed the KV-cache argument and output field (past_key_values -> cache).
-        forward_parameters = inspect.signature(self.model.forward).parameters
+        inner = self.model.get_base_model() if self.base is not None else self.model
+        forward_parameters = inspect.signature(inner.forward).parameters
         cache_name = "cache" if "cache" in forward_parameters else "past_key_values"
         self._tokenizer: PreTrainedTokenizerBase | None = None
         # One engine per loaded checkpoint: its thread is the only one running the model.

@@ -56,6 +56,7 @@ from learning_loop.iteration import (
     train_iteration,
 )
 from learning_loop.iteration_records import alarm_record, saved_iteration, stability_history
+from learning_loop.lora import adapter_record
 from learning_loop.mitigation import with_mitigations
 from learning_loop.rank_launch import RankFailed
 from learning_loop.stability import StabilityInputError
@@ -262,12 +263,14 @@ class UpdateActivities:
                                  carried_groups=request.carried_group_ids)
         history = stability_history(stability_rows(
             engine=self._engine, run_id=request.run_id, before=request.iteration))
-        reference_dir = None
-        if config.objective.kl_coef > 0:
+        reference_dir, base_ref = None, None
+        if config.objective.kl_coef > 0 or config.update.lora is not None:
             base = get_checkpoint(engine=self._engine, checkpoint_id=request.base_checkpoint_id)
             if base is None:
                 raise CheckpointError(f"base checkpoint {request.base_checkpoint_id} has no row")
             reference_dir = self._local_dir(base)
+            # LoRA: the adapters sit on the run's base; its id is part of theirs.
+            base_ref = CheckpointRef(base.id, reference_dir)
 
         def stage(name: str) -> None:
             progress.stage = name
@@ -281,6 +284,7 @@ class UpdateActivities:
                          "batch_ids": list(request.batch_ids),
                          "next_iteration": request.iteration + 1},
             on_stage=stage, series=request.series, warm=self._take_warm(parent.id),
+            base=base_ref,
         )
         self._warm = outcome.learner
         if outcome.weights_changed:
@@ -303,7 +307,8 @@ class UpdateActivities:
                 environment_version_ids=list(request.environment_version_ids),
                 data={"trajectory_batches": list(request.batch_ids),
                       "trajectories": batch.get("trajectories"),
-                      "policy_versions": batch.get("policy_versions")},
+                      "policy_versions": batch.get("policy_versions"),
+                      **adapter_record(trained.path)},
                 artifact_uri=self._publish(trained.path), created_by="learning",
                 **asdict(serving_hashes(trained.path)),
             )
