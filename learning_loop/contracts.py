@@ -19,7 +19,7 @@ from temporalio.common import RetryPolicy
 
 from triloop.activity_contract import ActivityContract
 from triloop.run_config import RunConfig
-from triloop.workflow_api import StabilityAlarm
+from triloop.workflow_api import ModelImportInput, ModelImportResult, StabilityAlarm
 
 # Error types raised as non-retryable ApplicationErrors (the workflow reports them as is).
 RUN_NOT_FOUND = "RunNotFound"
@@ -218,3 +218,10 @@ UPDATE_POLICY = ActivityContract(
     "learning.update_policy", UpdateInput, UpdateResult, timedelta(hours=12),
     RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                 maximum_interval=timedelta(seconds=30), maximum_attempts=20))
+# A person's model import (``ModelImportWorkflow``): loading and converting a GGUF of a
+# 135M model takes about half a minute, far longer on a busy machine; the activity
+# heartbeats while it works. A bad source fails at once (InvalidRequest, not retried).
+IMPORT_MODEL = ActivityContract(
+    "learning.import_model", ModelImportInput, ModelImportResult, timedelta(hours=1),
+    RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=30)),
+    heartbeat=timedelta(minutes=2))

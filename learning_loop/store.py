@@ -17,11 +17,13 @@ Lineage invariants kept here:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, func, text, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from triloop.audit import append_event
@@ -47,24 +49,51 @@ def insert_checkpoint(*, session: Session, checkpoint: Checkpoint) -> bool:
     return bool(getattr(result, "rowcount", 0))
 
 
+@dataclass(frozen=True)
+class BaseFacts:
+    """What a root checkpoint records about the model it holds (migration 0024's columns)."""
+
+    source_kind: str | None = None  # huggingface | gguf
+    parameter_count: int | None = None
+    source_dtype: str | None = None  # at the source: float32, bfloat16, q4_1 ...
+    dtype: str | None = None  # as stored
+    name: str | None = None  # an import's unique name; None for a RUN.yaml's directory
+
+
+class CheckpointNameTaken(ValueError):
+    """Another checkpoint already has the name an import asked for."""
+
+
 def register_root(
     *, engine: Engine, checkpoint_id: str, artifact_uri: str, source: str,
-    serving: Mapping[str, str | None] | None = None,
+    serving: Mapping[str, str | None] | None = None, facts: BaseFacts | None = None,
 ) -> bool:
     """The base model as a root checkpoint (no parent, no run); True if newly inserted.
 
     ``serving``: the tokenizer, model-config and chat-template hashes (column names).
+    ``CheckpointNameTaken`` when ``facts.name`` belongs to another checkpoint.
     """
-    hashes = dict(serving or {})
+    hashes, facts = dict(serving or {}), facts or BaseFacts()
     root = Checkpoint(
         id=checkpoint_id, parent_id=None, run_id=None, base_model=checkpoint_id, iteration=0,
         environment_version_ids=[], data={"source": source}, artifact_uri=artifact_uri,
         created_by="learning", tokenizer_sha256=hashes.get("tokenizer_sha256"),
         model_config_sha256=hashes.get("model_config_sha256"),
-        chat_template_sha256=hashes.get("chat_template_sha256"),
+        chat_template_sha256=hashes.get("chat_template_sha256"), **asdict(facts),
     )
-    with session_scope(engine) as session:
-        return insert_checkpoint(session=session, checkpoint=root)
+    try:
+        with session_scope(engine) as session:
+            return insert_checkpoint(session=session, checkpoint=root)
+    except IntegrityError as exc:
+        if facts.name is not None and "ix_checkpoint_name" in str(exc.orig):
+            raise CheckpointNameTaken(f"a checkpoint is already named {facts.name!r}") from exc
+        raise
+
+
+def checkpoint_named(*, engine: Engine, name: str) -> Checkpoint | None:
+    """The checkpoint with this name, if any."""
+    with Session(engine) as session:
+        return session.exec(select(Checkpoint).where(Checkpoint.name == name)).first()
 
 
 def get_training_step(*, engine: Engine, run_id: str, iteration: int) -> TrainingStep | None:

@@ -27,7 +27,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from learning_loop.activities.run_state import RunActivities
-from learning_loop.workflows import TrainingRunWorkflow
+from learning_loop.workflows import ModelImportWorkflow, TrainingRunWorkflow
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.wiring import build_authorizer
@@ -47,7 +47,7 @@ def build_workflow_worker(client: Client, settings: Settings) -> Worker:
     return Worker(
         client,
         task_queue=settings.task_queue(LEARNING_QUEUE),
-        workflows=[TrainingRunWorkflow],
+        workflows=[TrainingRunWorkflow, ModelImportWorkflow],
         activities=[run_state.validate_run, run_state.set_run_status, run_state.control_run,
                     run_state.propose_checkpoint, run_state.record_mitigation],
         activity_executor=ThreadPoolExecutor(max_workers=8, thread_name_prefix="learning"),
@@ -57,22 +57,27 @@ def build_workflow_worker(client: Client, settings: Settings) -> Worker:
 
 
 def build_update_worker(client: Client, settings: Settings) -> Worker:
-    """The ``learning-gpu`` queue: policy updates and base registration (torch)."""
+    """The ``learning-gpu`` queue: policy updates, base registration and imports (torch)."""
+    from learning_loop.activities.bases import BaseActivities
     from learning_loop.activities.update import UpdateActivities
     from triloop.artifact_backends import open_shared_store
 
+    engine, store = role_engine(settings, "learning"), open_shared_store(settings)
+    authorizer = build_authorizer(settings, "learning")
     updates = UpdateActivities(
-        engine=role_engine(settings, "learning"),
-        authorizer=build_authorizer(settings, "learning"), artifact_dir=settings.artifacts,
-        store=open_shared_store(settings), cache_dir=settings.artifact_cache, home=settings.home,
+        engine=engine, authorizer=authorizer, artifact_dir=settings.artifacts,
+        store=store, cache_dir=settings.artifact_cache, home=settings.home,
         torch_threads=settings.torch_threads,
     )
+    bases = BaseActivities(engine=engine, authorizer=authorizer,
+                           artifact_dir=settings.artifacts, store=store)
     return Worker(
         client,
         task_queue=settings.task_queue(LEARNING_GPU_QUEUE),
-        activities=[updates.update_policy, updates.register_base_checkpoint],
+        activities=[updates.update_policy, bases.register_base_checkpoint, bases.import_model],
         activity_executor=ThreadPoolExecutor(max_workers=2, thread_name_prefix="learning-gpu"),
-        # One update at a time: it owns the accelerator (registration may run beside it).
+        # One update at a time: it owns the accelerator (a registration or an import may run
+        # beside it).
         max_concurrent_activities=2,
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
         identity=worker_identity("learning"),

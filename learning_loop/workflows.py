@@ -58,12 +58,15 @@ with workflow.unsafe.imports_passed_through():
     from triloop.workflow_api import (
         GOVERNANCE_QUEUE,
         LEARNING_GPU_QUEUE,
+        MODEL_IMPORT_WORKFLOW,
         RUN_CANCEL_SIGNAL,
         RUN_PAUSE_SIGNAL,
         RUN_RESUME_SIGNAL,
         RUN_STATUS_QUERY,
         TRAINING_RUN_WORKFLOW,
         ContinuedEpisode,
+        ModelImportInput,
+        ModelImportResult,
         PromotionInput,
         RolloutBatchInput,
         RolloutBatchResult,
@@ -75,7 +78,7 @@ with workflow.unsafe.imports_passed_through():
         sibling_queue,
     )
 
-__all__ = ["TrainingRunWorkflow", "completion", "rollout_items"]
+__all__ = ["ModelImportWorkflow", "TrainingRunWorkflow", "completion", "rollout_items"]
 
 T = TypeVar("T")
 # Episodes of one training batch at once: as many as the batching engine decodes together
@@ -487,3 +490,16 @@ class TrainingRunWorkflow:
                           action: str = "update") -> None:
         self._state.status = status
         await m.SET_RUN_STATUS.call(m.RunStatusInput(run_id, status, reason, action))
+
+
+@workflow.defn(name=MODEL_IMPORT_WORKFLOW)
+class ModelImportWorkflow:
+    """A person's model import: one activity on ``learning-gpu``, where checkpoints are
+    written (the web service, which authorized the person, may start workflows here but
+    holds no artifact store and inserts no checkpoint)."""
+
+    @workflow.run
+    async def run(self, request: ModelImportInput) -> ModelImportResult:
+        """Import the model; its failure (a bad source, a taken name) is the workflow's."""
+        return await m.IMPORT_MODEL.call(
+            request, task_queue=sibling_queue(workflow.info().task_queue, LEARNING_GPU_QUEUE))

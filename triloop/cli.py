@@ -48,6 +48,8 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("env", "execution_loop.cli:env_app"),
     ("env", "governance_loop.cli:env_app"),
     ("model", "learning_loop.cli:model_app"),
+    # import/list/show through the API (the learning loop writes the checkpoint).
+    ("model", "web.cli_models:model_app"),
     ("governance", "governance_loop.cli:governance_app"),
     ("users", "web.cli:users_app"),
     ("train", "web.cli_runs:train_app"),

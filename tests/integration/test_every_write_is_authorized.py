@@ -127,6 +127,8 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
             ("/api/environments", {"name": "walk", "contract_yaml": "task: frozen_lake\n"}),
         ("POST", "/api/eval-sets"):
             ("/api/eval-sets", {"name": "walk", "task_ids": [admitted_task(owner_engine)]}),
+        ("POST", "/api/model-imports"):
+            ("/api/model-imports", {"source": "/models/walk", "name": "walk"}),
         ("POST", "/api/thresholds"):
             ("/api/thresholds", {"name": "walk", "eval_set": "walk", "spec": {}}),
     }

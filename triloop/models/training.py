@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, Float, Integer
+from sqlalchemy import BigInteger, Column, Float, Integer
 from sqlmodel import Field, SQLModel
 
 from triloop.models._columns import (
@@ -80,6 +80,15 @@ class Checkpoint(SQLModel, table=True):
     tokenizer_sha256: str | None = None
     model_config_sha256: str | None = None
     chat_template_sha256: str | None = None
+    # An imported base model (migration 0024): the name people give it (unique; RUN.yaml's
+    # model.base may use it), where it came from, its size and its dtypes. NULL on
+    # checkpoints triloop trained.
+    name: str | None = Field(default=None, unique=True)
+    source_kind: str | None = Field(default=None, description="huggingface | gguf")
+    parameter_count: int | None = Field(default=None, sa_column=Column(BigInteger))
+    source_dtype: str | None = Field(
+        default=None, description="the weights' dtype at the source: float32, bfloat16, q4_1 ...")
+    dtype: str | None = Field(default=None, description="the dtype the weights are stored in")
     created_by: str
     created_at: datetime = created_at_field()
 

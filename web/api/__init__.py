@@ -13,6 +13,7 @@ from web.api import (
     episodes,
     evaluation,
     faults,
+    model_imports,
     promotions,
     role_grants,
     runs,
@@ -39,5 +40,5 @@ async def healthz() -> Health:
 ROUTERS: tuple[APIRouter, ...] = (
     health_router, users.router, role_grants.router, tokens.router, runs.router, checkpoints.router,
     environments.router, evaluation.router, promotions.router, deployments.router,
-    episodes.router, audit.router, faults.router,
+    episodes.router, audit.router, faults.router, model_imports.router,
 )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
 
-from web.api.common import Short
+from fastapi import APIRouter, Query
+
+from web.api.common import IdPrefix, Short
 from web.data import lineage
 from web.data.lineage import CheckpointPublic, Lineage
 from web.deps import AuthorizeDep, SessionDep
@@ -17,11 +19,14 @@ router = APIRouter(prefix="/api/checkpoints", tags=["checkpoints"])
 @router.get("", response_model=Page[CheckpointPublic])
 async def list_checkpoints(
     guard: AuthorizeDep, db: SessionDep, limit: LimitParam = 50, cursor: CursorParam = None,
-    run_id: Short | None = None,
+    run_id: Short | None = None, id_prefix: IdPrefix | None = None, name: Short | None = None,
+    bases: Annotated[bool, Query(description="only bases: imported models and the model "
+                                 "directories runs started from")] = False,
 ) -> Page[CheckpointPublic]:
-    """Checkpoints, newest first, optionally of one run."""
+    """Checkpoints, newest first: of one run, by id prefix or name, or only bases."""
     await guard("read", "checkpoint")
-    return await db.read(lineage.list_checkpoints, limit=limit, cursor=cursor, run_id=run_id)
+    return await db.read(lineage.list_checkpoints, limit=limit, cursor=cursor, run_id=run_id,
+                         id_prefix=id_prefix, name=name, bases=bases)
 
 
 @router.get("/{checkpoint_id}", response_model=CheckpointPublic)

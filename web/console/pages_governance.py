@@ -167,6 +167,17 @@ async def deployments_page(request: Request, guard: ConsoleGuard, db: SessionDep
                 previews=previews)
 
 
+@router.get("/checkpoints", response_class=HTMLResponse)
+async def bases_page(
+    request: Request, guard: ConsoleGuard, db: SessionDep, cursor: CursorParam = None
+) -> Response:
+    """Base models: imported ones (name, source, parameters, dtypes, digests) and run bases."""
+    await guard("read", "checkpoint")
+    listing = await db.read(lineage.list_checkpoints, limit=25, cursor=cursor, bases=True)
+    return page(request, "checkpoints.html", guard.principal, title="Base models",
+                page_=listing)
+
+
 @router.get("/checkpoints/{checkpoint_id}/lineage", response_class=HTMLResponse)
 async def lineage_page(
     request: Request, checkpoint_id: str, guard: ConsoleGuard, db: SessionDep

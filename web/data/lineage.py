@@ -7,10 +7,12 @@ candidate's promotions add the frozen eval sets its gates used.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
 from triloop.models import (
@@ -41,6 +43,16 @@ class CheckpointPublic(BaseModel):
     artifact_uri: str
     created_by: str
     created_at: datetime
+    # What the weights are served with (sha256 hex of each; see learning_loop.checkpoints).
+    tokenizer_sha256: str | None = None
+    model_config_sha256: str | None = None
+    chat_template_sha256: str | None = None
+    # An imported base model's facts (NULL on checkpoints triloop trained).
+    name: str | None = None
+    source_kind: str | None = Field(default=None, description="huggingface | gguf")
+    parameter_count: int | None = None
+    source_dtype: str | None = Field(default=None, description="the weights' dtype at the source")
+    dtype: str | None = Field(default=None, description="the dtype the weights are stored in")
 
 
 class EnvironmentRef(BaseModel):
@@ -97,12 +109,20 @@ class Lineage(BaseModel):
 
 
 def list_checkpoints(
-    *, session: Session, limit: int, cursor: str | None, run_id: str | None = None
+    *, session: Session, limit: int, cursor: str | None, run_id: str | None = None,
+    id_prefix: str | None = None, name: str | None = None, bases: bool = False,
 ) -> Page[CheckpointPublic]:
-    """Checkpoints, newest first, optionally of one run."""
+    """Checkpoints, newest first: of one run, starting with an id prefix, of one name, or
+    only bases (roots: imported models and the directories runs started from)."""
     statement = select(Checkpoint)
     if run_id is not None:
         statement = statement.where(Checkpoint.run_id == run_id)
+    if id_prefix is not None:
+        statement = statement.where(col(Checkpoint.id).startswith(id_prefix, autoescape=True))
+    if name is not None:
+        statement = statement.where(Checkpoint.name == name)
+    if bases:
+        statement = statement.where(col(Checkpoint.parent_id).is_(None))
     statement = keyset(statement, [col(Checkpoint.created_at), col(Checkpoint.id)], cursor,
                        (datetime, str), limit)
     rows = list(session.exec(statement))
@@ -113,6 +133,52 @@ def get_checkpoint(*, session: Session, checkpoint_id: str) -> CheckpointPublic 
     """One checkpoint."""
     row = session.get(Checkpoint, checkpoint_id)
     return None if row is None else CheckpointPublic.model_validate(row)
+
+
+def checkpoint_by_name(*, session: Session, name: str) -> CheckpointPublic | None:
+    """The checkpoint with this (unique) name."""
+    row = session.exec(select(Checkpoint).where(Checkpoint.name == name)).first()
+    return None if row is None else CheckpointPublic.model_validate(row)
+
+
+_HEX_PREFIX = re.compile(r"^[0-9a-f]{6,63}$")
+
+
+@dataclass(frozen=True)
+class BaseModelRef:
+    """What RUN.yaml's ``model.base`` names: a registered checkpoint, or a directory."""
+
+    checkpoint_id: str | None  # None: a model directory the learning worker registers
+    problem: str | None = None  # why it names nothing (unknown, or an ambiguous prefix)
+
+
+def looks_like_path(ref: str) -> bool:
+    """A model directory rather than a checkpoint's id or name (names hold no slash)."""
+    return "/" in ref or ref.startswith((".", "~"))
+
+
+def resolve_base(*, session: Session, ref: str) -> BaseModelRef:
+    """``model.base`` as a checkpoint id: an id, a name, or a unique id prefix (6+ hex
+    digits); a path is left to the learning worker; anything else names the problem."""
+    if session.get(Checkpoint, ref) is not None:
+        return BaseModelRef(ref)
+    if looks_like_path(ref):
+        return BaseModelRef(None)
+    named = checkpoint_by_name(session=session, name=ref)
+    if named is not None:
+        return BaseModelRef(named.id)
+    if _HEX_PREFIX.match(ref):
+        ids = list(session.exec(select(Checkpoint.id).where(
+            col(Checkpoint.id).startswith(ref)).order_by(col(Checkpoint.id)).limit(4)))
+        if len(ids) == 1:
+            return BaseModelRef(ids[0])
+        if ids:
+            return BaseModelRef(None, f"model.base {ref!r} is the start of several checkpoint"
+                                f" ids ({', '.join(i[:16] for i in ids)}...); give more of it")
+    return BaseModelRef(None, (
+        f"model.base {ref!r} names no registered checkpoint (by id, unique id prefix or name);"
+        " `triloop model list` shows the bases, `triloop model import` adds one, or give a"
+        " model directory's path"))
 
 
 def lineage(*, session: Session, checkpoint_id: str) -> Lineage | None:

@@ -81,9 +81,16 @@ role_reads := {
 
 # What each role may do beyond reading.
 role_grants := {
-	# Only on their own runs: see duties.rego.
-	"ml_engineer": {"training_run": {"submit", "cancel", "pause", "resume"}},
+	# Only on their own runs: see duties.rego. Importing a pretrained model registers a
+	# base checkpoint (the learning loop writes it): ML engineers bring the models they
+	# train, operators the ones a deployment starts from. Neither decides a release by it:
+	# a base only reaches production through a run, its proposal and every gate.
+	"ml_engineer": {
+		"training_run": {"submit", "cancel", "pause", "resume"},
+		"checkpoint": {"import"},
+	},
 	"operator": {
+		"checkpoint": {"import"},
 		# override_alarms: let a candidate past its run's stability alarms, with a reason.
 		"promotion": {"approve", "reject", "override_alarms"},
 		"deployment": {"rollback"},

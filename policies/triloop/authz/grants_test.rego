@@ -265,3 +265,16 @@ test_operators_never_change_a_version_in_place if {
 		}
 	}
 }
+
+test_ml_engineers_and_operators_import_models if {
+	allowed(person_clean("uma", ["ml_engineer"], "import", "checkpoint"))
+	allowed(person_clean("olga", ["operator"], "import", "checkpoint"))
+	denied(person_clean("ada", ["auditor"], "import", "checkpoint"))
+	denied(person_clean("adam", ["admin"], "import", "checkpoint"))
+	denied(person_clean("nobody", [], "import", "checkpoint"))
+}
+
+test_import_applies_to_checkpoints_only if {
+	denied(person_clean("uma", ["ml_engineer"], "import", "training_run"))
+	denied(svc_clean("learning", "import", "checkpoint"))
+}

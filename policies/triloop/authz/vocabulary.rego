@@ -31,6 +31,7 @@ actions := {
 	"inject_fault", "clear_fault", "revoke",
 	"confirm", "refuse",
 	"serve",
+	"import",
 }
 
 # Everything but looking: used by the "never" rules.
@@ -62,6 +63,7 @@ applies_to := {
 	"confirm": {"role_grant"},
 	"refuse": {"role_grant"},
 	"serve": {"nexus_operation"},
+	"import": {"checkpoint"},
 }
 
 # Named rules rather than `not is_string(input.x)` inline: a negated builtin
