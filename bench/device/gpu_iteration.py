@@ -125,7 +125,7 @@ def run(args: argparse.Namespace, device_name: str) -> int:
     from bench.trl_peer import action_share, batched_generate, prompt_texts
     from execution_loop.inference.torch_backend import TorchPolicyClient
     from learning_loop.batch import StepRecord, build_training_samples
-    from learning_loop.checkpoints import CheckpointRef
+    from learning_loop.checkpoints import CheckpointRef, saved_weights_digest
     from learning_loop.iteration import save_servable
     from learning_loop.lora import wrap_lora
     from learning_loop.update import UpdateSettings, build_optimizer, update_policy
@@ -151,7 +151,8 @@ def run(args: argparse.Namespace, device_name: str) -> int:
     lora = LoraConfig(rank=args.lora_rank, alpha=args.lora_alpha, target_modules=LORA_TARGETS)
     with tempfile.TemporaryDirectory(prefix="triloop-gpu-") as tmp:
         model_dir = model_directory(args, Path(tmp) / "model")
-        base = CheckpointRef(id="gpu-bench-base", path=model_dir)
+        # An adapter names its base by the base's weights digest, as a registered base has it.
+        base = CheckpointRef(id=saved_weights_digest(model_dir), path=model_dir)
         client = TorchPolicyClient(model_dir, device=device_name, max_batch_size=256)
         model = client.model
         parameters = sum(p.numel() for p in model.parameters())
