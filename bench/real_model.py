@@ -335,9 +335,11 @@ def run_trl(args: argparse.Namespace, seed: int) -> Result:
     problems = [p for it in range(args.iterations)
                 for p in iteration_problems(train, args.prompts, it)]
 
-    def reward_fn(completions: list[str], answer: list[int], **_: object) -> list[float]:
-        scores = [success(c, a) for c, a in zip(completions, answer, strict=True)]
-        result.train_success.append(statistics.mean(scores))
+    def reward_fn(completions: list[str], answer: list[int], **_: object
+                  ) -> list[float | None]:
+        scores: list[float | None] = [success(c, a)
+                                      for c, a in zip(completions, answer, strict=True)]
+        result.train_success.append(statistics.mean(s or 0.0 for s in scores))
         return scores
 
     completions = args.prompts * args.group_size
@@ -359,7 +361,7 @@ def run_trl(args: argparse.Namespace, seed: int) -> Result:
     generation = [0.0]
     marks: list[float] = []
 
-    class Clock(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here
+    class Clock(TrainerCallback):
         def on_step_begin(self, *_: object, **__: object) -> None:
             if not marks:
                 meter.start()
@@ -374,7 +376,7 @@ def run_trl(args: argparse.Namespace, seed: int) -> Result:
                   f" {result.train_success[-1]:.2f}, {total:.1f} s", file=sys.stderr,
                   flush=True)
 
-    class TimedTrainer(GRPOTrainer):  # type: ignore[misc]
+    class TimedTrainer(GRPOTrainer):
         # Generation and scoring happen inside the training step; timed to split it.
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             clock = time.perf_counter()

