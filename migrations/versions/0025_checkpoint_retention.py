@@ -35,8 +35,8 @@ being written holds the foreign key's share lock on its checkpoint until it comm
 decides under a fresh snapshot; and a trigger refuses a new reference to a pruned
 checkpoint, naming the rule that pruned it. A pruned mark is never cleared.
 
-Revision ID: 0026
-Revises: 0023
+Revision ID: 0025
+Revises: 0024
 Create Date: 2026-12-02
 """
 
@@ -44,8 +44,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0026"
-down_revision: str | None = "0023"
+revision: str = "0025"
+down_revision: str | None = "0024"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
