@@ -60,6 +60,7 @@ HELD_OUT_MAPS = (21, 22, 23, 24)
 
 
 LAKE: dict[str, int | str] = {}  # initial_state overrides (--size, --holes, --layout)
+CONTRACT_LIMITS: dict[str, int] = {}  # limits overrides (--max-tokens-per-turn)
 # The run's rollout.max_turns / rollout.max_new_tokens, for training rollouts only.
 RUN_LIMITS: dict[str, int | None] = {"max_turns": None, "max_new_tokens": None}
 
@@ -70,6 +71,9 @@ def lake_contract() -> EnvironmentContract:
     if LAKE:
         contract = contract.model_copy(
             update={"initial_state": {**contract.initial_state, **LAKE}})
+    if CONTRACT_LIMITS:
+        contract = contract.model_copy(
+            update={"limits": contract.limits.model_copy(update=CONTRACT_LIMITS)})
     return contract
 
 
@@ -197,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--holes", type=int, help="holes per map (default: the contract's)")
     parser.add_argument("--layout", choices=["random", "corners"],
                         help="where start and goal are (default: the contract's)")
+    parser.add_argument("--max-tokens-per-turn", type=int,
+                        help="the contract's limits.max_tokens_per_turn, for training and"
+                             " held-out scoring (default: the contract's)")
     parser.add_argument("--run", type=Path, default=EXAMPLE_RUN,
                         help="the run config to measure (default: the README's example)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -204,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     LAKE.update({k: v for k, v in (("size", args.size), ("holes", args.holes),
                                    ("layout", args.layout)) if v is not None})
+    if args.max_tokens_per_turn is not None:
+        CONTRACT_LIMITS["max_tokens_per_turn"] = args.max_tokens_per_turn
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]

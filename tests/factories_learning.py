@@ -45,9 +45,11 @@ def make_user(engine: Engine, roles: Sequence[str] = ("ml_engineer",)) -> str:
     return name
 
 
-def frozen_lake_variant(engine: Engine, **initial_state: Any) -> str:
+def frozen_lake_variant(engine: Engine, limits: dict[str, int] | None = None,
+                        **initial_state: Any) -> str:
     """The shipped frozen_lake contract with ``initial_state`` overrides (e.g. ``layout=
-    "corners"``), registered as a version of frozen_lake; returns its id."""
+    "corners"``) and ``limits`` overrides, registered as a version of frozen_lake; returns
+    its id."""
     import yaml
 
     from execution_loop.environments.registry import CONTRACTS_DIR, builtin_contract_path
@@ -55,6 +57,7 @@ def frozen_lake_variant(engine: Engine, **initial_state: Any) -> str:
 
     data = yaml.safe_load(builtin_contract_path("frozen_lake").read_text(encoding="utf-8"))
     data["initial_state"] = {**data["initial_state"], **initial_state}
+    data["limits"] = {**data["limits"], **(limits or {})}
     return register_contract(engine, yaml.safe_dump(data, sort_keys=False),
                              base_dir=CONTRACTS_DIR)
 

@@ -69,6 +69,10 @@ pytestmark = [pytest.mark.learning, pytest.mark.slow, pytest.mark.integration,
 EXAMPLE_RUN = Path(__file__).resolve().parents[2] / "examples" / "tiny-frozen-lake.run.yaml"
 RUN_SEEDS = (0, 1, 2, 3, 4)
 LAKE = {"size": 3, "holes": 2, "layout": "corners"}  # frozen_lake initial_state of the test
+# One token per turn: every move is one token of the tiny model's vocabulary (L, R, U, D,
+# left, ...), so the budget costs nothing but the random tokens after a move that made the
+# reply unreadable (with 4 tokens, 16 iterations went mostly on learning to stop).
+LAKE_LIMITS = {"max_tokens_per_turn": 1}
 # Four maps each, all eight different in content (seeds 14 and 23 repeat maps of 11..13, 21).
 TRAINING_MAPS = (11, 12, 13, 15)
 HELD_OUT_MAPS = (21, 22, 24, 25)
@@ -210,7 +214,7 @@ async def test_tiny_model_learns_to_reach_the_goal_on_held_out_maps_across_seeds
 ) -> None:
     distinct_maps(TRAINING_MAPS, HELD_OUT_MAPS)
     own = queue_settings(settings)
-    version = frozen_lake_variant(owner_engine, **LAKE)
+    version = frozen_lake_variant(owner_engine, limits=LAKE_LIMITS, **LAKE)
     training = frozen_lake_tasks(owner_engine, TRAINING_MAPS, version=version)
     held_out_tasks = frozen_lake_tasks(owner_engine, HELD_OUT_MAPS, version=version)
     async with loops_running(client, own):
