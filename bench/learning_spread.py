@@ -13,6 +13,13 @@ the base and the final checkpoint on *held-out* maps (seeds the run never saw).
     .venv/bin/python bench/learning_spread.py --seeds 0 --size 3 --holes 1 \
         --train-maps 100 101 102 --held-out-maps 500 501   # other maps (content checked by you)
 
+    .venv/bin/python bench/learning_spread.py --layout corners --size 4 --holes 3 \
+        --run examples/tiny-frozen-lake-corners.run.yaml     # the learning test's config
+
+Training rollouts honour the config's rollout.max_turns and rollout.max_new_tokens (lowering
+the contract's limits, as the rollout activity does); held-out scoring uses the contract's
+own limits, as the learning test's eval batch does.
+
 Prints, per seed, the training reward and training success rate by iteration, base and
 final held-out reward and their difference, base and final held-out success rate (goals
 reached, the verifier's verdict), and any stability alarms; then the mean and spread of
@@ -37,13 +44,14 @@ import transformers
 import yaml
 
 from execution_loop.environments.registry import load_builtin_contract, make_environment
-from execution_loop.episode import run_episode
+from execution_loop.episode import episode_limits, run_episode
 from execution_loop.inference.torch_backend import TorchPolicyClient
 from learning_loop.checkpoints import CheckpointRef
 from learning_loop.iteration import load_model, save_servable, train_iteration
 from learning_loop.stability import IterationMetrics
 from learning_loop.tiny_model import create_tiny_model
 from learning_loop.trajectory_reader import StoredStep, StoredTrajectory, to_rollout_data
+from triloop.contracts import EnvironmentContract
 from triloop.run_config import RunConfig
 
 EXAMPLE_RUN = Path(__file__).resolve().parents[1] / "examples" / "tiny-frozen-lake.run.yaml"
@@ -51,20 +59,35 @@ TRAIN_MAPS = (11, 12, 13, 14)
 HELD_OUT_MAPS = (21, 22, 23, 24)
 
 
-LAKE: dict[str, int] = {}  # initial_state overrides (--size, --holes) of the shipped contract
+LAKE: dict[str, int | str] = {}  # initial_state overrides (--size, --holes, --layout)
+CONTRACT_LIMITS: dict[str, int] = {}  # limits overrides (--max-tokens-per-turn)
+# The run's rollout.max_turns / rollout.max_new_tokens, for training rollouts only.
+RUN_LIMITS: dict[str, int | None] = {"max_turns": None, "max_new_tokens": None}
 
 
-def play(policy: TorchPolicyClient, task_seed: int, episode_seed: int, temperature: float,
-         version: int, group: str) -> StoredTrajectory:
-    """One frozen_lake episode as the learner would read it from the database."""
+def lake_contract() -> EnvironmentContract:
+    """The shipped frozen_lake contract with this bench's initial_state overrides."""
     contract = load_builtin_contract("frozen_lake")
     if LAKE:
         contract = contract.model_copy(
             update={"initial_state": {**contract.initial_state, **LAKE}})
+    if CONTRACT_LIMITS:
+        contract = contract.model_copy(
+            update={"limits": contract.limits.model_copy(update=CONTRACT_LIMITS)})
+    return contract
+
+
+def play(policy: TorchPolicyClient, task_seed: int, episode_seed: int, temperature: float,
+         version: int, group: str, training: bool = False) -> StoredTrajectory:
+    """One frozen_lake episode as the learner would read it from the database."""
+    contract = lake_contract()
+    limits = contract.limits
+    if training:
+        limits = episode_limits(limits, RUN_LIMITS["max_turns"], RUN_LIMITS["max_new_tokens"])
     env = make_environment(contract)
     try:
         record = run_episode(env, policy, seed=episode_seed, task_seed=task_seed,
-                             limits=contract.limits, context_rule=contract.context,
+                             limits=limits, context_rule=contract.context,
                              temperature=temperature)
     finally:
         env.close()
@@ -75,13 +98,13 @@ def play(policy: TorchPolicyClient, task_seed: int, episode_seed: int, temperatu
 
 
 def rollout(policy: TorchPolicyClient, maps: list[int], group_size: int, temperature: float,
-            version: int, rng: random.Random) -> list[StoredTrajectory]:
+            version: int, rng: random.Random, training: bool = False) -> list[StoredTrajectory]:
     """`group_size` episodes on each map, sampled with fresh episode seeds."""
     out = []
     for task_seed in maps:
         group = uuid.uuid4().hex
-        out += [play(policy, task_seed, rng.randrange(2**31), temperature, version, group)
-                for _ in range(group_size)]
+        out += [play(policy, task_seed, rng.randrange(2**31), temperature, version, group,
+                     training) for _ in range(group_size)]
     return out
 
 
@@ -113,7 +136,7 @@ def train(config: RunConfig, base: CheckpointRef, artifacts: Path,
         maps = [train_maps[((k - 1) * groups + g) % len(train_maps)] for g in range(groups)]
         policy = TorchPolicyClient(sampler.path, device="cpu")
         batch = rollout(policy, maps, rollout_cfg.group_size, rollout_cfg.temperature,
-                        max(k - 2, 0), rng)
+                        max(k - 2, 0), rng, training=True)
         curve.append(statistics.fmean(t.total_reward for t in batch))
         wins.append(statistics.fmean(bool(t.success) for t in batch))
         outcome = train_iteration(
@@ -176,16 +199,29 @@ def main(argv: list[str] | None = None) -> int:
                              " differ from the training maps)")
     parser.add_argument("--size", type=int, help="lake size (default: the contract's)")
     parser.add_argument("--holes", type=int, help="holes per map (default: the contract's)")
+    parser.add_argument("--layout", choices=["random", "corners"],
+                        help="where start and goal are (default: the contract's)")
+    parser.add_argument("--max-tokens-per-turn", type=int,
+                        help="the contract's limits.max_tokens_per_turn, for training and"
+                             " held-out scoring (default: the contract's)")
+    parser.add_argument("--run", type=Path, default=EXAMPLE_RUN,
+                        help="the run config to measure (default: the README's example)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
-    LAKE.update({k: v for k, v in (("size", args.size), ("holes", args.holes)) if v})
-    torch.set_num_threads(1)
+    LAKE.update({k: v for k, v in (("size", args.size), ("holes", args.holes),
+                                   ("layout", args.layout)) if v is not None})
+    if args.max_tokens_per_turn is not None:
+        CONTRACT_LIMITS["max_tokens_per_turn"] = args.max_tokens_per_turn
+    torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    data = apply_overrides(yaml.safe_load(EXAMPLE_RUN.read_text()), args.overrides)
+    data = apply_overrides(yaml.safe_load(args.run.read_text()), args.overrides)
     data.update({"name": "spread", "model": {"base": "tiny"},
                  "rollout": {**data.get("rollout", {}), "task_ids": ["frozen_lake"]}})
     config = RunConfig.model_validate(data)
+    RUN_LIMITS.update(max_turns=config.rollout.max_turns,
+                      max_new_tokens=config.rollout.max_new_tokens)
     results = []
     for seed in args.seeds:
         result = one_seed(config, seed, args.eval_episodes, tuple(args.train_maps),
@@ -200,13 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"mean_gain": statistics.fmean(gains),
                "stdev_gain": statistics.stdev(gains) if len(gains) > 1 else 0.0,
                "min_gain": min(gains), "positive": sum(g > 0 for g in gains),
-               "seeds": len(gains)}
+               "seeds": len(gains),
+               "success_gains": [round(r["success_gain"], 3) for r in results],
+               "success_positive": sum(r["success_gain"] > 0 for r in results)}
     if args.json:
         print(json.dumps({"results": results, "summary": summary}, indent=2))
     else:
         print(f"gain mean {summary['mean_gain']:+.3f}, stdev {summary['stdev_gain']:.3f},"
               f" min {summary['min_gain']:+.3f}, positive in {summary['positive']} of"
-              f" {summary['seeds']} seeds")
+              f" {summary['seeds']} seeds; success gains {summary['success_gains']},"
+              f" positive in {summary['success_positive']}")
     return 0
 
 

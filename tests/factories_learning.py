@@ -45,11 +45,30 @@ def make_user(engine: Engine, roles: Sequence[str] = ("ml_engineer",)) -> str:
     return name
 
 
-def frozen_lake_tasks(engine: Engine, seeds: Sequence[int], status: str = "admitted"
-                      ) -> list[str]:
-    """Tasks on the built-in frozen_lake contract, one per seed."""
+def frozen_lake_variant(engine: Engine, limits: dict[str, int] | None = None,
+                        **initial_state: Any) -> str:
+    """The shipped frozen_lake contract with ``initial_state`` overrides (e.g. ``layout=
+    "corners"``) and ``limits`` overrides, registered as a version of frozen_lake; returns
+    its id."""
+    import yaml
+
+    from execution_loop.environments.registry import CONTRACTS_DIR, builtin_contract_path
+    from tests.factories_execution import register_contract
+
+    data = yaml.safe_load(builtin_contract_path("frozen_lake").read_text(encoding="utf-8"))
+    data["initial_state"] = {**data["initial_state"], **initial_state}
+    data["limits"] = {**data["limits"], **(limits or {})}
+    return register_contract(engine, yaml.safe_dump(data, sort_keys=False),
+                             base_dir=CONTRACTS_DIR)
+
+
+def frozen_lake_tasks(engine: Engine, seeds: Sequence[int], status: str = "admitted",
+                      version: str | None = None) -> list[str]:
+    """Tasks on the built-in frozen_lake contract (or on ``version``), one per seed."""
     from tests.factories_execution import make_task_on, register_builtin
 
+    if version is not None:
+        return [make_task_on(engine, version, seed, status) for seed in seeds]
     if status == "admitted":
         return [make_builtin_task(engine, "frozen_lake", seed) for seed in seeds]
     version = register_builtin(engine, "frozen_lake")

@@ -3,7 +3,11 @@
 The agent (``P``) must reach the goal (``G``) on a small frozen lake without stepping
 into a hole (``O``); ``.`` is safe ice. Each turn the model writes one move: ``L``,
 ``R``, ``U`` or ``D`` (``left``/``right``/``up``/``down`` and any case are accepted).
-The map comes from the seed and is always solvable. Reaching the goal ends the episode
+The map comes from the seed and is always solvable. ``initial_state.layout`` says where
+start and goal are: ``random`` (the default) draws both from the seed, at least ``size - 1``
+apart; ``corners`` puts the start top-left and the goal bottom-right, as in Gymnasium's
+FrozenLake, so only the holes vary with the seed and a policy can learn the way from its
+own position. Reaching the goal ends the episode
 with success; falling into a hole (shown as ``X``) ends it with failure.
 
 The observation is only the grid, e.g. ``P..O\\n.O..\\n....\\nO..G``, so a tiny
@@ -48,8 +52,9 @@ CAPABILITIES = TaskCapabilities(
     success_criteria=frozenset({"goal_reached"}),
     outcome_terms=frozenset({"success", "failure", "progress"}),
     process_terms=frozenset({"valid_action", "invalid_action"}),
-    initial_state={"size": (int,), "holes": (int,)},
+    initial_state={"size": (int,), "holes": (int,), "layout": (str,)},
 )
+LAYOUTS = ("random", "corners")  # where start and goal are; "random" is the default
 
 
 @dataclass(frozen=True)
@@ -94,17 +99,27 @@ def shortest_path(lake: LakeMap) -> list[str] | None:
     return None
 
 
-def generate_map(seed: int, size: int = 4, holes: int = 3) -> LakeMap:
-    """A solvable map from the seed; start and goal at least ``size - 1`` apart."""
+def generate_map(seed: int, size: int = 4, holes: int = 3, layout: str = "random") -> LakeMap:
+    """A solvable map from the seed. ``random``: start and goal drawn, at least ``size - 1``
+    apart; ``corners``: start (0, 0), goal (size-1, size-1), only the holes drawn."""
     if size < 2 or not 0 <= holes <= size * size - 2:
         raise ValueError(
             f"frozen_lake needs size >= 2 and 0 <= holes <= size^2-2, "
             f"got size={size}, holes={holes}"
         )
-    rng = random.Random(f"frozen_lake/{size}/{holes}/{seed}")  # str seeds are stable
+    if layout not in LAYOUTS:
+        raise ValueError(f"frozen_lake layout must be one of {', '.join(LAYOUTS)}, "
+                         f"got {layout!r}")
+    # str seeds are stable; the random layout keeps its original seed string, so its maps
+    # are the same as before layouts existed.
+    name = f"{size}/{holes}/{seed}" if layout == "random" else f"{size}/{holes}/{layout}/{seed}"
+    rng = random.Random(f"frozen_lake/{name}")
     cells = [(r, c) for r in range(size) for c in range(size)]
     for _ in range(1000):
-        start, goal = rng.sample(cells, 2)
+        if layout == "corners":
+            start, goal = (0, 0), (size - 1, size - 1)
+        else:
+            start, goal = rng.sample(cells, 2)
         if _distance(start, goal) < size - 1:
             continue
         free = [c for c in cells if c not in (start, goal)]
@@ -168,6 +183,10 @@ class FrozenLake:
         self._sandbox = sandbox  # used only to run the verifier
         self._size = int(contract.initial_state.get("size", 4))
         self._holes = int(contract.initial_state.get("holes", 3))
+        self._layout = str(contract.initial_state.get("layout", "random"))
+        if self._layout not in LAYOUTS:
+            raise ValueError(f"frozen_lake layout must be one of {', '.join(LAYOUTS)}, "
+                             f"got {self._layout!r}")
         self._allowed = frozenset(contract.allowed_actions)
         self._episode: _Episode | None = None
         self._seed = 0
@@ -177,7 +196,7 @@ class FrozenLake:
 
     def reset(self, seed: int) -> str:
         """Start an episode on the seed's map; returns the grid."""
-        lake = generate_map(seed, self._size, self._holes)
+        lake = generate_map(seed, self._size, self._holes, self._layout)
         self._episode = _Episode(lake=lake, at=lake.start)
         self._seed, self._actions, self._done = seed, [], False
         self._deadline = time.monotonic() + self.contract.limits.wall_time_s
@@ -215,6 +234,7 @@ class FrozenLake:
             "seed": self._seed,
             "size": self._size,
             "holes": self._holes,
+            "layout": self._layout,
             "allowed_actions": sorted(self._allowed),
             "max_turns": self.contract.limits.max_turns,
             "actions": self._actions,
@@ -250,7 +270,8 @@ class FrozenLake:
 
 def verify(payload: dict[str, Any]) -> Outcome:
     """Replay the raw actions on the regenerated map and score them per the contract."""
-    lake = generate_map(int(payload["seed"]), int(payload["size"]), int(payload["holes"]))
+    lake = generate_map(int(payload["seed"]), int(payload["size"]), int(payload["holes"]),
+                        str(payload.get("layout", "random")))
     episode = _Episode(lake=lake, at=lake.start)
     allowed = frozenset(payload["allowed_actions"])
     for action in payload["actions"][: int(payload["max_turns"])]:
@@ -281,7 +302,8 @@ def reference_solution(seed: int, contract: EnvironmentContract) -> list[str]:
     """The shortest safe path as move tokens (``R``, ``D``, ...)."""
     size = int(contract.initial_state.get("size", 4))
     holes = int(contract.initial_state.get("holes", 3))
-    path = shortest_path(generate_map(seed, size, holes))
+    layout = str(contract.initial_state.get("layout", "random"))
+    path = shortest_path(generate_map(seed, size, holes, layout))
     if path is None:  # generate_map only returns solvable maps
         raise ValueError(f"seed {seed} has no path")
     return [TOKENS[move] for move in path]

@@ -296,3 +296,11 @@ def test_cli_validate_refuses_an_escaping_fixture_and_a_symlink(folder: Path) ->
     result = CliRunner().invoke(env_app, ["validate", str(path)])
     assert result.exit_code == 1 and "holds a symbolic link, repo/passwd -> /etc/passwd" in (
         result.output)
+
+
+def test_frozen_lake_takes_a_layout_name_and_nothing_else(folder: Path) -> None:
+    shipped = registry.builtin_contract_path("frozen_lake").read_text(encoding="utf-8")
+    corners = shipped.replace("  holes: 3\n", "  holes: 3\n  layout: corners\n")
+    assert "layout: corners" in corners and problems_of(corners, folder) == {}
+    found = problems_of(shipped.replace("  holes: 3\n", "  holes: 3\n  layout: 2\n"), folder)
+    assert found == {"initial_state.layout": "expected str, got 2"}

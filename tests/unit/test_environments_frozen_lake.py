@@ -175,3 +175,58 @@ def test_disallowed_moves_are_invalid(contract: EnvironmentContract) -> None:
 def test_step_before_reset_is_refused(env: FrozenLake) -> None:
     with pytest.raises(EnvironmentStateError, match="reset"):
         env.step("R")
+
+
+# Grids of the random layout before layouts existed (main at 74c2a41): the default must not
+# move a single map, or every stored task and verdict on frozen_lake would change meaning.
+_RANDOM_LAYOUT_GRIDS = {
+    0: "P..G\n.O..\n..O.\nO...",
+    1: "..O.\nOP..\n...G\n.O..",
+    2: ".GOO\n....\n...O\n..P.",
+    21: "P..O\n....\n....\nOO.G",
+}
+
+
+def test_the_default_random_layout_keeps_its_maps() -> None:
+    for seed, grid in _RANDOM_LAYOUT_GRIDS.items():
+        lake = generate_map(seed, 4, 3)
+        assert render(lake, lake.start) == grid
+        assert generate_map(seed, 4, 3, "random") == lake
+
+
+def test_corners_layout_starts_top_left_and_ends_bottom_right() -> None:
+    for size, holes in ((3, 1), (3, 2), (4, 3), (5, 6)):
+        maps = [generate_map(seed, size, holes, "corners") for seed in range(100)]
+        for lake in maps:
+            assert lake.start == (0, 0) and lake.goal == (size - 1, size - 1)
+            assert len(lake.holes) == holes and not {lake.start, lake.goal} & lake.holes
+            assert shortest_path(lake) is not None  # still always solvable
+        # Only the holes come from the seed, and seeds still give different maps.
+        assert len(set(maps)) > (5 if size == 3 else 50)
+    assert generate_map(7, 4, 3, "corners") == generate_map(7, 4, 3, "corners")
+
+
+def test_an_unknown_layout_is_refused(contract: EnvironmentContract) -> None:
+    with pytest.raises(ValueError, match="layout must be one of random, corners"):
+        generate_map(0, 4, 3, "spiral")
+    bad = contract.model_copy(update={"initial_state": {**contract.initial_state,
+                                                         "layout": "spiral"}})
+    with pytest.raises(ValueError, match="layout"):
+        FrozenLake(bad)
+
+
+def test_corners_layout_runs_and_verifies_through_the_contract(
+    contract: EnvironmentContract,
+) -> None:
+    corners = contract.model_copy(update={"initial_state": {**contract.initial_state,
+                                                             "layout": "corners"}})
+    env = FrozenLake(corners)
+    for seed in (21, 22, 23):
+        grid = env.reset(seed)
+        assert grid.startswith("P") and grid.endswith("G")
+        for move in reference_solution("frozen_lake", seed, corners):
+            result = env.step(move)
+        assert result.done and result.feedback["goal_reached"]
+        assert env.verifier_request().payload["layout"] == "corners"
+        outcome = env.outcome()  # the verifier regenerates the corners map, not a random one
+        assert outcome.success and outcome.details["reason"] == "goal_reached"
