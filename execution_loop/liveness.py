@@ -43,6 +43,16 @@ HEARTBEAT_MIN_INTERVAL_S = 0.1
 CANCELLED = "episode stopped: its batch was cancelled, its deadline passed, or its group stalled"
 
 
+def _activity_cancelled() -> bool:
+    try:
+        return activity.is_cancelled()
+    except RuntimeError:
+        # A thread outside the activity's context: the model gateway's server answering a
+        # black-box agent. Its turns stop through stop(), which the heartbeat pump and the
+        # group runner call when the activity is cancelled.
+        return False
+
+
 @dataclass
 class _Running:
     stage: str
@@ -68,7 +78,7 @@ class EpisodeLiveness:
 
     def should_stop(self) -> bool:
         """Whether the episodes should stop: the activity gave up, or was cancelled."""
-        return self._stopped.is_set() or activity.is_cancelled()
+        return self._stopped.is_set() or _activity_cancelled()
 
     def started(self, episode_id: str) -> None:
         """An episode began playing (in its thread)."""
@@ -154,6 +164,8 @@ def heartbeat_pump(liveness: EpisodeLiveness) -> Iterator[None]:
 
     def pump() -> None:
         while not stop.wait(interval):
+            if context.run(activity.is_cancelled):
+                liveness.stop()  # reaches turns played outside the activity's context too
             report = liveness.due()
             if report is not None:
                 context.run(activity.heartbeat, report.steps, report)

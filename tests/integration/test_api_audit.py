@@ -51,6 +51,21 @@ async def test_filters_by_action_kind_and_decision(
                          for e in items)
 
 
+async def test_a_time_filter_that_is_a_number_is_a_422_naming_it(
+    api: httpx.AsyncClient, people: dict[str, Person]
+) -> None:
+    # pydantic would read -3589121 as a Unix timestamp and answer 200 (schemathesis found it).
+    for path in ("/api/audit/events", "/api/audit/access"):
+        for name in ("since", "until"):
+            response = await api.get(path, params={name: "-3589121"},
+                                     headers=people["auditor"].headers)
+            assert response.status_code == 422, (path, name, response.text)
+            assert name in response.text and "ISO 8601" in response.text
+    fine = await api.get("/api/audit/access", params={"until": "2026-12-01T00:00:00Z"},
+                         headers=people["auditor"].headers)
+    assert fine.status_code == 200
+
+
 async def test_verify_reports_an_intact_chain_then_a_tampered_row(
     api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine
 ) -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
+from pydantic import BeforeValidator
 
 from web import actions
 from web.api.common import Short
@@ -44,8 +46,21 @@ class ExportFormat(StrEnum):
     json = "json"
 
 
-Since = Annotated[datetime | None, Query(description="events at or after (ISO 8601)")]
-Until = Annotated[datetime | None, Query(description="events before (ISO 8601)")]
+_NUMBER = re.compile(r"^\s*[+-]?\d+(\.\d*)?\s*$")
+
+
+def _iso_8601_only(value: object) -> object:
+    # pydantic reads a bare number as a Unix timestamp; the API documents ISO 8601, so a
+    # number is a wrong type (422 like the other filters), not a time in 1969.
+    if isinstance(value, str) and _NUMBER.match(value):
+        raise ValueError("a time in ISO 8601 (e.g. 2026-12-01T00:00:00Z), not a number")
+    return value
+
+
+Since = Annotated[datetime | None, BeforeValidator(_iso_8601_only),
+                  Query(description="events at or after (ISO 8601)")]
+Until = Annotated[datetime | None, BeforeValidator(_iso_8601_only),
+                  Query(description="events before (ISO 8601)")]
 
 
 def _where(action: str | None, actor: str | None, kind: str | None,
