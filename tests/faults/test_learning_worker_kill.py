@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,17 +38,11 @@ from tests.factories_learning import (
 )
 from triloop.config import Settings
 from triloop.devstack.servers import repo_root
-from triloop.temporal import connect
 from triloop.workflow_api import RunStatus
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
+pytest_plugins = ["tests.factories_learning_fixtures"]
 ITERATIONS = 3
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test", service="web", loop="learning")
 
 
 class WorkerProcess:

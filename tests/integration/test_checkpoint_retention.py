@@ -9,7 +9,7 @@ pruned weights gets an error naming the rule.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +42,10 @@ from tests.factories_learning import make_run as make_configured_run
 from triloop.config import ServiceName, Settings
 from triloop.retention import CheckpointPruned
 from triloop.run_config import run_config_from_data
-from triloop.temporal import connect
 from triloop.wiring import build_authorizer
 
 pytestmark = pytest.mark.integration
+pytest_plugins = ["tests.factories_learning_fixtures"]
 
 RoleEngine = Callable[[ServiceName], Engine]
 
@@ -257,12 +257,6 @@ def test_pruning_deletes_files_after_the_mark(
     base_uri = rows(owner_engine, "SELECT artifact_uri FROM checkpoint WHERE id = :i",
                     i=base)[0]["artifact_uri"]
     assert Path(base_uri.removeprefix("file://")).is_dir()
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test", service="web", loop="learning")
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ ranks, rank 0 saves the checkpoint once, and the iteration is stored as any othe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,10 +25,10 @@ from tests.factories_learning import (
     start_run,
 )
 from triloop.config import Settings
-from triloop.temporal import connect
 from triloop.workflow_api import RunStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytest_plugins = ["tests.factories_learning_fixtures"]
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +39,6 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.set_num_threads(1)
     return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    yield await connect(settings, identity="web-test", service="web", loop="learning")
 
 
 async def test_a_run_updates_with_two_ranks(

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,7 @@ from tests.factories_learning import (
     start_run,
 )
 from triloop.config import Settings
-from triloop.temporal import connect, in_namespace
+from triloop.temporal import in_namespace
 from triloop.workflow_api import (
     EXECUTION_QUEUE,
     ROLLOUT_WORKFLOW,
@@ -68,6 +67,7 @@ from triloop.workflow_api import (
 
 pytestmark = [pytest.mark.learning, pytest.mark.slow, pytest.mark.integration,
               pytest.mark.timeout(3600)]  # a hang guard only: five runs on 2 loaded cores
+pytest_plugins = ["tests.factories_learning_fixtures"]
 EXAMPLE_RUN = (Path(__file__).resolve().parents[2] / "examples"
                / "tiny-frozen-lake-corners.run.yaml")
 RUN_SEEDS = (0, 1, 2, 3, 4)
@@ -121,12 +121,6 @@ class SeedOutcome:
     reward_gain: float  # held-out mean reward, after less before (reported, not asserted)
     rewards_by_iteration: list[float]
     successes_by_iteration: list[float]
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test", service="web", loop="learning")
 
 
 def example_config(base: Path, tasks: list[str], seed: int) -> dict[str, Any]:

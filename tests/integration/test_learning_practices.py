@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,18 +30,12 @@ from tests.factories_learning import (
     start_run,
 )
 from triloop.config import ServiceName, Settings
-from triloop.temporal import connect
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import RunStatus
 from web.data.runs import run_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test", service="web", loop="learning")
+pytest_plugins = ["tests.factories_learning_fixtures"]
 
 
 async def test_a_multi_task_run_records_per_task_and_environment_reward_and_drop_rate(

@@ -9,7 +9,6 @@ Real Temporal, PostgreSQL and OPA, as every run test.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,16 +26,11 @@ from tests.factories_learning import (
     start_run,
 )
 from triloop.config import Settings
-from triloop.temporal import connect
 from triloop.weights import adapter_base_id, checkpoint_digest, is_adapter_dir
 from triloop.workflow_api import RunStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    yield await connect(settings, identity="web-test", service="web", loop="learning")
+pytest_plugins = ["tests.factories_learning_fixtures"]
 
 
 async def test_a_lora_run_saves_adapter_checkpoints_on_its_base(

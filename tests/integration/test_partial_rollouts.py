@@ -11,7 +11,6 @@ trains without it, iteration 3 trains its finished episodes, never the cut rows.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +32,10 @@ from tests.factories_learning import (
     start_run,
 )
 from triloop.config import Settings
-from triloop.temporal import connect
 from triloop.workflow_api import RunStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytest_plugins = ["tests.factories_learning_fixtures"]
 # Each step's action tokens, sliced out of its trajectory's one token sequence (arrays
 # are 1-based in SQL; the offsets are 0-based, end exclusive).
 ACTIONS = ("SELECT s.index, s.policy_version, q.token_ids[s.action_start + 1:s.action_end]"
@@ -53,12 +52,6 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.set_num_threads(1)
     return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test", service="web", loop="learning")
 
 
 def safe_first_move_seed(start: int) -> int:

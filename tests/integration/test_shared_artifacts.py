@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,16 +27,10 @@ from tests.factories_learning import (
 )
 from triloop.artifacts import LocalArtifactStore, manifest_digest_of, materialize
 from triloop.config import Settings
-from triloop.temporal import connect
 from triloop.weights import safetensors_digest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test", service="web", loop="learning")
+pytest_plugins = ["tests.factories_learning_fixtures"]
 
 
 async def test_checkpoints_travel_through_the_shared_store(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from tests.factories_learning import (
 )
 from triloop.config import ServiceName, Settings
 from triloop.policy import Actor, PolicyDenied, Resource
-from triloop.temporal import DATA_CONVERTER, connect, in_namespace
+from triloop.temporal import DATA_CONVERTER, in_namespace
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import (
     RUN_CANCEL_SIGNAL,
@@ -47,18 +47,13 @@ from triloop.workflow_api import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytest_plugins = ["tests.factories_learning_fixtures"]
 
 
 @pytest.fixture
 def own_settings(settings: Settings) -> Settings:
     """Settings with this test's own task queues."""
     return queue_settings(settings)
-
-
-@pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    """A Temporal client standing in for the web service."""
-    yield await connect(settings, identity="web-test", service="web", loop="learning")
 
 
 async def status_of(handle: Any) -> RunStatus:
