@@ -70,6 +70,14 @@ class TaskStatus(Word):
     rejected = "rejected"
 
 
+class TaskSplit(Word):
+    """Which use a task of a task set is for; a digest is in one split only (0026)."""
+
+    train = "train"
+    eval = "eval"
+    traffic = "traffic"
+
+
 class GrantStatus(Word):
     """A request for a privileged role."""
 

@@ -2,7 +2,13 @@
 
 from triloop.models.audit import AccessEvent, AuditEvent
 from triloop.models.decisions import DecisionKind, DecisionUse, HumanDecisionRow
-from triloop.models.environments import Environment, EnvironmentVersion, Task
+from triloop.models.environments import (
+    Environment,
+    EnvironmentVersion,
+    Task,
+    TaskSet,
+    TaskSetMember,
+)
 from triloop.models.evaluation import EvalItem, EvalSet, Threshold
 from triloop.models.governance import (
     Approval,
@@ -47,6 +53,8 @@ __all__ = [
     "WorkflowInterruption",
     "Step",
     "Task",
+    "TaskSet",
+    "TaskSetMember",
     "Threshold",
     "TrainingRun",
     "TrainingStep",
