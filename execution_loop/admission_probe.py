@@ -29,7 +29,7 @@ from typing import Any
 from temporalio import activity
 
 from execution_loop.contracts import PROBE_ADMISSION
-from execution_loop.environments.base import reset_task
+from execution_loop.environments.base import EnvironmentUnavailable, reset_task
 from execution_loop.reward_hacks import probe_reward_hacks
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits, SandboxResult
 from execution_loop.serving import OpenedTask, TaskEnvironments
@@ -120,7 +120,23 @@ class AdmissionProbe:
         evidence.verifier_hash = verifier_hash(references)
         activity.heartbeat("reward hacks")
         evidence.reward_hacks = probe_reward_hacks(task.open, task.seed, item=task.item)
+        self._describe(task, evidence)
         return evidence
+
+    def _describe(self, task: OpenedTask, evidence: AdmissionProbeEvidence) -> None:
+        """The task's content digest and tags (governance records them with the evidence)."""
+        from execution_loop.environments.registry import describe_task
+
+        try:
+            content = describe_task(task.contract, task.seed, task.item, factory=task.factory)
+        except EnvironmentUnavailable:
+            raise
+        except Exception as error:  # the probe's other answers still stand; say why not
+            evidence.notes.append(f"the task could not be described: "
+                                  f"{type(error).__name__}: {error}"[:500])
+            return
+        evidence.content_digest = content.digest
+        evidence.tags = {str(k): str(v) for k, v in content.tags.items()}
 
     def _resets(
         self, task: OpenedTask, actions: list[str], count: int, evidence: AdmissionProbeEvidence

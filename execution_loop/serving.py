@@ -349,6 +349,17 @@ class TaskEnvironments:
                 self._tasks[task_id] = opened
         return opened
 
+    def version_contract(self, version_id: str) -> tuple[EnvironmentContract,
+                                                          EnvironmentFactory]:
+        """A registered version's contract and its environment factory (describing tasks
+        that have no row yet)."""
+        with Session(self._engine) as session:
+            version = session.get(EnvironmentVersion, version_id)
+        if version is None:
+            raise LookupError(f"environment version {version_id!r} does not exist")
+        contract = self._parse(version)
+        return contract, self._factory(contract)
+
     def _factory(self, contract: EnvironmentContract) -> EnvironmentFactory:
         """A served contract opens the protocol's client; any other, its named environment."""
         if contract.service is not None:

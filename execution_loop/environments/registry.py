@@ -222,8 +222,15 @@ def describe_task(
     contract: EnvironmentContract, seed: int, item: Mapping[str, Any] | None = None,
     *, factory: EnvironmentFactory | None = None,
 ) -> TaskContent:
-    """What a task is: its environment's ``describe``, or ``default_describe``."""
-    entry = None if contract.service is not None else _builtin(contract.task)
+    """What a task is: its environment's ``describe``, or ``default_describe`` (also for an
+    environment the registry does not know, when ``factory`` builds it)."""
+    entry = None
+    if contract.service is None:
+        try:
+            entry = _builtin(contract.task)
+        except UnknownEnvironmentError:
+            if factory is None:
+                raise
     if entry is not None and entry.describe is not None:
         return entry.describe(seed, item, contract)
     build = factory or (served_environment if contract.service is not None

@@ -115,5 +115,6 @@ def reference_solution(
     seed: int, contract: EnvironmentContract, item: Mapping[str, Any] | None = None
 ) -> list[str]:
     """The right answer, for admission's repeatability check."""
+    refuse_item("letter_count", item)
     _, _, count = puzzle(seed, int(contract.initial_state.get("word_length", 8)))
     return [f"answer: {count}"]
