@@ -180,7 +180,8 @@ def add_task(
         if version.retired_at is not None:
             raise store.StoreError(f"environment version {version.id} is retired: no new tasks")
         existing = session.exec(
-            select(Task).where(Task.environment_version_id == version.id, Task.seed == seed)
+            select(Task).where(Task.environment_version_id == version.id, Task.seed == seed,
+                               Task.item.is_(None))  # type: ignore[union-attr]
         ).first()
         if existing is not None:
             return existing.id
