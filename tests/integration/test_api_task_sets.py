@@ -22,9 +22,8 @@ import httpx
 import pytest
 import pytest_asyncio
 from sqlalchemy import Engine, text
-from temporalio import workflow
 from temporalio.client import Client
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Worker
 
 from execution_loop.serving import TaskEnvironments
 from execution_loop.task_description import TaskDescriber
@@ -36,46 +35,27 @@ from tests.temporal_helpers import execution_nexus, loop_client, provision_endpo
 from triloop.artifact_backends import open_store
 from triloop.config import Settings
 from triloop.db import role_engine as open_role_engine
-from triloop.temporal import connect
+from triloop.temporal import DATA_CONVERTER, connect
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import (
     EXECUTION_QUEUE,
     GOVERNANCE_QUEUE,
     TASK_SET_ADMISSION_WORKFLOW,
     TaskSetAdmissionInput,
+    task_set_admission_workflow_id,
 )
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["tests.factories_web_fixtures"]
 
-ADMISSIONS_STARTED: list[str] = []
-
-
-@workflow.defn(name=TASK_SET_ADMISSION_WORKFLOW)
-class AdmissionStandIn:
-    """Stands in for the set's admission: notes the set it was started for, and ends."""
-
-    @workflow.run
-    async def run(self, request: TaskSetAdmissionInput) -> str:
-        ADMISSIONS_STARTED.append(request.task_set_id)
-        return request.task_set_id
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def loops(web_settings: Settings, role_engine: Any) -> AsyncIterator[Client]:
-    """Governance's real worker, execution's real describe_tasks behind its Nexus handler,
-    and the admission stand-in, all on the web tests' queues."""
+    """Governance's real worker and execution's real describe_tasks behind its Nexus
+    handler, on the web tests' queues."""
     provision_endpoints(web_settings)
     client = await connect(web_settings, identity="test-governance-worker", service="governance")
     governance = build_worker(client, web_settings, engine=role_engine("governance"),
                               authorizer=build_authorizer(web_settings, "governance"))
-    # On governance's queue, where the registration starts the admission; the real worker
-    # (which has no such workflow yet) hands any task of it back, and this one takes it.
-    standin = await connect(web_settings, identity="test-admission-stand-in",
-                            service="governance")
-    admission = Worker(standin, task_queue=web_settings.task_queue(GOVERNANCE_QUEUE),
-                       workflows=[AdmissionStandIn],
-                       workflow_runner=UnsandboxedWorkflowRunner())
     execution = await loop_client(web_settings, "execution", "execution-describer")
     describer = TaskDescriber(
         environments=TaskEnvironments(engine=open_role_engine(web_settings, "execution")),
@@ -84,7 +64,7 @@ async def loops(web_settings: Settings, role_engine: Any) -> AsyncIterator[Clien
                        workflows=[DescribeTasksWorkflow], activities=[describer.describe_tasks],
                        activity_executor=ThreadPoolExecutor(2),
                        nexus_service_handlers=[execution_nexus(web_settings)])
-    async with governance, admission, described:
+    async with governance, described:
         yield client
 
 
@@ -126,18 +106,22 @@ def _jsonl(rows: list[dict[str, Any]], name: str = "items.jsonl") -> dict[str, s
     return {"filename": name, "content_base64": base64.b64encode(data).decode()}
 
 
-async def _wait_for_admission(task_set_id: str) -> None:
-    for _ in range(100):
-        if task_set_id in ADMISSIONS_STARTED:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"no admission was started for task set {task_set_id}")
+async def _admission_started(client: Client, task_set_id: str) -> None:
+    """The set's admission was started, under its id, with the set's id, on governance's
+    queue (the workflow itself is another part's; here only its start is checked)."""
+    handle = client.get_workflow_handle(task_set_admission_workflow_id(task_set_id))
+    described = await handle.describe()
+    assert described.workflow_type == TASK_SET_ADMISSION_WORKFLOW
+    assert described.task_queue.endswith(GOVERNANCE_QUEUE)
+    history = await handle.fetch_history()
+    started = history.events[0].workflow_execution_started_event_attributes
+    (payload,) = await DATA_CONVERTER.decode(started.input.payloads, [TaskSetAdmissionInput])
+    assert payload == TaskSetAdmissionInput(task_set_id=task_set_id)
 
 
 async def test_an_operator_registers_seeds_split_by_list_and_its_admission_starts(
     api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine, loops: Client,
 ) -> None:
-    del loops
     version, name = _frozen_lake(owner_engine), uid("lakes-")
     body = {"name": name, "environment": version, "seeds": [1, 2, 3, 4, 5],
             "split": {"by": "list", "eval": [3], "traffic": [4]},
@@ -147,7 +131,7 @@ async def test_an_operator_registers_seeds_split_by_list_and_its_admission_start
     stored = response.json()
     assert stored["version"] == 1 and stored["created"] is True and stored["new_tasks"] == 5
     assert stored["splits"] == {"train": 3, "eval": 1, "traffic": 1}
-    await _wait_for_admission(stored["task_set_id"])
+    await _admission_started(loops, stored["task_set_id"])
     with owner_engine.connect() as conn:
         rows = conn.execute(text(
             "SELECT m.ordinal, m.split, t.seed, t.content_digest, t.tags, t.status "
@@ -289,3 +273,56 @@ def test_a_parquet_dataset_reads_as_its_rows() -> None:
     pq.write_table(pa.table({"question": ["1+1", "2+2"], "answer": [2, 4]}), buffer)
     assert dataset_rows(buffer.getvalue(), "parquet") == [
         {"question": "1+1", "answer": 2}, {"question": "2+2", "answer": 4}]
+
+
+@pytest.fixture
+def governance_cli(monkeypatch: pytest.MonkeyPatch, web_app: Any) -> Any:
+    """``triloop governance``, its API calls answered by the test app in-process."""
+    from fastapi.testclient import TestClient
+
+    from governance_loop.cli import governance_app
+
+    client = TestClient(web_app)
+
+    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+        kwargs.pop("timeout", None)
+        return client.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
+
+    monkeypatch.setattr(httpx, "request", request)
+    return governance_app
+
+
+async def test_task_set_register_list_and_show_on_the_command_line(
+    governance_cli: Any, people: dict[str, Person], owner_engine: Engine, loops: Client,
+    tmp_path: Any,
+) -> None:
+    from typer.testing import CliRunner
+
+    del loops
+    version, name = _frozen_lake(owner_engine), uid("lakes-")
+    runner = CliRunner()
+
+    def run(*args: str) -> Any:
+        return runner.invoke(governance_cli, ["task-set", *args])
+
+    register = ["register", "--environment", version, "--name", name, "--seeds", "1-3,9",
+                "--split", '{"by": "list", "eval": [3]}', "--tag", "domain=navigation"]
+    made = await asyncio.to_thread(run, *register, "--token", people["operator"].token)
+    assert made.exit_code == 0, made.output
+    assert f"registered: {name} v1 " in made.output and "eval 1, train 3" in made.output
+    denied = await asyncio.to_thread(run, *register, "--token", people["engineer"].token)
+    assert denied.exit_code == 1 and "403" in denied.output
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"q": 1}\n"not an object"\n')
+    bad = await asyncio.to_thread(run, *register[:5], "--dataset", str(rows), "--split",
+                                  '{"by": "fraction", "train": 1}', "--token",
+                                  people["operator"].token)
+    assert bad.exit_code == 1 and "line 2: a row must be a JSON object" in bad.output
+    listed = await asyncio.to_thread(run, "list", "--name", name, "-o", "json", "--token",
+                                     people["engineer"].token)
+    assert listed.exit_code == 0, listed.output
+    (only,) = json.loads(listed.output)["items"]
+    assert only["splits"] == {"train": 3, "eval": 1} and only["tags"] == {"domain": "navigation"}
+    shown = await asyncio.to_thread(run, "show", f"{name}@1", "--token", people["engineer"].token)
+    assert shown.exit_code == 0, shown.output
+    assert "train=3 eval=1" in shown.output and "seed 9" in shown.output
