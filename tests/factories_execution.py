@@ -74,7 +74,9 @@ def register_builtin(engine: Engine, name: str) -> str:
 def make_task_on(engine: Engine, version_id: str, seed: int, status: str = "admitted") -> str:
     """A task on a version (reused if that version and seed exist); returns its id."""
     _insert_once(
-        engine, "task", "environment_version_id, seed", id=uid("task-"),
+        # the unique index of 0026: (version, seed, item), the item NULL here
+        engine, "task", "environment_version_id, seed, md5(coalesce(item::text, ''))",
+        id=uid("task-"),
         environment_version_id=version_id, seed=seed, status=status, evidence={},
     )
     with engine.connect() as conn:
