@@ -147,9 +147,9 @@ def _tasks(session: Session, version_id: str, described: Sequence[DescribedTask]
     new pending one; its digest recorded, its tags the environment's under the set's."""
     seeds = sorted({t.seed for t in described})
     existing: dict[tuple[int, str], Task] = {}
-    for task in session.exec(select(Task).where(Task.environment_version_id == version_id,
-                                                Task.seed.in_(seeds))):  # type: ignore[attr-defined]
-        existing[(task.seed, _canonical(task.item))] = task
+    for found in session.exec(select(Task).where(Task.environment_version_id == version_id,
+                                                 Task.seed.in_(seeds))):  # type: ignore[attr-defined]
+        existing[(found.seed, _canonical(found.item))] = found
     ids, new, problems = [], 0, []
     for task, item in zip(described, items, strict=True):
         tags = {**task.tags, **set_tags}
