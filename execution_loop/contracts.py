@@ -15,7 +15,12 @@ from datetime import timedelta
 from temporalio.common import RetryPolicy
 
 from triloop.activity_contract import ActivityContract
-from triloop.workflow_api import AdmissionProbeEvidence, AdmissionProbeInput
+from triloop.workflow_api import (
+    AdmissionProbeEvidence,
+    AdmissionProbeInput,
+    DescribeTasksInput,
+    DescribeTasksResult,
+)
 
 
 @dataclass
@@ -166,6 +171,13 @@ ROUTE_EPISODES = ActivityContract(
 RECORD_TRUNCATED = ActivityContract(
     "execution.record_truncated_episodes", TruncateInput, TruncateResult, QUICK_TIMEOUT,
     QUICK_RETRY, legacy_name="record_truncated_episodes")
+# Describing a task set's tasks: one describe per task (a fixture's bytes, a reset); it
+# heartbeats as it goes, so a lost worker is noticed within the heartbeat timeout.
+DESCRIBE_TIMEOUT = timedelta(hours=1)
+DESCRIBE_HEARTBEAT = timedelta(minutes=2)
+DESCRIBE_TASKS = ActivityContract(
+    "execution.describe_tasks", DescribeTasksInput, DescribeTasksResult, DESCRIBE_TIMEOUT,
+    PROBE_RETRY, heartbeat=DESCRIBE_HEARTBEAT)
 PROBE_ADMISSION = ActivityContract(
     "execution.probe_admission", AdmissionProbeInput, AdmissionProbeEvidence, PROBE_TIMEOUT,
     PROBE_RETRY, legacy_name="probe_admission")

@@ -26,7 +26,11 @@ from execution_loop.batches import (
     training_conflicts,
     vouch_for_batch,
 )
-from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
+from execution_loop.workflows import (
+    AdmissionProbeWorkflow,
+    DescribeTasksWorkflow,
+    RolloutWorkflow,
+)
 from triloop import search_attributes
 from triloop.nexus_api import ExecutionService
 from triloop.nexus_caller import NexusCallerCheck
@@ -34,15 +38,19 @@ from triloop.statuses import Purpose
 from triloop.workflow_api import (
     AdmissionProbeEvidence,
     AdmissionProbeInput,
+    DescribeTasksInput,
+    DescribeTasksResult,
     RolloutBatchInput,
     RolloutBatchResult,
+    describe_tasks_workflow_id,
     rollout_workflow_id,
 )
 
 
 @nexusrpc.handler.service_handler(service=ExecutionService)
 class ExecutionNexusHandlers:
-    """Start a rollout batch or an admission probe for a loop that may ask for it."""
+    """Start a rollout batch, an admission probe or a task description for a loop that may
+    ask for it."""
 
     def __init__(self, check: NexusCallerCheck, engine: Engine) -> None:
         self._check = check
@@ -89,3 +97,13 @@ class ExecutionNexusHandlers:
         await self._check.admit(ctx, purpose="admission", attrs={"task_id": request.task_id})
         return await ctx.start_workflow(AdmissionProbeWorkflow.run, request,
                                         id=f"admission-probe-{request.task_id}")
+
+    @nexus.workflow_run_operation
+    async def describe_tasks(
+        self, ctx: nexus.WorkflowRunOperationContext, request: DescribeTasksInput
+    ) -> nexus.WorkflowHandle[DescribeTasksResult]:
+        """Content digests and tags of a task set's tasks, for governance's registration."""
+        await self._check.admit(ctx, purpose="registration", attrs={
+            "environment_version_id": request.environment_version_id})
+        return await ctx.start_workflow(DescribeTasksWorkflow.run, request,
+                                        id=describe_tasks_workflow_id(request.request_id))

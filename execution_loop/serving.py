@@ -298,6 +298,7 @@ class OpenedTask:
     seed: int
     contract: EnvironmentContract
     factory: EnvironmentFactory
+    item: dict[str, Any] | None = None  # the dataset row or generated problem it plays
 
     def open(self, **kwargs: Any) -> Environment:
         """A fresh environment (its own working copy) for one episode."""
@@ -341,11 +342,23 @@ class TaskEnvironments:
         if version is None:
             raise LookupError(f"environment version {task.environment_version_id!r} is missing")
         contract = self._parse(version)
-        opened = OpenedTask(task.id, version.id, task.seed, contract, self._factory(contract))
+        opened = OpenedTask(task.id, version.id, task.seed, contract, self._factory(contract),
+                            item=task.item)
         if task.status == TaskStatus.admitted:
             with self._lock:
                 self._tasks[task_id] = opened
         return opened
+
+    def version_contract(self, version_id: str) -> tuple[EnvironmentContract,
+                                                          EnvironmentFactory]:
+        """A registered version's contract and its environment factory (describing tasks
+        that have no row yet)."""
+        with Session(self._engine) as session:
+            version = session.get(EnvironmentVersion, version_id)
+        if version is None:
+            raise LookupError(f"environment version {version_id!r} does not exist")
+        contract = self._parse(version)
+        return contract, self._factory(contract)
 
     def _factory(self, contract: EnvironmentContract) -> EnvironmentFactory:
         """A served contract opens the protocol's client; any other, its named environment."""

@@ -35,8 +35,9 @@ from execution_loop.serving import (
     serving_refusals,
 )
 from execution_loop.store import EXECUTION
-from execution_loop.workflows import AdmissionProbeWorkflow, RolloutWorkflow
-from triloop.artifact_backends import open_shared_store
+from execution_loop.task_description import TaskDescriber
+from execution_loop.workflows import AdmissionProbeWorkflow, DescribeTasksWorkflow, RolloutWorkflow
+from triloop.artifact_backends import open_shared_store, open_store
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.faults import read_serving_faults
@@ -87,6 +88,7 @@ def build_worker(
         episodes=episode_slots or EpisodeSlots(max_concurrent_episodes),
     )
     probe = AdmissionProbe(environments=environments)
+    describer = TaskDescriber(environments=environments, store=open_store(settings))
     # Episodes are synchronous (torch, subprocess sandboxes): one thread each.
     executor = ThreadPoolExecutor(
         max_workers=max_concurrent_episodes + 2, thread_name_prefix="episode"
@@ -94,8 +96,9 @@ def build_worker(
     return Worker(
         client,
         task_queue=settings.task_queue(EXECUTION_QUEUE),
-        workflows=[RolloutWorkflow, AdmissionProbeWorkflow],
-        activities=[*activities_of(rollout), groups.run_group, probe.probe_admission],
+        workflows=[RolloutWorkflow, AdmissionProbeWorkflow, DescribeTasksWorkflow],
+        activities=[*activities_of(rollout), groups.run_group, probe.probe_admission,
+                    describer.describe_tasks],
         nexus_service_handlers=[ExecutionNexusHandlers(
             NexusCallerCheck(settings, server=EXECUTION, authorizer=authorizer), engine)],
         activity_executor=executor,

@@ -56,9 +56,12 @@ with workflow.unsafe.imports_passed_through():
     from triloop.statuses import EpisodeStatus, Purpose
     from triloop.workflow_api import (
         ADMISSION_PROBE_WORKFLOW,
+        DESCRIBE_TASKS_WORKFLOW,
         ROLLOUT_WORKFLOW,
         AdmissionProbeEvidence,
         AdmissionProbeInput,
+        DescribeTasksInput,
+        DescribeTasksResult,
         RolloutBatchInput,
         RolloutBatchResult,
     )
@@ -372,3 +375,12 @@ class AdmissionProbeWorkflow:
     @workflow.run
     async def run(self, request: AdmissionProbeInput) -> AdmissionProbeEvidence:
         return await c.PROBE_ADMISSION.call(request)
+
+
+@workflow.defn(name=DESCRIBE_TASKS_WORKFLOW)
+class DescribeTasksWorkflow:
+    """The content digests and tags of a source's tasks, for governance, through Nexus."""
+
+    @workflow.run
+    async def run(self, request: DescribeTasksInput) -> DescribeTasksResult:
+        return await c.DESCRIBE_TASKS.call(request)

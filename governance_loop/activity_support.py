@@ -116,15 +116,16 @@ class GovernanceShell:
 
     def prove(
         self, decision_id: str, kind: DecisionKind, subject: str, *, role: str,
-        resource: Resource,
+        resource: Resource, use: bool = True,
     ) -> HumanDecision:
         """The person's recorded decision, read from the database and marked used by this
-        activity execution (committed before it acts); a refusal is audited."""
+        activity execution (committed before it acts; ``use=False``: a step before the one
+        that acts on it only reads it); a refusal is audited."""
         try:
             with session_scope(self._engine) as session:
                 return load_decision(session, decision_id=decision_id, kind=kind,
                                      subject=subject, role=role,
-                                     execution=current_execution())
+                                     execution=current_execution() if use else None)
         except DecisionRefused as exc:
             audit_refusal(self._engine, service=GOVERNANCE.service, action=f"{kind}_decision",
                           resource=resource.to_input(), decision_id=decision_id, reason=str(exc))

@@ -5,7 +5,8 @@ write asks OPA as the governance service and is audited with the operating-syste
 account that ran the command (``user@host``), which is a label, not a proven person.
 A decision that belongs to a person is not taken that way: registering an environment
 version (``env register``), creating an eval set (``eval-set create``), setting a threshold
-(``threshold set``) and admitting a task (``admit --decision``) go through the web
+(``threshold set``), registering a task set (``task-set register``) and admitting a task
+(``admit --decision``) go through the web
 API with that person's token (TRILOOP_TOKEN), where the web service authenticates them
 and records the decision that governance then reads and carries out.
 """
@@ -34,10 +35,13 @@ env_app = typer.Typer(help="Immutable environment versions.", no_args_is_help=Tr
 eval_set_app = typer.Typer(help="Frozen, versioned eval sets.", no_args_is_help=True)
 threshold_app = typer.Typer(help="Versioned gate thresholds.", no_args_is_help=True)
 task_app = typer.Typer(help="Tasks (an environment version and a seed).", no_args_is_help=True)
+task_set_app = typer.Typer(help="Task sets: a dataset, a generator or seeds, split and tagged.",
+                           no_args_is_help=True)
 governance_app.add_typer(env_app, name="env")
 governance_app.add_typer(eval_set_app, name="eval-set")
 governance_app.add_typer(threshold_app, name="threshold")
 governance_app.add_typer(task_app, name="task")
+governance_app.add_typer(task_set_app, name="task-set")
 
 TokenOption = Annotated[
     str | None, typer.Option("--token", envvar="TRILOOP_TOKEN", help="The operator's API token.")
@@ -108,17 +112,18 @@ def env_register(
     typer.echo(f"{state}: {body['environment']} v{body['version']} {body['version_id']}")
 
 
-def _post_as_person(path: str, payload: dict[str, Any], token: str | None, api_url: str, *,
-                    source: str = "") -> dict[str, Any]:
-    """POST to the web API with the person's token; a refusal prints each reason, exit 1."""
+def _post_as_person(path: str, payload: dict[str, Any] | None, token: str | None, api_url: str,
+                    *, source: str = "", method: str = "POST") -> dict[str, Any]:
+    """Call the web API with the person's token (a POST unless ``method`` says otherwise);
+    a refusal prints each reason, exit 1."""
     import httpx
 
     if not token:
         raise _fail(ValueError("this needs your API token (--token or TRILOOP_TOKEN): the"
                                " web service proves who acts"))
     try:
-        response = httpx.request("POST", f"{api_url.rstrip('/')}{path}", json=payload,
-                                 headers={"Authorization": f"Bearer {token}"}, timeout=120)
+        response = httpx.request(method, f"{api_url.rstrip('/')}{path}", json=payload,
+                                 headers={"Authorization": f"Bearer {token}"}, timeout=600)
     except httpx.HTTPError as exc:
         raise _fail(RuntimeError(f"cannot reach the web API at {api_url}: {exc}")) from exc
     try:
@@ -382,3 +387,118 @@ class AssessmentProgress:
             progress(f"task {self.task_id}: {result.status} ({elapsed_s:.0f} s,"
                      f" {self.seen_reasons} answer(s) so far)")
         self.last_status, self.last_line_at = result.status, elapsed_s
+
+
+@task_set_app.command("register")
+def task_set_register(
+    environment: Annotated[str, typer.Option(help="The environment version: NAME@N.")],
+    name: Annotated[str, typer.Option(help="The set's name (lower case); versions count up.")],
+    split: Annotated[str, typer.Option(help='The split rule as JSON, e.g. \'{"by": "fraction",'
+                                            ' "train": 0.8, "eval": 0.1, "traffic": 0.1}\'')],
+    dataset: Annotated[Path | None, typer.Option(help="A .jsonl or .parquet file.")] = None,
+    generator: Annotated[str | None, typer.Option(
+        help='The generator\'s params as JSON, e.g. \'{"count": 1000}\'.')] = None,
+    seeds: Annotated[str | None, typer.Option(help="Seeds, e.g. 1,2,5-9.")] = None,
+    tag: Annotated[list[str] | None, typer.Option(
+        "--tag", help="key=value, the set's tag over the generator's; repeat.")] = None,
+    comment: Annotated[str, typer.Option(help="Why (kept with the decision).")] = "",
+    output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
+) -> None:
+    """Register a task set from one source; its admission starts at once.
+
+    Sent to POST /api/task-sets with the operator's token: the execution loop describes
+    every task, governance splits and writes the set for them. Every problem (a malformed
+    row, one item twice, an environment without a generator) is printed; nothing is written.
+    """
+    import base64
+
+    from triloop.task_sources import TaskSourceError, parse_seeds, parse_tags
+
+    if sum(source is not None for source in (dataset, generator, seeds)) != 1:
+        raise _fail(ValueError("give exactly one of --dataset, --generator or --seeds"))
+    try:
+        payload: dict[str, Any] = {"name": name, "environment": environment,
+                                   "split": json.loads(split), "tags": parse_tags(tag or []),
+                                   "comment": comment}
+        if dataset is not None:
+            payload["dataset"] = {"filename": dataset.name, "content_base64":
+                                  base64.b64encode(dataset.read_bytes()).decode()}
+        elif generator is not None:
+            payload["generator"] = json.loads(generator)
+        else:
+            payload["seeds"] = parse_seeds(str(seeds))
+    except TaskSourceError as error:
+        for problem in error.problems:
+            typer.echo(problem, err=True)
+        raise _fail(error) from error
+    except (ValueError, OSError) as error:  # JSON, or the dataset file
+        raise _fail(ValueError(f"cannot use the arguments: {error}")) from error
+    body = _post_as_person("/api/task-sets", payload, token, api_url,
+                           source=str(dataset) if dataset else "")
+    if output is OutputFormat.json:
+        print_json(body)
+        return
+    state = "registered" if body["created"] else "already registered"
+    splits = ", ".join(f"{k} {v}" for k, v in sorted(body["splits"].items()))
+    typer.echo(f"{state}: {body['name']} v{body['version']} {body['task_set_id']} ({splits};"
+               f" {body['new_tasks']} new tasks); admission: {body['admission_workflow_id']}")
+
+
+def _split_text(splits: dict[str, int]) -> str:
+    return " ".join(f"{k}={splits[k]}" for k in ("train", "eval", "traffic") if k in splits)
+
+
+@task_set_app.command("list")
+def task_set_list(
+    name: Annotated[str | None, typer.Option(help="Only the versions of this set.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
+    cursor: Annotated[str | None, typer.Option(
+        "--cursor", help="The next page, as the previous page said.")] = None,
+    output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
+) -> None:
+    """Task sets, newest first: name@version, status, source, splits."""
+    from urllib.parse import urlencode
+
+    from triloop.cli_output import Column, print_rows
+
+    query = {"limit": limit, **({"cursor": cursor} if cursor else {}),
+             **({"name": name} if name else {})}
+    page = _post_as_person(f"/api/task-sets?{urlencode(query)}", None, token, api_url,
+                           method="GET")
+    columns = [Column("ID", lambda r: r["id"], is_id=True),
+               Column("SET", lambda r: f"{r['name']}@{r['version']}"),
+               Column("STATUS", lambda r: r["status"]),
+               Column("SOURCE", lambda r: r["source_kind"]),
+               Column("SPLITS", lambda r: _split_text(r["splits"])),
+               Column("TAGS", lambda r: ",".join(f"{k}={v}" for k, v in r["tags"].items()))]
+    print_rows(page["items"], columns, output, json_data=page)
+    if page.get("next_cursor") and output is not OutputFormat.json:
+        typer.echo(f"more: triloop governance task-set list --cursor {page['next_cursor']}",
+                   err=True)
+
+
+@task_set_app.command("show")
+def task_set_show(
+    ref: Annotated[str, typer.Argument(help="A set's id, unique id prefix, NAME@V or NAME.")],
+    output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
+) -> None:
+    """One task set: its source, split rule, tags, members per split, its first members."""
+    from urllib.parse import quote
+
+    body = _post_as_person(f"/api/task-sets/{quote(ref, safe='@')}", None, token, api_url,
+                           method="GET")
+    if output is OutputFormat.json:
+        print_json(body)
+        return
+    typer.echo(f"{body['name']}@{body['version']} {body['id']} ({body['status']})")
+    typer.echo(f"  environment: {body['environment']}@{body['environment_version']}")
+    typer.echo(f"  source: {body['source_kind']} {json.dumps(body['source'])}")
+    typer.echo(f"  split: {json.dumps(body['split_rule'])}: {_split_text(body['splits'])}")
+    if body["tags"]:
+        typer.echo(f"  tags: {json.dumps(body['tags'])}")
+    for member in body["members"]:
+        typer.echo(f"  {member['ordinal']:>5} {member['split']:<7} {member['task_id']} seed "
+                   f"{member['seed']} {member['content_digest'][:12]} {member['task_status']}")

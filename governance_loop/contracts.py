@@ -19,6 +19,8 @@ from triloop.activity_contract import ActivityContract
 from triloop.statuses import Gate
 from triloop.workflow_api import (
     AdmissionProbeEvidence,
+    DescribeTasksInput,
+    DescribeTasksResult,
     ErrorType,
     GovernanceWriteInput,
     GovernanceWriteResult,
@@ -28,6 +30,14 @@ from triloop.workflow_api import (
     RolloutItem,
     StabilityAlarm,
 )
+
+
+@dataclass
+class TaskSetStoreInput:
+    """Write a registered task set: the operator's decision and what execution described."""
+
+    request: GovernanceWriteInput
+    described: DescribeTasksResult
 
 
 @dataclass
@@ -337,3 +347,10 @@ CREATE_EVAL_SET: ActivityContract[GovernanceWriteInput, GovernanceWriteResult] =
     "create_eval_set", GovernanceWriteInput, GovernanceWriteResult, WRITE_RETRY)
 SET_THRESHOLD: ActivityContract[GovernanceWriteInput, GovernanceWriteResult] = _quick(
     "set_threshold", GovernanceWriteInput, GovernanceWriteResult, WRITE_RETRY)
+# A task set's registration: check the decision and name what to describe, then write it.
+# Writing reads a dataset back from the artifact store and may write thousands of rows.
+PREPARE_TASK_SET: ActivityContract[GovernanceWriteInput, DescribeTasksInput] = ActivityContract(
+    "governance.prepare_task_set", GovernanceWriteInput, DescribeTasksInput, QUICK, WRITE_RETRY)
+STORE_TASK_SET: ActivityContract[TaskSetStoreInput, GovernanceWriteResult] = ActivityContract(
+    "governance.store_task_set", TaskSetStoreInput, GovernanceWriteResult,
+    timedelta(minutes=10), WRITE_RETRY)

@@ -36,8 +36,9 @@ from governance_loop.workflows import (
     GovernanceWriteWorkflow,
     PromotionWorkflow,
     RollbackWorkflow,
+    TaskSetRegistration,
 )
-from triloop.artifact_backends import open_shared_store
+from triloop.artifact_backends import open_shared_store, open_store
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.nexus_caller import NexusCallerCheck
@@ -66,13 +67,14 @@ def build_worker(
                                     store=open_shared_store(settings))
     evidence = EvidenceActivities(engine, authorizer)
     rollback = RollbackActivities(engine, authorizer)
-    writes = GovernanceWriteActivities(engine, authorizer)
+    writes = GovernanceWriteActivities(engine, authorizer, store=open_store(settings))
     admission = AdmissionActivities(engine, authorizer, budgets=budgets,
                                     decision_deadline_s=timing.approval_deadline_s)
     return Worker(
         client,
         task_queue=settings.task_queue(GOVERNANCE_QUEUE),
-        workflows=[PromotionWorkflow, RollbackWorkflow, AdmissionWorkflow, GovernanceWriteWorkflow],
+        workflows=[PromotionWorkflow, RollbackWorkflow, AdmissionWorkflow, GovernanceWriteWorkflow,
+                   TaskSetRegistration],
         activities=[
             promotion.open_promotion, promotion.mark_promotion, promotion.record_gate,
             promotion.record_rollout_batch,
@@ -82,7 +84,8 @@ def build_worker(
             evidence.look_watch, rollback.rollback_deployment,
             admission.load_admission_task, admission.record_admission_evidence,
             admission.decide_task_admission, writes.register_environment_version,
-            writes.create_eval_set, writes.set_threshold,
+            writes.create_eval_set, writes.set_threshold, writes.prepare_task_set,
+            writes.store_task_set,
         ],
         nexus_service_handlers=[GovernanceNexusHandlers(
             NexusCallerCheck(settings, server=GOVERNANCE, authorizer=authorizer))],

@@ -36,3 +36,13 @@ def open_shared_store(settings: Settings) -> ArtifactStore | None:
         credentials=S3Credentials(str(settings.artifact_s3_access_key_id),
                                   str(settings.artifact_s3_secret_access_key),
                                   settings.artifact_s3_region))
+
+
+def open_store(settings: Settings) -> ArtifactStore:
+    """The shared store, or this machine's artifact folder when none is configured (one
+    machine: the web service, governance and execution share ``Settings.artifacts``).
+
+    Task sets' dataset files travel through it: the web service puts the uploaded file,
+    the execution loop reads it to describe each row, governance reads it to write them.
+    """
+    return open_shared_store(settings) or LocalArtifactStore(settings.artifacts)

@@ -1,9 +1,12 @@
 """Held out by construction: eval tasks and training tasks never share what a task *is*.
 
-A task is an environment with a seed (its version adds fixtures and code, not a new
-world: the same environment at the same seed is the same map, repository or problem). Two
-tasks overlap when they share an id, or the same environment and seed under any version,
-so a copy under a new task id, or a re-registered version, does not slip through.
+A task is what the agent sees and the verifier checks: its content digest
+(``task.content_digest``, computed by the execution loop from the environment's
+``describe``). Two tasks overlap when they share an id, the same environment, seed and item
+under any version (a version adds fixtures and code, not a new world), or equal content
+digests (both known), so a copy under a new task id, a re-registered version, or another
+seed that draws the same map or repository (frozen_lake 43 and 190, fix_ci_failure 0 and 3)
+does not slip through.
 
 Checked when an eval set is frozen (against every training run), when a run is submitted
 (against every frozen eval set), and again by the offline-eval gate (the candidate's run
@@ -11,13 +14,15 @@ against its eval set), which records the check in its evidence. A run's training
 those its config names and those its training batches actually asked for or played
 (``rollout_batch.task_ids``, ``trajectory``): the learning worker need not follow its config.
 
-Production traffic is held out too: execution's Nexus handler refuses a training batch on
-a task of any frozen eval set or of production traffic (``held_out_conflicts``, the
+Production traffic is held out too (episodes served in production, and the tasks of a task
+set's traffic split): execution's Nexus handler refuses a training batch on a task of any
+frozen eval set or of production traffic (``held_out_conflicts``, the
 database's own ``triloop_held_out_conflicts``, which its triggers also apply).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,7 +30,7 @@ from sqlalchemy import text
 from sqlmodel import Session
 
 _IDENTITY = text(
-    "SELECT t.id, v.environment_name, t.seed FROM task t "
+    "SELECT t.id, v.environment_name, t.seed, t.item, t.content_digest FROM task t "
     "JOIN environment_version v ON v.id = t.environment_version_id WHERE t.id = ANY(:ids)"
 )
 
@@ -42,31 +47,80 @@ class Overlap:
     eval_task: str
     environment: str
     seed: int
+    content_digest: str | None = None  # set when the two share content, not a seed
 
     def describe(self) -> str:
-        same = ("the same task" if self.training_task == self.eval_task
-                else f"the same {self.environment} seed {self.seed} as eval task "
-                     f"{self.eval_task}")
+        if self.training_task == self.eval_task:
+            same = "the same task"
+        elif self.content_digest is not None:
+            same = (f"the same content (digest {self.content_digest}) as eval task "
+                    f"{self.eval_task}")
+        else:
+            same = f"the same {self.environment} seed {self.seed} as eval task {self.eval_task}"
         return f"training task {self.training_task} is {same}"
+
+
+@dataclass(frozen=True)
+class _Identity:
+    environment: str
+    seed: int
+    item: str  # the item as canonical JSON ("" for none)
+    digest: str | None
+
+
+def _identities(session: Session, ids: Sequence[str]) -> dict[str, _Identity]:
+    rows = session.execute(_IDENTITY, {"ids": sorted(set(ids))}).all()
+    return {str(r[0]): _Identity(str(r[1]), int(r[2]),
+                                 "" if r[3] is None else json.dumps(r[3], sort_keys=True),
+                                 None if r[4] is None else str(r[4])) for r in rows}
 
 
 def overlaps(*, session: Session, training: Sequence[str], evaluation: Sequence[str]
              ) -> list[Overlap]:
-    """Every training task that shares an id or (environment, seed) with an eval task."""
-    ids = sorted(set(training) | set(evaluation))
-    identity = {str(r[0]): (str(r[1]), int(r[2]))
-                for r in session.execute(_IDENTITY, {"ids": ids}).all()}
-    by_world: dict[tuple[str, int], str] = {}
+    """Every training task that shares an id, (environment, seed, item) or a content
+    digest with an eval task."""
+    identity = _identities(session, [*training, *evaluation])
+    by_world: dict[tuple[str, int, str], str] = {}
+    by_digest: dict[str, str] = {}
     for task in evaluation:
-        by_world.setdefault(identity.get(task, ("", -1)), task)
+        known = identity.get(task)
+        if known is not None:
+            by_world.setdefault((known.environment, known.seed, known.item), task)
+            if known.digest is not None:
+                by_digest.setdefault(known.digest, task)
     found = []
     for task in sorted(set(training)):
-        world = identity.get(task)
-        eval_task = task if task in evaluation else (by_world.get(world) if world else None)
-        if eval_task is not None:
-            environment, seed = world or ("", -1)
-            found.append(Overlap(task, eval_task, environment, seed))
+        known = identity.get(task)
+        if task in evaluation:
+            environment, seed = (known.environment, known.seed) if known else ("", -1)
+            found.append(Overlap(task, task, environment, seed))
+        elif known is None:
+            continue
+        elif known.digest is not None and known.digest in by_digest:
+            found.append(Overlap(task, by_digest[known.digest], known.environment, known.seed,
+                                 known.digest))
+        elif (known.environment, known.seed, known.item) in by_world:
+            found.append(Overlap(task, by_world[(known.environment, known.seed, known.item)],
+                                 known.environment, known.seed))
     return found
+
+
+def digest_check(*, session: Session, training: Sequence[str], evaluation: Sequence[str]
+                 ) -> dict[str, object]:
+    """What the content-digest comparison saw, for the offline-eval gate's evidence: how
+    many tasks on each side have a digest (a task without one is compared by seed only),
+    and each digest both sides share."""
+    identity = _identities(session, [*training, *evaluation])
+
+    def digests(tasks: Sequence[str]) -> dict[str, str]:
+        return {t: d for t in set(tasks) if (d := getattr(identity.get(t), "digest", None))}
+
+    trained, judged = digests(training), digests(evaluation)
+    shared = sorted(set(trained.values()) & set(judged.values()))
+    return {"training_with_digest": len(trained), "training_without_digest":
+            len(set(training)) - len(trained), "eval_with_digest": len(judged),
+            "eval_without_digest": len(set(evaluation)) - len(judged),
+            "shared_digests": shared}
 
 
 def frozen_eval_tasks(session: Session) -> list[str]:
@@ -107,11 +161,17 @@ class Conflict:
     held_task: str
     environment: str
     seed: int
-    held_by: str  # "frozen eval set <name> v<version>" or "production traffic"
+    held_by: str  # "frozen eval set <name> v<version>", "production traffic", a traffic split
+    content_digest: str | None = None  # set when the two share content, not a seed
 
     def describe(self) -> str:
-        same = ("is held out" if self.task_id == self.held_task
-                else f"is the same world as held-out task {self.held_task}")
+        if self.task_id == self.held_task:
+            same = "is held out"
+        elif self.content_digest is not None:
+            same = (f"is the same content (digest {self.content_digest}) as held-out task "
+                    f"{self.held_task}")
+        else:
+            same = f"is the same world as held-out task {self.held_task}"
         return (f"task {self.task_id} {same} ({self.environment} seed {self.seed}, in "
                 f"{self.held_by})")
 
@@ -122,12 +182,14 @@ class Conflict:
 
 
 def held_out_conflicts(session: Session, task_ids: Sequence[str]) -> list[Conflict]:
-    """Each of these tasks that shares an id, or an environment and seed, with a task of a
-    frozen eval set or of production traffic (the database's own definition)."""
+    """Each of these tasks that shares an id, an environment, seed and item, or a content
+    digest with a task of a frozen eval set, of production traffic or of a task set's
+    traffic split (the database's own definition)."""
     rows = session.execute(text(
-        "SELECT task_id, held_task, environment, seed, held_by "
+        "SELECT task_id, held_task, environment, seed, held_by, content_digest "
         "FROM triloop_held_out_conflicts(CAST(:t AS text[]))"), {"t": sorted(set(task_ids))})
-    return [Conflict(str(r[0]), str(r[1]), str(r[2]), int(r[3]), str(r[4])) for r in rows]
+    return [Conflict(str(r[0]), str(r[1]), str(r[2]), int(r[3]), str(r[4]),
+                     None if r[5] is None else str(r[5])) for r in rows]
 
 
 def require_held_out(*, session: Session, training: Sequence[str], evaluation: Sequence[str],

@@ -8,7 +8,8 @@ ask for it. The caller is known from the link the Temporal server attaches to ev
 request (the calling workflow's namespace), never from the request's payload.
 
 - ``execution``: ``run_rollouts`` (learning: training batches; governance: eval, shadow,
-  canary and probe batches) and ``probe_admission`` (governance).
+  canary and probe batches), ``probe_admission`` and ``describe_tasks`` (governance: the
+  content digests and tags of a task set's tasks, at registration).
 - ``governance``: ``propose_candidate`` (learning hands over a checkpoint it proposed).
 """
 
@@ -26,6 +27,8 @@ from triloop.workflow_api import (
     GOVERNANCE_QUEUE,
     AdmissionProbeEvidence,
     AdmissionProbeInput,
+    DescribeTasksInput,
+    DescribeTasksResult,
     PromotionInput,
     RolloutBatchInput,
     RolloutBatchResult,
@@ -49,6 +52,7 @@ class ExecutionService:
 
     run_rollouts: nexusrpc.Operation[RolloutBatchInput, RolloutBatchResult]
     probe_admission: nexusrpc.Operation[AdmissionProbeInput, AdmissionProbeEvidence]
+    describe_tasks: nexusrpc.Operation[DescribeTasksInput, DescribeTasksResult]
 
 
 @nexusrpc.service(name="governance")

@@ -139,6 +139,9 @@ class DecisionKind(Word):
     EVAL_SET = "eval_set"
     # subject: a threshold's name; decision: set (details: spec, eval set)
     THRESHOLD = "threshold"
+    # subject: a task set's name; decision: register (details: environment version, source,
+    # split rule, tags; a dataset by its sha256 in the artifact store)
+    TASK_SET = "task_set"
 
 
 class Decision(Word):

@@ -33,6 +33,11 @@ GOVERNANCE_WRITE_WORKFLOW = "GovernanceWriteWorkflow"  # governance
 ADMISSION_PROBE_WORKFLOW = "AdmissionProbeWorkflow"  # execution
 # A person's import of a pretrained model as a named base checkpoint.
 MODEL_IMPORT_WORKFLOW = "ModelImportWorkflow"  # learning
+# Task sets: the content digests and tags of a source's tasks, computed where environments
+# live; an operator's registration of a set; and the set's admission as one unit.
+DESCRIBE_TASKS_WORKFLOW = "DescribeTasksWorkflow"  # execution
+TASK_SET_REGISTRATION_WORKFLOW = "TaskSetRegistration"  # governance
+TASK_SET_ADMISSION_WORKFLOW = "TaskSetAdmission"  # governance
 
 # Signals / updates / queries.
 RUN_PAUSE_SIGNAL = "pause"
@@ -339,6 +344,82 @@ class AdmissionProbeEvidence:
     notes: list[str] = field(default_factory=list)  # anything that stopped a probe early
     # Every known reward hack tried against the verifier; None: the probe tried none.
     reward_hacks: list[RewardHackTrial] | None = None
+    # What the task is (the environment's ``describe``): governance records both on the
+    # task, so a single task is held out by content too. None: it could not be described.
+    content_digest: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TaskToDescribe:
+    """One (seed, item) pair whose content and tags are asked for."""
+
+    seed: int
+    item: dict[str, Any] | None = None
+
+
+@dataclass
+class DescribeTasksInput:
+    """The tasks of one source, to describe on one environment version (exactly one source).
+
+    ``tasks``: explicit (seed, item) pairs (a list of seeds); ``generator``: the
+    environment's generator's params (``count`` among them); ``dataset_sha256``: a dataset
+    file in the artifact store (``dataset_format`` jsonl or parquet; each row an item, its
+    ordinal its seed; ``split_field``: a column naming each row's split, taken out of the
+    item, so the same row in two splits is one item).
+    """
+
+    request_id: str  # names the execution workflow: one per registration
+    environment_version_id: str
+    tasks: list[TaskToDescribe] = field(default_factory=list)
+    generator: dict[str, Any] | None = None
+    dataset_sha256: str | None = None
+    dataset_format: str | None = None
+    split_field: str | None = None
+
+
+@dataclass
+class DescribedTask:
+    """One task's content digest and the environment's (or generator's) tags."""
+
+    ordinal: int
+    seed: int
+    content_digest: str
+    tags: dict[str, str] = field(default_factory=dict)
+    # A generated task's item (a dataset's rows stay in the file; a seed's task has none).
+    item: dict[str, Any] | None = None
+    split: str | None = None  # the row's ``split_field`` value, if the request named one
+
+
+@dataclass
+class DescribeTasksResult:
+    """Every task described, in source order, or the problems that stopped some."""
+
+    environment_version_id: str
+    tasks: list[DescribedTask] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # "task 3 (seed 3): ..." per failure
+
+
+def describe_tasks_workflow_id(request_id: str) -> str:
+    """The execution workflow describing one registration's tasks."""
+    return f"describe-tasks-{request_id}"
+
+
+@dataclass
+class TaskSetAdmissionInput:
+    """Admit one registered task set as a unit (``TASK_SET_ADMISSION_WORKFLOW``)."""
+
+    task_set_id: str
+
+
+def task_set_admission_workflow_id(task_set_id: str) -> str:
+    """One admission workflow per task set."""
+    return f"task-set-admission-{task_set_id}"
+
+
+def task_set_registration_workflow_id(decision_id: str) -> str:
+    """One registration per recorded decision: a retried request cannot register twice."""
+    return f"task-set-registration-{decision_id}"
 
 
 # Governance: admission decisions and what promotion/admission workflows report.

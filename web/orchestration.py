@@ -43,6 +43,7 @@ from triloop.workflow_api import (
     MODEL_IMPORT_WORKFLOW,
     ROLLBACK_WORKFLOW,
     ROLLOUT_WORKFLOW,
+    TASK_SET_REGISTRATION_WORKFLOW,
     TRAINING_RUN_WORKFLOW,
     AdmissionResult,
     DecisionRef,
@@ -209,6 +210,19 @@ class Orchestrator:
             search_attributes=search_attributes.attributes(loop="governance", user=user),
             execution_timeout=timedelta(seconds=self.timeout_s),
         ), what=f"{request.kind} {request.subject}")
+        return result
+
+    async def register_task_set(self, request: GovernanceWriteInput, workflow_id: str,
+                                user: str | None = None) -> GovernanceWriteResult:
+        """Have governance describe, write and start admitting a person's task set."""
+        client = await self.client("governance")
+        result: GovernanceWriteResult = await self._call(client.execute_workflow(
+            TASK_SET_REGISTRATION_WORKFLOW, request, id=workflow_id,
+            task_queue=self._settings.task_queue(GOVERNANCE_QUEUE),
+            result_type=GovernanceWriteResult,
+            search_attributes=search_attributes.attributes(loop="governance", user=user),
+            execution_timeout=timedelta(seconds=self.timeout_s),
+        ), what=f"task set {request.subject}")
         return result
 
     async def start_episodes(self, batch: RolloutBatchInput, workflow_id: str) -> None:

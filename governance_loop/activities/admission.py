@@ -28,10 +28,11 @@ from governance_loop.contracts import (
     AdmissionTaskRequest,
 )
 from triloop.db import session_scope
-from triloop.models import DecisionKind
+from triloop.models import DecisionKind, Task
 from triloop.models._columns import utcnow
 from triloop.policy import Authorizer, Resource
 from triloop.statuses import Decision, TaskStatus
+from triloop.workflow_api import AdmissionProbeEvidence
 
 
 class AdmissionActivities(GovernanceShell):
@@ -112,6 +113,7 @@ class AdmissionActivities(GovernanceShell):
             if task.status != TaskStatus.pending:
                 raise refused(f"task {task.id} is already {task.status}")
             task.evidence = {**stored, "assessed_at": utcnow().isoformat()}
+            _record_content(task, probe)
             session.add(task)
             record(session, action="assess_task", resource={"kind": "task", "id": task.id},
                    payload={"admissible": assessment.admissible, "reasons": reasons})
@@ -161,3 +163,14 @@ class AdmissionActivities(GovernanceShell):
                    payload={"decided_by": decided_by, "comment": comment,
                             "human_decision_id": request.decision_id or None})
         return AdmissionDecided(status=status, decided_by=decided_by, decision=decision)
+
+
+def _record_content(task: Task, probe: AdmissionProbeEvidence | None) -> None:
+    """The probe's content digest and tags on the task, so held out by content covers a
+    single task too. A digest already recorded (a task set's member's) is never changed:
+    the member rows point at it; the environment's tags never override the set's."""
+    if probe is None or probe.content_digest is None:
+        return
+    if task.content_digest is None:
+        task.content_digest = probe.content_digest
+    task.tags = {**probe.tags, **(task.tags or {})}

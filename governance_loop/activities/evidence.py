@@ -201,7 +201,9 @@ class EvidenceActivities(GovernanceShell):
         shared = held_out.overlaps(session=session, training=trained_on, evaluation=judged_on)
         held_out_evidence = {"run_id": promotion.run_id, "training_tasks": len(trained_on),
                              "eval_tasks": len(judged_on),
-                             "overlaps": [o.describe() for o in shared]}
+                             "overlaps": [o.describe() for o in shared],
+                             "content_digests": held_out.digest_check(
+                                 session=session, training=trained_on, evaluation=judged_on)}
         if shared:
             return GateDecision(
                 gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,

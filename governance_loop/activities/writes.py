@@ -14,18 +14,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sqlalchemy import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from governance_loop.activity_support import GovernanceShell, row_id
 from governance_loop.contracts import (
     CREATE_EVAL_SET,
+    PREPARE_TASK_SET,
     REGISTER_ENVIRONMENT_VERSION,
     SET_THRESHOLD,
+    STORE_TASK_SET,
+    TaskSetStoreInput,
 )
 from governance_loop.environments import (
     ContractDocument,
     document_from_file,
+    resolve_version,
     store_environment_version,
     version_resource,
 )
@@ -37,13 +42,24 @@ from governance_loop.evalsets import (
     store_threshold,
 )
 from governance_loop.gates import ThresholdSpec, ThresholdSpecError
+from governance_loop.store import StoreError
+from governance_loop.task_sets import TaskSetError, store_task_set
+from triloop.artifacts import ArtifactNotFound, ArtifactStore
 from triloop.contract_upload import decode_fixtures, laid_out
 from triloop.contracts import ContractError
+from triloop.db import session_scope
 from triloop.decisions import HumanDecision
 from triloop.environment_code import EnvironmentCodeError
 from triloop.models import DecisionKind
-from triloop.policy import Resource
-from triloop.workflow_api import ErrorType, GovernanceWriteInput, GovernanceWriteResult
+from triloop.policy import Authorizer, Resource
+from triloop.task_sources import TaskSourceError, dataset_rows, split_field, take_split_field
+from triloop.workflow_api import (
+    DescribeTasksInput,
+    ErrorType,
+    GovernanceWriteInput,
+    GovernanceWriteResult,
+    TaskToDescribe,
+)
 
 DECIDING_ROLE = "operator"
 
@@ -80,7 +96,13 @@ def _strings(value: object, what: str) -> list[str]:
 
 
 class GovernanceWriteActivities(GovernanceShell):
-    """Registers versions, freezes eval sets and sets thresholds for the person who decided."""
+    """Registers versions and task sets, freezes eval sets and sets thresholds for the person
+    who decided."""
+
+    def __init__(self, engine: Engine, authorizer: Authorizer,
+                 *, store: ArtifactStore | None = None) -> None:
+        super().__init__(engine, authorizer)
+        self._store = store  # where a task set's dataset file lies
 
     def _proven(self, request: GovernanceWriteInput, kind: DecisionKind) -> HumanDecision:
         return self.prove(request.decision_id, kind, request.subject, role=DECIDING_ROLE,
@@ -137,3 +159,94 @@ class GovernanceWriteActivities(GovernanceShell):
             kind=DecisionKind.THRESHOLD.value, id=stored.id, name=stored.name,
             version=stored.version,
             details={"eval_set_id": stored.eval_set_id, "spec": stored.spec})
+
+    def _task_set(self, request: GovernanceWriteInput, *, use: bool = True
+                  ) -> tuple[HumanDecision, dict[str, Any]]:
+        proven = self.prove(request.decision_id, DecisionKind.TASK_SET, request.subject,
+                            role=DECIDING_ROLE, use=use,
+                            resource=Resource("task_set", attrs={"name": request.subject}))
+        details = dict(proven.details)
+        if not isinstance(details.get("source"), dict) or not isinstance(
+                details.get("split_rule"), dict) or not isinstance(
+                details.get("environment_version"), str):
+            raise invalid_request("the decision holds no task set",
+                                  ["source, split_rule or environment_version"])
+        return proven, details
+
+    @activity.defn(name=PREPARE_TASK_SET.name)
+    def prepare_task_set(self, request: GovernanceWriteInput) -> DescribeTasksInput:
+        """Prove the decision, ask OPA for the person, resolve the version: what to describe."""
+        proven, details = self._task_set(request, use=False)  # the store step uses it
+        try:
+            with session_scope(self._engine) as session:
+                version = resolve_version(session, details["environment_version"])
+                version_id, retired = version.id, version.retired_at is not None
+        except StoreError as error:
+            raise invalid_request("the task set cannot be registered", [str(error)]) from error
+        if retired:
+            raise invalid_request("the task set cannot be registered", [
+                f"environment version {details['environment_version']} is retired"])
+        self.authorize_for(proven, "create", Resource("task_set", attrs={
+            "name": proven.subject, "environment_version_id": version_id}))
+        source, kind = details["source"], details.get("source_kind")
+        described = DescribeTasksInput(request_id=request.decision_id,
+                                       environment_version_id=version_id)
+        if kind == "seeds":
+            described.tasks = [TaskToDescribe(seed=int(s)) for s in source.get("seeds", [])]
+        elif kind == "generator":
+            described.generator = dict(source.get("params") or {})
+        elif kind == "dataset":
+            described.dataset_sha256 = str(source.get("sha256"))
+            described.dataset_format = str(source.get("format"))
+            described.split_field = split_field(details["split_rule"])
+        else:
+            raise invalid_request("the task set cannot be registered",
+                                  [f"unknown source kind {kind!r}"])
+        return described
+
+    @activity.defn(name=STORE_TASK_SET.name)
+    def store_task_set(self, request: TaskSetStoreInput) -> GovernanceWriteResult:
+        """Prove the decision again, then split, check and write the set in one transaction."""
+        proven, details = self._task_set(request.request)
+        described = request.described
+        if described.problems:
+            raise invalid_request(f"{len(described.problems)} task(s) cannot be described",
+                                  described.problems)
+        self.authorize_for(proven, "create", Resource("task_set", attrs={
+            "name": proven.subject,
+            "environment_version_id": described.environment_version_id}))
+        kind = str(details.get("source_kind"))
+        items = self._items(details, len(described.tasks)) if kind == "dataset" else [
+            t.item for t in described.tasks]
+        try:
+            stored = store_task_set(
+                engine=self._engine, name=proven.subject,
+                environment_version_id=described.environment_version_id, source_kind=kind,
+                source=details["source"], split_rule=details["split_rule"],
+                tags={str(k): str(v) for k, v in (details.get("tags") or {}).items()},
+                described=described.tasks, items=items, requested_by=proven.user,
+                decision_id=proven.id)
+        except TaskSetError as error:
+            raise invalid_request("the task set cannot be registered", error.problems) from error
+        return GovernanceWriteResult(
+            kind=DecisionKind.TASK_SET.value, id=stored.id, name=stored.name,
+            version=stored.version, created=stored.created,
+            details={"splits": stored.splits, "new_tasks": stored.new_tasks,
+                     "environment_version_id": described.environment_version_id})
+
+    def _items(self, details: Mapping[str, Any], count: int) -> list[dict[str, Any] | None]:
+        """A dataset's items, read back from the artifact store as execution read them."""
+        source = details["source"]
+        if self._store is None:
+            raise invalid_request("the task set cannot be registered",
+                                  ["no artifact store is configured to read the dataset from"])
+        try:
+            rows = dataset_rows(self._store.get_bytes(str(source.get("sha256"))),
+                                str(source.get("format")))
+            items, _ = take_split_field(rows, split_field(details["split_rule"]))
+        except (TaskSourceError, ArtifactNotFound) as error:
+            raise invalid_request("the dataset cannot be read", [str(error)]) from error
+        if len(items) != count:
+            raise invalid_request("the dataset changed", [
+                f"{len(items)} rows now, {count} described"])
+        return list(items)

@@ -8,6 +8,7 @@ workflow, the assessment, the stored evidence and the operator's decision are re
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
@@ -70,6 +71,8 @@ def standin_probe(request: AdmissionProbeInput) -> AdmissionProbeEvidence:
         verifier_hash=VERIFIER, verifier_ran_out_of_process=True,
         reference_results=[True] * request.reference_runs,
         reward_hacks=[RewardHackTrial("atexit_report_overwrite", applicable=True)],
+        content_digest=hashlib.sha256(request.task_id.encode()).hexdigest(),
+        tags={"domain": "standin"},
     )
 
 
@@ -182,6 +185,11 @@ async def test_admissible_task_is_admitted_by_an_operator_only(
     assert (status_, decided_by) == ("admitted", "carol")
     assert evidence["probe"]["verifier_hash"] == VERIFIER
     assert evidence["assessment"]["admissible"] is True
+    with owner_engine.connect() as conn:  # governance recorded what the probe said it is
+        digest, tags = conn.execute(text(
+            "SELECT content_digest, tags FROM task WHERE id = :t"), {"t": task_id}).one()
+    assert digest == hashlib.sha256(task_id.encode()).hexdigest()
+    assert tags == {"domain": "standin"}
     with Session(gov) as session:
         version = store.get_task(session=session, task_id=task_id).environment_version_id
     # The learning loop asks the same question with its own role before using tasks

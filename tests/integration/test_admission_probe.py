@@ -43,6 +43,11 @@ def test_builtin_environments_give_admissible_evidence(
     assert evidence.reference_results == [True, True] and evidence.notes == []
     assert evidence.verifier_ran_out_of_process
     assert evidence.verifier_hash is not None and len(evidence.verifier_hash) == 64
+    # What the task is, for held out by content: the environment's own description.
+    from execution_loop.environments.registry import describe_task, load_builtin_contract
+
+    described = describe_task(load_builtin_contract(environment), 9002)
+    assert (evidence.content_digest, evidence.tags) == (described.digest, dict(described.tags))
 
 
 class DriftingLake(frozen_lake.FrozenLake):

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 WRITE_TABLES = ("app_user", "api_token", "training_run", "approval", "deployment", "routing",
                 "trajectory", "human_decision", "promotion", "gate_result", "checkpoint",
                 "proposal", "role_grant", "environment", "environment_version", "eval_set",
-                "eval_item", "threshold")
+                "eval_item", "threshold", "task_set", "task_set_member", "task")
 NOT_ACTIONS = {"/login", "/logout"}  # authentication itself, before any identity exists
 
 
@@ -131,6 +131,9 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
             ("/api/model-imports", {"source": "/models/walk", "name": "walk"}),
         ("POST", "/api/thresholds"):
             ("/api/thresholds", {"name": "walk", "eval_set": "walk", "spec": {}}),
+        ("POST", "/api/task-sets"):
+            ("/api/task-sets", {"name": "walk", "environment": "frozen_lake@1", "seeds": [1],
+                                "split": {"by": "fraction", "train": 1.0}}),
     }
 
 

@@ -17,6 +17,7 @@ from web.api import (
     promotions,
     role_grants,
     runs,
+    task_sets,
     tokens,
     users,
 )
@@ -40,5 +41,5 @@ async def healthz() -> Health:
 ROUTERS: tuple[APIRouter, ...] = (
     health_router, users.router, role_grants.router, tokens.router, runs.router, checkpoints.router,
     environments.router, evaluation.router, promotions.router, deployments.router,
-    episodes.router, audit.router, faults.router, model_imports.router,
+    episodes.router, audit.router, faults.router, model_imports.router, task_sets.router,
 )

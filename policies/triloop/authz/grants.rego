@@ -14,6 +14,7 @@ service_grants := {
 		"environment": {"read"},
 		"environment_version": {"read"},
 		"task": {"read"},
+		"task_set": {"read"},
 		# Offline eval and shadow/canary episodes run in the execution loop.
 		"eval_set": {"read"},
 		"eval_item": {"read"},
@@ -48,6 +49,9 @@ service_grants := {
 		# Environment versions are immutable: no update.
 		"environment_version": {"read", "create", "freeze", "retire"},
 		"task": {"read", "create", "update", "admit", "reject_task", "retire"},
+		# A task set and its members are written once, at registration; update: its
+		# admission's evidence and decision.
+		"task_set": {"read", "create", "update"},
 		"eval_set": {"read", "create", "update", "freeze", "retire"},
 		"eval_item": {"read", "create", "update", "delete"},
 		"threshold": {"read", "create", "update", "freeze", "retire"},
@@ -104,6 +108,8 @@ role_grants := {
 		"eval_set": {"create", "freeze"},
 		"eval_item": {"create"},
 		"threshold": {"create"},
+		# Register a task set (POST /api/task-sets): governance writes it for the operator.
+		"task_set": {"create"},
 		# Production traffic: an operator may send episodes to the routed checkpoint.
 		"trajectory": {"create"},
 		# Game days: serve a checkpoint degraded on purpose (see faults.rego).
@@ -143,6 +149,7 @@ delegable := {
 		"eval_set": {"create", "freeze"},
 		"eval_item": {"create"},
 		"threshold": {"create"},
+		"task_set": {"create"},
 	},
 	"learning": {"training_run": {"cancel", "pause", "resume"}},
 }

@@ -238,8 +238,15 @@ versioned_write_for(person, roles, action, kind) := {
 
 versioned_writes := [
 	["create", "eval_set"], ["create", "eval_item"], ["freeze", "eval_set"],
-	["create", "threshold"],
+	["create", "threshold"], ["create", "task_set"],
 ]
+
+test_learning_sees_no_task_set if {
+	not granted_to_service("learning", "task_set", "read")
+	denied(svc_clean("learning", "read", "task_set"))
+	allowed(svc_clean("execution", "read", "task_set"))
+	denied(svc_clean("execution", "create", "task_set"))
+}
 
 test_governance_freezes_eval_sets_and_sets_thresholds_for_an_operator if {
 	every pair in versioned_writes {

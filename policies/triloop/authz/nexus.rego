@@ -17,6 +17,7 @@ nexus_callers := {
 			"governance": {"eval", "shadow", "canary", "probe"},
 		},
 		"probe_admission": {"governance": {"admission"}},
+		"describe_tasks": {"governance": {"registration"}},
 	},
 	"governance": {"propose_candidate": {"learning": {"proposal"}}},
 }

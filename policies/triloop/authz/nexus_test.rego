@@ -16,6 +16,14 @@ test_governance_asks_execution_for_gate_batches if {
 		allowed(serve("execution", "run_rollouts", "governance", purpose))
 	}
 	allowed(serve("execution", "probe_admission", "governance", "admission"))
+	allowed(serve("execution", "describe_tasks", "governance", "registration"))
+}
+
+test_only_governance_asks_for_task_descriptions if {
+	every caller in {"learning", "web", "unknown"} {
+		denied_because(serve("execution", "describe_tasks", caller, "registration"), "no rule lets")
+	}
+	denied_because(serve("execution", "describe_tasks", "governance", "training"), "no rule lets")
 }
 
 test_learning_may_not_ask_for_the_batches_that_decide_a_promotion if {
