@@ -139,6 +139,8 @@ class DecisionKind(Word):
     EVAL_SET = "eval_set"
     # subject: a threshold's name; decision: set (details: spec, eval set)
     THRESHOLD = "threshold"
+    # subject: a task set's id; decision: approve | reject (every member task with it)
+    TASK_SET_ADMISSION = "task_set_admission"
 
 
 class Decision(Word):

@@ -26,6 +26,8 @@ ROLLOUT_WORKFLOW = "RolloutWorkflow"  # execution
 TRAINING_RUN_WORKFLOW = "TrainingRunWorkflow"  # learning
 PROMOTION_WORKFLOW = "PromotionWorkflow"  # governance
 ADMISSION_WORKFLOW = "AdmissionWorkflow"  # governance
+# A task set admitted as one unit: a seeded sample probed, one operator decision.
+TASK_SET_ADMISSION_WORKFLOW = "TaskSetAdmission"  # governance
 ROLLBACK_WORKFLOW = "RollbackWorkflow"  # governance
 # A person's recorded write to governance's versioned data (environment versions, eval
 # sets, thresholds), carried out for them.
@@ -349,6 +351,34 @@ ADMISSION_STATUS_QUERY = "status"
 def admission_workflow_id(task_id: str) -> str:
     """Workflow id of the admission of a task."""
     return f"admission-{task_id}"
+
+
+@dataclass
+class TaskSetAdmissionInput:
+    """Assess a task set on a seeded sample of its tasks, then wait for one decision."""
+
+    task_set_id: str
+
+
+def task_set_admission_workflow_id(task_set_id: str) -> str:
+    """Workflow id of the admission of a task set."""
+    return f"task-set-admission-{task_set_id}"
+
+
+@dataclass
+class TaskSetAdmissionResult:
+    """Where a task set's admission stands (``ADMISSION_STATUS_QUERY``, the decide update)."""
+
+    task_set_id: str
+    status: str  # assessing | awaiting_decision | admitted | rejected
+    admissible: bool | None = None
+    members: int = 0
+    sample_size: int = 0
+    sample_seed: int = 0
+    # One line per sampled task that failed a question or whose probe failed.
+    failures: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    decided_by: str | None = None
 
 
 @dataclass

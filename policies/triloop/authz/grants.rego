@@ -48,6 +48,8 @@ service_grants := {
 		# Environment versions are immutable: no update.
 		"environment_version": {"read", "create", "freeze", "retire"},
 		"task": {"read", "create", "update", "admit", "reject_task", "retire"},
+		# A task set is admitted or rejected as one unit, its member tasks with it.
+		"task_set": {"read", "update", "admit", "reject"},
 		"eval_set": {"read", "create", "update", "freeze", "retire"},
 		"eval_item": {"read", "create", "update", "delete"},
 		"threshold": {"read", "create", "update", "freeze", "retire"},
@@ -96,6 +98,8 @@ role_grants := {
 		"promotion": {"approve", "reject", "override_alarms"},
 		"deployment": {"rollback"},
 		"task": {"admit", "reject_task"},
+		# One decision admits or rejects a whole task set (POST /api/task-sets/{id}/admission).
+		"task_set": {"admit", "reject"},
 		# Register a new environment version (POST /api/environments), create and freeze
 		# an eval set version (POST /api/eval-sets), set a threshold version (POST
 		# /api/thresholds); governance writes each, acting for the operator. Versions
@@ -139,6 +143,7 @@ delegable := {
 		"promotion": {"approve", "reject", "sign_audit", "reject_audit", "override_alarms"},
 		"deployment": {"rollback"},
 		"task": {"admit", "reject_task"},
+		"task_set": {"admit", "reject"},
 		"environment_version": {"create"},
 		"eval_set": {"create", "freeze"},
 		"eval_item": {"create"},
