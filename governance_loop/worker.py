@@ -22,10 +22,10 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from governance_loop.activities.admission import AdmissionActivities
-from governance_loop.activities.task_set_admission import TaskSetAdmissionActivities
 from governance_loop.activities.evidence import EvidenceActivities
 from governance_loop.activities.promotion import DEFAULT_THRESHOLD_NAME, PromotionActivities
 from governance_loop.activities.rollback import RollbackActivities
+from governance_loop.activities.task_set_admission import TaskSetAdmissionActivities
 from governance_loop.activities.writes import GovernanceWriteActivities
 from governance_loop.activity_support import GOVERNANCE
 from governance_loop.admission import AdmissionBudgets

@@ -27,12 +27,12 @@ from governance_loop.contracts import (
     AdmissionTask,
     AdmissionTaskRequest,
 )
-from triloop.workflow_api import AdmissionProbeEvidence
 from triloop.db import session_scope
 from triloop.models import DecisionKind
 from triloop.models._columns import utcnow
 from triloop.policy import Authorizer, Resource
 from triloop.statuses import Decision, TaskStatus
+from triloop.workflow_api import AdmissionProbeEvidence
 
 
 def judge_probe(

@@ -45,11 +45,17 @@ _REJECTED_MEMBERS = text("""
     SELECT t.id FROM task t JOIN task_set_member m ON m.task_id = t.id
     WHERE m.task_set_id = :set AND t.status = 'rejected' ORDER BY m.ordinal
 """)
+# Pending members only: a task another decision admitted (a single task, another set) keeps
+# its status and its own evidence.
 _SET_MEMBER_TASKS = text("""
-    UPDATE task SET status = :status, decided_by = :user, decided_at = now(),
-        evidence = evidence || jsonb_build_object('task_set_admission', CAST(:why AS jsonb))
-    WHERE status = 'pending'
-      AND id IN (SELECT task_id FROM task_set_member WHERE task_set_id = :set)
+    WITH changed AS (
+        UPDATE task SET status = :status, decided_by = :user, decided_at = now(),
+            evidence = coalesce(evidence, '{}'::jsonb)
+                || jsonb_build_object('task_set_admission', CAST(:why AS jsonb))
+        WHERE status = 'pending'
+          AND id IN (SELECT task_id FROM task_set_member WHERE task_set_id = :set)
+        RETURNING 1)
+    SELECT count(*) FROM changed
 """)
 
 
@@ -211,9 +217,9 @@ class TaskSetAdmissionActivities(GovernanceShell):
                                          "human_decision_id": request.decision_id or None}}
             session.add(row)
             session.flush()
-            changed = session.execute(_SET_MEMBER_TASKS, {
+            changed = int(session.execute(_SET_MEMBER_TASKS, {
                 "status": status.value, "user": decided_by, "set": row.id,
-                "why": json.dumps(why)}).rowcount
+                "why": json.dumps(why)}).scalar_one())
             record(session, action=f"task_set_{status}",
                    resource={"kind": "task_set", "id": row.id},
                    payload={"decided_by": decided_by, "comment": comment,
