@@ -175,10 +175,14 @@ test_governance_admits_or_rejects_a_task_set_for_an_operator_only if {
 }
 
 test_learning_and_execution_never_admit_a_task_set if {
-	denied({"actor": {"service": "learning"}, "action": "admit",
-	        "resource": {"kind": "task_set", "id": "s1", "attrs": {}}})
-	denied({"actor": {"service": "execution"}, "action": "reject",
-	        "resource": {"kind": "task_set", "id": "s1", "attrs": {}}})
+	denied({
+		"actor": {"service": "learning"}, "action": "admit",
+		"resource": {"kind": "task_set", "id": "s1", "attrs": {}},
+	})
+	denied({
+		"actor": {"service": "execution"}, "action": "reject",
+		"resource": {"kind": "task_set", "id": "s1", "attrs": {}},
+	})
 }
 
 token_of(owner, user, roles, action) := {
