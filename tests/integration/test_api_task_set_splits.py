@@ -137,14 +137,15 @@ async def test_an_eval_set_is_frozen_from_an_eval_split_only(
         details = conn.execute(text("SELECT details FROM human_decision WHERE id = :d"),
                                {"d": frozen.json()["decision_id"]}).scalar_one()
     assert details["task_set_id"] == task_set.id and details["split"] == "eval"
-    for body, needles in [
+    refused: list[tuple[dict[str, Any], list[str]]] = [
         ({"from_task_set": task_set.id, "split": "train"},
          ["from_task_set", "split 'train' is for training", "takes split 'eval' only"]),
         ({"from_task_set": task_set.id, "split": "traffic"}, ["held out for production"]),
         ({"from_task_set": make_task_set(owner_engine, splits=SPLITS).id}, ["not admitted"]),
         ({"from_task_set": task_set.id, "task_ids": task_set.split("eval")}, ["exactly one"]),
         ({}, ["exactly one"]),
-    ]:
+    ]
+    for body, needles in refused:
         assert_problem(await api.post("/api/eval-sets", json={"name": uid_name(), **body},
                                       headers=headers), 422, *needles)
     # Now that the eval split is frozen, a run naming its tasks is refused as today.
