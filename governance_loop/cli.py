@@ -5,7 +5,8 @@ write asks OPA as the governance service and is audited with the operating-syste
 account that ran the command (``user@host``), which is a label, not a proven person.
 A decision that belongs to a person is not taken that way: registering an environment
 version (``env register``), creating an eval set (``eval-set create``), setting a threshold
-(``threshold set``) and admitting a task (``admit --decision``) go through the web
+(``threshold set``), admitting a task (``admit --decision``) and admitting a task set
+(``task-set admit``) go through the web
 API with that person's token (TRILOOP_TOKEN), where the web service authenticates them
 and records the decision that governance then reads and carries out.
 """

@@ -8,6 +8,7 @@ eval split (``from_task_set``). Every other split, an unadmitted set or an unkno
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -153,6 +154,37 @@ async def test_an_eval_set_is_frozen_from_an_eval_split_only(
     response = await api.post("/api/runs", json=_run([], base, task_set.split("eval")),
                               headers=people["engineer"].headers)
     assert_problem(response, 422, "holds out")
+
+
+async def test_eval_set_create_freezes_an_eval_split_from_the_cli(
+    monkeypatch: pytest.MonkeyPatch, web_app: Any, people: dict[str, Person],
+    owner_engine: Engine, governance: Client,
+) -> None:
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from governance_loop.cli import governance_app
+
+    client = TestClient(web_app)
+
+    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+        kwargs.pop("timeout", None)
+        return client.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
+
+    monkeypatch.setattr(httpx, "request", request)
+    task_set, name = _admitted_set(owner_engine), uid_name()
+
+    def create(*args: str) -> Any:
+        return CliRunner().invoke(governance_app, ["eval-set", "create", name, *args,
+                                                   "--token", people["operator"].token])
+
+    both = await asyncio.to_thread(create, "--task", task_set.task_ids[1], "--from-task-set",
+                                   task_set.id)
+    assert both.exit_code == 1 and "exactly one" in both.output
+    train = await asyncio.to_thread(create, "--from-task-set", task_set.id, "--split", "train")
+    assert train.exit_code == 1 and "422" in train.output and "split 'train'" in train.output
+    made = await asyncio.to_thread(create, "--from-task-set", f"{task_set.name}@1")
+    assert made.exit_code == 0 and f"{name} v1 " in made.output, made.output
 
 
 def uid_name() -> str:

@@ -9,6 +9,7 @@ decides through ``POST /api/task-sets/{id}/admission``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,12 +18,16 @@ from typing import Any
 
 import httpx
 import pytest
+import typer
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
+from typer.testing import CliRunner
 
 from execution_loop.contracts import PROBE_ADMISSION
 from execution_loop.workflows import AdmissionProbeWorkflow
@@ -298,3 +303,45 @@ async def test_a_set_holding_a_rejected_task_is_not_admitted_and_others_keep_the
     assert _task_statuses(owner_engine, task_set.task_ids) == {
         task_set.task_ids[0]: "rejected", task_set.task_ids[1]: "admitted",
         task_set.task_ids[2]: "rejected"}
+
+
+@pytest.fixture
+def governance_cli(monkeypatch: pytest.MonkeyPatch, web_app: FastAPI) -> typer.Typer:
+    """``triloop governance``, its API calls answered by the test app in-process."""
+    from governance_loop.cli import governance_app
+
+    client = TestClient(web_app)
+
+    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+        kwargs.pop("timeout", None)
+        return client.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
+
+    monkeypatch.setattr(httpx, "request", request)
+    return governance_app
+
+
+async def test_task_set_admit_decides_through_the_api_with_the_persons_token(
+    governance_cli: typer.Typer, people: dict[str, Person], owner_engine: Engine,
+    role_engine: Any, adm_settings: Settings,
+) -> None:
+    task_set = make_task_set(owner_engine, splits=["train", "eval"])
+    runner = CliRunner()
+
+    def admit(*args: str) -> Any:
+        return runner.invoke(governance_cli, ["task-set", "admit", task_set.id[:10], *args])
+
+    async with workers(adm_settings, role_engine) as client:
+        handle = await _start(client, adm_settings, task_set)
+        await _assessed(handle)
+        blank = await asyncio.to_thread(admit, "--approve", "--comment", " ", "--token",
+                                        people["operator"].token)
+        assert blank.exit_code == 1 and "--comment is required" in blank.output
+        denied = await asyncio.to_thread(admit, "--approve", "--comment", "ok", "--token",
+                                         people["engineer"].token)
+        assert denied.exit_code == 1 and "403" in denied.output
+        done = await asyncio.to_thread(admit, "--approve", "--comment", "sample passed",
+                                       "--token", people["operator"].token)
+        assert done.exit_code == 0, done.output
+        assert f"task set {task_set.id}: admitted (admissible=True, 2 of 2" in done.output
+        await handle.result()
+    assert set(_task_statuses(owner_engine, task_set.task_ids).values()) == {"admitted"}
