@@ -134,6 +134,7 @@ class TaskSetAdmissionActivities(GovernanceShell):
         by_task = {m.task_id: m for m in members}
         assessed: list[dict[str, Any]] = []
         failures: list[str] = []
+        passed = 0
         for probe in request.probes:
             judged = judge_probe(probe.task_id, probe.probe, probe.probe_error,
                                  pinned_verifier_hash=version.verifier_hash,
@@ -142,13 +143,13 @@ class TaskSetAdmissionActivities(GovernanceShell):
             assessed.append({"task_id": probe.task_id, "ordinal": member.ordinal,
                              "split": member.split, **judged})
             verdict = judged["assessment"]
+            passed += bool(verdict["admissible"])
             if not verdict["admissible"]:
                 failures += [f"{probe.task_id}: {reason}" for reason in verdict["reasons"]
                              if "failed" in reason.split(",")[0]]
-        admissible = not failures
+        admissible = passed == len(sample)
         reasons = [f"{len(sample)} of {len(members)} task(s) sampled with seed {seed}",
-                   f"{len(sample) - len({f.split(':')[0] for f in failures})} of {len(sample)}"
-                   " sampled task(s) admissible"]
+                   f"{passed} of {len(sample)} sampled task(s) admissible"]
         evidence = {
             "sample": {"size": len(sample), "seed": seed, "members": len(members),
                        "budget": self._budgets.set_sample, "task_ids": sample},
