@@ -13,12 +13,18 @@
 
 The workflow gathers the evidence; this module only judges it. An operator still
 admits or rejects, and only an admissible task can be admitted.
+
+A task set is admitted as one unit: the same questions are answered on a seeded sample of
+its tasks (``sample_tasks``; ``set_sample`` of them, all when the set is that small), and the
+set is admissible only when every sampled task is.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,6 +47,8 @@ class AdmissionBudgets:
     min_resets: int = 2
     # k: reference-solution runs that must all succeed.
     repeat_k: int = 3
+    # Tasks of a task set probed for its admission (all of them when it has no more).
+    set_sample: int = 8
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.max_reset_seconds) and self.max_reset_seconds > 0):
@@ -53,6 +61,28 @@ class AdmissionBudgets:
             )
         if self.repeat_k < 1:
             raise AdmissionBudgetError(f"repeat_k must be >= 1, got {self.repeat_k}")
+        # Bounded: every sampled task's probe evidence travels in one workflow's history.
+        if not 1 <= self.set_sample <= MAX_SET_SAMPLE:
+            raise AdmissionBudgetError(
+                f"set_sample must be between 1 and {MAX_SET_SAMPLE}, got {self.set_sample}")
+
+
+MAX_SET_SAMPLE = 64
+
+
+def sample_seed(task_set_id: str) -> int:
+    """The seed of a task set's admission sample: fixed by its id (its content), so anyone
+    can draw the same sample again from the evidence."""
+    return int(task_set_id[:8], 16)
+
+
+def sample_tasks(task_ids: Sequence[str], *, seed: int, size: int) -> list[str]:
+    """``size`` of the set's tasks (given in ordinal order) drawn with ``seed``, in ordinal
+    order; every task when the set has no more than ``size``."""
+    if len(task_ids) <= size:
+        return list(task_ids)
+    chosen = set(random.Random(seed).sample(range(len(task_ids)), size))
+    return [t for i, t in enumerate(task_ids) if i in chosen]
 
 
 @dataclass(frozen=True)
@@ -195,6 +225,7 @@ def assess_admission(
                 "max_reset_seconds": budgets.max_reset_seconds,
                 "min_resets": budgets.min_resets,
                 "repeat_k": budgets.repeat_k,
+                "set_sample": budgets.set_sample,
             },
             "resets": len(evidence.reset_fingerprints),
             "distinct_fingerprints": len(set(evidence.reset_fingerprints)),

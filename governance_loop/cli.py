@@ -5,8 +5,8 @@ write asks OPA as the governance service and is audited with the operating-syste
 account that ran the command (``user@host``), which is a label, not a proven person.
 A decision that belongs to a person is not taken that way: registering an environment
 version (``env register``), creating an eval set (``eval-set create``), setting a threshold
-(``threshold set``), registering a task set (``task-set register``) and admitting a task
-(``admit --decision``) go through the web
+(``threshold set``), registering a task set (``task-set register``), admitting a task
+(``admit --decision``) and admitting a task set (``task-set admit``) go through the web
 API with that person's token (TRILOOP_TOKEN), where the web service authenticates them
 and records the decision that governance then reads and carries out.
 """
@@ -35,8 +35,8 @@ env_app = typer.Typer(help="Immutable environment versions.", no_args_is_help=Tr
 eval_set_app = typer.Typer(help="Frozen, versioned eval sets.", no_args_is_help=True)
 threshold_app = typer.Typer(help="Versioned gate thresholds.", no_args_is_help=True)
 task_app = typer.Typer(help="Tasks (an environment version and a seed).", no_args_is_help=True)
-task_set_app = typer.Typer(help="Task sets: a dataset, a generator or seeds, split and tagged.",
-                           no_args_is_help=True)
+task_set_app = typer.Typer(help="Task sets: versioned collections of tasks, split and admitted"
+                                " as one unit.", no_args_is_help=True)
 governance_app.add_typer(env_app, name="env")
 governance_app.add_typer(eval_set_app, name="eval-set")
 governance_app.add_typer(threshold_app, name="threshold")
@@ -196,17 +196,30 @@ def task_add(
 @eval_set_app.command("create")
 def eval_set_create(
     name: Annotated[str, typer.Argument(help="Eval set name; each call makes a new version.")],
-    task: Annotated[list[str], typer.Option("--task", help="Admitted task id; repeat.")],
+    task: Annotated[list[str] | None, typer.Option(
+        "--task", help="Admitted task id; repeat (or --from-task-set).")] = None,
+    from_task_set: Annotated[str | None, typer.Option(
+        help="An admitted task set (NAME@V, NAME, id prefix) whose eval split is frozen.")
+    ] = None,
+    split: Annotated[str, typer.Option(help="With --from-task-set: the split (eval only).")
+                     ] = "eval",
     comment: Annotated[str, typer.Option(help="Why (kept with the decision).")] = "",
     output: OutputOption = OutputFormat.table,
     token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
 ) -> None:
-    """Create and freeze the next version of an eval set from admitted tasks.
+    """Create and freeze the next version of an eval set from admitted tasks, or from the
+    eval split of an admitted task set.
 
     Sent to POST /api/eval-sets with the operator's token; governance writes it for them.
     """
-    body = _post_as_person("/api/eval-sets", {"name": name, "task_ids": task,
-                                              "comment": comment}, token, api_url)
+    if bool(task) == (from_task_set is not None):
+        raise _fail(ValueError("give --task (repeat) or --from-task-set, exactly one"))
+    payload: dict[str, Any] = {"name": name, "comment": comment}
+    if from_task_set is not None:
+        payload.update(from_task_set=from_task_set, split=split)
+    else:
+        payload["task_ids"] = task
+    body = _post_as_person("/api/eval-sets", payload, token, api_url)
     if output is OutputFormat.json:
         print_json(body)
         return
@@ -300,6 +313,36 @@ def admit(
     typer.echo(f"task {result.task_id}: {result.status} (admissible={result.admissible})")
     for reason in result.reasons:
         typer.echo(f"  {reason}")
+
+
+@task_set_app.command("admit")
+def task_set_admit(
+    task_set: Annotated[str, typer.Argument(help="Task set id, unique id prefix, or NAME@V.")],
+    approve: Annotated[bool, typer.Option("--approve/--reject",
+                                          help="Admit the set (only an admissible one) or"
+                                               " reject it, with every pending task in it.")],
+    comment: Annotated[str, typer.Option(help="Why (required; kept with the decision).")],
+    output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
+) -> None:
+    """Admit or reject an assessed task set with one decision.
+
+    Sent to POST /api/task-sets/ID/admission with the operator's token: the web service
+    proves who decides, and governance sets the set's status and every member task's.
+    """
+    if not comment.strip():
+        raise _fail(ValueError("--comment is required: say why"))
+    body = _post_as_person(f"/api/task-sets/{task_set}/admission", {
+        "decision": "approve" if approve else "reject", "comment": comment}, token, api_url,
+        source=task_set)
+    if output is OutputFormat.json:
+        print_json(body)
+        return
+    typer.echo(f"task set {body['task_set_id']}: {body['status']}"
+               f" (admissible={body.get('admissible')}, {body.get('sample_size', 0)} of"
+               f" {body.get('members', 0)} tasks sampled, seed {body.get('sample_seed')})")
+    for failure in body.get("failures") or []:
+        typer.echo(f"  {failure}")
 
 
 def _decide_through_api(task_id: str, decision: str, comment: str, token: str | None,

@@ -284,6 +284,75 @@ class AdmissionDecided:
     decision: str  # approve | reject
 
 
+@dataclass
+class TaskSetAdmissionRequest:
+    """Which task set to prepare an admission for."""
+
+    task_set_id: str
+
+
+@dataclass
+class TaskSetAdmissionPlan:
+    """A task set about to be assessed: its seeded sample and the probe's budgets."""
+
+    task_set_id: str
+    status: str
+    members: int
+    sample_seed: int
+    sample_task_ids: list[str]
+    resets: int
+    reference_runs: int
+    decision_deadline_s: float
+    problem: str | None = None  # e.g. the environment version is retired, no members
+
+
+@dataclass
+class SampledProbe:
+    """What the execution loop's probe observed for one sampled task (or why it could not)."""
+
+    task_id: str
+    probe: AdmissionProbeEvidence | None
+    probe_error: str | None = None
+
+
+@dataclass
+class TaskSetEvidenceInput:
+    """Every sampled task's probe, to judge and keep on the task set."""
+
+    task_set_id: str
+    sample_seed: int
+    probes: list[SampledProbe]
+
+
+@dataclass
+class TaskSetAssessmentRecord:
+    """The set's verdict as stored on its row: admissible only if every sampled task is."""
+
+    admissible: bool
+    failures: list[str]  # "<task id>: <question>: failed, ..." per failed answer
+    reasons: list[str]
+
+
+@dataclass
+class TaskSetDecisionInput:
+    """Admit or reject a task set: an operator's recorded decision, or governance's own
+    rejection at the deadline (``automatic_reason``)."""
+
+    task_set_id: str
+    decision_id: str = ""
+    automatic_reason: str = ""
+
+
+@dataclass
+class TaskSetDecided:
+    """The set's new status, who decided, and how many member tasks changed with it."""
+
+    status: str
+    decided_by: str
+    decision: str  # approve | reject
+    tasks_changed: int = 0
+
+
 # Every governance activity is short database (and OPA) work on the governance queue.
 # OPA's refusals and the loop's own rules are never retried; an unreachable OPA is.
 QUICK = timedelta(seconds=60)
@@ -339,6 +408,16 @@ RECORD_ADMISSION_EVIDENCE: ActivityContract[
     "record_admission_evidence", AdmissionEvidenceInput, AdmissionAssessmentRecord)
 DECIDE_TASK_ADMISSION: ActivityContract[AdmissionDecisionInput, AdmissionDecided] = _quick(
     "decide_task_admission", AdmissionDecisionInput, AdmissionDecided)
+# A task set's admission (issue 26): born under the one naming scheme, no legacy name.
+LOAD_TASK_SET_ADMISSION: ActivityContract[TaskSetAdmissionRequest, TaskSetAdmissionPlan] = (
+    ActivityContract("governance.load_task_set_admission", TaskSetAdmissionRequest,
+                     TaskSetAdmissionPlan, QUICK, RETRY))
+RECORD_TASK_SET_EVIDENCE: ActivityContract[TaskSetEvidenceInput, TaskSetAssessmentRecord] = (
+    ActivityContract("governance.record_task_set_evidence", TaskSetEvidenceInput,
+                     TaskSetAssessmentRecord, QUICK, RETRY))
+DECIDE_TASK_SET_ADMISSION: ActivityContract[TaskSetDecisionInput, TaskSetDecided] = (
+    ActivityContract("governance.decide_task_set_admission", TaskSetDecisionInput,
+                     TaskSetDecided, QUICK, RETRY))
 # A person's recorded write, by the decision's kind.
 REGISTER_ENVIRONMENT_VERSION: ActivityContract[
     GovernanceWriteInput, GovernanceWriteResult] = _quick(

@@ -25,6 +25,7 @@ from governance_loop.activities.admission import AdmissionActivities
 from governance_loop.activities.evidence import EvidenceActivities
 from governance_loop.activities.promotion import DEFAULT_THRESHOLD_NAME, PromotionActivities
 from governance_loop.activities.rollback import RollbackActivities
+from governance_loop.activities.task_set_admission import TaskSetAdmissionActivities
 from governance_loop.activities.writes import GovernanceWriteActivities
 from governance_loop.activity_support import GOVERNANCE
 from governance_loop.admission import AdmissionBudgets
@@ -36,6 +37,7 @@ from governance_loop.workflows import (
     GovernanceWriteWorkflow,
     PromotionWorkflow,
     RollbackWorkflow,
+    TaskSetAdmissionWorkflow,
     TaskSetRegistration,
 )
 from triloop.artifact_backends import open_shared_store, open_store
@@ -70,11 +72,13 @@ def build_worker(
     writes = GovernanceWriteActivities(engine, authorizer, store=open_store(settings))
     admission = AdmissionActivities(engine, authorizer, budgets=budgets,
                                     decision_deadline_s=timing.approval_deadline_s)
+    set_admission = TaskSetAdmissionActivities(engine, authorizer, budgets=budgets,
+                                               decision_deadline_s=timing.approval_deadline_s)
     return Worker(
         client,
         task_queue=settings.task_queue(GOVERNANCE_QUEUE),
         workflows=[PromotionWorkflow, RollbackWorkflow, AdmissionWorkflow, GovernanceWriteWorkflow,
-                   TaskSetRegistration],
+                   TaskSetRegistration, TaskSetAdmissionWorkflow],
         activities=[
             promotion.open_promotion, promotion.mark_promotion, promotion.record_gate,
             promotion.record_rollout_batch,
@@ -83,7 +87,9 @@ def build_worker(
             evidence.decide_offline_eval, evidence.decide_shadow, evidence.look_canary,
             evidence.look_watch, rollback.rollback_deployment,
             admission.load_admission_task, admission.record_admission_evidence,
-            admission.decide_task_admission, writes.register_environment_version,
+            admission.decide_task_admission, set_admission.load_task_set_admission,
+            set_admission.record_task_set_evidence, set_admission.decide_task_set_admission,
+            writes.register_environment_version,
             writes.create_eval_set, writes.set_threshold, writes.prepare_task_set,
             writes.store_task_set,
         ],

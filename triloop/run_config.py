@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from triloop import safe_yaml
 
@@ -36,6 +44,7 @@ class ConfigProblem:
 
 
 MAX_TASK_IDS = 10_000
+MAX_TASK_SETS = 50
 TaskId = Annotated[str, Field(min_length=1, max_length=200)]
 
 
@@ -55,14 +64,34 @@ class ModelSection(_Section):
         "to the id when the run is submitted, and the run stores the id.")
 
 
+class TaskSetSelection(_Section):
+    """The tasks of one split of an admitted task set."""
+
+    task_set: str = Field(
+        min_length=1, max_length=200,
+        description="The task set: NAME@V, NAME (its newest version), or its id or a unique "
+        "prefix of it (6+ hex digits). The web service resolves it when the run is "
+        "submitted, and the run stores the set's id.")
+    split: Literal["train", "eval", "traffic"] = Field(
+        default="train",
+        description="Which of the set's splits: a training run trains on \"train\" only; the "
+        "eval and traffic splits are held out, and naming one is refused.")
+
+
 class RolloutSection(_Section):
     """How the execution loop samples trajectories for each iteration."""
 
     task_ids: list[TaskId] = Field(
-        min_length=1, max_length=MAX_TASK_IDS,
+        default_factory=list, max_length=MAX_TASK_IDS,
         description="Admitted task ids to sample from; each iteration draws groups from these "
         "tasks. Bounded so that one request cannot ask the database about millions of "
-        "ids.")
+        "ids. With task_sets, the web service adds their tasks to these when the run is "
+        "submitted (the stored run lists them all).")
+    task_sets: list[TaskSetSelection] = Field(
+        default_factory=list, max_length=MAX_TASK_SETS, validate_default=True,
+        description="Admitted task sets and splits to train on, e.g. [{task_set: "
+        "arith@1, split: train}], beside or instead of task_ids; each set's split "
+        "becomes its task ids, in the set's order, at submission.")
     group_size: int = Field(
         default=8, ge=2, le=1024,
         description="Samples per group (same task and seed), G in GRPO; a group needs 2+ for a "
@@ -98,6 +127,16 @@ class RolloutSection(_Section):
         "loading a checkpoint, so a slow turn is not stuck as long as its tokens come; a "
         "remote backend's turn must end within it. A stuck group fails with \"heartbeat "
         "timeout while <stage>\", and its episodes are lost to the batch.")
+
+    @field_validator("task_sets")
+    @classmethod
+    def _some_tasks(cls, task_sets: list[TaskSetSelection],
+                    info: ValidationInfo) -> list[TaskSetSelection]:
+        # Only when task_ids itself was valid: otherwise its own problem says enough.
+        if "task_ids" in info.data and not info.data["task_ids"] and not task_sets:
+            raise ValueError("no tasks to train on: give rollout.task_ids, rollout.task_sets"
+                             " or both")
+        return task_sets
 
 
 class AdvantageConfig(_Section):

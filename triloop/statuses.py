@@ -142,6 +142,8 @@ class DecisionKind(Word):
     # subject: a task set's name; decision: register (details: environment version, source,
     # split rule, tags; a dataset by its sha256 in the artifact store)
     TASK_SET = "task_set"
+    # subject: a task set's id; decision: approve | reject (every member task with it)
+    TASK_SET_ADMISSION = "task_set_admission"
 
 
 class Decision(Word):

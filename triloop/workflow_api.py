@@ -26,6 +26,8 @@ ROLLOUT_WORKFLOW = "RolloutWorkflow"  # execution
 TRAINING_RUN_WORKFLOW = "TrainingRunWorkflow"  # learning
 PROMOTION_WORKFLOW = "PromotionWorkflow"  # governance
 ADMISSION_WORKFLOW = "AdmissionWorkflow"  # governance
+# A task set admitted as one unit: a seeded sample probed, one operator decision.
+TASK_SET_ADMISSION_WORKFLOW = "TaskSetAdmission"  # governance
 ROLLBACK_WORKFLOW = "RollbackWorkflow"  # governance
 # A person's recorded write to governance's versioned data (environment versions, eval
 # sets, thresholds), carried out for them.
@@ -34,10 +36,9 @@ ADMISSION_PROBE_WORKFLOW = "AdmissionProbeWorkflow"  # execution
 # A person's import of a pretrained model as a named base checkpoint.
 MODEL_IMPORT_WORKFLOW = "ModelImportWorkflow"  # learning
 # Task sets: the content digests and tags of a source's tasks, computed where environments
-# live; an operator's registration of a set; and the set's admission as one unit.
+# live; an operator's registration of a set (its admission: TASK_SET_ADMISSION_WORKFLOW).
 DESCRIBE_TASKS_WORKFLOW = "DescribeTasksWorkflow"  # execution
 TASK_SET_REGISTRATION_WORKFLOW = "TaskSetRegistration"  # governance
-TASK_SET_ADMISSION_WORKFLOW = "TaskSetAdmission"  # governance
 
 # Signals / updates / queries.
 RUN_PAUSE_SIGNAL = "pause"
@@ -405,18 +406,6 @@ def describe_tasks_workflow_id(request_id: str) -> str:
     return f"describe-tasks-{request_id}"
 
 
-@dataclass
-class TaskSetAdmissionInput:
-    """Admit one registered task set as a unit (``TASK_SET_ADMISSION_WORKFLOW``)."""
-
-    task_set_id: str
-
-
-def task_set_admission_workflow_id(task_set_id: str) -> str:
-    """One admission workflow per task set."""
-    return f"task-set-admission-{task_set_id}"
-
-
 def task_set_registration_workflow_id(decision_id: str) -> str:
     """One registration per recorded decision: a retried request cannot register twice."""
     return f"task-set-registration-{decision_id}"
@@ -430,6 +419,34 @@ ADMISSION_STATUS_QUERY = "status"
 def admission_workflow_id(task_id: str) -> str:
     """Workflow id of the admission of a task."""
     return f"admission-{task_id}"
+
+
+@dataclass
+class TaskSetAdmissionInput:
+    """Assess a task set on a seeded sample of its tasks, then wait for one decision."""
+
+    task_set_id: str
+
+
+def task_set_admission_workflow_id(task_set_id: str) -> str:
+    """Workflow id of the admission of a task set."""
+    return f"task-set-admission-{task_set_id}"
+
+
+@dataclass
+class TaskSetAdmissionResult:
+    """Where a task set's admission stands (``ADMISSION_STATUS_QUERY``, the decide update)."""
+
+    task_set_id: str
+    status: str  # assessing | awaiting_decision | admitted | rejected
+    admissible: bool | None = None
+    members: int = 0
+    sample_size: int = 0
+    sample_seed: int = 0
+    # One line per sampled task that failed a question or whose probe failed.
+    failures: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    decided_by: str | None = None
 
 
 @dataclass

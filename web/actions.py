@@ -19,7 +19,7 @@ from triloop import held_out
 from triloop.episode_plan import batch_plan
 from triloop.models import RolloutBatch
 from triloop.models._columns import new_id
-from triloop.run_config import RunConfig, RunConfigError
+from triloop.run_config import MAX_TASK_IDS, RunConfig, RunConfigError
 from triloop.statuses import (
     Decision,
     DecisionKind,
@@ -42,7 +42,7 @@ from triloop.workflow_api import (
     training_run_workflow_id,
 )
 from web.data import audit as audit_data
-from web.data import decisions, deployments, lineage, promotions, runs
+from web.data import decisions, deployments, lineage, promotions, runs, task_set_refs
 from web.data.audit import ChainVerification
 from web.data.deployments import RollbackPreview
 from web.data.runs import RunSummary
@@ -193,6 +193,41 @@ async def _held_out(db: Sessions, task_ids: list[str]) -> None:
         raise invalid("a run may not train on tasks an eval set holds out", problems)
 
 
+def _training_splits(*, session: Session, config: RunConfig) -> tuple[list[str], list[str],
+                                                                      list[str]]:
+    """Each ``rollout.task_sets`` entry as its set's id and tasks, or its problem."""
+    set_ids, task_ids, problems = [], [], []
+    for i, chosen in enumerate(config.rollout.task_sets):
+        found = task_set_refs.split_for(session=session, ref=chosen.task_set, split=chosen.split,
+                                        allowed="train", use="a training run")
+        if found.problem is not None:
+            problems.append(f"rollout.task_sets[{i}]: {found.problem}")
+        set_ids.append(found.task_set_id or chosen.task_set)
+        task_ids += found.task_ids
+    return set_ids, task_ids, problems
+
+
+async def _resolve_task_sets(db: Sessions, config: RunConfig) -> RunConfig:
+    """``rollout.task_sets`` resolved into ``rollout.task_ids`` (after any ids given), the
+    sets named by id: the run stores what it trains on, whatever named it."""
+    if not config.rollout.task_sets:
+        return config
+    set_ids, from_sets, problems = await db.read(_training_splits, config=config)
+    if problems:
+        raise invalid("rollout.task_sets names tasks a run may not train on", problems)
+    task_ids = list(dict.fromkeys([*config.rollout.task_ids, *from_sets]))
+    if len(task_ids) > MAX_TASK_IDS:
+        raise invalid("the run names too many tasks", [
+            f"rollout.task_sets: {len(task_ids)} tasks with rollout.task_ids; at most"
+            f" {MAX_TASK_IDS}"])
+    rollout = config.rollout.model_copy(update={
+        "task_ids": task_ids,
+        "task_sets": [chosen.model_copy(update={"task_set": set_id})
+                      for chosen, set_id in zip(config.rollout.task_sets, set_ids, strict=True)],
+    })
+    return config.model_copy(update={"rollout": rollout})
+
+
 async def submit_run(
     *, guard: Guard, db: Sessions, services: WebServices, body: RunSubmit
 ) -> RunSummary:
@@ -207,6 +242,7 @@ async def submit_run(
     except RunConfigError as exc:
         raise invalid("the run configuration is invalid",
                       [f"{p.path}: {p.message}" for p in exc.problems]) from exc
+    config = await _resolve_task_sets(db, config)
     task_ids, base = list(config.rollout.task_ids), config.model.base
     await _admitted(db, task_ids)
     await _held_out(db, task_ids)
@@ -373,6 +409,55 @@ async def decide_admission(
     return AdmissionOutcome(task_id=task_id, status=result.status,
                             admissible=result.admissible, reasons=list(result.reasons),
                             decided_by=result.decided_by)
+
+
+class TaskSetAdmissionOutcome(BaseModel):
+    """A task set's admission as governance left it: the sample's verdict and the decision."""
+
+    task_set_id: str
+    status: str
+    admissible: bool | None = None
+    members: int = 0
+    sample_size: int = 0
+    sample_seed: int = 0
+    failures: list[str] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    decided_by: str | None = None
+
+
+async def decide_task_set_admission(
+    *, guard: Guard, db: Sessions, services: WebServices, ref: str, body: AdmissionRequest
+) -> TaskSetAdmissionOutcome:
+    """Record the operator's one decision on a task set (its id, a unique id prefix or
+    NAME@V), then hand its id to the set's admission workflow, which sets every member."""
+    found = await db.read(task_set_refs.find_task_set, ref=ref)
+    if found.task_set is None:
+        raise not_found("task set", ref)
+    task_set = found.task_set
+    admit = body.decision == Decision.APPROVE
+    await guard("admit" if admit else "reject", "task_set", id=task_set.id)
+    if task_set.status != TaskStatus.pending:
+        raise conflict(f"task set {task_set.id} is already {task_set.status}")
+    evidence = task_set.evidence or {}
+    admissible = evidence.get("admissible")
+    if admit and admissible is not True:
+        if admissible is None:
+            raise conflict(f"task set {task_set.id} has not been assessed yet; wait for its"
+                           " admission's evidence")
+        failures = "; ".join(evidence.get("failures") or [])
+        raise conflict(f"task set {task_set.id} is not admissible; it can only be rejected"
+                       f" (failures: {failures})")
+    decision_id = await db.write(
+        decisions.record_decision, kind=DecisionKind.TASK_SET_ADMISSION, subject=task_set.id,
+        decision=Decision(body.decision), user=guard.principal.name,
+        comment=body.comment.strip(), credential=guard.principal.credential)
+    result = await services.orchestrator.task_set_admission_update(task_set.id,
+                                                                   DecisionRef(decision_id))
+    return TaskSetAdmissionOutcome(
+        task_set_id=result.task_set_id, status=result.status, admissible=result.admissible,
+        members=result.members, sample_size=result.sample_size, sample_seed=result.sample_seed,
+        failures=list(result.failures), reasons=list(result.reasons),
+        decided_by=result.decided_by)
 
 
 def record_production_batch(*, session: Session, batch: RolloutBatchInput) -> None:

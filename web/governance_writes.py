@@ -12,9 +12,9 @@ else written.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from triloop.contract_upload import upload_problems
 from triloop.statuses import Decision, DecisionKind
@@ -24,13 +24,14 @@ from triloop.workflow_api import (
     governance_write_workflow_id,
 )
 from web.actions import _admitted
-from web.data import decisions
+from web.data import decisions, task_set_refs
 from web.deps import Guard, Sessions, WebServices
 from web.problems import invalid
 
 ENVIRONMENT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 VERSIONED_NAME = ENVIRONMENT_NAME  # eval sets and thresholds are named the same way
 ID = r"^[A-Za-z0-9_.:-]{1,200}$"
+MAX_EVAL_TASKS = 1000
 
 
 class EnvironmentRegistration(BaseModel):
@@ -95,12 +96,26 @@ async def _decide(
 
 
 class EvalSetFreeze(BaseModel):
-    """The next version of an eval set, from admitted tasks, frozen at once."""
+    """The next version of an eval set, frozen at once: from admitted tasks, or from the
+    eval split of an admitted task set (``from_task_set``, ``split: eval``)."""
 
     name: str = Field(pattern=VERSIONED_NAME, description="the eval set's name")
-    task_ids: list[Annotated[str, Field(pattern=ID)]] = Field(
-        min_length=1, max_length=1000, description="admitted tasks, in order, each once")
+    task_ids: list[Annotated[str, Field(pattern=ID)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_EVAL_TASKS,
+        description="admitted tasks, in order, each once (or from_task_set)")
+    from_task_set: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="an admitted task set (id, unique id prefix, NAME@V or NAME) whose eval"
+                    " split, in the set's order, becomes the eval set's tasks")
+    split: Literal["train", "eval", "traffic"] = Field(
+        default="eval", description="with from_task_set: the split, which must be eval")
     comment: str = Field(default="", max_length=2000, description="why (optional)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalSetFreeze:
+        if (self.task_ids is None) == (self.from_task_set is None):
+            raise ValueError("give task_ids or from_task_set (with split eval), exactly one")
+        return self
 
 
 class EvalSetFrozen(BaseModel):
@@ -122,14 +137,30 @@ async def freeze_eval_set(
     for action, kind in (("create", "eval_set"), ("create", "eval_item"),
                          ("freeze", "eval_set")):
         await guard(action, kind, attrs={"name": body.name})
-    repeated = sorted({t for t in body.task_ids if body.task_ids.count(t) > 1})
+    details: dict[str, Any] = {}
+    if body.from_task_set is not None:
+        found = await db.read(task_set_refs.split_for, ref=body.from_task_set, split=body.split,
+                              allowed="eval", use="an eval set")
+        if found.problem is not None:
+            raise invalid("from_task_set cannot be frozen as an eval set", [
+                f"from_task_set: {found.problem}"])
+        if len(found.task_ids) > MAX_EVAL_TASKS:
+            raise invalid("the eval split is too large for one eval set", [
+                f"from_task_set: {len(found.task_ids)} tasks in split eval; at most"
+                f" {MAX_EVAL_TASKS}"])
+        task_ids = found.task_ids
+        details = {"task_set_id": found.task_set_id, "split": body.split}
+    else:
+        task_ids = list(body.task_ids or [])
+    repeated = sorted({t for t in task_ids if task_ids.count(t) > 1})
     if repeated:
         raise invalid("each task may be listed once", [f"{t}: listed more than once"
                                                        for t in repeated])
-    await _admitted(db, body.task_ids)
+    await _admitted(db, task_ids)
     decision_id, workflow_id, result = await _decide(
         guard=guard, db=db, services=services, kind=DecisionKind.EVAL_SET, subject=body.name,
-        decision=Decision.CREATE, comment=body.comment, details={"task_ids": body.task_ids})
+        decision=Decision.CREATE, comment=body.comment,
+        details={"task_ids": task_ids, **details})
     return EvalSetFrozen(eval_set_id=result.id, name=result.name, version=result.version,
                          content_hash=result.details.get("content_hash"),
                          task_ids=list(result.details.get("task_ids") or []),

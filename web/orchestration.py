@@ -57,9 +57,11 @@ from triloop.workflow_api import (
     RollbackResult,
     RolloutBatchInput,
     RunControl,
+    TaskSetAdmissionResult,
     TrainingRunInput,
     admission_workflow_id,
     promotion_decision_update,
+    task_set_admission_workflow_id,
 )
 from web.problems import ProblemError, conflict
 
@@ -184,6 +186,17 @@ class Orchestrator:
         result: AdmissionResult = await self._call(handle.execute_update(
             ADMISSION_DECIDE_UPDATE, decision, result_type=AdmissionResult,
             rpc_timeout=self._rpc_timeout()), what=f"decide admission of task {task_id}")
+        return result
+
+    async def task_set_admission_update(
+        self, task_set_id: str, decision: DecisionRef
+    ) -> TaskSetAdmissionResult:
+        """Send an operator's recorded decision to the task set's admission workflow."""
+        client = await self.client("governance")
+        handle = client.get_workflow_handle(task_set_admission_workflow_id(task_set_id))
+        result: TaskSetAdmissionResult = await self._call(handle.execute_update(
+            ADMISSION_DECIDE_UPDATE, decision, result_type=TaskSetAdmissionResult,
+            rpc_timeout=self._rpc_timeout()), what=f"decide admission of task set {task_set_id}")
         return result
 
     async def rollback(self, request: RollbackInput, workflow_id: str,

@@ -35,6 +35,42 @@ from triloop.statuses import Decision, TaskStatus
 from triloop.workflow_api import AdmissionProbeEvidence
 
 
+def judge_probe(
+    task_id: str, probe: AdmissionProbeEvidence | None, probe_error: str | None, *,
+    pinned_verifier_hash: str | None, budgets: AdmissionBudgets,
+) -> dict[str, Any]:
+    """One task's probe judged by the four questions: the probe, its error and the
+    assessment as stored in the evidence (a task's, or a sampled task's in its set's)."""
+    if probe is not None and probe.task_id != task_id:
+        raise refused(f"probe evidence is for task {probe.task_id}, not {task_id}")
+    evidence = AdmissionEvidence(
+        reset_fingerprints=list(probe.reset_fingerprints) if probe else [],
+        verifier_hash=probe.verifier_hash if probe else None,
+        verifier_ran_out_of_process=probe.verifier_ran_out_of_process if probe else False,
+        reset_seconds=list(probe.reset_seconds) if probe else [],
+        reference_results=list(probe.reference_results) if probe else [],
+        pinned_verifier_hash=pinned_verifier_hash,
+        reward_hacks=list(probe.reward_hacks) if probe and probe.reward_hacks is not None
+        else None,
+    )
+    assessment = assess_admission(evidence, budgets)
+    reasons = list(assessment.reasons)
+    admissible = assessment.admissible
+    if probe_error:
+        reasons.insert(0, f"probe failed: {probe_error}")
+        admissible = False  # no evidence, no admission, whatever defaults would say
+    return {
+        "probe": asdict(probe) if probe else None,
+        "probe_error": probe_error,
+        "assessment": {
+            "reproducible": assessment.reproducible, "verifiable": assessment.verifiable,
+            "cheap_recovery": assessment.cheap_recovery,
+            "repeatable": assessment.repeatable, "admissible": admissible,
+            "reasons": reasons, "evidence": assessment.evidence,
+        },
+    }
+
+
 class AdmissionActivities(GovernanceShell):
     """Task admission: evidence and the operator's decision on the task row."""
 
@@ -73,51 +109,27 @@ class AdmissionActivities(GovernanceShell):
         self, request: AdmissionEvidenceInput
     ) -> AdmissionAssessmentRecord:
         """Judge the probe's evidence with the four questions and keep both on the task."""
-        probe = request.probe
         with session_scope(self._engine) as session:
             task = store.get_task(session=session, task_id=request.task_id)
             version = store.get_environment_version(
                 session=session, version_id=task.environment_version_id
             )
             pinned_verifier_hash = version.verifier_hash
-        evidence = AdmissionEvidence(
-            reset_fingerprints=list(probe.reset_fingerprints) if probe else [],
-            verifier_hash=probe.verifier_hash if probe else None,
-            verifier_ran_out_of_process=probe.verifier_ran_out_of_process if probe else False,
-            reset_seconds=list(probe.reset_seconds) if probe else [],
-            reference_results=list(probe.reference_results) if probe else [],
-            pinned_verifier_hash=pinned_verifier_hash,
-            reward_hacks=list(probe.reward_hacks) if probe and probe.reward_hacks is not None
-            else None,
-        )
-        assessment = assess_admission(evidence, self._budgets)
-        reasons = list(assessment.reasons)
-        if request.probe_error:
-            reasons.insert(0, f"probe failed: {request.probe_error}")
-        if probe is not None and probe.task_id != request.task_id:
-            raise refused(f"probe evidence is for task {probe.task_id}, not {request.task_id}")
-        stored: dict[str, Any] = {
-            "probe": asdict(probe) if probe else None,
-            "probe_error": request.probe_error,
-            "assessment": {
-                "reproducible": assessment.reproducible, "verifiable": assessment.verifiable,
-                "cheap_recovery": assessment.cheap_recovery,
-                "repeatable": assessment.repeatable, "admissible": assessment.admissible,
-                "reasons": reasons, "evidence": assessment.evidence,
-            },
-        }
+        stored = judge_probe(request.task_id, request.probe, request.probe_error,
+                             pinned_verifier_hash=pinned_verifier_hash, budgets=self._budgets)
+        admissible, reasons = stored["assessment"]["admissible"], stored["assessment"]["reasons"]
         self.authorize("update", Resource("task", id=request.task_id,
-                                          attrs={"admissible": assessment.admissible}))
+                                          attrs={"admissible": admissible}))
         with session_scope(self._engine) as session:
             task = store.get_task(session=session, task_id=request.task_id, for_update=True)
             if task.status != TaskStatus.pending:
                 raise refused(f"task {task.id} is already {task.status}")
             task.evidence = {**stored, "assessed_at": utcnow().isoformat()}
-            _record_content(task, probe)
+            _record_content(task, request.probe)
             session.add(task)
             record(session, action="assess_task", resource={"kind": "task", "id": task.id},
-                   payload={"admissible": assessment.admissible, "reasons": reasons})
-        return AdmissionAssessmentRecord(admissible=assessment.admissible, reasons=reasons)
+                   payload={"admissible": admissible, "reasons": reasons})
+        return AdmissionAssessmentRecord(admissible=admissible, reasons=reasons)
 
     @activity.defn(name=DECIDE_TASK_ADMISSION.name)
     def decide_task_admission(self, request: AdmissionDecisionInput) -> AdmissionDecided:

@@ -91,6 +91,12 @@ class RunActivities:
                 " POST /api/runs or `triloop train submit`, which record the submitter",
                 type=RUN_NOT_FOUND, non_retryable=True,
             )
+        if not request.task_ids:  # task sets are resolved to ids by the web service
+            raise ApplicationError(
+                f"training run {request.run_id} refused: it names no task ids; the web service"
+                " resolves rollout.task_sets into rollout.task_ids when the run is submitted",
+                type=TASK_NOT_ADMITTED, non_retryable=True,
+            )
         tasks = get_tasks(engine=self._engine, task_ids=request.task_ids)
         problems = [f"task {t} does not exist" for t in request.task_ids if t not in tasks]
         problems += [

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine, text
 
 from tests.factories import make_task
+from tests.factories_task_sets import make_task_set
 from tests.factories_web import add_token, admitted_task, make_promotion, make_user
 from triloop.config import Settings
 from triloop.faults import read_serving_faults
@@ -80,6 +81,7 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
             {"c": seeded.checkpoint_id, "t": seeded.parent_id})
     comment = {"comment": "looked at the evidence"}
     pending = make_task(owner_engine, status="pending")
+    pending_set = make_task_set(owner_engine).id
     token_id = add_token(owner_engine, submitter.name, "tl_walk-" + submitter.name)
     grant_id = "walk-" + submitter.name
     with owner_engine.begin() as conn:  # a pending grant another admin could decide
@@ -120,6 +122,8 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
         ("POST", "/api/audit/verify"): ("/api/audit/verify", {}),
         ("POST", "/api/tasks/{task_id}/admission"):
             (f"/api/tasks/{pending}/admission", {"decision": "approve", **comment}),
+        ("POST", "/api/task-sets/{task_set_id}/admission"):
+            (f"/api/task-sets/{pending_set}/admission", {"decision": "approve", **comment}),
         ("POST", "/api/faults"):
             ("/api/faults", {"checkpoint_id": seeded.checkpoint_id, "temperature": 4}),
         ("DELETE", "/api/faults"): ("/api/faults", {}),

@@ -89,3 +89,24 @@ def test_impossible_budgets_are_refused() -> None:
         AdmissionBudgets(max_reset_seconds=0)
     with pytest.raises(AdmissionBudgetError, match="repeat_k"):
         AdmissionBudgets(repeat_k=0)
+
+
+def test_a_task_sets_sample_is_seeded_sized_by_the_budget_and_in_set_order() -> None:
+    from governance_loop.admission import sample_seed, sample_tasks
+
+    tasks = [f"t{i:03d}" for i in range(100)]
+    seed = sample_seed("0000abcd" + "0" * 56)
+    assert seed == 0xABCD
+    drawn = sample_tasks(tasks, seed=seed, size=8)
+    assert len(drawn) == 8 and len(set(drawn)) == 8 and drawn == sorted(drawn)
+    assert drawn == sample_tasks(tasks, seed=seed, size=8)  # drawn again from the evidence
+    assert drawn != sample_tasks(tasks, seed=seed + 1, size=8)
+    assert sample_tasks(tasks[:5], seed=seed, size=8) == tasks[:5]  # a small set: all of it
+
+
+@pytest.mark.parametrize("size", [0, 65])
+def test_a_set_sample_outside_its_bounds_is_refused(size: int) -> None:
+    from governance_loop.admission import AdmissionBudgetError, AdmissionBudgets
+
+    with pytest.raises(AdmissionBudgetError, match="set_sample"):
+        AdmissionBudgets(set_sample=size)

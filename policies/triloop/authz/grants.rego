@@ -49,9 +49,9 @@ service_grants := {
 		# Environment versions are immutable: no update.
 		"environment_version": {"read", "create", "freeze", "retire"},
 		"task": {"read", "create", "update", "admit", "reject_task", "retire"},
-		# A task set and its members are written once, at registration; update: its
-		# admission's evidence and decision.
-		"task_set": {"read", "create", "update"},
+		# A task set and its members are written once, at registration; it is admitted or
+		# rejected as one unit (update: its admission's evidence), its member tasks with it.
+		"task_set": {"read", "create", "update", "admit", "reject"},
 		"eval_set": {"read", "create", "update", "freeze", "retire"},
 		"eval_item": {"read", "create", "update", "delete"},
 		"threshold": {"read", "create", "update", "freeze", "retire"},
@@ -108,8 +108,9 @@ role_grants := {
 		"eval_set": {"create", "freeze"},
 		"eval_item": {"create"},
 		"threshold": {"create"},
-		# Register a task set (POST /api/task-sets): governance writes it for the operator.
-		"task_set": {"create"},
+		# Register a task set (POST /api/task-sets): governance writes it for the operator;
+		# one decision admits or rejects it whole (POST /api/task-sets/{id}/admission).
+		"task_set": {"create", "admit", "reject"},
 		# Production traffic: an operator may send episodes to the routed checkpoint.
 		"trajectory": {"create"},
 		# Game days: serve a checkpoint degraded on purpose (see faults.rego).
@@ -145,11 +146,11 @@ delegable := {
 		"promotion": {"approve", "reject", "sign_audit", "reject_audit", "override_alarms"},
 		"deployment": {"rollback"},
 		"task": {"admit", "reject_task"},
+		"task_set": {"create", "admit", "reject"},
 		"environment_version": {"create"},
 		"eval_set": {"create", "freeze"},
 		"eval_item": {"create"},
 		"threshold": {"create"},
-		"task_set": {"create"},
 	},
 	"learning": {"training_run": {"cancel", "pause", "resume"}},
 }

@@ -161,6 +161,30 @@ test_governance_cannot_admit_for_an_ml_engineer if {
 	denied(admission_for("maya", ["ml_engineer"], "admit"))
 }
 
+task_set_admission_for(person, roles, action) := json.patch(
+	admission_for(person, roles, action),
+	[{"op": "replace", "path": "/resource/kind", "value": "task_set"}],
+)
+
+test_governance_admits_or_rejects_a_task_set_for_an_operator_only if {
+	allowed(task_set_admission_for("olga", ["operator"], "admit"))
+	allowed(task_set_admission_for("olga", ["operator"], "reject"))
+	denied(task_set_admission_for("maya", ["ml_engineer"], "admit"))
+	denied(task_set_admission_for("aude", ["auditor"], "reject"))
+	denied(task_set_admission_for("olga", ["operator"], "reject_task"))
+}
+
+test_learning_and_execution_never_admit_a_task_set if {
+	denied({
+		"actor": {"service": "learning"}, "action": "admit",
+		"resource": {"kind": "task_set", "id": "s1", "attrs": {}},
+	})
+	denied({
+		"actor": {"service": "execution"}, "action": "reject",
+		"resource": {"kind": "task_set", "id": "s1", "attrs": {}},
+	})
+}
+
 token_of(owner, user, roles, action) := {
 	"actor": {"service": "web", "user": user, "roles": roles},
 	"action": action,

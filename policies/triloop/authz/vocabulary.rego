@@ -14,12 +14,12 @@ loop_services := {"execution", "learning", "governance"}
 roles := {"ml_engineer", "operator", "auditor", "admin"}
 
 kinds := {
-	"environment", "environment_version", "task",
+	"environment", "environment_version", "task", "task_set",
 	"eval_set", "eval_item", "threshold",
 	"training_run", "training_step", "trajectory", "step", "checkpoint",
 	"proposal", "promotion", "gate_result", "approval", "deployment", "routing",
 	"audit_event", "user", "serving_fault", "api_token", "role_grant",
-	"nexus_operation", "rollout_batch", "task_set",
+	"nexus_operation", "rollout_batch",
 }
 
 actions := {
@@ -39,7 +39,7 @@ write_actions := actions - {"read", "verify"}
 
 # The kinds each domain action applies to; read/create/update/delete apply to all.
 applies_to := {
-	"admit": {"task"},
+	"admit": {"task", "task_set"},
 	"reject_task": {"task"},
 	"retire": {"environment", "environment_version", "task", "eval_set", "threshold"},
 	"freeze": {"environment_version", "eval_set", "threshold"},
@@ -49,7 +49,7 @@ applies_to := {
 	"pause": {"training_run"},
 	"resume": {"training_run"},
 	"approve": {"promotion"},
-	"reject": {"promotion"},
+	"reject": {"promotion", "task_set"},
 	"sign_audit": {"promotion"},
 	"reject_audit": {"promotion"},
 	"override_alarms": {"promotion"},
