@@ -60,8 +60,6 @@ def test_the_eval_set_page_shows_its_coverage_per_tag(
     eval_set = uid("es-")
     insert(owner_engine, "eval_set", id=eval_set, name=uid("held-out-"), version=1,
            created_by="gov")
-    with owner_engine.begin() as conn:
-        conn.execute(text("UPDATE eval_set SET frozen_at = now() WHERE id = :i"), {"i": eval_set})
     for ordinal, tags in enumerate(({"difficulty": "easy"}, {"difficulty": "easy"},
                                     {"difficulty": "hard"}, {})):
         task = uid("cov-")
@@ -71,6 +69,8 @@ def test_the_eval_set_page_shows_its_coverage_per_tag(
             conn.execute(text("UPDATE task SET tags = CAST(:t AS jsonb) WHERE id = :i"),
                          {"t": json.dumps(tags), "i": task})
         insert(owner_engine, "eval_item", eval_set_id=eval_set, ordinal=ordinal, task_id=task)
+    with owner_engine.begin() as conn:  # frozen once its items are in, as governance does
+        conn.execute(text("UPDATE eval_set SET frozen_at = now() WHERE id = :i"), {"i": eval_set})
     sign_in(page, base_url, people["operator"], "/eval-sets")
     page.get_by_role("link", name="Eval sets").first.click()
     page.locator(f'a[href="/eval-sets/{eval_set}"]').click()
