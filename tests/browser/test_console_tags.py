@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, ViewportSize, expect
 from sqlalchemy import Engine, text
 
 from tests.browser.support import shot, sign_in
@@ -17,7 +17,7 @@ from tests.factories_web import Person
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 pytest_plugins = ["tests.factories_web_fixtures"]
 
-PHONE = {"width": 390, "height": 844}
+PHONE: ViewportSize = {"width": 390, "height": 844}
 
 
 def test_the_run_page_shows_reward_and_success_per_tag(

@@ -271,7 +271,7 @@ def governance_cli(monkeypatch: pytest.MonkeyPatch, web_app: FastAPI) -> typer.T
 
     client = TestClient(web_app)
 
-    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+    def request(method: str, url: str, **kwargs: Any) -> Any:
         kwargs.pop("timeout", None)
         return client.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
 
