@@ -257,11 +257,27 @@ async def test_a_run_api_shows_reward_and_success_per_tag(
                metrics={"series": series}, alarms=[])
     response = await api.get(f"/api/runs/{run_id}", headers=people["engineer"].headers)
     assert response.status_code == 200, response.text
+    shown = _train_show_lines(response)
     assert response.json()["tags"] == [
         {"tag": "difficulty=easy", "key": "difficulty", "value": "easy", "reward": 0.25,
          "success": 0.5, "iteration": 1},
         {"tag": "difficulty=hard", "key": "difficulty", "value": "hard", "reward": 0.75,
          "success": None, "iteration": 2}]
+    # `triloop train show` prints a line per tag value.
+    assert shown == ["  tag difficulty=easy: reward=0.25 success=50% (iteration 1)",
+                     "  tag difficulty=hard: reward=0.75 success=? (iteration 2)"]
+
+
+def _train_show_lines(response: httpx.Response) -> list[str]:
+    import contextlib
+    import io
+
+    from web import cli_runs
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        cli_runs._show(response.json())
+    return [line for line in printed.getvalue().splitlines() if line.startswith("  tag ")]
 
 
 @pytest.fixture
