@@ -193,6 +193,79 @@ def task_add(
     typer.echo(task_id)
 
 
+def _task_row(task: dict[str, Any]) -> dict[str, Any]:
+    version = task.get("environment_version")
+    return {
+        "id": task["id"],
+        "environment": f"{task.get('environment') or '?'}@{version if version else '?'}",
+        "seed": task["seed"], "status": task["status"],
+        "splits": ", ".join(f"{m['task_set']}: {m['split']}" for m in task.get("splits") or []),
+        "tags": ", ".join(f"{k}={v}" for k, v in sorted((task.get("tags") or {}).items())),
+    }
+
+
+@task_app.command("list")
+def task_list(
+    environment: Annotated[str | None, typer.Option(
+        "--environment", help="Only tasks of this environment (its name).")] = None,
+    status: Annotated[str | None, typer.Option(
+        "--status", help="Only tasks in this status: pending, admitted or rejected.")] = None,
+    split: Annotated[str | None, typer.Option(
+        "--split", help="Only tasks in this split of a task set: train, eval or traffic.")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(
+        "--tag", help="key=value: only tasks with this tag; repeat for all of several.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
+    cursor: Annotated[str | None, typer.Option(
+        "--cursor", help="The next page, as the previous page said.")] = None,
+    output: OutputOption = OutputFormat.table,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (as --output json).")
+                       ] = False,
+    token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
+) -> None:
+    """Tasks, newest first: id, environment@version, seed, status, splits and tags.
+
+    Read from GET /api/tasks with your token; the next page's command goes to stderr.
+    """
+    from urllib.parse import urlencode
+
+    from triloop.cli_output import field, print_rows, progress
+
+    query: list[tuple[str, Any]] = [("limit", limit)]
+    for name, value in (("environment", environment), ("status", status), ("split", split),
+                        ("cursor", cursor)):
+        if value:
+            query.append((name, value))
+    query += [("tag", t) for t in tag or []]
+    page = _get_as_person(f"/api/tasks?{urlencode(query)}", token, api_url)
+    if as_json:
+        output = OutputFormat.json
+    columns = (field("id", "id", is_id=True), field("environment", "environment"),
+               field("seed", "seed"), field("status", "status"), field("splits", "splits"),
+               field("tags", "tags"))
+    print_rows([_task_row(t) for t in page["items"]], columns, output, json_data=page)
+    if page.get("next_cursor") and output is not OutputFormat.json:
+        progress(f"more: triloop governance task list --cursor {page['next_cursor']}")
+
+
+def _get_as_person(path: str, token: str | None, api_url: str) -> dict[str, Any]:
+    """GET from the web API with the person's token; a refusal prints each reason, exit 1."""
+    return _post_as_person(path, None, token, api_url, method="GET")
+
+
+def _resolve_task(engine: Engine, ref: str) -> str:
+    """The task id ``ref`` is or uniquely starts (as `train show` resolves run ids)."""
+    from sqlmodel import Session, col, select
+
+    from triloop.cli_output import pick_one
+    from triloop.models import Task
+
+    with Session(engine) as session:
+        ids = list(session.exec(select(Task.id).where(col(Task.id).startswith(
+            ref, autoescape=True)).order_by(col(Task.id)).limit(4)))
+    return pick_one(ref, ids, "task")
+
+
 @eval_set_app.command("create")
 def eval_set_create(
     name: Annotated[str, typer.Argument(help="Eval set name; each call makes a new version.")],
@@ -280,7 +353,7 @@ class DecisionChoice(StrEnum):
 
 @governance_app.command("admit")
 def admit(
-    task_id: Annotated[str, typer.Argument(help="Task to assess.")],
+    task_id: Annotated[str, typer.Argument(help="Task to assess: its id or a unique prefix.")],
     decision: Annotated[DecisionChoice | None, typer.Option(
         help="The operator's decision, sent through the web API with --token.")] = None,
     comment: Annotated[str, typer.Option(help="Why (required with --decision).")] = "",
@@ -295,8 +368,9 @@ def admit(
     The assessment is governance's own work. A decision is the operator's: it goes to
     POST /api/tasks/TASK/admission with their token, so the web service proves who they are.
     """
-    settings, _, authorizer = _adapters()
+    settings, engine, authorizer = _adapters()
     user, roles = _who()
+    task_id = _resolve_task(engine, task_id)
     from governance_loop.environments import GOVERNANCE, requested_by_context
     from triloop.policy import Resource
 

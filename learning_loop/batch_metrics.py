@@ -8,6 +8,9 @@ name>`` are the mean return of the iteration's trajectories of that task or envi
 share of them the environment's verdict called a success (reached the goal, the exact
 answer, the pinned tests pass), which shaped reward can hide: a policy may earn more by
 failing sooner. Trajectories whose success is unknown (None) count in no success key.
+``reward/tag/<key>=<value>`` and ``success/tag/<key>=<value>`` are the same per tag of the
+task (``task.tags``, for example ``difficulty=easy``): the run plan carries each task's
+tags, since a task set's axes (domain, capability, difficulty) say more than task ids.
 The run page charts every key and overlays keys that share a prefix. Pure python.
 """
 
@@ -24,6 +27,8 @@ ENVIRONMENT_REWARD_PREFIX = "reward/env/"
 SUCCESS_RATE = "success/rate"
 TASK_SUCCESS_PREFIX = "success/task/"
 ENVIRONMENT_SUCCESS_PREFIX = "success/env/"
+TAG_REWARD_PREFIX = "reward/tag/"
+TAG_SUCCESS_PREFIX = "success/tag/"
 
 
 def reward_series(returns: Sequence[TrajectoryReturn]) -> dict[str, float]:
@@ -57,6 +62,26 @@ def success_series(returns: Sequence[TrajectoryReturn]) -> dict[str, float]:
     series.update({f"{TASK_SUCCESS_PREFIX}{k}": _mean(v) for k, v in by_task.items()})
     series.update({f"{ENVIRONMENT_SUCCESS_PREFIX}{k}": _mean(v)
                    for k, v in by_environment.items()})
+    return dict(sorted(series.items()))
+
+
+def tag_series(returns: Sequence[TrajectoryReturn],
+               task_tags: Mapping[str, Mapping[str, str]]) -> dict[str, float]:
+    """Mean return and success rate per tag ``key=value`` of the trajectories' tasks.
+
+    A trajectory counts once for each tag its task carries; tasks without tags (or not in
+    ``task_tags``) count in no tag key, and success keys count known verdicts only.
+    """
+    rewards: dict[str, list[float]] = defaultdict(list)
+    wins: dict[str, list[float]] = defaultdict(list)
+    for r in returns:
+        for key, value in sorted((task_tags.get(r.task_id) or {}).items()):
+            label = f"{key}={value}"
+            rewards[label].append(r.total_reward)
+            if r.success is not None:
+                wins[label].append(1.0 if r.success else 0.0)
+    series = {f"{TAG_REWARD_PREFIX}{k}": _mean(v) for k, v in rewards.items()}
+    series.update({f"{TAG_SUCCESS_PREFIX}{k}": _mean(v) for k, v in wins.items()})
     return dict(sorted(series.items()))
 
 

@@ -48,6 +48,8 @@ class TaskSeed:
     seed: int
     environment_version_id: str
     environment: str = ""  # the environment's name (per-environment metrics, normalisation)
+    # ``task.tags`` (domain, capability, difficulty, ...): per-tag series and the curriculum.
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,6 +122,8 @@ class UpdateInput:
     # The run's admitted training tasks -> their environment's name. The learner refuses a
     # trajectory of any other task (empty: an update started before this field existed).
     task_environments: dict[str, str] = field(default_factory=dict)
+    # The run's tagged training tasks -> their tags, for the per-tag series.
+    task_tags: dict[str, dict[str, str]] = field(default_factory=dict)
     # Metric keys the workflow knows of the iteration (resample rounds, tasks filtered by
     # pass rate, the curriculum's max_turns), stored with the iteration's series.
     series: dict[str, float] = field(default_factory=dict)

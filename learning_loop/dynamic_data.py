@@ -10,6 +10,8 @@
   never solved, so its groups have no variance. Never filters every task.
 - **Horizon curriculum** (ScalingInter-RL, AgentGym-RL): `max_turns_at` gives the turn
   limit of an iteration from `sampling.horizon_schedule`.
+- **Curriculum by tag**: `curriculum_tasks` keeps the run's tasks whose tags match the
+  iteration's `rollout.curriculum` stage (triloop.curriculum), before pass-rate filtering.
 
 Every task these functions return comes from the run plan, i.e. was admitted by
 governance: the learner never sees anything else. Deterministic and torch-free, so the
@@ -22,6 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from learning_loop.contracts import TaskSeed
+from triloop import curriculum
 from triloop.run_config import RunConfig, SamplingConfig
 from triloop.statuses import EpisodeStatus
 from triloop.workflow_api import RolloutBatchResult, RolloutItem
@@ -95,6 +98,27 @@ def tasks_for_sampling(tasks: Sequence[TaskSeed], history: Mapping[str, Sequence
     if not kept:  # every task solved or hopeless: keep training on all rather than stop
         return list(tasks), []
     return kept, filtered
+
+
+def curriculum_tasks(tasks: Sequence[TaskSeed], iteration: int, config: RunConfig
+                     ) -> list[TaskSeed]:
+    """The run's tasks the iteration's curriculum stage selects (all without a curriculum).
+
+    The workflow refuses, before the first rollout, a curriculum with a stage that selects
+    none (``triloop.curriculum.curriculum_problems``), so this is never empty then.
+    """
+    stages = config.rollout.curriculum
+    return curriculum.select(iteration, stages, tasks, lambda t: t.tags)
+
+
+def curriculum_series(iteration: int, config: RunConfig, sampled: int) -> dict[str, float]:
+    """The iteration's stage (1-based; 0 before the first) and how many tasks it samples."""
+    stages = config.rollout.curriculum
+    if not stages:
+        return {}
+    stage = curriculum.stage_at(iteration, stages)
+    return {"curriculum/stage": float(0 if stage is None else stages.index(stage) + 1),
+            "curriculum/tasks": float(sampled)}
 
 
 def max_turns_at(iteration: int, config: RunConfig) -> int | None:

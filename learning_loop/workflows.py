@@ -40,6 +40,8 @@ with workflow.unsafe.imports_passed_through():
     from learning_loop import contracts as m
     from learning_loop.asynchrony import rollouts_to_start
     from learning_loop.dynamic_data import (
+        curriculum_series,
+        curriculum_tasks,
         groups_to_resample,
         informative_groups,
         max_turns_at,
@@ -53,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         plan_continuations,
         settle,
     )
+    from triloop.curriculum import curriculum_problems
     from triloop.nexus_api import ExecutionService, GovernanceService, endpoint_for
     from triloop.run_config import RunConfig, RunConfigError
     from triloop.statuses import RunStatus as RunState
@@ -200,6 +203,11 @@ class TrainingRunWorkflow:
         queue = workflow.info().task_queue
         plan = await m.VALIDATE_RUN.call(m.ValidateRunInput(
             run.run_id, run.submitted_by, list(config.rollout.task_ids)))
+        if problems := curriculum_problems(config.rollout.curriculum,
+                                           {t.task_id: t.tags for t in plan.tasks}):
+            raise ApplicationError(
+                f"training run {run.run_id} refused: its curriculum does not fit its tasks ("
+                + "; ".join(problems) + ")", type="InvalidCurriculum", non_retryable=True)
         base = run.base_checkpoint_id or (await m.REGISTER_BASE_CHECKPOINT.call(
             m.RegisterBaseInput(run.run_id, config.model.base),
             task_queue=sibling_queue(queue, LEARNING_GPU_QUEUE))).checkpoint_id
@@ -407,7 +415,8 @@ class TrainingRunWorkflow:
                        groups: int | None = None, offset: int = 0, tag: str = ""
                        ) -> asyncio.Task[RolloutBatchResult]:
         rollout = config.rollout
-        tasks, filtered = tasks_for_sampling(plan.tasks, self._pass_history, config.sampling)
+        staged = curriculum_tasks(plan.tasks, iteration, config)
+        tasks, filtered = tasks_for_sampling(staged, self._pass_history, config.sampling)
         count = groups or rollout.groups_per_iteration
         items = rollout_items(tasks, iteration, rollout.groups_per_iteration, rollout.group_size,
                               offset=offset, count=count)
@@ -432,6 +441,7 @@ class TrainingRunWorkflow:
             series["data/tasks_filtered"] = float(len(filtered))
         if max_turns is not None:
             series["curriculum/max_turns"] = float(max_turns)
+        series.update(curriculum_series(iteration, config, len(staged)))
         self._batch_series[batch.batch_id] = series
         execution = workflow.create_nexus_client(
             service=ExecutionService, endpoint=endpoint_for(workflow.info().task_queue,
@@ -468,6 +478,7 @@ class TrainingRunWorkflow:
                 base_checkpoint_id=base, batch_ids=list(batch_ids), config=run.config,
                 environment_version_ids=list(plan.environment_version_ids),
                 task_environments={t.task_id: t.environment for t in plan.tasks},
+                task_tags={t.task_id: dict(t.tags) for t in plan.tasks if t.tags},
                 series=series, entropy_coef_bonus=mitigation.entropy_coef_bonus,
                 learning_rate_scale=mitigation.learning_rate_scale,
                 held_group_ids=list(groups.held) if groups else [],

@@ -78,6 +78,27 @@ class TaskSetSelection(_Section):
         "eval and traffic splits are held out, and naming one is refused.")
 
 
+TagName = Annotated[str, Field(min_length=1, max_length=100)]
+
+
+class CurriculumStage(_Section):
+    """From an iteration on, only the run's training tasks whose tags match are sampled."""
+
+    from_iteration: int = Field(ge=1, description="First iteration (1-based) of the stage (count).")
+    tags: dict[TagName, list[TagName]] = Field(
+        min_length=1, max_length=16,
+        description="Tag key -> the values it may take (a task's ``task.tags``): a task is "
+        "sampled when, for every key, its value is one of these; for example "
+        "{difficulty: [easy, medium]}.")
+
+    @model_validator(mode="after")
+    def _values_given(self) -> CurriculumStage:
+        empty = sorted(key for key, values in self.tags.items() if not values)
+        if empty:
+            raise ValueError(f"tag key(s) {empty} list no value: the stage would select no task")
+        return self
+
+
 class RolloutSection(_Section):
     """How the execution loop samples trajectories for each iteration."""
 
@@ -127,6 +148,13 @@ class RolloutSection(_Section):
         "loading a checkpoint, so a slow turn is not stuck as long as its tokens come; a "
         "remote backend's turn must end within it. A stuck group fails with \"heartbeat "
         "timeout while <stage>\", and its episodes are lost to the batch.")
+    curriculum: list[CurriculumStage] = Field(
+        default_factory=list, max_length=64,
+        description="Curriculum by tag: stages in order of from_iteration; from a stage's "
+        "iteration on, only the run's tasks whose tags match the stage's are sampled "
+        "(before the first stage, all of them), as sampling.horizon_schedule does for "
+        "max_turns. Every tag key must be one the run's tasks carry and every stage must "
+        "select at least one of them (checked when the run is submitted). Empty: none.")
 
     @field_validator("task_sets")
     @classmethod
@@ -603,6 +631,12 @@ def _practice_problems(config: RunConfig) -> list[ConfigProblem]:
         problems.append(ConfigProblem(
             "sampling.horizon_schedule",
             f"stages must start at increasing iterations, got {starts}",
+        ))
+    stages = [stage.from_iteration for stage in config.rollout.curriculum]
+    if stages != sorted(set(stages)):
+        problems.append(ConfigProblem(
+            "rollout.curriculum",
+            f"stages must start at increasing iterations, got {stages}",
         ))
     window = config.asynchrony.staleness_window
     # window 1 is the overlap every run always had, whatever max_staleness says.

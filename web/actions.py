@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validat
 from sqlmodel import Session
 
 from triloop import held_out
+from triloop.curriculum import curriculum_problems
 from triloop.episode_plan import batch_plan
 from triloop.models import RolloutBatch
 from triloop.models._columns import new_id
@@ -43,6 +44,7 @@ from triloop.workflow_api import (
 )
 from web.data import audit as audit_data
 from web.data import decisions, deployments, lineage, promotions, runs, task_set_refs
+from web.data import environments as envs
 from web.data.audit import ChainVerification
 from web.data.deployments import RollbackPreview
 from web.data.runs import RunSummary
@@ -242,11 +244,23 @@ async def submit_run(
     except RunConfigError as exc:
         raise invalid("the run configuration is invalid",
                       [f"{p.path}: {p.message}" for p in exc.problems]) from exc
+    task_ids, problems = await db.read(envs.resolve_task_refs,
+                                       refs=list(config.rollout.task_ids))
+    if problems:
+        raise invalid("rollout.task_ids: a task id prefix names several tasks", problems)
+    task_ids = list(dict.fromkeys(task_ids))  # two prefixes of one task name it once
+    if task_ids != list(config.rollout.task_ids):  # the run stores full ids, as submitted
+        config = config.model_copy(update={"rollout": config.rollout.model_copy(
+            update={"task_ids": task_ids})})
     config = await _resolve_task_sets(db, config)
     task_ids, base = list(config.rollout.task_ids), config.model.base
     await _admitted(db, task_ids)
     await _held_out(db, task_ids)
     tasks = await db.read(runs.tasks_by_id, task_ids=task_ids)
+    curriculum = curriculum_problems(config.rollout.curriculum,
+                                     {t.id: dict(t.tags or {}) for t in tasks.values()})
+    if curriculum:
+        raise invalid("rollout.curriculum does not fit the run's tasks", curriculum)
     resolved = await db.read(lineage.resolve_base, ref=base)
     if resolved.problem is not None:
         raise invalid("model.base names no checkpoint", [resolved.problem])

@@ -153,6 +153,11 @@ def _show(run: dict[str, Any]) -> None:
         echo(f"  reason: {run['status_reason']}")
     if run["metrics"]:
         echo(f"  {_metrics_line(run['metrics'][-1])}")
+    for row in run.get("tags") or []:  # reward and success per tag of the run's tasks
+        success = "?" if row.get("success") is None else f"{row['success']:.0%}"
+        reward = "?" if row.get("reward") is None else f"{row['reward']:.4g}"
+        echo(f"  tag {row['tag']}: reward={reward} success={success}"
+             f" (iteration {row['iteration']})")
     for alarm in run["alarms"]:
         echo(f"  alarm {alarm['name']} at iteration {alarm['iteration']}")
     if run["status"] == RunStatus.paused:

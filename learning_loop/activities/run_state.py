@@ -123,7 +123,8 @@ class RunActivities:
             )
         ordered = [tasks[t] for t in request.task_ids]
         return RunPlan(
-            tasks=[TaskSeed(t.id, t.seed, t.environment_version_id, environments.get(t.id, ""))
+            tasks=[TaskSeed(t.id, t.seed, t.environment_version_id, environments.get(t.id, ""),
+                            tags={str(k): str(v) for k, v in (t.tags or {}).items()})
                    for t in ordered],
             environment_version_ids=sorted({t.environment_version_id for t in ordered}),
         )

@@ -34,6 +34,7 @@ from temporalio.exceptions import ApplicationError
 from learning_loop.activities.bases import checkpoint_uri
 from learning_loop.advantages import AdvantageInputError
 from learning_loop.batch import InvalidSampleError
+from learning_loop.batch_metrics import merge_series, tag_series
 from learning_loop.checkpoints import (
     CheckpointError,
     CheckpointRef,
@@ -292,7 +293,9 @@ class UpdateActivities:
             data_cursor={"run_id": request.run_id, "iteration": request.iteration,
                          "batch_ids": list(request.batch_ids),
                          "next_iteration": request.iteration + 1},
-            on_stage=stage, series=request.series, warm=self._take_warm(parent.id),
+            on_stage=stage, series=merge_series(request.series,
+                                                tag_series(data.returns, request.task_tags)),
+            warm=self._take_warm(parent.id),
             base=base_ref,
         )
         self._warm = outcome.learner

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from triloop.statuses import TaskStatus
+from triloop.statuses import TaskSplit, TaskStatus
 from web import actions, governance_writes
 from web.actions import AdmissionOutcome, AdmissionRequest
-from web.api.common import Short
+from web.api.common import IdPrefix, Short
 from web.api.documented_errors import WORKFLOW_ERRORS
 from web.data import environments as envs
 from web.data.environments import (
@@ -22,7 +22,7 @@ from web.data.environments import (
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.governance_writes import EnvironmentRegistered, EnvironmentRegistration
 from web.pagination import CursorParam, LimitParam, Page
-from web.problems import not_found
+from web.problems import invalid, not_found
 from web.query import DIGITS_ONLY
 
 router = APIRouter(tags=["environments"])
@@ -95,20 +95,46 @@ async def get_version(version_id: str, guard: AuthorizeDep, db: SessionDep) -> V
     return found
 
 
+TagFilter = Annotated[list[str] | None, Query(
+    max_length=16, description="key=value: only tasks carrying this tag (repeat: all of them)")]
+
+
 @router.get("/api/tasks", response_model=Page[TaskPublic])
 async def list_tasks(
     guard: AuthorizeDep, db: SessionDep, limit: LimitParam = 50, cursor: CursorParam = None,
     environment_version_id: Short | None = None, status: TaskStatus | None = None,
+    environment: Short | None = None, split: TaskSplit | None = None,
+    tag: TagFilter = None, id_prefix: IdPrefix | None = None,
 ) -> Page[TaskPublic]:
-    """Tasks, newest first, with their admission status."""
+    """Tasks, newest first, with their admission status, environment, the splits of the
+    task sets they are in, and their tags; filtered by environment (name), status, split
+    (in any task set), tags (``key=value``, all of them) or id prefix."""
     await guard("read", "task")
+    tags, bad = envs.parse_tag_filters(tag or [])
+    if bad:
+        raise invalid("a tag filter is not key=value", bad)
     return await db.read(envs.list_tasks, limit=limit, cursor=cursor,
-                         environment_version_id=environment_version_id, status=status)
+                         environment_version_id=environment_version_id, status=status,
+                         environment=environment, split=split, tags=tags, id_prefix=id_prefix)
+
+
+async def resolve_task(db: SessionDep, ref: str) -> str:
+    """The task id ``ref`` is or uniquely starts; 404 when none, 422 naming the candidates
+    when several."""
+    found = await db.read(envs.resolve_task_ref, ref=ref)
+    if found.task_id is not None:
+        return found.task_id
+    if not found.candidates:
+        raise not_found("task", ref)
+    raise invalid(f"task id prefix {ref!r} is ambiguous",
+                  [envs.ref_problem(ref, found.candidates)])
 
 
 @router.get("/api/tasks/{task_id}", response_model=TaskPublic)
 async def get_task(task_id: str, guard: AuthorizeDep, db: SessionDep) -> TaskPublic:
-    """A task and the evidence for its admission decision."""
+    """A task (by id or unique id prefix) and the evidence for its admission decision."""
+    await guard("read", "task")
+    task_id = await resolve_task(db, task_id)
     await guard("read", "task", id=task_id)
     found = await db.read(envs.get_task, task_id=task_id)
     if found is None:
@@ -122,6 +148,7 @@ async def decide_admission(
     task_id: str, body: AdmissionRequest, guard: AuthorizeDep, db: SessionDep,
     services: ServicesDep,
 ) -> AdmissionOutcome:
-    """An operator admits an assessed, admissible task, or rejects it, saying why."""
+    """An operator admits an assessed, admissible task (by id or unique id prefix), or
+    rejects it, saying why."""
     return await actions.decide_admission(guard=guard, db=db, services=services,
-                                          task_id=task_id, body=body)
+                                          task_id=await resolve_task(db, task_id), body=body)

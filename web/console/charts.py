@@ -4,7 +4,8 @@ from the repository), which gives hover values, axis ticks, smoothing and a seco
 overlaid; ``static/charts.js`` reads the specs from the page.
 
 Keys sharing the prefix ``reward/task/`` are overlaid in one chart, and so are those
-sharing ``reward/env/``, ``success/task/`` or ``success/env/``; the success rate is charted
+sharing ``reward/env/``, ``success/task/``, ``success/env/``, ``reward/tag/`` or
+``success/tag/`` (per tag ``key=value`` of the tasks); the success rate is charted
 next to mean reward; every other key gets a chart of its own. Iterations that raised
 a stability alarm are marked on every chart. Each chart also carries a one-line text
 summary, for screen readers and for a browser without JavaScript.
@@ -38,6 +39,8 @@ OVERLAID: tuple[tuple[str, str, str], ...] = (
     ("reward/env/", "Reward per environment", "reward"),
     ("success/task/", "Success rate per task", "share of episodes"),
     ("success/env/", "Success rate per environment", "share of episodes"),
+    ("reward/tag/", "Reward per tag", "reward"),
+    ("success/tag/", "Success rate per tag", "share of episodes"),
 )
 
 

@@ -17,7 +17,7 @@ from web.actions import DecisionRequest, RollbackRequest
 from web.console.decisions import decisions_for
 from web.console.gate_analysis import analyse_gate, waiting_gate_note
 from web.console.rendering import ConsoleGuard, CsrfChecked, page, redirect
-from web.data import audit, deployments, lineage, promotions
+from web.data import audit, deployments, evaluation, lineage, promotions
 from web.data.promotions import GateView
 from web.deps import Guard, ServicesDep, SessionDep
 from web.pagination import CursorParam
@@ -40,6 +40,32 @@ async def promotions_page(
     await guard("read", "promotion")
     listing = await db.read(promotions.list_promotions, limit=25, cursor=cursor)
     return page(request, "promotions.html", guard.principal, title="Promotions", listing=listing)
+
+
+@router.get("/eval-sets", response_class=HTMLResponse)
+async def eval_sets_page(
+    request: Request, guard: ConsoleGuard, db: SessionDep, cursor: CursorParam = None
+) -> Response:
+    """Frozen eval sets, newest first."""
+    await guard("read", "eval_set")
+    listing = await db.read(evaluation.list_eval_sets, limit=25, cursor=cursor)
+    return page(request, "eval_sets.html", guard.principal, title="Eval sets", listing=listing)
+
+
+@router.get("/eval-sets/{eval_set_id}", response_class=HTMLResponse)
+async def eval_set_page(
+    request: Request, eval_set_id: str, guard: ConsoleGuard, db: SessionDep
+) -> Response:
+    """An eval set: its coverage per tag, its thresholds, and its items for roles that may
+    see them."""
+    await guard("read", "eval_set", id=eval_set_id)
+    with_items = await guard.allows("read", "eval_item", id=eval_set_id)
+    detail = await db.read(evaluation.eval_set_detail, eval_set_id=eval_set_id,
+                           with_items=with_items)
+    if detail is None:
+        raise not_found("eval set", eval_set_id)
+    return page(request, "eval_set.html", guard.principal,
+                title=f"Eval set {detail.name} v{detail.version}", eval_set=detail)
 
 
 @router.get("/promotions/{promotion_id}", response_class=HTMLResponse)

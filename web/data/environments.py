@@ -11,7 +11,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from triloop.contract_diff import ContractChange, diff_contracts
-from triloop.models import Environment, EnvironmentVersion, Task
+from triloop.models import Environment, EnvironmentVersion, Task, TaskSet, TaskSetMember
 from web.pagination import Page, keyset, page_of
 
 
@@ -61,14 +61,28 @@ class ContractDiff(BaseModel):
     changes: list[ContractChange]
 
 
+class TaskMembership(BaseModel):
+    """A task set the task is in, and its split there."""
+
+    task_set_id: str
+    task_set: str  # name@version
+    split: str
+
+
 class TaskPublic(BaseModel):
-    """A task and the evidence behind its admission decision (the four questions)."""
+    """A task and the evidence behind its admission decision (the four questions), with its
+    environment, the splits of the task sets it is in, and its tags."""
 
     model_config = ConfigDict(from_attributes=True)
     id: str
     environment_version_id: str
+    environment: str = ""  # the version's environment name
+    environment_version: int | None = None  # its version number
     seed: int
     status: str
+    content_digest: str | None = None
+    tags: dict[str, str] = {}
+    splits: list[TaskMembership] = []
     evidence: dict[str, Any]
     decided_by: str | None = None
     decided_at: datetime | None = None
@@ -177,23 +191,129 @@ def contract_diff(*, session: Session, name: str, a: int, b: int) -> ContractDif
     )
 
 
+class TaskRef(BaseModel):
+    """What a task id or unique prefix names: the id, or why nothing (with candidates)."""
+
+    task_id: str | None
+    candidates: list[str] = []
+
+
+MAX_CANDIDATES = 5
+
+
+def resolve_task_ref(*, session: Session, ref: str) -> TaskRef:
+    """A task id, else the one id ``ref`` starts; an ambiguous prefix lists candidates."""
+    if session.get(Task, ref) is not None:
+        return TaskRef(task_id=ref)
+    ids = list(session.exec(select(Task.id).where(col(Task.id).startswith(ref, autoescape=True))
+                            .order_by(col(Task.id)).limit(MAX_CANDIDATES + 1)))
+    if len(ids) == 1:
+        return TaskRef(task_id=ids[0])
+    return TaskRef(task_id=None, candidates=ids)
+
+
+def resolve_task_refs(*, session: Session, refs: list[str]) -> tuple[list[str], list[str]]:
+    """(ids in order, problems): each ref an id or a unique prefix of one becomes that id;
+    an ambiguous prefix is a problem naming the candidates; a ref naming nothing is kept
+    as it is, for the caller's own "no such task"."""
+    resolved, problems = [], []
+    for ref in refs:
+        found = resolve_task_ref(session=session, ref=ref)
+        resolved.append(found.task_id or ref)
+        if found.task_id is None and found.candidates:
+            problems.append(ref_problem(ref, found.candidates))
+    return resolved, problems
+
+
+def ref_problem(ref: str, candidates: list[str]) -> str:
+    """Why ``ref`` names no one task: nothing starts with it, or several ids do."""
+    if not candidates:
+        return f"{ref}: no task has an id starting with {ref!r}"
+    shown = ", ".join(candidates[:MAX_CANDIDATES])
+    more = " and more" if len(candidates) > MAX_CANDIDATES else ""
+    return (f"{ref}: ambiguous, it starts the ids of several tasks ({shown}{more});"
+            " give more characters")
+
+
+def _memberships(session: Session, task_ids: list[str]) -> dict[str, list[TaskMembership]]:
+    found: dict[str, list[TaskMembership]] = {}
+    if not task_ids:
+        return found
+    rows = session.exec(
+        select(TaskSetMember, TaskSet)
+        .join(TaskSet, col(TaskSet.id) == col(TaskSetMember.task_set_id))
+        .where(col(TaskSetMember.task_id).in_(task_ids))
+        .order_by(col(TaskSet.name), col(TaskSet.version))
+    )
+    for member, task_set in rows:
+        found.setdefault(member.task_id, []).append(TaskMembership(
+            task_set_id=task_set.id, task_set=f"{task_set.name}@{task_set.version}",
+            split=member.split))
+    return found
+
+
+def _task_publics(session: Session, tasks: list[Task]) -> list[TaskPublic]:
+    versions = {v.id: v for v in session.exec(select(EnvironmentVersion).where(
+        col(EnvironmentVersion.id).in_({t.environment_version_id for t in tasks})))}
+    splits = _memberships(session, [t.id for t in tasks])
+    publics = []
+    for task in tasks:
+        version = versions.get(task.environment_version_id)
+        publics.append(TaskPublic.model_validate({
+            **task.model_dump(), "tags": {str(k): str(v) for k, v in (task.tags or {}).items()},
+            "environment": version.environment_name if version else "",
+            "environment_version": version.version if version else None,
+            "splits": splits.get(task.id, []),
+        }))
+    return publics
+
+
+def parse_tag_filters(values: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``key=value`` filters as a dict, and the ones that are not ``key=value``."""
+    tags: dict[str, str] = {}
+    bad: list[str] = []
+    for value in values:
+        key, sep, wanted = value.partition("=")
+        if not sep or not key or not wanted:
+            bad.append(f"tag {value!r}: expected key=value, for example difficulty=easy")
+        else:
+            tags[key] = wanted
+    return tags, bad
+
+
 def list_tasks(
     *, session: Session, limit: int, cursor: str | None,
     environment_version_id: str | None = None, status: str | None = None,
+    environment: str | None = None, split: str | None = None,
+    tags: Mapping[str, str] | None = None, id_prefix: str | None = None,
 ) -> Page[TaskPublic]:
-    """Tasks, newest first, optionally of one version or status."""
+    """Tasks, newest first, optionally of one version, environment, status or split (in
+    any task set), carrying all these tags, or whose id starts so."""
     statement = select(Task)
+    if id_prefix is not None:
+        statement = statement.where(col(Task.id).startswith(id_prefix, autoescape=True))
     if environment_version_id is not None:
         statement = statement.where(Task.environment_version_id == environment_version_id)
+    if environment is not None:
+        of_environment = select(EnvironmentVersion.id).where(
+            EnvironmentVersion.environment_name == environment)
+        statement = statement.where(col(Task.environment_version_id).in_(of_environment))
     if status is not None:
         statement = statement.where(Task.status == status)
+    if split is not None:
+        statement = statement.where(col(Task.id).in_(
+            select(TaskSetMember.task_id).where(TaskSetMember.split == split)))
+    if tags:
+        statement = statement.where(col(Task.tags).contains(dict(tags)))
     statement = keyset(statement, [col(Task.created_at), col(Task.id)], cursor,
                        (datetime, str), limit)
     rows = list(session.exec(statement))
-    return page_of(rows, limit, lambda t: (t.created_at, t.id), TaskPublic.model_validate)
+    # One query per page for environments and memberships, not one per task.
+    publics = {p.id: p for p in _task_publics(session, rows[:limit])}
+    return page_of(rows, limit, lambda t: (t.created_at, t.id), lambda t: publics[t.id])
 
 
 def get_task(*, session: Session, task_id: str) -> TaskPublic | None:
-    """One task with its evidence."""
+    """One task with its evidence, environment, splits and tags."""
     task = session.get(Task, task_id)
-    return None if task is None else TaskPublic.model_validate(task)
+    return None if task is None else _task_publics(session, [task])[0]

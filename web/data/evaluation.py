@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import func
+from sqlalchemy import func, text
 from sqlmodel import Session, col, select
 
 from triloop.models import EvalItem, EvalSet, Threshold
@@ -34,10 +34,23 @@ class EvalItemPublic(BaseModel):
     task_id: str
 
 
+class TagCoverage(BaseModel):
+    """How many of an eval set's tasks carry one tag value."""
+
+    tag: str  # key=value
+    key: str
+    value: str
+    tasks: int
+    share: float  # of the set's items, 0..1
+
+
 class EvalSetDetail(EvalSetPublic):
-    """An eval set with its item count and, for roles that may see them, its items."""
+    """An eval set with its item count, its coverage per tag and, for roles that may see
+    them, its items."""
 
     item_count: int
+    untagged: int = 0  # items whose task carries no tag
+    coverage: list[TagCoverage] = []
     items: list[EvalItemPublic] | None = None
     thresholds: list[ThresholdPublic]
 
@@ -66,6 +79,25 @@ def list_eval_sets(*, session: Session, limit: int, cursor: str | None) -> Page[
     return page_of(rows, limit, lambda e: (e.created_at, e.id), EvalSetPublic.model_validate)
 
 
+_COVERAGE = text(
+    "SELECT tag.key, tag.value, count(*) FROM eval_item e JOIN task t ON t.id = e.task_id,"
+    " jsonb_each_text(t.tags) AS tag WHERE e.eval_set_id = :id"
+    " GROUP BY tag.key, tag.value ORDER BY tag.key, tag.value")
+_UNTAGGED = text(
+    "SELECT count(*) FROM eval_item e JOIN task t ON t.id = e.task_id"
+    " WHERE e.eval_set_id = :id AND t.tags = '{}'::jsonb")
+
+
+def tag_coverage(*, session: Session, eval_set_id: str, items: int
+                 ) -> tuple[list[TagCoverage], int]:
+    """(per tag value: how many of the set's tasks carry it; how many carry no tag)."""
+    rows = session.execute(_COVERAGE, {"id": eval_set_id}).all()
+    untagged = int(session.execute(_UNTAGGED, {"id": eval_set_id}).scalar_one())
+    return [TagCoverage(tag=f"{key}={value}", key=key, value=value, tasks=int(n),
+                        share=int(n) / items if items else 0.0)
+            for key, value, n in rows], untagged
+
+
 def eval_set_detail(
     *, session: Session, eval_set_id: str, with_items: bool
 ) -> EvalSetDetail | None:
@@ -86,8 +118,11 @@ def eval_set_detail(
         select(Threshold).where(Threshold.eval_set_id == eval_set_id)
         .order_by(col(Threshold.name), col(Threshold.version))
     )
+    coverage, untagged = tag_coverage(session=session, eval_set_id=eval_set_id,
+                                      items=int(count))
     return EvalSetDetail(
         **EvalSetPublic.model_validate(row).model_dump(), item_count=int(count), items=items,
+        coverage=coverage, untagged=untagged,
         thresholds=[ThresholdPublic.model_validate(t) for t in thresholds],
     )
 

@@ -90,6 +90,43 @@ class Alarm(BaseModel):
     name: str
 
 
+# The learner's per-tag keys (learning_loop.batch_metrics; web imports no loop).
+TAG_REWARD_PREFIX = "reward/tag/"
+TAG_SUCCESS_PREFIX = "success/tag/"
+
+
+class TagResult(BaseModel):
+    """Reward and success of one tag value's tasks, at the last iteration that had them."""
+
+    tag: str  # key=value
+    key: str
+    value: str
+    reward: float | None = None  # mean return of its episodes
+    success: float | None = None  # share of its episodes the verdict called a success
+    iteration: int  # the last iteration with episodes of its tasks
+
+
+def tag_results(points: list[MetricPoint]) -> list[TagResult]:
+    """Per tag value: the latest ``reward/tag/<k>=<v>`` and ``success/tag/<k>=<v>``."""
+    latest: dict[str, dict[str, Any]] = {}
+    for point in points:  # oldest first: later iterations overwrite
+        for key, value in point.extra_metrics.items():
+            for prefix, field_name in ((TAG_REWARD_PREFIX, "reward"),
+                                       (TAG_SUCCESS_PREFIX, "success")):
+                if key.startswith(prefix):
+                    tag = key[len(prefix):]
+                    row = latest.setdefault(tag, {})
+                    if row.get("iteration") != point.iteration:  # a newer iteration: reset
+                        row.clear()
+                        row["iteration"] = point.iteration
+                    row[field_name] = value
+    results = []
+    for tag, row in sorted(latest.items()):
+        key, _, tag_value = tag.partition("=")
+        results.append(TagResult(tag=tag, key=key, value=tag_value, **row))
+    return results
+
+
 class RunDetail(RunSummary):
     """A run with its config, metrics (latest 500 iterations), alarms and checkpoints."""
 
@@ -97,6 +134,11 @@ class RunDetail(RunSummary):
     metrics: list[MetricPoint]
     alarms: list[Alarm]
     checkpoint_ids: list[str]
+    tags: list[TagResult] = Field(
+        default_factory=list,
+        description="reward and success per tag of the run's tasks (task.tags), at the last "
+                    "iteration with episodes of each; the series are reward/tag/<k>=<v> and "
+                    "success/tag/<k>=<v> in every metric point")
 
 
 class RunMetrics(BaseModel):
@@ -156,6 +198,7 @@ def run_detail(*, session: Session, run_id: str) -> RunDetail | None:
         metrics=points,
         alarms=[Alarm(iteration=p.iteration, name=a) for p in points for a in p.alarms],
         checkpoint_ids=list(checkpoints),
+        tags=tag_results(points),
     )
 
 
