@@ -86,6 +86,32 @@ def document_from_file(path: Path, *, name: str | None = None) -> ContractDocume
     )
 
 
+class ServiceRegistrationError(ValueError):
+    """A served contract's service is unreachable, or not the one the contract pins."""
+
+    def __init__(self, name: str, problems: Sequence[str]) -> None:
+        super().__init__(f"environment {name!r} cannot be registered: " + "; ".join(problems))
+        self.problems = list(problems)
+
+
+def check_served(document: ContractDocument) -> None:
+    """Ask a served contract's service for ``GET /info`` and refuse it if it does not match.
+
+    Governance contacts the service itself, read-only, through the kernel's check on the
+    protocol's standalone models (``triloop.service_contact``): it pins the verifier digest,
+    so it checks the digest is what the service declares. Nothing of the environment runs
+    here; the execution loop checks again each time it opens it.
+    """
+    from triloop.contracts import EnvironmentContract
+    from triloop.service_contact import contact_problems
+
+    if not document.contract.get("service"):
+        return
+    problems = contact_problems(EnvironmentContract.model_validate(document.contract))
+    if problems:
+        raise ServiceRegistrationError(document.name, [str(p) for p in problems])
+
+
 def _registered(row: EnvironmentVersion, *, created: bool) -> RegisteredVersion:
     return RegisteredVersion(
         id=row.id, environment_name=row.environment_name, version=row.version,
@@ -97,7 +123,11 @@ def register_environment_version(
     *, engine: Engine, authorizer: Authorizer, document: ContractDocument, requested_by: str,
     roles: Sequence[str] = (),
 ) -> RegisteredVersion:
-    """Register a contract as the next version of its environment (identical content: same)."""
+    """Register a contract as the next version of its environment (identical content: same).
+
+    A served contract's service must answer ``GET /info`` as the contract pins it
+    (``ServiceRegistrationError`` otherwise, nothing written).
+    """
     with session_scope(engine) as session:
         existing = session.get(EnvironmentVersion, document.version_id)
         if existing is not None:
@@ -106,6 +136,7 @@ def register_environment_version(
         GOVERNANCE, "create", version_resource(document),
         context=requested_by_context(requested_by, roles),
     )
+    check_served(document)
     return store_environment_version(engine=engine, document=document,
                                      requested_by=requested_by)
 

@@ -25,6 +25,8 @@ from governance_loop.contracts import (
 )
 from governance_loop.environments import (
     ContractDocument,
+    ServiceRegistrationError,
+    check_served,
     document_from_file,
     store_environment_version,
     version_resource,
@@ -92,6 +94,11 @@ class GovernanceWriteActivities(GovernanceShell):
         proven = self._proven(request, DecisionKind.ENVIRONMENT_VERSION)
         document = contract_document(proven.subject, proven.details)
         self.authorize_for(proven, "create", version_resource(document))
+        try:
+            check_served(document)
+        except ServiceRegistrationError as error:
+            raise invalid_request("the environment service does not match its contract",
+                                  error.problems) from error
         stored = store_environment_version(engine=self._engine, document=document,
                                            requested_by=proven.user, decision_id=proven.id)
         return GovernanceWriteResult(

@@ -334,3 +334,26 @@ async def test_governance_acts_only_on_decisions_the_web_service_recorded(
     refusals = _count(owner_engine, "SELECT count(*) FROM audit_event WHERE decision = 'deny'"
                       " AND payload->>'human_decision_id' = :i", i=forged)
     assert refusals == 1
+
+
+async def test_a_served_contract_whose_service_does_not_match_is_refused_by_governance(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine, governance: Client,
+    tmp_path: Path,
+) -> None:
+    from tests.environment_services import free_port, reference_service, write_contract
+
+    operator, name = people["operator"], uid("served-")
+    with reference_service() as url:
+        for where, digest, expected in (
+            (url, "0" * 64, "the contract pins " + "0" * 64),
+            (f"http://127.0.0.1:{free_port()}", None, "is unreachable"),
+        ):
+            served = write_contract(tmp_path, where, digest=digest).read_text()
+            response = await api.post("/api/environments", headers=operator.headers, json={
+                "name": name, "contract_yaml": served})
+            assert_problem(response, 422, "does not match its contract", expected, where)
+        assert _rows(owner_engine, name)[1] == 0  # the decisions are on record; no version
+        good = write_contract(tmp_path, url).read_text()
+        response = await api.post("/api/environments", headers=operator.headers, json={
+            "name": name, "contract_yaml": good})
+        assert response.status_code == 201, response.text
