@@ -40,6 +40,7 @@ from governance_loop.workflows import (
 from triloop.artifact_backends import open_shared_store
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
+from triloop.fixture_store import fixture_store
 from triloop.nexus_caller import NexusCallerCheck
 from triloop.policy import Authorizer
 from triloop.wiring import build_authorizer
@@ -66,7 +67,7 @@ def build_worker(
                                     store=open_shared_store(settings))
     evidence = EvidenceActivities(engine, authorizer)
     rollback = RollbackActivities(engine, authorizer)
-    writes = GovernanceWriteActivities(engine, authorizer)
+    writes = GovernanceWriteActivities(engine, authorizer, fixtures=fixture_store(settings))
     admission = AdmissionActivities(engine, authorizer, budgets=budgets,
                                     decision_deadline_s=timing.approval_deadline_s)
     return Worker(

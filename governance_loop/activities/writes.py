@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sqlalchemy import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -39,12 +40,13 @@ from governance_loop.evalsets import (
     store_threshold,
 )
 from governance_loop.gates import ThresholdSpec, ThresholdSpecError
+from triloop.artifacts import ArtifactStore
 from triloop.contract_upload import decode_fixtures, laid_out
 from triloop.contracts import ContractError
 from triloop.decisions import HumanDecision
 from triloop.environment_code import EnvironmentCodeError
 from triloop.models import DecisionKind
-from triloop.policy import Resource
+from triloop.policy import Authorizer, Resource
 from triloop.workflow_api import ErrorType, GovernanceWriteInput, GovernanceWriteResult
 
 DECIDING_ROLE = "operator"
@@ -84,6 +86,11 @@ def _strings(value: object, what: str) -> list[str]:
 class GovernanceWriteActivities(GovernanceShell):
     """Registers versions, freezes eval sets and sets thresholds for the person who decided."""
 
+    def __init__(self, engine: Engine, authorizer: Authorizer, *,
+                 fixtures: ArtifactStore | None = None) -> None:
+        super().__init__(engine, authorizer)
+        self._fixtures = fixtures  # where a version's uploaded fixtures are published
+
     def _proven(self, request: GovernanceWriteInput, kind: DecisionKind) -> HumanDecision:
         return self.prove(request.decision_id, kind, request.subject, role=DECIDING_ROLE,
                           resource=Resource(kind.value, attrs={"name": request.subject}))
@@ -100,7 +107,8 @@ class GovernanceWriteActivities(GovernanceShell):
             raise invalid_request("the environment service does not match its contract",
                                   error.problems) from error
         stored = store_environment_version(engine=self._engine, document=document,
-                                           requested_by=proven.user, decision_id=proven.id)
+                                           requested_by=proven.user, decision_id=proven.id,
+                                           fixtures=self._fixtures)
         return GovernanceWriteResult(
             kind=DecisionKind.ENVIRONMENT_VERSION.value, id=stored.id,
             name=stored.environment_name, version=stored.version, created=stored.created)
