@@ -48,7 +48,7 @@ class Threshold(SQLModel, table=True):
     # Environment name (or environment version id) -> the frozen eval set ids a candidate
     # trained on it is judged on (migration 0030); NULL: every candidate on eval_set_id.
     eval_sets: dict[str, list[str]] | None = Field(
-        default=None, sa_column=Column(JSONB, nullable=True))
+        default=None, sa_column=Column(JSONB(none_as_null=True), nullable=True))
     spec: dict[str, Any] = json_field()
     created_by: str
     created_at: datetime = created_at_field()
