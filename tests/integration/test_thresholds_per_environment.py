@@ -239,3 +239,25 @@ def test_a_candidate_on_an_environment_the_threshold_does_not_cover_is_not_evalu
                                 session, plan)
     assert plan.problem is not None and world.env_b in plan.problem
     assert plan.eval_items == [] and plan.eval_set_ids == []
+
+
+def test_a_candidate_good_on_both_environments_passes_on_both_sets(
+    world: World, role_engine: Any,
+) -> None:
+    name = uid("thr-")
+    threshold = world.threshold({world.env_a: [world.set_a], world.env_b: [world.set_b]},
+                                name=name)
+    promotion_id, candidate, baseline = _promotion(
+        world, world.run([world.train_a, world.train_b]), name)
+    execution, verifier = role_engine("execution"), role_engine("verifier")
+    tasks = world.eval_a + world.eval_b
+    evidence = EvidenceActivities(world.gov, world.authorizer, verdict_wait_s=5.0)
+    outcome = evidence.decide_offline_eval(OfflineEvalInput(
+        promotion_id=promotion_id, threshold_id=threshold.id, eval_set_id=world.set_a,
+        eval_set_ids=[world.set_a, world.set_b],
+        candidate_batch_id=_batch(world.gov, execution, verifier, candidate,
+                                  {t: [True] * 4 for t in tasks}),
+        production_batch_id=_batch(world.gov, execution, verifier, baseline,
+                                   {t: [True, True, False, False] for t in tasks})))
+    assert outcome.passed, outcome.reasons
+    assert outcome.reasons == [f"all 2 eval sets meet thresholds {name}@v1"]
