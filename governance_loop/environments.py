@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from governance_loop import store
 from triloop.artifacts import ArtifactStore
@@ -223,7 +223,8 @@ def add_task(
         if version.retired_at is not None:
             raise store.StoreError(f"environment version {version.id} is retired: no new tasks")
         existing = session.exec(
-            select(Task).where(Task.environment_version_id == version.id, Task.seed == seed)
+            select(Task).where(Task.environment_version_id == version.id, Task.seed == seed,
+                              col(Task.item).is_(None))
         ).first()
         if existing is not None:
             return existing.id

@@ -74,12 +74,15 @@ def register_builtin(engine: Engine, name: str) -> str:
 def make_task_on(engine: Engine, version_id: str, seed: int, status: str = "admitted") -> str:
     """A task on a version (reused if that version and seed exist); returns its id."""
     _insert_once(
-        engine, "task", "environment_version_id, seed", id=uid("task-"),
+        # The unique index of migration 0026: a task is its version, seed and item.
+        engine, "task", "environment_version_id, seed, md5(coalesce(item::text, ''))",
+        id=uid("task-"),
         environment_version_id=version_id, seed=seed, status=status, evidence={},
     )
     with engine.connect() as conn:
         task_id, stored = conn.execute(
-            text("SELECT id, status FROM task WHERE environment_version_id = :v AND seed = :s"),
+            text("SELECT id, status FROM task WHERE environment_version_id = :v AND seed = :s "
+                 "AND item IS NULL"),
             {"v": version_id, "s": seed},
         ).one()
     # Tasks are shared rows: two tests wanting the same seed in different states collide.

@@ -117,8 +117,10 @@ async def test_killed_learning_worker_resumes_without_losing_or_repeating_iterat
 ) -> None:
     alice = make_user(owner_engine)
     tasks = frozen_lake_tasks(owner_engine, [6, 7])
+    # Every iteration's checkpoint is kept: the test reads each one's optimizer state.
     config = run_config(tiny_dir, tasks, schedule={"iterations": ITERATIONS,
-                                                   "propose_every": ITERATIONS})
+                                                   "propose_every": ITERATIONS},
+                        checkpoints={"keep_last": ITERATIONS + 1})
     run_id = make_run(owner_engine, config, alice)
     worker_process.start()
     async with loops_running(client, own_settings, learning=False):
