@@ -28,8 +28,8 @@ demo-real: bootstrap
 	@$(PY) -m scripts.demo_real
 
 lint: bootstrap
-	@echo "== ruff"; .venv/bin/ruff check triloop execution_loop learning_loop governance_loop web verifier tests bench scripts migrations
-	@echo "== mypy (strict)"; .venv/bin/mypy triloop execution_loop learning_loop governance_loop web verifier bench
+	@echo "== ruff"; .venv/bin/ruff check triloop_environment_protocol.py triloop execution_loop learning_loop governance_loop web verifier tests bench scripts migrations
+	@echo "== mypy (strict)"; .venv/bin/mypy triloop_environment_protocol.py triloop execution_loop learning_loop governance_loop web verifier bench
 	@echo "== import-linter"; .venv/bin/lint-imports --no-cache
 
 policy-test: bootstrap

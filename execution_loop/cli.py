@@ -1,7 +1,10 @@
 """``triloop env ...`` commands that need no services (the lead mounts ``env_app``).
 
 ``validate FILE`` prints every problem in a contract (with its line and dotted path)
-and exits 1 if there is any; otherwise it prints the contract's id. ``list`` shows the
+and exits 1 if there is any; otherwise it prints the contract's id. A served contract's
+service is asked for ``GET /info`` (``triloop.service_contact``): a wrong URL, a service
+that is down or a verifier digest other than the pinned one is a problem too, unless
+``--offline`` says to check the file alone. ``list`` shows the
 built-in environments with their contract files and ids.
 """
 
@@ -15,12 +18,16 @@ from execution_loop.environments import registry
 from triloop.cli_output import OutputFormat, OutputOption, field, print_rows
 from triloop.contracts import contract_id, fixture_hashes, parse_contract_text
 from triloop.contracts import validate_contract_text as _validate
+from triloop.service_contact import contact_problems
 
 env_app = typer.Typer(help="Environment contracts.", no_args_is_help=True)
 
 
-def validate_file(path: Path) -> tuple[list[str], str | None]:
-    """Problems as printable lines, and the contract id when there are none."""
+def validate_file(path: Path, *, offline: bool = False) -> tuple[list[str], str | None]:
+    """Problems as printable lines, and the contract id when there are none.
+
+    A served contract's service is contacted unless ``offline``.
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -36,15 +43,22 @@ def validate_file(path: Path) -> tuple[list[str], str | None]:
         ]
         return lines, None
     contract = parse_contract_text(text, base_dir=path.parent, capabilities=caps)
+    served = [] if offline else contact_problems(contract)
+    if served:
+        return [f"{path}: {p.path}: {p.message}" for p in served], None
     return [], contract_id(contract, fixture_hashes(contract))
 
 
 @env_app.command("validate")
 def validate(
     file: Path = typer.Argument(..., help="Contract YAML file."),  # noqa: B008 (typer idiom)
+    offline: bool = typer.Option(
+        False, "--offline", help="Check the file only; do not ask a served contract's"
+        " service for GET /info."),
 ) -> None:
-    """Check a contract; print every problem, or its id when valid."""
-    lines, identity = validate_file(file)
+    """Check a contract (and ask its service, if it names one); print every problem, or its
+    id when valid."""
+    lines, identity = validate_file(file, offline=offline)
     for line in lines:
         typer.echo(line, err=True)
     if identity is None:

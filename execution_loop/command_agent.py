@@ -22,9 +22,11 @@ so the learner trains on them unchanged. Environment rewards go to the main-loop
 that preceded them. How an episode ends, in order: the environment said done (completed,
 or what its feedback says); the environment failed (failed); the agent used its turns,
 its tokens or its time (truncated: ``max_turns``, ``max_total_tokens``, ``wall_time``,
-``deadline``, or the sandbox limit); the agent exited without finishing (truncated:
-``agent_exited``). Inference, sandbox and verifier failures propagate so the activity
-retries.
+``deadline``, or the sandbox limit); the agent exited with a non-zero code without
+finishing (failed: ``agent_failed (exit N): <its stderr's tail>``: a program that crashes,
+on import or later, is broken, not cut short, and its traceback says why); the agent
+exited with code 0 without finishing (truncated: ``agent_exited``). Inference, sandbox and
+verifier failures propagate so the activity retries.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from triloop.token_sequence import step_action_mask
 
 PYTHON_PLACEHOLDER = "{python}"
 _STDERR_KEPT = 2000
+_STDERR_IN_REASON = 400  # the failure reason's share of it: the traceback's last lines
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,15 @@ def _ending(port: EpisodeEnvironment, session: AgentSession,
         return TRUNCATED, port.ends_because
     if result.limit_exceeded is not None:
         return TRUNCATED, result.limit_exceeded
+    if result.exit_code != 0:  # a crash (on import or later) is the program's own failure
+        return FAILED, crash_reason(result)
     return TRUNCATED, "agent_exited"
+
+
+def crash_reason(result: SandboxResult) -> str:
+    """``agent_failed (exit N): <stderr tail>``: why a program that crashed ended."""
+    tail = result.stderr.strip()[-_STDERR_IN_REASON:]
+    return f"agent_failed (exit {result.exit_code}): {tail or 'nothing on stderr'}"
 
 
 def episode_steps(session: AgentSession, env_steps: list[EnvironmentStep]) -> list[StepRecord]:

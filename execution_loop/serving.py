@@ -16,11 +16,16 @@ config names (which its id includes) and its row's ``base_model``; the base's we
 verified too, and the factory gets its directory (``base_dir``).
 
 ``TaskEnvironments``: task id -> its registered contract and environment factory.
-Episodes run only on admitted tasks; the admission probe may open pending ones.
+Episodes run only on admitted tasks; the admission probe may open pending ones. The
+contract is parsed from a folder holding exactly the fixtures its version pins: the
+built-in contracts folder when they match it, otherwise the uploaded fixtures fetched from
+the artifact store by their hashes (``triloop.fixture_store``), so what runs is what was
+registered.
 """
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,6 +41,7 @@ from execution_loop.inference.base import PolicyClient
 from triloop.artifacts import ArtifactCorrupted, ArtifactStore
 from triloop.config import Settings
 from triloop.contracts import EnvironmentContract, parse_contract_text
+from triloop.fixture_store import fixture_folder
 from triloop.models import Checkpoint, EnvironmentVersion, Task
 from triloop.retention import CheckpointPruned, refuse_pruned
 from triloop.statuses import TaskStatus
@@ -314,9 +320,12 @@ def _default_lookup(name: str) -> EnvironmentFactory:
 class TaskEnvironments:
     """Opens a task's environment from its registered, immutable environment version."""
 
-    def __init__(self, *, engine: Engine, lookup: EnvironmentLookup | None = None) -> None:
+    def __init__(self, *, engine: Engine, lookup: EnvironmentLookup | None = None,
+                 fixtures: ArtifactStore | None = None, cache: Path | None = None) -> None:
         self._engine = engine
         self._lookup = lookup or _default_lookup
+        self._fixtures = fixtures  # where uploaded fixtures are, by their sha256
+        self._cache = cache  # where they are laid out per version (None: a temporary folder)
         self._tasks: dict[str, OpenedTask] = {}
         self._lock = threading.Lock()
 
@@ -371,8 +380,11 @@ class TaskEnvironments:
     def _parse(self, version: EnvironmentVersion) -> EnvironmentContract:
         from execution_loop.environments import registry
 
-        # Fixtures of registered versions ship with the environment implementations.
+        # The built-in folder when the pinned fixtures are its files; else the uploaded ones.
+        cache = self._cache or Path(tempfile.gettempdir()) / "triloop-fixtures"
+        folder = fixture_folder(version_id=version.id, pinned=dict(version.fixture_hashes or {}),
+                                builtin=registry.CONTRACTS_DIR, store=self._fixtures,
+                                cache=cache)
         return parse_contract_text(
-            version.contract_text, base_dir=registry.CONTRACTS_DIR,
-            source=f"environment version {version.id}",
+            version.contract_text, base_dir=folder, source=f"environment version {version.id}",
         )

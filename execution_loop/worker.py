@@ -41,6 +41,7 @@ from triloop.artifact_backends import open_shared_store, open_store
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.faults import read_serving_faults
+from triloop.artifact_backends import open_store
 from triloop.nexus_caller import NexusCallerCheck
 from triloop.wiring import build_authorizer
 from triloop.worker_serve import serve, worker_identity
@@ -73,7 +74,10 @@ def build_worker(
         home=settings.home,
         store=open_shared_store(settings),
     )
-    environments = TaskEnvironments(engine=engine, lookup=environment_lookup)
+    # Uploaded fixtures (an agent program, a repository) come from the artifact store.
+    environments = TaskEnvironments(engine=engine, lookup=environment_lookup,
+                                    fixtures=open_store(settings),
+                                    cache=settings.artifact_cache / "fixtures")
     rollout = RolloutActivities(
         engine=engine, authorizer=authorizer, policies=policies, environments=environments,
         serving_faults=lambda: read_serving_faults(settings.home),

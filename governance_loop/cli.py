@@ -304,7 +304,13 @@ def eval_set_create(
 def threshold_set(
     name: Annotated[str, typer.Argument(help="Threshold name (promotions use 'promotion').")],
     spec: Annotated[str, typer.Option(help="ThresholdSpec as JSON (version is assigned).")],
-    eval_set: Annotated[str, typer.Option(help="Frozen eval set id or name (newest).")],
+    eval_set: Annotated[str | None, typer.Option(
+        help="Default frozen eval set id or name (newest): for environments that"
+             " --eval-set-for does not name.")] = None,
+    eval_set_for: Annotated[list[str] | None, typer.Option(
+        "--eval-set-for", help="ENV=EVAL_SET: a candidate trained on environment ENV (a name"
+        " or a version id) is judged on this frozen eval set; repeat for more sets or"
+        " environments.")] = None,
     comment: Annotated[str, typer.Option(help="Why (kept with the decision).")] = "",
     output: OutputOption = OutputFormat.table,
     token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
@@ -312,20 +318,32 @@ def threshold_set(
     """Store the next version of a threshold.
 
     Sent to POST /api/thresholds with the operator's token; governance checks the spec and
-    writes it for them.
+    the eval sets, and writes it for them. A candidate is judged on the eval sets of the
+    environments it was trained on, and must pass every one.
     """
     try:
         parsed = json.loads(spec)
     except json.JSONDecodeError as error:
         raise _fail(ValueError(f"--spec is not JSON: {error}")) from error
-    body = _post_as_person("/api/thresholds", {"name": name, "spec": parsed,
-                                               "eval_set": eval_set, "comment": comment},
-                           token, api_url)
+    per_environment: dict[str, list[str]] = {}
+    for pair in eval_set_for or []:
+        environment, _, named = pair.partition("=")
+        if not environment or not named:
+            raise _fail(ValueError(f"--eval-set-for {pair!r}: write ENV=EVAL_SET"))
+        per_environment.setdefault(environment, []).append(named)
+    if eval_set is None and not per_environment:
+        raise _fail(ValueError("name an eval set: --eval-set, --eval-set-for ENV=SET, or both"))
+    request: dict[str, object] = {"name": name, "spec": parsed, "eval_set": eval_set,
+                                  "comment": comment}
+    if per_environment:
+        request["eval_sets"] = per_environment
+    body = _post_as_person("/api/thresholds", request, token, api_url)
     if output is OutputFormat.json:
         print_json(body)
         return
+    per = "".join(f" {env}={','.join(ids)}" for env, ids in (body.get("eval_sets") or {}).items())
     typer.echo(f"{body['name']} v{body['version']} {body['threshold_id']}"
-               f" eval_set={body['eval_set_id']}")
+               f" eval_set={body['eval_set_id']}{per}")
 
 
 @governance_app.command("bootstrap-production")

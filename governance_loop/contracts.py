@@ -64,9 +64,11 @@ class PromotionPlan:
     opened_at: str
     timing: PromotionTiming
     threshold_id: str | None = None
-    eval_set_id: str | None = None
-    eval_items: list[RolloutItem] = field(default_factory=list)
+    eval_set_id: str | None = None  # the first of eval_set_ids (plans before them: the only)
+    eval_items: list[RolloutItem] = field(default_factory=list)  # every set's, each task once
     problem: str | None = None  # why the promotion cannot be evaluated at all
+    # The eval sets of the environments the candidate was trained on (it must pass each).
+    eval_set_ids: list[str] = field(default_factory=list)
     # The stability gate, judged when the promotion opens: pass | fail (stored in
     # ``stability_gate_result_id``) or continue (blocked until an operator overrides).
     # None: not judged (no threshold to judge by, or a promotion opened before the gate).
@@ -122,6 +124,8 @@ class OfflineEvalInput:
     candidate_batch_id: str
     production_batch_id: str | None
     batch_errors: list[str] = field(default_factory=list)
+    # Every eval set judged (the batches play all their tasks); empty: ``eval_set_id`` alone.
+    eval_set_ids: list[str] = field(default_factory=list)
 
 
 @dataclass

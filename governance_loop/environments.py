@@ -21,9 +21,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from governance_loop import store
+from triloop.artifacts import ArtifactStore
 from triloop.audit import append_event
 from triloop.contract_diff import ContractChange, diff_contracts
 from triloop.db import session_scope
+from triloop.fixture_store import publish_fixtures
 from triloop.models import EnvironmentVersion, Task
 from triloop.models._columns import utcnow
 from triloop.policy import Actor, Authorizer, Resource
@@ -52,6 +54,9 @@ class ContractDocument:
     version_id: str  # sha256 of the canonical form
     code_hashes: dict[str, str] = field(default_factory=dict)  # source file -> sha256
     verifier_hash: str | None = None  # what admission's probe must observe
+    # Each fixture file's bytes (published to the artifact store at registration); not
+    # part of the identity, which pins their hashes.
+    fixture_files: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,34 @@ def document_from_file(path: Path, *, name: str | None = None) -> ContractDocume
         contract_text=path.read_text(encoding="utf-8"), fixture_hashes=dict(hashes),
         version_id=contract_id(contract, hashes, code), code_hashes=code,
         verifier_hash=environment_verifier_hash(contract.task, service=served),
+        fixture_files={name: (path.parent / name).read_bytes() for name in hashes},
     )
+
+
+class ServiceRegistrationError(ValueError):
+    """A served contract's service is unreachable, or not the one the contract pins."""
+
+    def __init__(self, name: str, problems: Sequence[str]) -> None:
+        super().__init__(f"environment {name!r} cannot be registered: " + "; ".join(problems))
+        self.problems = list(problems)
+
+
+def check_served(document: ContractDocument) -> None:
+    """Ask a served contract's service for ``GET /info`` and refuse it if it does not match.
+
+    Governance contacts the service itself, read-only, through the kernel's check on the
+    protocol's standalone models (``triloop.service_contact``): it pins the verifier digest,
+    so it checks the digest is what the service declares. Nothing of the environment runs
+    here; the execution loop checks again each time it opens it.
+    """
+    from triloop.contracts import EnvironmentContract
+    from triloop.service_contact import contact_problems
+
+    if not document.contract.get("service"):
+        return
+    problems = contact_problems(EnvironmentContract.model_validate(document.contract))
+    if problems:
+        raise ServiceRegistrationError(document.name, [str(p) for p in problems])
 
 
 def _registered(row: EnvironmentVersion, *, created: bool) -> RegisteredVersion:
@@ -95,9 +127,13 @@ def _registered(row: EnvironmentVersion, *, created: bool) -> RegisteredVersion:
 
 def register_environment_version(
     *, engine: Engine, authorizer: Authorizer, document: ContractDocument, requested_by: str,
-    roles: Sequence[str] = (),
+    roles: Sequence[str] = (), fixtures: ArtifactStore | None = None,
 ) -> RegisteredVersion:
-    """Register a contract as the next version of its environment (identical content: same)."""
+    """Register a contract as the next version of its environment (identical content: same).
+
+    A served contract's service must answer ``GET /info`` as the contract pins it
+    (``ServiceRegistrationError`` otherwise, nothing written).
+    """
     with session_scope(engine) as session:
         existing = session.get(EnvironmentVersion, document.version_id)
         if existing is not None:
@@ -106,8 +142,9 @@ def register_environment_version(
         GOVERNANCE, "create", version_resource(document),
         context=requested_by_context(requested_by, roles),
     )
+    check_served(document)
     return store_environment_version(engine=engine, document=document,
-                                     requested_by=requested_by)
+                                     requested_by=requested_by, fixtures=fixtures)
 
 
 def version_resource(document: ContractDocument) -> Resource:
@@ -118,9 +155,15 @@ def version_resource(document: ContractDocument) -> Resource:
 
 def store_environment_version(
     *, engine: Engine, document: ContractDocument, requested_by: str,
-    decision_id: str | None = None,
+    decision_id: str | None = None, fixtures: ArtifactStore | None = None,
 ) -> RegisteredVersion:
-    """Write the version row (the caller authorized it); identical content: the stored one."""
+    """Write the version row (the caller authorized it); identical content: the stored one.
+
+    With ``fixtures``, each fixture file's bytes go to that artifact store first (by the
+    hash the version pins), so the execution loop can run exactly what was uploaded.
+    """
+    if fixtures is not None:
+        publish_fixtures(fixtures, document.fixture_files, document.fixture_hashes)
     try:
         with session_scope(engine) as session:
             existing = session.get(EnvironmentVersion, document.version_id)

@@ -54,6 +54,7 @@ class ThresholdVersion:
     version: int
     eval_set_id: str | None
     spec: dict[str, Any]
+    eval_sets: dict[str, list[str]] | None = None  # environment -> its frozen eval sets
 
 
 def eval_set_content_hash(name: str, version: int, items: Sequence[Task]) -> str:
@@ -208,14 +209,117 @@ def _freeze(session: Session, eval_set: EvalSet, tasks: Sequence[Task]) -> None:
 
 def set_threshold(
     *, engine: Engine, authorizer: Authorizer, name: str, spec: Mapping[str, Any],
-    eval_set: str, requested_by: str, roles: Sequence[str] = (),
+    eval_set: str | None, requested_by: str, roles: Sequence[str] = (),
+    eval_sets: Mapping[str, Sequence[str]] | None = None,
 ) -> ThresholdVersion:
-    """Store the next version of a threshold for a frozen eval set (by id or name)."""
-    eval_set_id = frozen_eval_set_id(engine=engine, eval_set=eval_set)
+    """Store the next version of a threshold: a default frozen eval set (by id or name)
+    and/or the eval sets per environment (``eval_sets``)."""
+    eval_set_id, per_environment = resolve_threshold_eval_sets(
+        engine=engine, eval_set=eval_set, eval_sets=eval_sets)
     authorizer.authorize(GOVERNANCE, "create", Resource("threshold", attrs={"name": name}),
                          context=requested_by_context(requested_by, roles))
     return store_threshold(engine=engine, name=name, spec=spec, eval_set_id=eval_set_id,
-                           requested_by=requested_by)
+                           requested_by=requested_by, eval_sets=per_environment)
+
+
+def resolve_threshold_eval_sets(
+    *, engine: Engine, eval_set: str | None, eval_sets: Mapping[str, Sequence[str]] | None,
+) -> tuple[str | None, dict[str, list[str]] | None]:
+    """The default eval set's id and the per-environment map, every set frozen and checked.
+
+    A key is an environment name or an environment version's id; each eval set it names
+    must hold only tasks of that environment (or that version), so a threshold cannot
+    judge one environment's candidates on another's tasks. ``EvalSetError`` names the
+    problem.
+    """
+    if eval_set is None and not eval_sets:
+        raise EvalSetError("a threshold names a default eval set, or eval sets per environment")
+    default = frozen_eval_set_id(engine=engine, eval_set=eval_set) if eval_set else None
+    if not eval_sets:
+        return default, None
+    resolved: dict[str, list[str]] = {}
+    with session_scope(engine) as session:
+        for key, names in sorted(eval_sets.items()):
+            if not names:
+                raise EvalSetError(f"eval_sets[{key!r}] names no eval set")
+            version = session.get(EnvironmentVersion, key)
+            known = version is not None or store.latest_environment_version(
+                session=session, name=key) is not None
+            if not known:
+                raise EvalSetError(f"eval_sets[{key!r}]: no environment or environment version"
+                                   f" {key!r}")
+            ids: list[str] = []
+            for name in names:
+                eval_set_id = frozen_eval_set_id(engine=engine, eval_set=name)
+                for task_id, _, version_id in store.eval_set_tasks(session=session,
+                                                                   eval_set_id=eval_set_id):
+                    holder = session.get(EnvironmentVersion, version_id)
+                    env = holder.environment_name if holder else "?"
+                    if (version is not None and version_id != key) or (
+                            version is None and env != key):
+                        raise EvalSetError(
+                            f"eval set {name!r} holds task {task_id} of {env} (version"
+                            f" {version_id}), not of {key!r}: an environment's eval sets hold"
+                            " its own tasks")
+                if eval_set_id not in ids:
+                    ids.append(eval_set_id)
+            resolved[key] = ids
+    return default, resolved
+
+
+@dataclass(frozen=True)
+class CandidateEvalSets:
+    """The eval sets a candidate is judged on, and why each (or the problem)."""
+
+    eval_set_ids: list[str]  # each once, in the order first needed
+    by_environment: dict[str, list[str]]  # environment trained on -> the sets judging it
+    problem: str | None = None
+
+
+def candidate_eval_sets(
+    *, session: Session, threshold: Threshold, run_id: str | None
+) -> CandidateEvalSets:
+    """The eval sets of the environments the run trained on (its tasks' environments).
+
+    For each environment version trained on: the sets the threshold names for that version,
+    else for its environment's name, else the threshold's default eval set. A candidate
+    trained on two environments is judged on both environments' sets and must pass every
+    one. An environment with none is a problem naming it (never judged on another's set).
+    """
+    per_environment = threshold.eval_sets or {}
+    trained = held_out.training_tasks(session, run_id=run_id) if run_id else []
+    versions: dict[str, str] = {}  # version id -> environment name, of the tasks trained on
+    for task_id in trained:
+        task = session.get(Task, task_id)
+        if task is not None and task.environment_version_id not in versions:
+            holder = session.get(EnvironmentVersion, task.environment_version_id)
+            versions[task.environment_version_id] = holder.environment_name if holder else "?"
+    if not versions:  # nothing known about what it trained on: the default set alone
+        default = [threshold.eval_set_id] if threshold.eval_set_id else []
+        return CandidateEvalSets(default, {}, None if default else (
+            f"threshold {threshold.name} v{threshold.version} has no default eval set, and"
+            f" run {run_id} names no tasks to pick its environments' sets by"))
+    chosen: list[str] = []
+    by_environment: dict[str, list[str]] = {}
+    missing: list[str] = []
+    for version_id, environment in sorted(versions.items(), key=lambda v: (v[1], v[0])):
+        sets = (per_environment.get(version_id) or per_environment.get(environment)
+                or ([threshold.eval_set_id] if threshold.eval_set_id else []))
+        if not sets:
+            missing.append(f"{environment} (version {version_id})")
+            continue
+        by_environment.setdefault(environment, [])
+        for eval_set_id in sets:
+            if eval_set_id not in by_environment[environment]:
+                by_environment[environment].append(eval_set_id)
+            if eval_set_id not in chosen:
+                chosen.append(eval_set_id)
+    if missing:
+        return CandidateEvalSets(chosen, by_environment, (
+            f"threshold {threshold.name} v{threshold.version} names no eval set for "
+            f"{', '.join(missing)}, which the candidate was trained on, and has no default:"
+            " set one with `triloop governance threshold set --eval-set-for ENV=SET`"))
+    return CandidateEvalSets(chosen, by_environment)
 
 
 def frozen_eval_set_id(*, engine: Engine, eval_set: str) -> str:
@@ -230,30 +334,35 @@ def frozen_eval_set_id(*, engine: Engine, eval_set: str) -> str:
 
 
 def store_threshold(
-    *, engine: Engine, name: str, spec: Mapping[str, Any], eval_set_id: str,
+    *, engine: Engine, name: str, spec: Mapping[str, Any], eval_set_id: str | None,
     requested_by: str, row_id: str | None = None, decision_id: str | None = None,
+    eval_sets: Mapping[str, Sequence[str]] | None = None,
 ) -> ThresholdVersion:
     """Write the next threshold version (the caller authorized it); ``row_id`` as above."""
     with session_scope(engine) as session:
         done = session.get(Threshold, row_id) if row_id else None
         if done is not None:
             return ThresholdVersion(done.id, done.name, done.version, done.eval_set_id,
-                                    dict(done.spec))
+                                    dict(done.spec), done.eval_sets)
         version = store.next_version(session=session, table=Threshold, name=name)
         # The version label is ours to give: it must name exactly this stored row.
         parsed = ThresholdSpec.from_mapping({**spec, "version": f"{name}@v{version}"})
+        per_environment = ({k: list(v) for k, v in eval_sets.items()} if eval_sets else None)
         row = Threshold(name=name, version=version, eval_set_id=eval_set_id,
-                        spec=parsed.to_dict(), created_by=requested_by)
+                        eval_sets=per_environment, spec=parsed.to_dict(),
+                        created_by=requested_by)
         if row_id:
             row.id = row_id
         session.add(row)
         session.flush()
         payload: dict[str, Any] = {"name": name, "version": version,
-                                   "eval_set_id": eval_set_id, "requested_by": requested_by}
+                                   "eval_set_id": eval_set_id, "eval_sets": per_environment,
+                                   "requested_by": requested_by}
         if decision_id:
             payload["human_decision_id"] = decision_id
         _record(session, "set_threshold", "threshold", row.id, payload)
-        return ThresholdVersion(row.id, name, version, eval_set_id, dict(row.spec))
+        return ThresholdVersion(row.id, name, version, eval_set_id, dict(row.spec),
+                                per_environment)
 
 
 def _record(session: Session, action: str, kind: str, row_id: str,

@@ -64,6 +64,7 @@ class BoundOutcomes:
 
 def requested_batch_outcomes(
     *, session: Session, batch_id: str, checkpoint_id: str, purpose: str = Purpose.EVAL,
+    task_ids: Sequence[str] | None = None,
 ) -> BoundOutcomes:
     """Outcomes of a batch governance asked for, counting only what it asked for.
 
@@ -73,7 +74,8 @@ def requested_batch_outcomes(
     served never count. Each such finding is a problem the gate reports (and audits).
     Success and reward are the verifier's verdict (``verdict``, written by its own role),
     never the execution loop's row; an episode without one is not counted (offline eval
-    waits for them first: ``unjudged_episodes``).
+    waits for them first: ``unjudged_episodes``). ``task_ids``: count only the episodes of
+    these tasks (one eval set's share of a batch that plays several).
     """
     batch = session.get(RolloutBatch, batch_id)
     if batch is None:
@@ -85,7 +87,8 @@ def requested_batch_outcomes(
             f"{batch.checkpoint_id}, not by governance for {purpose} of {checkpoint_id}"])
     rows = session.execute(
         text("SELECT v.success, v.total_reward, t.checkpoint_id, "
-             "coalesce(b.planned_episodes ? t.id, false), v.trajectory_id IS NOT NULL "
+             "coalesce(b.planned_episodes ? t.id, false), v.trajectory_id IS NOT NULL, "
+             "t.task_id "
              "FROM trajectory t JOIN rollout_batch b ON b.id = t.batch_id "
              f"LEFT JOIN verdict v ON v.trajectory_id = t.id AND v.recorded_by = '{VERIFIER_ROLE}' "
              "WHERE t.batch_id = :b AND t.purpose <> 'shadow' ORDER BY t.id"),
@@ -93,7 +96,7 @@ def requested_batch_outcomes(
     ).all()
     planned = [r for r in rows if r[3]]
     served = [r for r in planned if r[2] == checkpoint_id]
-    counted = [r for r in served if r[4]]
+    counted = [r for r in served if r[4] and (task_ids is None or r[5] in task_ids)]
     problems = []
     if len(planned) < len(rows):
         problems.append(f"{len(rows) - len(planned)} episodes of batch {batch_id} are not "

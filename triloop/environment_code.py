@@ -34,6 +34,7 @@ ENVIRONMENTS_PACKAGE = "execution_loop.environments"
 PLUGIN_GROUP = "triloop.environments"  # entry points: name = "package.module:Class"
 SERVICE_MODULE = f"{ENVIRONMENTS_PACKAGE}.service"  # the client of a served environment
 _OWN = "execution_loop"
+PROTOCOL_MODULE = "triloop_environment_protocol"  # the environment service's models
 _REFERENCE = re.compile(r"^(\w+(?:\.\w+)+):\w+$")
 
 
@@ -111,7 +112,9 @@ def environment_module(
 
 def _own_packages(roots: Iterable[str]) -> frozenset[str]:
     """Packages whose modules a walk follows: ours and each root's top-level package."""
-    return frozenset({_OWN, *(r.split(".")[0] for r in roots)})
+    # The protocol's standalone models are the served client's code too (a change to them is
+    # a new version of every served environment), though they live outside execution_loop.
+    return frozenset({_OWN, PROTOCOL_MODULE, *(r.split(".")[0] for r in roots)})
 
 
 def _is_own(module: str, own: frozenset[str]) -> bool:

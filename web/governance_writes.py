@@ -172,7 +172,17 @@ class ThresholdSet(BaseModel):
 
     name: str = Field(pattern=VERSIONED_NAME,
                       description="the threshold's name (promotions use 'promotion')")
-    eval_set: str = Field(pattern=ID, description="a frozen eval set's id, or a name (newest)")
+    eval_set: str | None = Field(
+        default=None, pattern=ID,
+        description="the default frozen eval set (id, or a name: newest), for candidates"
+                    " trained on an environment eval_sets does not name")
+    eval_sets: dict[Annotated[str, Field(pattern=ID)],
+                    Annotated[list[Annotated[str, Field(pattern=ID)]],
+                              Field(min_length=1, max_length=50)]] | None = Field(
+        default=None, max_length=100,
+        description="environment name (or environment version id) -> the frozen eval sets"
+                    " a candidate trained on it is judged on; a candidate trained on several"
+                    " environments must pass every one's sets")
     spec: dict[str, Any] = Field(description="a ThresholdSpec; its version is assigned")
     comment: str = Field(default="", max_length=2000, description="why (optional)")
 
@@ -184,6 +194,8 @@ class ThresholdStored(BaseModel):
     name: str
     version: int
     eval_set_id: str | None
+    eval_sets: dict[str, list[str]] | None = Field(
+        default=None, description="environment -> the eval set ids judging its candidates")
     spec: dict[str, Any]
     decision_id: str
     workflow_id: str
@@ -194,11 +206,15 @@ async def set_threshold(
 ) -> ThresholdStored:
     """Record the operator's decision and have governance check and store the threshold."""
     await guard("create", "threshold", attrs={"name": body.name})
+    if body.eval_set is None and not body.eval_sets:
+        raise invalid("the threshold names no eval set",
+                      ["give eval_set (the default), eval_sets per environment, or both"])
     decision_id, workflow_id, result = await _decide(
         guard=guard, db=db, services=services, kind=DecisionKind.THRESHOLD, subject=body.name,
         decision=Decision.SET, comment=body.comment,
-        details={"spec": body.spec, "eval_set": body.eval_set})
+        details={"spec": body.spec, "eval_set": body.eval_set, "eval_sets": body.eval_sets})
     return ThresholdStored(threshold_id=result.id, name=result.name, version=result.version,
                            eval_set_id=result.details.get("eval_set_id"),
+                           eval_sets=result.details.get("eval_sets"),
                            spec=dict(result.details.get("spec") or {}),
                            decision_id=decision_id, workflow_id=workflow_id)

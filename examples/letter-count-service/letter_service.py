@@ -4,6 +4,9 @@ It proves the protocol (``docs/environment-service.md``): any program that answe
 routes the same way, in any language, can be trained on. It keeps its episodes in memory
 and verifies them itself; its verifier digest is the sha256 of this file, which the
 contract pins. Run it with ``python letter_service.py --port 8400``.
+
+Its only triloop import is the protocol's standalone models, ``triloop_environment_protocol``
+(one file, standard library and pydantic): copy that file beside a service of your own.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, HTTPException, Response
 
-from execution_loop.environments.service_protocol import (
+from triloop_environment_protocol import (
     Observation,
     ReferenceReply,
     ResetRequest,

@@ -29,7 +29,6 @@ from execution_loop.environments.base import (
     refuse_item,
 )
 from execution_loop.environments.service_protocol import (
-    PROTOCOL,
     Observation,
     ReferenceReply,
     ResetRequest,
@@ -40,6 +39,7 @@ from execution_loop.environments.service_protocol import (
 from execution_loop.verification import VerifierRequest, run_verifier
 from triloop.contract_checks import capability_problems
 from triloop.contracts import ContractError, ServiceSpec
+from triloop.service_contact import info_mismatches, served_capabilities
 
 if TYPE_CHECKING:
     from execution_loop.sandbox import SandboxBackend
@@ -82,32 +82,19 @@ def _call(client: httpx.Client, method: str, path: str, reply: type[_Reply],
                                    f"protocol: {exc}") from exc
 
 
-def service_capabilities(info: ServiceInfo) -> TaskCapabilities:
-    """The served environment's capabilities, as a built-in's are declared."""
-    caps = info.capabilities
-    return TaskCapabilities(
-        actions=frozenset(caps.actions), observations=frozenset(caps.observations),
-        success_criteria=frozenset(caps.success_criteria),
-        outcome_terms=frozenset(caps.outcome_terms), process_terms=frozenset(caps.process_terms),
-        initial_state=dict.fromkeys(caps.initial_state, (str, int, float, bool)),
-    )
-
-
 def check_service(contract: EnvironmentContract, info: ServiceInfo) -> None:
-    """Refuse a service that is not the one the contract pins, or cannot honour it."""
+    """Refuse a service that is not the one the contract pins, or cannot honour it.
+
+    The same checks as registration's (``triloop.service_contact``): a service that changed
+    since it was registered is refused here, at every open.
+    """
     spec = _spec(contract)
-    wrong = []
-    if info.protocol != PROTOCOL:
-        wrong.append(f"speaks {info.protocol!r}, not {PROTOCOL!r}")
-    if info.task != contract.task:
-        wrong.append(f"serves {info.task!r}, not {contract.task!r}")
-    if info.verifier_digest != spec.verifier_digest:
-        wrong.append(f"declares verifier {info.verifier_digest}, the contract pins "
-                     f"{spec.verifier_digest}")
+    wrong = info_mismatches(contract, info)
     if wrong:
-        raise ServiceProtocolError(f"environment service {spec.url}: " + "; ".join(wrong))
+        raise ServiceProtocolError(f"environment service {spec.url}: "
+                                   + "; ".join(message for _, message in wrong))
     problems = capability_problems(
-        contract.model_dump(mode="json"), {contract.task: service_capabilities(info)},
+        contract.model_dump(mode="json"), {contract.task: served_capabilities(info)},
         frozenset(type(contract.success_criteria).model_fields), lambda _loc: None,
     )
     if problems:

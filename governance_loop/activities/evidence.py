@@ -38,7 +38,7 @@ from governance_loop.contracts import (
     ShadowInput,
     WatchLook,
 )
-from governance_loop.evalsets import content_hash_problem
+from governance_loop.evalsets import candidate_eval_sets, content_hash_problem
 from governance_loop.gates import (
     BinomialCounts,
     CanaryObservation,
@@ -160,19 +160,29 @@ class EvidenceActivities(GovernanceShell):
 
     @activity.defn(name=DECIDE_OFFLINE_EVAL.name)
     def decide_offline_eval(self, request: OfflineEvalInput) -> GateOutcome:
-        """Judge both eval batches on the frozen eval set against the threshold version."""
+        """Judge both eval batches on each frozen eval set against the threshold version.
+
+        The batches play every eval set's tasks; each set is judged on its own tasks'
+        episodes, and the gate passes only when every set meets the thresholds.
+        """
         self.own(request.promotion_id, "decide_offline_eval")
         with session_scope(self._engine) as session:
             spec = _spec(session, request.threshold_id)
-            eval_set = session.get(EvalSet, request.eval_set_id)
-            if eval_set is None or eval_set.content_hash is None:
-                raise store.StoreError(f"eval set {request.eval_set_id} is missing or not frozen")
-            tampered = content_hash_problem(session=session, eval_set=eval_set)
-            if tampered is not None:
+            eval_sets: list[EvalSet] = []
+            for eval_set_id in request.eval_set_ids or [request.eval_set_id]:
+                eval_set = session.get(EvalSet, eval_set_id)
+                if eval_set is None or eval_set.content_hash is None:
+                    raise store.StoreError(f"eval set {eval_set_id} is missing or not frozen")
+                eval_sets.append(eval_set)
+            tampered = [p for p in (content_hash_problem(session=session, eval_set=e)
+                                    for e in eval_sets) if p is not None]
+            if tampered:
                 decision = GateDecision(
-                    gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL, reasons=[tampered],
+                    gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL, reasons=tampered,
                     evidence={"threshold_version": spec.version,
-                              "eval_set_content_hash": eval_set.content_hash},
+                              "eval_set_content_hash": eval_sets[0].content_hash,
+                              "eval_set_content_hashes": {e.id: e.content_hash
+                                                          for e in eval_sets}},
                 )
             elif request.batch_errors:
                 decision = GateDecision(
@@ -181,13 +191,13 @@ class EvidenceActivities(GovernanceShell):
                     evidence={"threshold_version": spec.version},
                 )
             else:
-                decision = self._judge_eval_batches(session, request, spec, eval_set)
+                decision = self._judge_eval_batches(session, request, spec, eval_sets)
             return self._store(session, request.promotion_id, decision,
                                threshold_id=request.threshold_id,
                                eval_set_id=request.eval_set_id)
 
     def _judge_eval_batches(self, session: Session, request: OfflineEvalInput,
-                            spec: ThresholdSpec, eval_set: EvalSet) -> GateDecision:
+                            spec: ThresholdSpec, eval_sets: list[EvalSet]) -> GateDecision:
         """Count only episodes of batches governance asked for, served by the arm's checkpoint.
 
         Anything else (a batch requested by someone else or for another checkpoint, an
@@ -196,8 +206,10 @@ class EvidenceActivities(GovernanceShell):
         """
         promotion = store.get_promotion(session=session, promotion_id=request.promotion_id)
         trained_on = held_out.training_tasks(session, run_id=promotion.run_id)
-        judged_on = [t for t, _, _ in store.eval_set_tasks(session=session,
-                                                           eval_set_id=request.eval_set_id)]
+        tasks_of = {e.id: [t for t, _, _ in store.eval_set_tasks(session=session,
+                                                                 eval_set_id=e.id)]
+                    for e in eval_sets}
+        judged_on = sorted({t for tasks in tasks_of.values() for t in tasks})
         shared = held_out.overlaps(session=session, training=trained_on, evaluation=judged_on)
         held_out_evidence = {"run_id": promotion.run_id, "training_tasks": len(trained_on),
                              "eval_tasks": len(judged_on),
@@ -221,10 +233,12 @@ class EvidenceActivities(GovernanceShell):
             checkpoint_id=promotion.checkpoint_id)
         production = None
         problems = list(candidate.problems)
-        if request.production_batch_id is not None and promotion.baseline_checkpoint_id:
+        with_production = (request.production_batch_id is not None
+                           and promotion.baseline_checkpoint_id is not None)
+        if with_production:
             production = episodes.requested_batch_outcomes(
-                session=session, batch_id=request.production_batch_id,
-                checkpoint_id=promotion.baseline_checkpoint_id)
+                session=session, batch_id=request.production_batch_id or "",
+                checkpoint_id=promotion.baseline_checkpoint_id or "")
             problems += production.problems
         if problems:
             for problem in problems:
@@ -237,13 +251,26 @@ class EvidenceActivities(GovernanceShell):
                 reasons=[f"integrity: {problem}" for problem in problems],
                 evidence={"threshold_version": spec.version, "integrity": problems},
             )
-        result = EvalSetResult(
-            eval_set=f"{eval_set.name}@v{eval_set.version}",
-            eval_set_version=eval_set.content_hash or "",
-            candidate=_stats(candidate.outcomes),
-            production=None if production is None else _stats(production.outcomes),
-        )
-        decision = decide_offline_eval([result], spec)
+        results = []
+        for eval_set in eval_sets:  # each set on its own tasks' episodes of the two batches
+            own = tasks_of[eval_set.id]
+            mine = episodes.requested_batch_outcomes(
+                session=session, batch_id=request.candidate_batch_id,
+                checkpoint_id=promotion.checkpoint_id, task_ids=own)
+            theirs = None if not with_production else episodes.requested_batch_outcomes(
+                session=session, batch_id=request.production_batch_id or "",
+                checkpoint_id=promotion.baseline_checkpoint_id or "", task_ids=own)
+            results.append(EvalSetResult(
+                eval_set=f"{eval_set.name}@v{eval_set.version}",
+                eval_set_version=eval_set.content_hash or "",
+                candidate=_stats(mine.outcomes),
+                production=None if theirs is None else _stats(theirs.outcomes),
+            ))
+        decision = decide_offline_eval(results, spec)
+        threshold = session.get(Threshold, request.threshold_id)
+        if threshold is not None:  # which environment trained on each judged set stands for
+            decision.evidence["judged_for"] = candidate_eval_sets(
+                session=session, threshold=threshold, run_id=promotion.run_id).by_environment
         decision.evidence["held_out"] = held_out_evidence
         decision.evidence["batches_bound"] = {
             "candidate": request.candidate_batch_id, "production": request.production_batch_id,

@@ -48,6 +48,7 @@ from governance_loop.contracts import (
     RoutingRequest,
 )
 from governance_loop.durations import PromotionTiming
+from governance_loop.evalsets import candidate_eval_sets
 from governance_loop.gates import (
     GateDecision,
     HumanDecisionError,
@@ -238,20 +239,36 @@ class PromotionActivities(GovernanceShell):
             plan.problem = "the candidate already serves production"
             return
         threshold = store.latest_threshold(session=session, name=self._threshold_name)
-        if threshold is None or threshold.eval_set_id is None:
+        if threshold is None or (threshold.eval_set_id is None and not threshold.eval_sets):
             plan.problem = (
                 f"no threshold {self._threshold_name!r} naming an eval set: "
                 "set one with `triloop governance threshold set`"
             )
             return
-        plan.threshold_id, plan.eval_set_id = threshold.id, threshold.eval_set_id
-        spec = ThresholdSpec.from_mapping(threshold.spec)
-        tasks = store.eval_set_tasks(session=session, eval_set_id=threshold.eval_set_id)
-        if not tasks:
-            plan.problem = f"eval set {threshold.eval_set_id} has no items"
+        # The eval sets of what the candidate was trained on (its run's tasks' environments).
+        promotion = store.get_promotion(session=session, promotion_id=plan.promotion_id)
+        chosen = candidate_eval_sets(session=session, threshold=threshold,
+                                     run_id=promotion.run_id)
+        plan.threshold_id = threshold.id
+        if chosen.problem is not None:
+            plan.problem = chosen.problem
             return
-        per_task = max(1, math.ceil(spec.min_samples / len(tasks)))
-        plan.eval_items = [RolloutItem(task_id=t, seed=s, group_size=per_task) for t, s, _ in tasks]
+        plan.eval_set_ids = chosen.eval_set_ids
+        plan.eval_set_id = chosen.eval_set_ids[0]
+        spec = ThresholdSpec.from_mapping(threshold.spec)
+        items: dict[str, RolloutItem] = {}
+        for eval_set_id in chosen.eval_set_ids:
+            tasks = store.eval_set_tasks(session=session, eval_set_id=eval_set_id)
+            if not tasks:
+                plan.problem = f"eval set {eval_set_id} has no items"
+                return
+            # Each set gets its min_samples; a task two sets share plays for the larger.
+            per_task = max(1, math.ceil(spec.min_samples / len(tasks)))
+            for task_id, seed, _ in tasks:
+                known = items.get(task_id)
+                if known is None or known.group_size < per_task:
+                    items[task_id] = RolloutItem(task_id=task_id, seed=seed, group_size=per_task)
+        plan.eval_items = list(items.values())
 
     @activity.defn(name=MARK_PROMOTION.name)
     def mark_promotion(self, mark: MarkPromotion) -> None:

@@ -29,6 +29,8 @@ from governance_loop.contracts import (
 )
 from governance_loop.environments import (
     ContractDocument,
+    ServiceRegistrationError,
+    check_served,
     document_from_file,
     resolve_version,
     store_environment_version,
@@ -37,7 +39,7 @@ from governance_loop.environments import (
 from governance_loop.evalsets import (
     EvalSetError,
     eval_set_resources,
-    frozen_eval_set_id,
+    resolve_threshold_eval_sets,
     store_eval_set,
     store_threshold,
 )
@@ -102,7 +104,8 @@ class GovernanceWriteActivities(GovernanceShell):
     def __init__(self, engine: Engine, authorizer: Authorizer,
                  *, store: ArtifactStore | None = None) -> None:
         super().__init__(engine, authorizer)
-        self._store = store  # where a task set's dataset file lies
+        # Where a version's uploaded fixtures are published and a task set's dataset lies.
+        self._store = store
 
     def _proven(self, request: GovernanceWriteInput, kind: DecisionKind) -> HumanDecision:
         return self.prove(request.decision_id, kind, request.subject, role=DECIDING_ROLE,
@@ -114,8 +117,14 @@ class GovernanceWriteActivities(GovernanceShell):
         proven = self._proven(request, DecisionKind.ENVIRONMENT_VERSION)
         document = contract_document(proven.subject, proven.details)
         self.authorize_for(proven, "create", version_resource(document))
+        try:
+            check_served(document)
+        except ServiceRegistrationError as error:
+            raise invalid_request("the environment service does not match its contract",
+                                  error.problems) from error
         stored = store_environment_version(engine=self._engine, document=document,
-                                           requested_by=proven.user, decision_id=proven.id)
+                                           requested_by=proven.user, decision_id=proven.id,
+                                           fixtures=self._store)
         return GovernanceWriteResult(
             kind=DecisionKind.ENVIRONMENT_VERSION.value, id=stored.id,
             name=stored.environment_name, version=stored.version, created=stored.created)
@@ -143,22 +152,27 @@ class GovernanceWriteActivities(GovernanceShell):
         """Prove the decision, check the spec, ask OPA for the person, then store the version."""
         proven = self._proven(request, DecisionKind.THRESHOLD)
         spec, eval_set = proven.details.get("spec"), proven.details.get("eval_set")
-        if not isinstance(spec, dict) or not isinstance(eval_set, str):
+        eval_sets = proven.details.get("eval_sets")
+        if (not isinstance(spec, dict) or not isinstance(eval_set, str | None)
+                or not isinstance(eval_sets, dict | None)):
             raise invalid_request("the decision holds no threshold", ["spec or eval_set"])
         try:
             ThresholdSpec.from_mapping({**spec, "version": f"{proven.subject}@v0"})
-            eval_set_id = frozen_eval_set_id(engine=self._engine, eval_set=eval_set)
+            eval_set_id, per_environment = resolve_threshold_eval_sets(
+                engine=self._engine, eval_set=eval_set, eval_sets=eval_sets)
         except (ThresholdSpecError, EvalSetError) as error:
             raise invalid_request("the threshold cannot be set", [str(error)]) from error
         self.authorize_for(proven, "create", Resource(
             "threshold", attrs={"name": proven.subject, "eval_set_id": eval_set_id}))
         stored = store_threshold(engine=self._engine, name=proven.subject, spec=spec,
                                  eval_set_id=eval_set_id, requested_by=proven.user,
-                                 row_id=row_id("threshold"), decision_id=proven.id)
+                                 row_id=row_id("threshold"), decision_id=proven.id,
+                                 eval_sets=per_environment)
         return GovernanceWriteResult(
             kind=DecisionKind.THRESHOLD.value, id=stored.id, name=stored.name,
             version=stored.version,
-            details={"eval_set_id": stored.eval_set_id, "spec": stored.spec})
+            details={"eval_set_id": stored.eval_set_id, "spec": stored.spec,
+                     "eval_sets": stored.eval_sets})
 
     def _task_set(self, request: GovernanceWriteInput, *, use: bool = True
                   ) -> tuple[HumanDecision, dict[str, Any]]:

@@ -298,6 +298,7 @@ class PromotionWorkflow:
             promotion_id=plan.promotion_id, threshold_id=plan.threshold_id,
             eval_set_id=plan.eval_set_id, candidate_batch_id=f"{prefix}-candidate",
             production_batch_id=f"{prefix}-production", batch_errors=errors,
+            eval_set_ids=list(plan.eval_set_ids),
         ))
 
     # --- shadow and canary -------------------------------------------------------------------

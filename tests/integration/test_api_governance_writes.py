@@ -334,3 +334,75 @@ async def test_governance_acts_only_on_decisions_the_web_service_recorded(
     refusals = _count(owner_engine, "SELECT count(*) FROM audit_event WHERE decision = 'deny'"
                       " AND payload->>'human_decision_id' = :i", i=forged)
     assert refusals == 1
+
+
+async def test_a_served_contract_whose_service_does_not_match_is_refused_by_governance(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine, governance: Client,
+    tmp_path: Path,
+) -> None:
+    from tests.environment_services import free_port, reference_service, write_contract
+
+    operator, name = people["operator"], uid("served-")
+    with reference_service() as url:
+        for where, digest, expected in (
+            (url, "0" * 64, "the contract pins " + "0" * 64),
+            (f"http://127.0.0.1:{free_port()}", None, "is unreachable"),
+        ):
+            served = write_contract(tmp_path, where, digest=digest).read_text()
+            response = await api.post("/api/environments", headers=operator.headers, json={
+                "name": name, "contract_yaml": served})
+            assert_problem(response, 422, "does not match its contract", expected, where)
+        assert _rows(owner_engine, name)[1] == 0  # the decisions are on record; no version
+        good = write_contract(tmp_path, url).read_text()
+        response = await api.post("/api/environments", headers=operator.headers, json={
+            "name": name, "contract_yaml": good})
+        assert response.status_code == 201, response.text
+
+
+async def test_a_threshold_names_eval_sets_per_environment(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine, governance: Client,
+    governance_cli: typer.Typer,
+) -> None:
+    operator, name, bar = people["operator"].headers, uid("holdout-"), uid("bar-")
+    task = admitted_task(owner_engine)
+    other = admitted_task(owner_engine)
+    with owner_engine.connect() as conn:
+        env, other_env = (conn.execute(text(
+            "SELECT v.environment_name FROM task t JOIN environment_version v"
+            " ON v.id = t.environment_version_id WHERE t.id = :t"), {"t": t}).scalar_one()
+            for t in (task, other))
+    made = await api.post("/api/eval-sets", headers=operator,
+                          json={"name": name, "task_ids": [task]})
+    assert made.status_code == 201, made.text
+    eval_set_id = made.json()["eval_set_id"]
+
+    stored = await api.post("/api/thresholds", headers=operator, json={
+        "name": bar, "eval_sets": {env: [name]}, "spec": TEST_SPEC})
+    assert stored.status_code == 201, stored.text
+    assert stored.json()["eval_sets"] == {env: [eval_set_id]}
+    assert stored.json()["eval_set_id"] is None
+    with owner_engine.connect() as conn:
+        row = conn.execute(text("SELECT eval_sets FROM threshold WHERE id = :i"),
+                           {"i": stored.json()["threshold_id"]}).one()
+    assert row.eval_sets == {env: [eval_set_id]}
+
+    # Another environment's eval set, or none at all, is refused; nothing is written.
+    wrong = await api.post("/api/thresholds", headers=operator, json={
+        "name": bar, "eval_sets": {other_env: [name]}, "spec": TEST_SPEC})
+    assert_problem(wrong, 422, f"not of '{other_env}'", "holds task")
+    nothing = await api.post("/api/thresholds", headers=operator,
+                             json={"name": bar, "spec": TEST_SPEC})
+    assert_problem(nothing, 422, "names no eval set")
+    assert _count(owner_engine, "SELECT count(*) FROM threshold WHERE name = :n", n=bar) == 1
+
+    def run(*args: str) -> Result:
+        return CliRunner().invoke(governance_cli, list(args))
+
+    result = await asyncio.to_thread(
+        run, "threshold", "set", bar, "--spec", json.dumps(TEST_SPEC), "--eval-set-for",
+        f"{env}={name}", "--token", people["operator"].token)
+    assert result.exit_code == 0, result.output
+    assert f"{env}={eval_set_id}" in result.output and f"{bar} v2" in result.output
+    bad = await asyncio.to_thread(run, "threshold", "set", bar, "--spec", "{}",
+                                  "--token", people["operator"].token)
+    assert bad.exit_code != 0 and "name an eval set" in bad.output

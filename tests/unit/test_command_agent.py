@@ -156,10 +156,29 @@ def test_an_agent_that_quits_early_is_truncated_and_says_so(
     contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
     sandbox: LocalProcessSandbox,
 ) -> None:
-    quitter = _with_agent(contract, tmp_path, "import sys\nsys.stdin.read()\nsys.exit(4)\n")
+    quitter = _with_agent(contract, tmp_path, "import sys\nsys.stdin.read()\nsys.exit(0)\n")
     record = play(quitter, ScriptedPolicy(tokenizer, []), sandbox)
     assert (record.status, record.failure_reason) == ("truncated", "agent_exited")
-    assert record.steps == [] and record.extra["agent"]["exit_code"] == 4
+    assert record.steps == [] and record.extra["agent"]["exit_code"] == 0
+
+
+def test_an_agent_that_crashes_on_import_failed_with_its_stderr_tail(
+    contract: EnvironmentContract, tokenizer: PreTrainedTokenizerBase, tmp_path: Path,
+    sandbox: LocalProcessSandbox,
+) -> None:
+    crasher = _with_agent(contract, tmp_path, "import no_such_agent_library\n")
+    record = play(crasher, ScriptedPolicy(tokenizer, []), sandbox)
+    assert record.status == "failed", record.failure_reason
+    assert record.failure_reason.startswith("agent_failed (exit 1): ")
+    assert "ModuleNotFoundError: No module named 'no_such_agent_library'" in (
+        record.failure_reason)
+    assert "no_such_agent_library" in record.extra["agent"]["stderr_tail"]
+    assert record.steps == [] and not record.success and record.outcome_reward == 0.0
+    # A program that exits non-zero later, without a traceback, fails as well.
+    quitter = _with_agent(contract, tmp_path / "q", "import sys\nsys.stdin.read()\nsys.exit(4)\n")
+    record = play(quitter, ScriptedPolicy(tokenizer, []), sandbox)
+    assert (record.status, record.failure_reason) == (
+        "failed", "agent_failed (exit 4): nothing on stderr")
 
 
 def test_an_agent_past_its_token_budget_is_truncated(

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import UniqueConstraint
+from sqlalchemy import Column, UniqueConstraint
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
 from triloop.models._columns import created_at_field, json_field, new_id, timestamp_field
@@ -42,7 +43,12 @@ class Threshold(SQLModel, table=True):
     id: str = Field(default_factory=new_id, primary_key=True)
     name: str = Field(index=True)
     version: int
+    # The default eval set: for a candidate trained on an environment ``eval_sets`` omits.
     eval_set_id: str | None = Field(default=None, foreign_key="eval_set.id")
+    # Environment name (or environment version id) -> the frozen eval set ids a candidate
+    # trained on it is judged on (migration 0029); NULL: every candidate on eval_set_id.
+    eval_sets: dict[str, list[str]] | None = Field(
+        default=None, sa_column=Column(JSONB(none_as_null=True), nullable=True))
     spec: dict[str, Any] = json_field()
     created_by: str
     created_at: datetime = created_at_field()
