@@ -41,7 +41,6 @@ from triloop.artifact_backends import open_shared_store, open_store
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.faults import read_serving_faults
-from triloop.artifact_backends import open_store
 from triloop.nexus_caller import NexusCallerCheck
 from triloop.wiring import build_authorizer
 from triloop.worker_serve import serve, worker_identity

@@ -20,8 +20,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from triloop.artifacts import ArtifactNotFound, ArtifactStore, LocalArtifactStore
-from triloop.config import Settings
+from triloop.artifacts import ArtifactNotFound, ArtifactStore
 
 
 class FixturesMissing(LookupError):

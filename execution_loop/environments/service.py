@@ -25,7 +25,6 @@ from execution_loop.environments.base import (
     EnvironmentUnavailable,
     Outcome,
     StepResult,
-    TaskCapabilities,
     refuse_item,
 )
 from execution_loop.environments.service_protocol import (

@@ -27,10 +27,10 @@ from learning_loop.tiny_model import build_tokenizer
 from tests.factories import uid
 from tests.factories_byo import admit
 from tests.gateway_standins import ScriptedPolicy
+from triloop.artifact_backends import open_store
 from triloop.artifacts import ArtifactCorrupted
 from triloop.config import Settings
 from triloop.contract_upload import encode_fixture
-from triloop.artifact_backends import open_store
 from triloop.fixture_store import FixturesMissing
 from triloop.wiring import build_authorizer
 
