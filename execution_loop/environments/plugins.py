@@ -12,7 +12,9 @@ The class's module has the same shape as a built-in environment module:
 - ``CAPABILITIES``: a ``TaskCapabilities`` (contracts are checked against it);
 - ``VERIFIER``: ``"package.module:function"``, run in triloop's verifier process (a
   fresh interpreter without site-packages, with the package's folder on its path), so
-  the verifier module imports only the standard library and ``execution_loop``;
+  the verifier module imports only the standard library and ``execution_loop``, and the
+  installed distributions it names in ``VERIFIER_DISTRIBUTIONS`` (with their
+  requirements; their files count in the verifier hash and the version's code hashes);
 - ``reference_solution(seed, contract, item=None) -> list[str]``: the admission probe's
   k-of-k run;
 - optionally ``describe(seed, item, contract) -> TaskContent`` (what a task is: its

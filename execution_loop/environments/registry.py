@@ -15,7 +15,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from execution_loop.environments import fix_ci_failure, frozen_lake, service, tool_arithmetic
+from execution_loop.environments import (
+    fix_ci_failure,
+    frozen_lake,
+    reasoning_gym,
+    service,
+    tool_arithmetic,
+)
 from execution_loop.environments.base import (
     Describe,
     Environment,
@@ -62,6 +68,10 @@ _BUILTINS: dict[str, _Builtin] = {
     "fix_ci_failure": _Builtin(
         fix_ci_failure.FixCiFailure, fix_ci_failure.CAPABILITIES, fix_ci_failure.reference_solution,
         describe=fix_ci_failure.describe,
+    ),
+    "reasoning_gym": _Builtin(
+        reasoning_gym.ReasoningGym, reasoning_gym.CAPABILITIES, reasoning_gym.reference_solution,
+        describe=reasoning_gym.describe, generate=reasoning_gym.generate,
     ),
 }
 

@@ -22,8 +22,10 @@ def utcnow() -> datetime:
 
 
 def json_field(*, nullable: bool = False, default: Any = None) -> Any:
-    """A JSONB column."""
-    factory = dict if default is None else (lambda: default)
+    """A JSONB column; a nullable one is NULL unless given (``task.item``: NULL means the
+    seed alone makes the task, and ``{}`` would be an item)."""
+    factory = (lambda: None) if nullable and default is None else (
+        dict if default is None else (lambda: default))
     return Field(
         default_factory=factory,
         sa_column=Column(JSONB, nullable=nullable, server_default="{}" if not nullable else None),
