@@ -32,9 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from execution_loop.environments.base import (
     EnvironmentStateError,
+    GeneratedTask,
     Outcome,
     StepResult,
     TaskCapabilities,
+    TaskContent,
     fingerprint,
 )
 from execution_loop.verification import VerifierRequest, run_verifier
@@ -45,7 +47,8 @@ if TYPE_CHECKING:
     from triloop.contracts import EnvironmentContract
 
 VERIFIER = "execution_loop.environments.verifiers_env:verify"
-DISTRIBUTIONS = ("verifiers",)  # installed packages the verifier process imports
+# The verifier process may import these installed distributions (and their requirements).
+VERIFIER_DISTRIBUTIONS = ("verifiers",)
 CAPABILITIES = TaskCapabilities(
     actions=frozenset({"reply"}),
     observations=frozenset({"prompt", "env_response"}),
@@ -218,25 +221,24 @@ def reference_solution(
     return [str(row["answer"])]
 
 
-def describe_content(
+def describe(
     seed: int, item: Mapping[str, Any] | None, contract: EnvironmentContract
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """What the agent sees and the rubric checks: the whole row; tags from its ``info``."""
+) -> TaskContent:
+    """What the agent sees and the rubric checks: the taskset and the whole row (prompt,
+    answer, info); tags are the string values of the row's ``info``."""
     row = _row(seed, item, contract)
     info = row.get("info")
-    tags = ({str(k): str(v) for k, v in info.items() if isinstance(v, str)}
+    tags = ({str(k): v for k, v in info.items() if isinstance(v, str)}
             if isinstance(info, dict) else {})
-    return {"taskset": contract.initial_state["taskset"], "row": row}, tags
+    return TaskContent({"taskset": str(contract.initial_state["taskset"]), "row": row}, tags)
 
 
-def generate_rows(
-    params: Mapping[str, Any], contract: EnvironmentContract
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The taskset's first ``count`` rows as (ordinal, item)."""
+def generate(params: Mapping[str, Any], contract: EnvironmentContract) -> Iterator[GeneratedTask]:
+    """The taskset's first ``count`` rows, each a task whose item is the row."""
     from execution_loop.environments.verifiers_play import rows
 
     count = int(params["count"])
     if count < 1:
         raise ValueError(f"verifiers generator needs count >= 1, got {count}")
-    yield from enumerate(rows(spec_of(contract), count))
-
+    for ordinal, row in enumerate(rows(spec_of(contract), count)):
+        yield GeneratedTask(seed=ordinal, item=row, tags=describe(ordinal, row, contract).tags)
