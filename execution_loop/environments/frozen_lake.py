@@ -25,8 +25,8 @@ import random
 import re
 import time
 from collections import deque
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from execution_loop.environments.base import (

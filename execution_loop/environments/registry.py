@@ -20,8 +20,8 @@ from execution_loop.environments import (
     frozen_lake,
     service,
     tool_arithmetic,
-    verifiers_env,
 )
+from execution_loop.environments import verifiers as verifiers_env
 from execution_loop.environments.base import (
     Describe,
     Environment,

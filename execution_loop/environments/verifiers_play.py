@@ -15,7 +15,8 @@ The same code runs in the worker (observations, not scored) and in the verifier 
 ``@vf.reward``/``@vf.metric`` functions and the environment's ``finalize``): the verdict
 rests on what the environment computes, never on the observations the worker stored.
 
-Imports ``verifiers`` at module load: only ``verifiers_env`` imports this module, lazily.
+Imports ``verifiers`` at module load: only ``execution_loop.environments.verifiers``
+imports it, lazily.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def seat_of(env: vf.Env[Any]) -> str:
             f"verifiers environment {env.config.env_id!r} declares agents {', '.join(seats)}; "
             "triloop plays exactly one seat (the policy)"
         )
-    return seats[0]
+    return str(seats[0])
 
 
 def row_of(task: vf.Task[Any, Any, Any]) -> dict[str, Any]:
@@ -267,8 +268,8 @@ class Play:
 
     async def _run(self) -> None:
         agents = _Agents(self._seat)
-        await self.env.setup(agents)  # type: ignore[arg-type]
-        await self.env.run(self.task, agents)  # type: ignore[arg-type]
+        await self.env.setup(agents)  # a stand-in for vf.Agents: the one seat
+        await self.env.run(self.task, agents)
         self._episode.traces.extend(self._seat.traces)
         if not self._seat.traces:
             raise VerifiersEnvironmentError(

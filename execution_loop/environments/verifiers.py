@@ -46,9 +46,11 @@ if TYPE_CHECKING:
     from execution_loop.sandbox import SandboxBackend
     from triloop.contracts import EnvironmentContract
 
-VERIFIER = "execution_loop.environments.verifiers_env:verify"
+VERIFIER = "execution_loop.environments.verifiers:verify"
 # The verifier process may import these installed distributions (and their requirements).
-VERIFIER_DISTRIBUTIONS = ("verifiers",)
+# cryptography is named because mcp requires ``pyjwt[crypto]`` and the requirement walk
+# follows names, not the extras a requirement asks for.
+VERIFIER_DISTRIBUTIONS = ("verifiers", "cryptography")
 CAPABILITIES = TaskCapabilities(
     actions=frozenset({"reply"}),
     observations=frozenset({"prompt", "env_response"}),
@@ -101,7 +103,10 @@ class VerifiersEnvironment:
     ) -> None:
         self.contract = contract
         self._sandbox = sandbox  # used only to run the verifier
+        from execution_loop.environments.verifiers_play import load, seat_of
+
         self._spec = spec_of(contract)
+        seat_of(load(self._spec))  # a taskset that does not load, or two seats: say so now
         self._play: Play | None = None
         self._seed = 0
         self._item: dict[str, Any] | None = None
@@ -241,4 +246,5 @@ def generate(params: Mapping[str, Any], contract: EnvironmentContract) -> Iterat
     if count < 1:
         raise ValueError(f"verifiers generator needs count >= 1, got {count}")
     for ordinal, row in enumerate(rows(spec_of(contract), count)):
-        yield GeneratedTask(seed=ordinal, item=row, tags=describe(ordinal, row, contract).tags)
+        tags = dict(describe(ordinal, row, contract).tags)
+        yield GeneratedTask(seed=ordinal, item=row, tags=tags)
