@@ -45,9 +45,11 @@ def register(engine: Engine, settings: Settings, contract_path: Path, name: str)
 
 
 async def admit(settings: Settings, owner: Engine, governance: Engine, web: Engine,
-                version_id: str, seed: int, task_id: str | None = None) -> AdmissionResult:
+                version_id: str, seed: int, task_id: str | None = None,
+                wait_s: float = 120) -> AdmissionResult:
     """A pending task on the version, probed for real and admitted by an operator
-    (``task_id``: a pending task already written, such as one with an item)."""
+    (``task_id``: a pending task already written, such as one with an item; ``wait_s``:
+    how long the probe may take)."""
     from execution_loop.worker import build_worker as build_execution_worker
     from governance_loop.environments import add_task
     from governance_loop.worker import build_worker as build_governance_worker
@@ -64,7 +66,7 @@ async def admit(settings: Settings, owner: Engine, governance: Engine, web: Engi
             ADMISSION_WORKFLOW, AdmissionInput(task_id=task_id, requested_by="gov-admin"),
             id=admission_workflow_id(task_id), task_queue=own.task_queue(GOVERNANCE_QUEUE),
             result_type=AdmissionResult)
-        for _ in range(600):
+        for _ in range(int(wait_s / 0.2)):
             status: AdmissionResult = await handle.query(ADMISSION_STATUS_QUERY,
                                                          result_type=AdmissionResult)
             if status.status != "assessing":

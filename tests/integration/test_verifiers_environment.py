@@ -60,7 +60,7 @@ async def test_verifiers_tasks_are_admitted_and_trained_on(
     # An item of the dataset's own: row 3 of the taskset, under another seed.
     pending = task_with_item(owner_engine, single, 9301, row(ARITHMETIC, 3), "pending")
     admitted = await admit(settings, owner_engine, governance, web, single, seed=9301,
-                           task_id=pending)
+                           task_id=pending, wait_s=900)
     assert admitted.status == "admitted"
     [task] = rows(owner_engine, "SELECT evidence FROM task WHERE id = :t", t=pending)
     probe = task["evidence"]["probe"]
