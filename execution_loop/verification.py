@@ -31,9 +31,10 @@ import importlib.machinery
 import json
 import sys
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -174,6 +175,19 @@ class _DeclaredPackages(importlib.abc.MetaPathFinder):
         if folder is None:
             return None  # a submodule: found through its package's __path__ as usual
         return importlib.machinery.PathFinder.find_spec(fullname, [folder], target)
+
+    def find_distributions(
+        self, context: metadata.DistributionFinder.Context | None = None
+    ) -> Iterator[metadata.Distribution]:
+        """Installed metadata from the declared packages' folders: packages that read their
+        own version at import (``importlib.metadata.version``) need it; imports stay as
+        restricted as ``find_spec`` makes them."""
+        name = context.name if context is not None else None
+        folders = sorted(set(self._packages.values()))
+        found = metadata.MetadataPathFinder.find_distributions(
+            metadata.DistributionFinder.Context(name=name, path=folders)
+        )
+        return iter(found)
 
 
 def resolve(verifier: str) -> Callable[[dict[str, Any]], Outcome]:

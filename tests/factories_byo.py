@@ -45,18 +45,22 @@ def register(engine: Engine, settings: Settings, contract_path: Path, name: str)
 
 
 async def admit(settings: Settings, owner: Engine, governance: Engine, web: Engine,
-                version_id: str, seed: int) -> AdmissionResult:
-    """A pending task on the version, probed for real and admitted by an operator."""
+                version_id: str, seed: int, task_id: str | None = None,
+                wait_s: float = 120) -> AdmissionResult:
+    """A pending task on the version, probed for real and admitted by an operator
+    (``task_id``: a pending task already written, such as one with an item; ``wait_s``:
+    how long the probe may take)."""
     from governance_loop.environments import add_task
 
     own = own_queues(settings, "byo-")
-    task_id = add_task(engine=governance, authorizer=build_authorizer(own, "governance"),
-                       version_ref=version_id, seed=seed, requested_by="gov-admin")
-    return await admit_task(settings, owner, governance, web, task_id)
+    if task_id is None:
+        task_id = add_task(engine=governance, authorizer=build_authorizer(own, "governance"),
+                           version_ref=version_id, seed=seed, requested_by="gov-admin")
+    return await admit_task(settings, owner, governance, web, task_id, wait_s=wait_s)
 
 
 async def admit_task(settings: Settings, owner: Engine, governance: Engine, web: Engine,
-                     task_id: str) -> AdmissionResult:
+                     task_id: str, *, wait_s: float = 120) -> AdmissionResult:
     """An existing pending task (one with an item, say), probed for real and admitted."""
     from execution_loop.worker import build_worker as build_execution_worker
     from governance_loop.worker import build_worker as build_governance_worker
@@ -70,7 +74,7 @@ async def admit_task(settings: Settings, owner: Engine, governance: Engine, web:
             ADMISSION_WORKFLOW, AdmissionInput(task_id=task_id, requested_by="gov-admin"),
             id=admission_workflow_id(task_id), task_queue=own.task_queue(GOVERNANCE_QUEUE),
             result_type=AdmissionResult)
-        for _ in range(600):
+        for _ in range(int(wait_s / 0.2)):
             status: AdmissionResult = await handle.query(ADMISSION_STATUS_QUERY,
                                                          result_type=AdmissionResult)
             if status.status != "assessing":
@@ -87,15 +91,18 @@ async def admit_task(settings: Settings, owner: Engine, governance: Engine, web:
 
 
 async def train_briefly(settings: Settings, owner: Engine, tiny_dir: Path, task_ids: list[str],
-                        iterations: int = 2) -> tuple[str, RunStatus]:
-    """A short training run on the tasks; returns the run id and its final status."""
+                        iterations: int = 2, timeout_s: float = 300, **sections: dict[str, Any],
+                        ) -> tuple[str, RunStatus]:
+    """A short training run on the tasks; returns the run id and its final status
+    (``sections`` override run-config fields, as ``run_config`` takes them)."""
     own = own_queues(settings, "byo-")
     client = await connect(own, identity="web-test", service="web", loop="learning")
     submitter = make_user(owner)
     config: dict[str, Any] = run_config(
-        tiny_dir, task_ids, schedule={"iterations": iterations, "propose_every": iterations})
+        tiny_dir, task_ids, **{"schedule": {"iterations": iterations,
+                                            "propose_every": iterations}, **sections})
     run_id = make_run(owner, config, submitter)
     async with loops_running(client, own):
         handle = await start_run(client, own, run_id, config, submitter)
-        status: RunStatus = await asyncio.wait_for(handle.result(), 300)
+        status: RunStatus = await asyncio.wait_for(handle.result(), timeout_s)
     return run_id, status

@@ -22,6 +22,7 @@ from execution_loop.environments import (
     service,
     tool_arithmetic,
 )
+from execution_loop.environments import verifiers as verifiers_env
 from execution_loop.environments.base import (
     Describe,
     Environment,
@@ -72,6 +73,13 @@ _BUILTINS: dict[str, _Builtin] = {
     "reasoning_gym": _Builtin(
         reasoning_gym.ReasoningGym, reasoning_gym.CAPABILITIES, reasoning_gym.reference_solution,
         describe=reasoning_gym.describe, generate=reasoning_gym.generate,
+    ),
+    "verifiers": _Builtin(
+        verifiers_env.VerifiersEnvironment,
+        verifiers_env.CAPABILITIES,
+        verifiers_env.reference_solution,
+        describe=verifiers_env.describe,
+        generate=verifiers_env.generate,
     ),
 }
 

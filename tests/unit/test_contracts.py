@@ -256,6 +256,7 @@ def test_cli_lists_the_builtin_environments() -> None:
         "fix_ci_failure",
         "frozen_lake",
         "tool_arithmetic",
+        "verifiers",
     ]
 
 

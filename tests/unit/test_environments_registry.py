@@ -23,15 +23,16 @@ from execution_loop.verification import (
 from triloop.contracts import ContractError
 
 
-def test_three_builtin_environments_with_contract_files() -> None:
+def test_the_builtin_environments_with_contract_files() -> None:
     assert list_environments() == ["fix_ci_failure", "frozen_lake", "reasoning_gym",
-                                   "tool_arithmetic"]
+                                   "tool_arithmetic", "verifiers"]
     for name in list_environments():
         assert builtin_contract_path(name).is_file()
         assert load_builtin_contract(name).task == name
 
 
-@pytest.mark.parametrize("name", ["frozen_lake", "tool_arithmetic", "fix_ci_failure"])
+@pytest.mark.parametrize("name", ["frozen_lake", "tool_arithmetic", "fix_ci_failure",
+                                  "verifiers"])
 def test_every_environment_follows_the_interface(name: str) -> None:
     env = get_environment(name)()
     try:
