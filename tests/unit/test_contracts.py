@@ -255,6 +255,7 @@ def test_cli_lists_the_builtin_environments() -> None:
         "name",
         "fix_ci_failure",
         "frozen_lake",
+        "reasoning_gym",
         "tool_arithmetic",
         "verifiers",
     ]
