@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from execution_loop.environments import fix_ci_failure, frozen_lake, service, tool_arithmetic
+from execution_loop.environments import (
+    fix_ci_failure,
+    frozen_lake,
+    gymnasium_text,
+    service,
+    tool_arithmetic,
+)
 from execution_loop.environments.base import Environment, EnvironmentFactory, TaskCapabilities
 from execution_loop.environments.plugins import PluginError, installed_plugins, load_plugin
 from execution_loop.environments.service import ServiceEnvironment
@@ -43,6 +49,10 @@ _BUILTINS: dict[str, _Builtin] = {
     ),
     "fix_ci_failure": _Builtin(
         fix_ci_failure.FixCiFailure, fix_ci_failure.CAPABILITIES, fix_ci_failure.reference_solution
+    ),
+    "gymnasium_text": _Builtin(
+        gymnasium_text.GymnasiumText, gymnasium_text.CAPABILITIES,
+        gymnasium_text.reference_solution,
     ),
 }
 

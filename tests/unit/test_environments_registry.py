@@ -23,8 +23,9 @@ from execution_loop.verification import (
 from triloop.contracts import ContractError
 
 
-def test_three_builtin_environments_with_contract_files() -> None:
-    assert list_environments() == ["fix_ci_failure", "frozen_lake", "tool_arithmetic"]
+def test_the_builtin_environments_with_contract_files() -> None:
+    assert list_environments() == ["fix_ci_failure", "frozen_lake", "gymnasium_text",
+                                   "tool_arithmetic"]
     for name in list_environments():
         assert builtin_contract_path(name).is_file()
         assert load_builtin_contract(name).task == name
