@@ -18,6 +18,7 @@ from execution_loop.environments import (
     fix_ci_failure,
     frozen_lake,
     gymnasium_text,
+    openenv_http,
     service,
     tool_arithmetic,
 )
@@ -53,6 +54,9 @@ _BUILTINS: dict[str, _Builtin] = {
     "gymnasium_text": _Builtin(
         gymnasium_text.GymnasiumText, gymnasium_text.CAPABILITIES,
         gymnasium_text.reference_solution,
+    ),
+    "openenv": _Builtin(
+        openenv_http.OpenEnv, openenv_http.CAPABILITIES, openenv_http.reference_solution
     ),
 }
 
