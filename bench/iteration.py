@@ -87,7 +87,7 @@ class LakeMoves:
         self.reward = 0.0
         self.answered = False
 
-    def reset(self, seed: int) -> str:
+    def reset(self, seed: int, item: Any = None) -> str:
         row, col = divmod(seed % 16, 4)
         self.reward, self.answered = 0.0, False
         return (f"Frozen lake grid, map {'/'.join(LAKE)}. The player is at row {row}"

@@ -71,7 +71,7 @@ class Counter:
         self.contract = contract
         self.count = 0
 
-    def reset(self, seed: int) -> str:
+    def reset(self, seed: int, item: Any = None) -> str:
         del seed  # every episode is the same
         self.count = 0
         return "count 0"

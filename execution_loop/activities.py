@@ -265,13 +265,13 @@ class RolloutActivities:
             if opened.contract.agent is not None:  # a black-box agent, through the gateway
                 record = run_command_episode(
                     env, policy, contract=opened.contract, sandbox=self._agent_sandbox,
-                    seed=seed, task_seed=spec.task_seed, limits=limits,
+                    seed=seed, task_seed=spec.task_seed, task_item=opened.item, limits=limits,
                     temperature=temperature, deadline=job.deadline_epoch_s,
                     on_progress=report,
                 )
             else:
                 record = run_episode(
-                    env, policy, seed=seed, task_seed=spec.task_seed,
+                    env, policy, seed=seed, task_seed=spec.task_seed, task_item=opened.item,
                     limits=limits, context_rule=opened.contract.context,
                     on_step=lambda step: report(step.index + 1),
                     deadline=job.deadline_epoch_s, temperature=temperature,

@@ -24,10 +24,12 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from temporalio import activity
 
 from execution_loop.contracts import PROBE_ADMISSION
+from execution_loop.environments.base import reset_task
 from execution_loop.reward_hacks import probe_reward_hacks
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits, SandboxResult
 from execution_loop.serving import OpenedTask, TaskEnvironments
@@ -38,7 +40,7 @@ from triloop.workflow_api import (
     AdmissionProbeInput,
 )
 
-ReferenceLookup = Callable[[str, int, EnvironmentContract], list[str]]
+ReferenceLookup = Callable[..., list[str]]  # (name, seed, contract, item=None)
 _VERIFIER_ENTRY = "child_main"  # what execution_loop.verification runs in its interpreter
 
 
@@ -72,10 +74,11 @@ class RecordingSandbox:
         )
 
 
-def _default_reference(name: str, seed: int, contract: EnvironmentContract) -> list[str]:
+def _default_reference(name: str, seed: int, contract: EnvironmentContract,
+                       item: Mapping[str, Any] | None = None) -> list[str]:
     from execution_loop.environments.registry import reference_solution
 
-    return reference_solution(name, seed, contract)
+    return reference_solution(name, seed, contract, item=item)
 
 
 class AdmissionProbe:
@@ -95,7 +98,9 @@ class AdmissionProbe:
             task_id=task.task_id, environment_version_id=task.environment_version_id,
             environment=task.contract.task, seed=task.seed,
         )
-        actions = self._reference(task.contract.task, task.seed, task.contract)
+        actions = (self._reference(task.contract.task, task.seed, task.contract)
+                   if task.item is None else
+                   self._reference(task.contract.task, task.seed, task.contract, item=task.item))
         self._resets(task, actions, max(request.resets, 0), evidence)
         references: list[str] = []
         verified_outside = request.reference_runs > 0
@@ -114,7 +119,7 @@ class AdmissionProbe:
         evidence.verifier_ran_out_of_process = verified_outside
         evidence.verifier_hash = verifier_hash(references)
         activity.heartbeat("reward hacks")
-        evidence.reward_hacks = probe_reward_hacks(task.open, task.seed)
+        evidence.reward_hacks = probe_reward_hacks(task.open, task.seed, item=task.item)
         return evidence
 
     def _resets(
@@ -126,7 +131,7 @@ class AdmissionProbe:
                 if index and actions:
                     env.step(actions[0])  # change the state, so the next reset must recover
                 started = time.perf_counter()
-                env.reset(task.seed)
+                reset_task(env, task.seed, task.item)
                 evidence.reset_seconds.append(time.perf_counter() - started)
                 evidence.reset_fingerprints.append(env.state_fingerprint())
         finally:
@@ -137,7 +142,7 @@ class AdmissionProbe:
     ) -> tuple[bool, float]:
         env = task.open(sandbox=sandbox)
         try:
-            env.reset(task.seed)
+            reset_task(env, task.seed, task.item)
             rewards = 0.0
             for action in actions:
                 result = env.step(action)

@@ -34,12 +34,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from execution_loop.environments.base import Environment, Outcome
+from execution_loop.environments.base import Environment, Outcome, reset_task
 from execution_loop.episode import (
     COMPLETED,
     FAILED,
@@ -182,6 +182,7 @@ def run_command_episode(
     seed: int,
     task_seed: int,
     limits: Limits,
+    task_item: Mapping[str, Any] | None = None,
     temperature: float = 1.0,
     deadline: float | None = None,
     on_progress: Callable[[int], None] | None = None,
@@ -194,7 +195,7 @@ def run_command_episode(
         raise ValueError(f"contract {contract.task!r} names no agent program")
     started = clock()
     try:
-        initial = env.reset(task_seed)
+        initial = reset_task(env, task_seed, task_item)
     except INFRASTRUCTURE_ERRORS:
         raise
     except Exception as exc:  # the environment's own fault

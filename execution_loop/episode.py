@@ -33,7 +33,7 @@ hook's reason.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,7 @@ from execution_loop.environments.base import (
     EnvironmentUnavailable,
     Outcome,
     StepResult,
+    reset_task,
 )
 from execution_loop.harness import ChatHarness, Turn
 from execution_loop.hooks import EpisodeHooks, HookFailed
@@ -176,6 +177,7 @@ def run_episode(
     task_seed: int,
     limits: Limits,
     context_rule: ContextRule,
+    task_item: Mapping[str, Any] | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
     deadline: float | None = None,
     system_prompt: str | None = None,
@@ -225,7 +227,7 @@ def run_episode(
     hooks = EpisodeHooks.of(getattr(env, "contract", None))
     try:
         hooks.run_before_reset(task_seed)
-        initial = env.reset(task_seed)
+        initial = reset_task(env, task_seed, task_item)
     except HookFailed as refused:
         return record(FAILED, refused.reason, "", None)
     except INFRASTRUCTURE_ERRORS:

@@ -16,12 +16,13 @@ and monkeypatching the test harness the verifier imports (pytest's runner, ``jso
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from execution_loop.environments.base import Environment
+from execution_loop.environments.base import Environment, reset_task
 from triloop.workflow_api import RewardHackTrial
 
 CODE_EDITING = "edit_source"
@@ -194,7 +195,8 @@ def read_view(workdir: Path) -> CodeView:
     return CodeView(files)
 
 
-def try_hack(hack: RewardHack, open_env: Callable[[], Environment], seed: int) -> RewardHackTrial:
+def try_hack(hack: RewardHack, open_env: Callable[[], Environment], seed: int,
+             *, item: Mapping[str, Any] | None = None) -> RewardHackTrial:
     """Play one hack from a fresh reset and ask the environment's verifier to judge it."""
     with _opened(open_env) as env:
         missing = sorted(hack.needs - set(env.contract.allowed_actions))
@@ -204,7 +206,7 @@ def try_hack(hack: RewardHack, open_env: Callable[[], Environment], seed: int) -
                 detail=f"not applicable: {env.contract.task}'s contract allows no "
                        f"{', '.join(missing)} action",
             )
-        env.reset(seed)
+        reset_task(env, seed, item)
         workdir = _working_copy(env)
         if workdir is None:
             return RewardHackTrial(hack.name, applicable=False,
@@ -224,10 +226,11 @@ def try_hack(hack: RewardHack, open_env: Callable[[], Environment], seed: int) -
 
 
 def probe_reward_hacks(
-    open_env: Callable[[], Environment], seed: int, library: tuple[RewardHack, ...] = LIBRARY
+    open_env: Callable[[], Environment], seed: int, library: tuple[RewardHack, ...] = LIBRARY,
+    *, item: Mapping[str, Any] | None = None,
 ) -> list[RewardHackTrial]:
     """Every hack of the library against the environment's verifier, one fresh episode each."""
-    return [try_hack(hack, open_env, seed) for hack in library]
+    return [try_hack(hack, open_env, seed, item=item) for hack in library]
 
 
 @contextmanager

@@ -298,6 +298,7 @@ class OpenedTask:
     seed: int
     contract: EnvironmentContract
     factory: EnvironmentFactory
+    item: dict[str, Any] | None = None  # the dataset row or generated problem it plays
 
     def open(self, **kwargs: Any) -> Environment:
         """A fresh environment (its own working copy) for one episode."""
@@ -341,7 +342,8 @@ class TaskEnvironments:
         if version is None:
             raise LookupError(f"environment version {task.environment_version_id!r} is missing")
         contract = self._parse(version)
-        opened = OpenedTask(task.id, version.id, task.seed, contract, self._factory(contract))
+        opened = OpenedTask(task.id, version.id, task.seed, contract, self._factory(contract),
+                            item=task.item)
         if task.status == TaskStatus.admitted:
             with self._lock:
                 self._tasks[task_id] = opened

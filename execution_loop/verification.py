@@ -11,23 +11,41 @@ milliseconds, which matters when every RL episode needs one.
 A verifier is ``execution_loop.environments.<module>:<function>`` or lives in the
 package of an installed environment plugin (``triloop.environments`` entry point);
 the plugin's installation folder is then added to the verifier interpreter's path.
+
+A verifier module that needs an installed package names its distribution in
+``VERIFIER_DISTRIBUTIONS`` (``("reasoning-gym",)``). The interpreter still starts
+without site-packages; it gets an import finder that finds exactly the top-level
+packages of the named distributions and of their installed requirements, and nothing
+else, so an import the module did not declare fails as it always has. What those
+distributions' files hash to is part of the verifier hash and the version's code hashes
+(``triloop.environment_code``). A heavy distribution costs its import time once per
+verifier interpreter, that is once per batch of episodes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.abc
+import importlib.machinery
 import json
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from execution_loop.environments.base import Outcome
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits
-from triloop.environment_code import plugin_search_path
+from triloop.environment_code import (
+    declared_distributions,
+    module_file,
+    plugin_search_path,
+    verifier_imports,
+)
 
 VERIFIER_PACKAGE = "execution_loop.environments."
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -77,11 +95,16 @@ def run_verifiers(
         for folder in _check_reference(request.verifier):
             if folder not in search:
                 search.append(folder)
-    document = {"requests": [dataclasses.asdict(r) for r in requests]}
+    packages = _installed_imports(requests, search)
+    document = {
+        "requests": [dataclasses.asdict(r) for r in requests],
+        "packages": packages,
+    }
     runner = sandbox or LocalProcessSandbox()
     command = [sys.executable, "-I", "-S", "-B", "-c", _BOOT, *search]
-    # A sandbox that hides the filesystem shows the verifier its own code, read-only.
-    exposed = [Path(folder) for folder in search]
+    # A sandbox that hides the filesystem shows the verifier its own code, read-only,
+    # and the folders of the installed packages it declared.
+    exposed = [Path(folder) for folder in [*search, *sorted(set(packages.values()))]]
     result = runner.run(command, limits=limits, stdin=json.dumps(document), expose=exposed)
     names = sorted({r.verifier for r in requests})
     if result.limit_exceeded or result.exit_code != 0:
@@ -117,6 +140,42 @@ def _check_reference(verifier: str) -> list[str]:
     )
 
 
+def _installed_imports(
+    requests: Sequence[VerifierRequest], search: Sequence[str]
+) -> dict[str, str]:
+    """Top-level name -> folder of the installed packages the verifier modules declare."""
+    names: list[str] = []
+    for module in sorted({r.verifier.partition(":")[0] for r in requests}):
+        path = module_file(module, search)
+        if path is not None:
+            names += [n for n in declared_distributions(path) if n not in names]
+    return _imports_of(tuple(sorted(names))) if names else {}
+
+
+@cache
+def _imports_of(distributions: tuple[str, ...]) -> dict[str, str]:
+    """Resolved once per process: the installed packages do not change under a worker."""
+    return verifier_imports(distributions).packages
+
+
+class _DeclaredPackages(importlib.abc.MetaPathFinder):
+    """Finds only the declared top-level packages, each in its own installed folder."""
+
+    def __init__(self, packages: Mapping[str, str]) -> None:
+        self._packages = dict(packages)
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        folder = self._packages.get(fullname) if path is None else None
+        if folder is None:
+            return None  # a submodule: found through its package's __path__ as usual
+        return importlib.machinery.PathFinder.find_spec(fullname, [folder], target)
+
+
 def resolve(verifier: str) -> Callable[[dict[str, Any]], Outcome]:
     """Import a verifier function from its ``module:function`` reference.
 
@@ -133,6 +192,9 @@ def child_main() -> None:
     """Entry point inside the verifier process: JSON request on stdin, verdict on stdout."""
     try:
         document = json.loads(sys.stdin.read())
+        packages = document.get("packages") or {}
+        if packages:
+            sys.meta_path.append(_DeclaredPackages(packages))
         verdicts = [
             dataclasses.asdict(resolve(str(r["verifier"]))(dict(r["payload"])))
             for r in document["requests"]

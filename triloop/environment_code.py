@@ -14,6 +14,16 @@ anything (the kernel imports no loop): starting from ``execution_loop.environmen
 
 The verifier hash admission pins is the same walk started from the verifier module.
 
+A verifier module may name installed distributions it imports (``VERIFIER_DISTRIBUTIONS
+= ("reasoning-gym",)``, a literal tuple of distribution names): the verifier interpreter
+then imports their top-level packages and those of their installed requirements, and
+nothing else from site-packages. Each named distribution counts in the walk as one entry,
+``distribution:<name>``, the sha256 of its version, every file of its top-level packages
+(source and data, read from disk, so an edited file counts) and the name and version of
+each requirement it pulls in; a changed reasoning-gym is a new environment version and a
+new verifier hash. Requirements count by version only: hashing sympy and numpy file by
+file at every registration would cost seconds for files a pinned version already names.
+
 An environment from outside triloop (a package declaring an entry point in the
 ``triloop.environments`` group, ``name = "package.module:Class"``) is walked the same
 way from its module, following its own top-level package as well as ours; the entry
@@ -27,6 +37,7 @@ import hashlib
 import re
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -35,6 +46,9 @@ PLUGIN_GROUP = "triloop.environments"  # entry points: name = "package.module:Cl
 SERVICE_MODULE = f"{ENVIRONMENTS_PACKAGE}.service"  # the client of a served environment
 _OWN = "execution_loop"
 _REFERENCE = re.compile(r"^(\w+(?:\.\w+)+):\w+$")
+DISTRIBUTIONS_NAME = "VERIFIER_DISTRIBUTIONS"  # module constant: distributions it imports
+_DISTRIBUTION_KEY = "distribution:"
+_SKIPPED_FILES = ("__pycache__", ".pyc")
 
 
 class EnvironmentCodeError(LookupError):
@@ -158,6 +172,8 @@ def code_hashes(roots: Sequence[str], search: Sequence[str] | None = None) -> di
         if path is None:
             continue  # `from package import function`: the package was added on its own
         found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        for distribution in declared_distributions(path):
+            found[_DISTRIBUTION_KEY + distribution] = distribution_hash(distribution, search)
         modules, files = _references(name, path, own)
         pending.extend(sorted(modules - seen))
         package = name.rpartition(".")[0]
@@ -207,3 +223,137 @@ def environment_verifier_hash(
         ):
             return verifier_hash([node.value.value], search)
     return None
+
+
+def declared_distributions(path: Path) -> tuple[str, ...]:
+    """The distributions a module's ``VERIFIER_DISTRIBUTIONS`` names (read, not imported)."""
+    for node in ast.parse(path.read_bytes()).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == DISTRIBUTIONS_NAME for t in targets):
+                try:
+                    value = ast.literal_eval(node.value) if node.value is not None else None
+                except ValueError:
+                    value = None
+                if not isinstance(value, tuple | list) or not all(
+                    isinstance(v, str) and v for v in value
+                ):
+                    raise EnvironmentCodeError(
+                        f"{path}: {DISTRIBUTIONS_NAME} must be a literal tuple of "
+                        "distribution names"
+                    )
+                return tuple(value)
+    return ()
+
+
+def _normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _distribution(name: str, search: Sequence[str] | None) -> metadata.Distribution:
+    found = list(metadata.distributions(name=name, path=list(search or sys.path)))
+    if not found:
+        raise EnvironmentCodeError(
+            f"distribution {name!r} named by a verifier's {DISTRIBUTIONS_NAME} is not installed"
+        )
+    return found[0]
+
+
+def _requirements(distribution: metadata.Distribution) -> list[str]:
+    """Names of the distribution's requirements outside extras (markers read loosely: a
+    requirement for another platform is simply not installed, and is skipped)."""
+    names = []
+    for requirement in distribution.requires or []:
+        spec, _, marker = requirement.partition(";")
+        if "extra" in marker:
+            continue
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
+        if match:
+            names.append(match.group(1))
+    return names
+
+
+def _closure(
+    names: Sequence[str], search: Sequence[str] | None
+) -> dict[str, metadata.Distribution]:
+    """The named distributions and every installed requirement they pull in, by name."""
+    found: dict[str, metadata.Distribution] = {}
+    pending = [(name, True) for name in names]
+    while pending:
+        name, named = pending.pop()
+        key = _normalised(name)
+        if key in found:
+            continue
+        try:
+            distribution = _distribution(name, search)
+        except EnvironmentCodeError:
+            if named:
+                raise
+            continue  # a requirement for another platform or Python
+        found[key] = distribution
+        pending.extend((requirement, False) for requirement in _requirements(distribution))
+    return dict(sorted(found.items()))
+
+
+def _top_level(distribution: metadata.Distribution) -> list[str]:
+    """The importable top-level names a distribution installs."""
+    text = distribution.read_text("top_level.txt")
+    if text:
+        candidates = text.split()
+    else:
+        candidates = [
+            str(file).split("/")[0].split(".")[0]
+            for file in distribution.files or []
+            if not str(file).startswith("..")
+        ]
+    return sorted({c for c in candidates if c.isidentifier()})
+
+
+def _top_level_paths(distribution: metadata.Distribution) -> list[Path]:
+    folder = Path(str(distribution.locate_file(""))).resolve()
+    paths: list[Path] = []
+    for name in _top_level(distribution):
+        if (folder / name).is_dir():
+            paths.append(folder / name)
+        paths += sorted(p for p in folder.glob(f"{name}.*") if p.is_file())
+    return paths
+
+
+def distribution_hash(name: str, search: Sequence[str] | None = None) -> str:
+    """sha256 of a named distribution: version, its packages' files, its requirements."""
+    closure = _closure([name], search)
+    distribution = closure.pop(_normalised(name))
+    lines = [f"version {distribution.version}"]
+    for top in _top_level_paths(distribution):
+        files = sorted(top.rglob("*")) if top.is_dir() else [top]
+        for file in files:
+            if file.is_file() and not any(part in _SKIPPED_FILES for part in file.parts) \
+                    and file.suffix != ".pyc":
+                relative = file.relative_to(top.parent).as_posix()
+                lines.append(f"{relative} {hashlib.sha256(file.read_bytes()).hexdigest()}")
+    lines += [f"requires {key}=={d.version}" for key, d in closure.items()]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class VerifierImports:
+    """What a verifier interpreter may import beyond the standard library and ours:
+    ``packages`` maps each allowed top-level name to the folder it is installed in."""
+
+    packages: dict[str, str]
+
+    @property
+    def folders(self) -> list[str]:
+        return sorted(set(self.packages.values()))
+
+
+def verifier_imports(
+    distributions: Sequence[str], search: Sequence[str] | None = None
+) -> VerifierImports:
+    """The top-level packages of the named distributions and of their requirements."""
+    packages: dict[str, str] = {}
+    for distribution in _closure(distributions, search).values():
+        folder = str(Path(str(distribution.locate_file(""))).resolve())
+        for name in _top_level(distribution):
+            packages.setdefault(name, folder)
+    return VerifierImports(dict(sorted(packages.items())))

@@ -18,11 +18,11 @@ Lifecycle hooks are not re-run: they decide when an episode stops, not how it is
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from execution_loop.environments.base import Environment
+from execution_loop.environments.base import Environment, reset_task
 from execution_loop.episode import INFRASTRUCTURE_ERRORS, act, contract_tools
 
 # Rewards are sums of floats written through JSON and back: equal within this.
@@ -38,12 +38,14 @@ class Judged:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def replay_and_judge(env: Environment, *, seed: int, actions: Sequence[str]) -> Judged:
-    """Reset ``env`` with ``seed``, apply ``actions`` in order, and ask its verifier."""
+def replay_and_judge(env: Environment, *, seed: int, actions: Sequence[str],
+                     item: Mapping[str, Any] | None = None) -> Judged:
+    """Reset ``env`` with ``seed`` (and the task's item), apply ``actions`` in order, and
+    ask its verifier."""
     tools = contract_tools(env)
     step_rewards = 0.0
     try:
-        env.reset(seed)
+        reset_task(env, seed, item)
         for index, action in enumerate(actions):
             result = act(env, action, tools)
             step_rewards += result.reward

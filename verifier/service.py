@@ -41,7 +41,7 @@ def judge(pending: Pending, *, session: Session, environments: TaskEnvironments)
                                                  "from its actions"})
     env = opened.open()
     try:
-        return replay_and_judge(env, seed=int(pending.planned["seed"]),
+        return replay_and_judge(env, seed=int(pending.planned["seed"]), item=opened.item,
                                 actions=stored_actions(session=session,
                                                        trajectory_id=pending.trajectory_id))
     finally:

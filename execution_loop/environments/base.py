@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,8 +41,12 @@ class Environment(Protocol):
 
     contract: EnvironmentContract
 
-    def reset(self, seed: int) -> str:
-        """Start an episode; the same seed gives the same initial observation."""
+    def reset(self, seed: int, item: Mapping[str, Any] | None = None) -> str:
+        """Start an episode; the same seed (and item) gives the same initial observation.
+
+        ``item`` is the task's dataset row or generated problem (``task.item``); an
+        environment whose tasks the seed alone makes refuses one (``refuse_item``).
+        """
         ...
 
     def step(self, action: str) -> StepResult:
@@ -89,6 +93,50 @@ class TaskCapabilities:
     required_state: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class TaskContent:
+    """What a task *is*: what the agent sees and what the verifier checks.
+
+    ``content`` is JSON-serialisable (a rendered initial state, fixture bytes' digests,
+    the answer); its ``fingerprint`` is the task's content digest, so two tasks with equal
+    content are the same task whatever their seeds. ``tags`` are the environment's own
+    (domain, capability, difficulty, ...), merged under a task set's declared tags.
+    """
+
+    content: Mapping[str, Any]
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the content (``fingerprint``)."""
+        return fingerprint(self.content)
+
+
+@dataclass(frozen=True)
+class GeneratedTask:
+    """One task a generator made: its seed, its item (None: the seed alone) and tags."""
+
+    seed: int
+    item: dict[str, Any] | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class Describe(Protocol):
+    """An environment's ``describe(seed, item, contract) -> TaskContent``."""
+
+    def __call__(
+        self, seed: int, item: Mapping[str, Any] | None, contract: EnvironmentContract
+    ) -> TaskContent: ...
+
+
+class Generate(Protocol):
+    """An environment's ``generate(params, contract)``; ``params`` always has ``count``."""
+
+    def __call__(
+        self, params: Mapping[str, Any], contract: EnvironmentContract
+    ) -> Iterator[GeneratedTask]: ...
+
+
 class EnvironmentUnavailable(RuntimeError):
     """What backs an environment (its service) cannot be reached: infrastructure, retried."""
 
@@ -101,3 +149,16 @@ def fingerprint(state: Mapping[str, Any]) -> str:
     """sha256 of a JSON-serialisable state, independent of key order."""
     blob = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def reset_task(env: Environment, seed: int, item: Mapping[str, Any] | None) -> str:
+    """Reset ``env`` on a task: with its item when it has one (an environment written
+    before items existed, whose tasks have none, is still called as ``reset(seed)``)."""
+    return env.reset(seed) if item is None else env.reset(seed, item)
+
+
+def refuse_item(environment: str, item: Mapping[str, Any] | None) -> None:
+    """Raise ``ValueError`` for an item given to an environment whose seed makes the task."""
+    if item is not None:
+        raise ValueError(f"{environment} takes no item: its seed alone makes the task "
+                         f"(got an item with keys {sorted(item)})")

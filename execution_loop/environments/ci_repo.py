@@ -12,6 +12,7 @@ Stdlib only at run time (the verifier imports this module without site-packages)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -217,6 +218,21 @@ def _copy_regular(src: str, dst: str) -> None:
     # FIFOs and devices the agent's code may have made would block or mislead a copy.
     if stat.S_ISREG(os.lstat(src).st_mode):
         shutil.copy2(src, dst)
+
+
+def fixture_digests(fixture: Path) -> dict[str, str]:
+    """sha256 of each file ``build_repository`` puts in the repository, by relative path
+    (the shared runner included): the fixture bytes the agent and the verifier see."""
+    if not fixture.is_dir():
+        raise FixtureError(f"repository fixture {fixture} is not a folder")
+    files = {
+        p.relative_to(fixture).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in regular_files(fixture) if not p.name.endswith(".pyc")
+    }
+    shared_runner = fixture.parent / RUNNER
+    if RUNNER not in files and shared_runner.is_file():
+        files[RUNNER] = hashlib.sha256(shared_runner.read_bytes()).hexdigest()
+    return files
 
 
 def regular_files(root: Path) -> list[Path]:

@@ -33,6 +33,7 @@ import hashlib
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,9 @@ from execution_loop.environments.base import (
     Outcome,
     StepResult,
     TaskCapabilities,
+    TaskContent,
     fingerprint,
+    refuse_item,
 )
 from execution_loop.environments.ci_actions import Action, apply_action, parse_action
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits
@@ -114,8 +117,9 @@ class FixCiFailure:
         """Where the agent's commands run (recorded with each episode)."""
         return self._sandbox
 
-    def reset(self, seed: int) -> str:
+    def reset(self, seed: int, item: Mapping[str, Any] | None = None) -> str:
         """A fresh working copy of the seed's repository at its pinned commit, and its CI run."""
+        refuse_item("fix_ci_failure", item)
         self.close()
         name = repository_for(seed, self._commits)
         self._fixture, self._commit = self._repositories / name, self._commits[name]
@@ -301,8 +305,30 @@ _FIXES: dict[str, list[tuple[str, str, str]]] = {
 }
 
 
-def reference_solution(seed: int, contract: EnvironmentContract) -> list[str]:
+def describe(
+    seed: int, item: Mapping[str, Any] | None, contract: EnvironmentContract
+) -> TaskContent:
+    """The task is its repository: the fixture's bytes (the failing tests among them) at
+    the pinned commit. ``seed % count`` picks the repository, so seeds 0 and 3 are the same
+    task and share one content digest."""
+    refuse_item("fix_ci_failure", item)
+    commits = pinned_commits(contract)
+    name = repository_for(seed, commits)
+    fixture = contract.fixture_path(str(contract.initial_state["repository_fixture"])) / name
+    files = ci_repo.fixture_digests(fixture)
+    tests = sorted(path for path in files if path.rsplit("/", 1)[-1].startswith("test_"))
+    return TaskContent(
+        {"environment": "fix_ci_failure", "commit": commits[name], "files": files,
+         "tests": tests},
+        {"repository": name},
+    )
+
+
+def reference_solution(
+    seed: int, contract: EnvironmentContract, item: Mapping[str, Any] | None = None
+) -> list[str]:
     """The seed's repository's one-line fixes, then a green CI run."""
+    refuse_item("fix_ci_failure", item)
     fixes = _FIXES[repository_for(seed, pinned_commits(contract))]
     return [
         f"replace {path}\n<<<<<<< SEARCH\n{old}\n=======\n{new}\n>>>>>>> REPLACE"

@@ -26,6 +26,7 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from execution_loop.environments.base import (
@@ -33,7 +34,9 @@ from execution_loop.environments.base import (
     Outcome,
     StepResult,
     TaskCapabilities,
+    TaskContent,
     fingerprint,
+    refuse_item,
 )
 from execution_loop.verification import VerifierRequest, run_verifier
 
@@ -194,8 +197,9 @@ class FrozenLake:
         self._done = False
         self._deadline = 0.0
 
-    def reset(self, seed: int) -> str:
+    def reset(self, seed: int, item: Mapping[str, Any] | None = None) -> str:
         """Start an episode on the seed's map; returns the grid."""
+        refuse_item("frozen_lake", item)
         lake = generate_map(seed, self._size, self._holes, self._layout)
         self._episode = _Episode(lake=lake, at=lake.start)
         self._seed, self._actions, self._done = seed, [], False
@@ -298,12 +302,32 @@ def verify(payload: dict[str, Any]) -> Outcome:
     return Outcome(success=episode.reached, reward=float(reward), details=details)
 
 
-def reference_solution(seed: int, contract: EnvironmentContract) -> list[str]:
-    """The shortest safe path as move tokens (``R``, ``D``, ...)."""
+def _contract_map(seed: int, contract: EnvironmentContract) -> LakeMap:
     size = int(contract.initial_state.get("size", 4))
     holes = int(contract.initial_state.get("holes", 3))
     layout = str(contract.initial_state.get("layout", "random"))
-    path = shortest_path(generate_map(seed, size, holes, layout))
+    return generate_map(seed, size, holes, layout)
+
+
+def describe(
+    seed: int, item: Mapping[str, Any] | None, contract: EnvironmentContract
+) -> TaskContent:
+    """The task is its map: two seeds that draw the same map (43 and 190 on the shipped
+    4x4 contract) are the same task, and share one content digest."""
+    refuse_item("frozen_lake", item)
+    lake = _contract_map(seed, contract)
+    return TaskContent(
+        {"environment": "frozen_lake", "grid": render(lake, lake.start)},
+        {"size": str(lake.size), "holes": str(len(lake.holes))},
+    )
+
+
+def reference_solution(
+    seed: int, contract: EnvironmentContract, item: Mapping[str, Any] | None = None
+) -> list[str]:
+    """The shortest safe path as move tokens (``R``, ``D``, ...)."""
+    refuse_item("frozen_lake", item)
+    path = shortest_path(_contract_map(seed, contract))
     if path is None:  # generate_map only returns solvable maps
         raise ValueError(f"seed {seed} has no path")
     return [TOKENS[move] for move in path]

@@ -12,8 +12,15 @@ The class's module has the same shape as a built-in environment module:
 - ``CAPABILITIES``: a ``TaskCapabilities`` (contracts are checked against it);
 - ``VERIFIER``: ``"package.module:function"``, run in triloop's verifier process (a
   fresh interpreter without site-packages, with the package's folder on its path), so
-  the verifier module imports only the standard library and ``execution_loop``;
-- ``reference_solution(seed, contract) -> list[str]``: the admission probe's k-of-k run.
+  the verifier module imports only the standard library and ``execution_loop``, and the
+  installed distributions it names in ``VERIFIER_DISTRIBUTIONS`` (with their
+  requirements; their files count in the verifier hash and the version's code hashes);
+- ``reference_solution(seed, contract, item=None) -> list[str]``: the admission probe's
+  k-of-k run;
+- optionally ``describe(seed, item, contract) -> TaskContent`` (what a task is: its
+  content digest and tags; without it the initial observation after a reset), and
+  ``generate(params, contract) -> Iterator[GeneratedTask]`` (a procedural task source a
+  task set can be registered from).
 
 A plugin may not take a built-in's name, and one that fails to load or lacks a piece
 is reported by name (``PluginError``) rather than silently left out.
@@ -26,13 +33,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from execution_loop.environments.base import Environment, TaskCapabilities
+from execution_loop.environments.base import (
+    Describe,
+    Environment,
+    Generate,
+    TaskCapabilities,
+)
 from triloop.environment_code import PLUGIN_GROUP
-
-if TYPE_CHECKING:
-    from triloop.contracts import EnvironmentContract
 
 __all__ = ["PLUGIN_GROUP", "PluginEnvironment", "PluginError", "installed_plugins", "load_plugin"]
 
@@ -50,7 +59,9 @@ class PluginEnvironment:
     build: Callable[..., Environment]
     capabilities: TaskCapabilities
     verifier: str
-    reference: Callable[[int, EnvironmentContract], list[str]]
+    reference: Callable[..., list[str]]  # (seed, contract, item=None)
+    describe: Describe | None = None
+    generate: Generate | None = None
 
 
 def installed_plugins() -> dict[str, metadata.EntryPoint]:
@@ -94,5 +105,12 @@ def load_plugin(entry: metadata.EntryPoint) -> PluginEnvironment:
     if verifier_module.split(".")[0] != entry.module.split(".")[0]:
         raise PluginError(f"environment plugin {entry.value}: VERIFIER {verifier!r} must live "
                           "in the plugin's own package")
+    optional = {}
+    for name in ("describe", "generate"):
+        value = getattr(module, name, None)
+        if value is not None and not callable(value):
+            raise PluginError(f"environment plugin {entry.value}: {name} is not callable")
+        optional[name] = value
     distribution = entry.dist.name if entry.dist is not None else "?"
-    return PluginEnvironment(entry.name, distribution, build, capabilities, verifier, reference)
+    return PluginEnvironment(entry.name, distribution, build, capabilities, verifier, reference,
+                             describe=optional["describe"], generate=optional["generate"])

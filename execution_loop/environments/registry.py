@@ -9,10 +9,11 @@ episode runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from execution_loop.environments import (
     fix_ci_failure,
@@ -22,7 +23,16 @@ from execution_loop.environments import (
     service,
     tool_arithmetic,
 )
-from execution_loop.environments.base import Environment, EnvironmentFactory, TaskCapabilities
+from execution_loop.environments.base import (
+    Describe,
+    Environment,
+    EnvironmentFactory,
+    Generate,
+    GeneratedTask,
+    TaskCapabilities,
+    TaskContent,
+    reset_task,
+)
 from execution_loop.environments.plugins import PluginError, installed_plugins, load_plugin
 from execution_loop.environments.service import ServiceEnvironment
 from execution_loop.sandbox import SandboxBackend
@@ -34,22 +44,31 @@ CONTRACTS_DIR = Path(__file__).resolve().parent / "contracts"
 
 @dataclass(frozen=True)
 class _Builtin:
+    """One environment: how to build it, what it supports, its reference solution, and
+    optionally what a task's content is (``describe``; else ``default_describe``) and a
+    procedural source of tasks (``generate``)."""
+
     build: Callable[..., Environment]
     capabilities: TaskCapabilities
-    reference: Callable[[int, EnvironmentContract], list[str]]
+    reference: Callable[..., list[str]]  # (seed, contract, item=None)
+    describe: Describe | None = None
+    generate: Generate | None = None
 
 
 _BUILTINS: dict[str, _Builtin] = {
     "frozen_lake": _Builtin(
-        frozen_lake.FrozenLake, frozen_lake.CAPABILITIES, frozen_lake.reference_solution
+        frozen_lake.FrozenLake, frozen_lake.CAPABILITIES, frozen_lake.reference_solution,
+        describe=frozen_lake.describe,
     ),
     "tool_arithmetic": _Builtin(
         tool_arithmetic.ToolArithmetic,
         tool_arithmetic.CAPABILITIES,
         tool_arithmetic.reference_solution,
+        describe=tool_arithmetic.describe,
     ),
     "fix_ci_failure": _Builtin(
-        fix_ci_failure.FixCiFailure, fix_ci_failure.CAPABILITIES, fix_ci_failure.reference_solution
+        fix_ci_failure.FixCiFailure, fix_ci_failure.CAPABILITIES, fix_ci_failure.reference_solution,
+        describe=fix_ci_failure.describe,
     ),
     "gymnasium_text": _Builtin(
         gymnasium_text.GymnasiumText, gymnasium_text.CAPABILITIES,
@@ -74,7 +93,8 @@ def _plugin(name: str) -> _Builtin | None:
     if name in _BUILTINS:
         raise PluginError(f"environment plugin {entry.value} takes the built-in name {name!r}")
     plugin = load_plugin(entry)
-    return _Builtin(plugin.build, plugin.capabilities, plugin.reference)
+    return _Builtin(plugin.build, plugin.capabilities, plugin.reference,
+                    describe=plugin.describe, generate=plugin.generate)
 
 
 def ensure_plugins_load() -> None:
@@ -185,10 +205,60 @@ def make_environment(
 
 
 def reference_solution(
-    env_name: str, seed: int, contract: EnvironmentContract | None = None
+    env_name: str, seed: int, contract: EnvironmentContract | None = None,
+    *, item: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """Scripted optimal actions for the seed (admission's k-of-k check, tests)."""
+    """Scripted optimal actions for the task (admission's k-of-k check, tests)."""
     if contract is not None and contract.service is not None:
-        return service.reference_solution(seed, contract)
+        return service.reference_solution(seed, contract, item=item)
     entry = _builtin(env_name)
-    return entry.reference(seed, contract or load_builtin_contract(env_name))
+    bound = contract or load_builtin_contract(env_name)
+    if item is None:  # a plugin written before items existed takes (seed, contract)
+        return entry.reference(seed, bound)
+    return entry.reference(seed, bound, item=item)
+
+
+def default_describe(
+    env: Environment, seed: int, item: Mapping[str, Any] | None
+) -> TaskContent:
+    """A task's content when its environment gives no ``describe``: the initial
+    observation and the state fingerprint after a reset with (seed, item)."""
+    try:
+        observation = reset_task(env, seed, item)
+        state = env.state_fingerprint()
+    finally:
+        env.close()
+    return TaskContent({"environment": env.contract.task, "observation": observation,
+                        "state": state})
+
+
+def describe_task(
+    contract: EnvironmentContract, seed: int, item: Mapping[str, Any] | None = None,
+    *, factory: EnvironmentFactory | None = None,
+) -> TaskContent:
+    """What a task is: its environment's ``describe``, or ``default_describe``."""
+    entry = None if contract.service is not None else _builtin(contract.task)
+    if entry is not None and entry.describe is not None:
+        return entry.describe(seed, item, contract)
+    build = factory or (served_environment if contract.service is not None
+                        else get_environment(contract.task))
+    return default_describe(build(contract), seed, item)
+
+
+def has_generator(name: str) -> bool:
+    """Whether the environment is a procedural source of tasks (``generate``)."""
+    return _builtin(name).generate is not None
+
+
+def generate_tasks(
+    contract: EnvironmentContract, params: Mapping[str, Any]
+) -> Iterator[GeneratedTask]:
+    """The environment's generated tasks for ``params`` (which must name ``count``)."""
+    generate = None if contract.service is not None else _builtin(contract.task).generate
+    if generate is None:
+        raise ValueError(f"environment {contract.task} has no generator: register its tasks "
+                         "from a dataset or a list of seeds")
+    count = params.get("count")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"generator params need a positive integer count, got {count!r}")
+    return generate(params, contract)

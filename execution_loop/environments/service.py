@@ -14,6 +14,7 @@ sandbox failure); a service that breaks the protocol is a ``ServiceProtocolError
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -25,6 +26,7 @@ from execution_loop.environments.base import (
     Outcome,
     StepResult,
     TaskCapabilities,
+    refuse_item,
 )
 from execution_loop.environments.service_protocol import (
     PROTOCOL,
@@ -141,8 +143,12 @@ class ServiceEnvironment:
         return ResetRequest(seed=seed, initial_state=dict(self.contract.initial_state),
                             max_turns=self.contract.limits.max_turns)
 
-    def reset(self, seed: int) -> str:
-        """Start an episode on the service (the same episode id after the first)."""
+    def reset(self, seed: int, item: Mapping[str, Any] | None = None) -> str:
+        """Start an episode on the service (the same episode id after the first).
+
+        The protocol's reset carries a seed, not an item: a served task is its seed.
+        """
+        refuse_item(f"environment service {self.contract.task}", item)
         body = self._reset_request(seed)
         if self._episode is None:
             reply = _call(self._client, "POST", "/episodes", Observation, body)
@@ -199,8 +205,11 @@ class ServiceEnvironment:
             self._client.close()
 
 
-def reference_solution(seed: int, contract: EnvironmentContract) -> list[str]:
+def reference_solution(
+    seed: int, contract: EnvironmentContract, item: Mapping[str, Any] | None = None
+) -> list[str]:
     """The service's scripted solution for the seed (admission's k-of-k runs)."""
+    refuse_item(f"environment service {contract.task}", item)
     with open_client(contract) as client:
         body = ResetRequest(seed=seed, initial_state=dict(contract.initial_state),
                             max_turns=contract.limits.max_turns)

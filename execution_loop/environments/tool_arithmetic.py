@@ -16,7 +16,7 @@ import re
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,9 @@ from execution_loop.environments.base import (
     Outcome,
     StepResult,
     TaskCapabilities,
+    TaskContent,
     fingerprint,
+    refuse_item,
 )
 from execution_loop.sandbox import SandboxBackend, SandboxLimits
 from execution_loop.sandboxes import default_sandbox
@@ -149,8 +151,9 @@ class ToolArithmetic:
         """Where the agent's code runs (recorded with each episode)."""
         return self._sandbox
 
-    def reset(self, seed: int) -> str:
+    def reset(self, seed: int, item: Mapping[str, Any] | None = None) -> str:
         """Start an episode on the seed's problem."""
+        refuse_item("tool_arithmetic", item)
         self._problem = generate_problem(seed, self._digits)
         self._seed, self._turn, self._done = seed, 0, False
         self._answer, self._ended_by = None, None
@@ -258,7 +261,25 @@ def verify(payload: dict[str, Any]) -> Outcome:
     return Outcome(success=success, reward=float(reward), details=details)
 
 
-def reference_solution(seed: int, contract: EnvironmentContract) -> list[str]:
+def describe(
+    seed: int, item: Mapping[str, Any] | None, contract: EnvironmentContract
+) -> TaskContent:
+    """The task is its problem text and answer (two seeds drawing the same problem are
+    one task)."""
+    refuse_item("tool_arithmetic", item)
+    digits = int(contract.initial_state.get("digits", 3))
+    problem = generate_problem(seed, digits)
+    return TaskContent(
+        {"environment": "tool_arithmetic", "problem": problem.text,
+         "answer": str(problem.answer)},
+        {"digits": str(digits)},
+    )
+
+
+def reference_solution(
+    seed: int, contract: EnvironmentContract, item: Mapping[str, Any] | None = None
+) -> list[str]:
     """Compute with the tool, then answer."""
+    refuse_item("tool_arithmetic", item)
     problem = generate_problem(seed, int(contract.initial_state.get("digits", 3)))
     return [f"python: print({problem.expression})", f"answer: {problem.answer}"]

@@ -48,7 +48,7 @@ class FakeEnvironment:
         self.actions: list[str] = []
         self.reset_seed: int | None = None
 
-    def reset(self, seed: int) -> str:
+    def reset(self, seed: int, item: Any = None) -> str:
         self.reset_seed, self.actions = seed, []
         return f"Map for seed {seed}: S F G"
 

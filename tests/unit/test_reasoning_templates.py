@@ -239,7 +239,7 @@ class FakeEnvironment:
     def __init__(self) -> None:
         self.actions: list[str] = []
 
-    def reset(self, seed: int) -> str:
+    def reset(self, seed: int, item: Any = None) -> str:
         self.actions = []
         return INITIAL
 

@@ -121,7 +121,7 @@ class Calculator:
         self.steps: list[str] = []
         self.answer: int | None = None
 
-    def reset(self, seed: int) -> str:
+    def reset(self, seed: int, item: Any = None) -> str:
         return f"What is {seed} + 3? Use the tools."
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> StepResult:

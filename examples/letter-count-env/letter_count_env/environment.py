@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import re
 import string
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from execution_loop.environments.base import (
@@ -20,6 +21,7 @@ from execution_loop.environments.base import (
     StepResult,
     TaskCapabilities,
     fingerprint,
+    refuse_item,
 )
 from execution_loop.verification import VerifierRequest, run_verifier
 
@@ -62,7 +64,8 @@ class LetterCount:
         self._answer: str | None = None
         self._done = False
 
-    def reset(self, seed: int) -> str:
+    def reset(self, seed: int, item: Mapping[str, Any] | None = None) -> str:
+        refuse_item("letter_count", item)  # the seed alone makes the puzzle
         word, letter, _ = puzzle(seed, self._length)
         self._seed, self._turn, self._answer, self._done = seed, 0, None, False
         return f"How many times does '{letter}' occur in '{word}'? Reply 'answer: <n>'."
@@ -108,7 +111,9 @@ def verify(payload: dict[str, Any]) -> Outcome:
     return Outcome(success, float(reward), {"expected": count, "given": payload.get("answer")})
 
 
-def reference_solution(seed: int, contract: EnvironmentContract) -> list[str]:
+def reference_solution(
+    seed: int, contract: EnvironmentContract, item: Mapping[str, Any] | None = None
+) -> list[str]:
     """The right answer, for admission's repeatability check."""
     _, _, count = puzzle(seed, int(contract.initial_state.get("word_length", 8)))
     return [f"answer: {count}"]
