@@ -78,11 +78,12 @@ def write_contract(into: Path, url: str, *, digest: str | None = None,
 
 def write_openenv_contract(into: Path, url: str, *, digest: str | None = None) -> Path:
     """The shipped openenv contract pointed at ``url``, pinning that server's schema."""
-    from execution_loop.environments import openenv_http, registry
+    from execution_loop.environments import openenv as openenv_env
+    from execution_loop.environments import registry
 
     text = (registry.CONTRACTS_DIR / "openenv.yaml").read_text()
     text = text.replace("http://127.0.0.1:8011", url)
-    text = text.replace("0" * 64, digest or openenv_http.schema_digest(url))
+    text = text.replace("0" * 64, digest or openenv_env.schema_digest(url))
     path = into / "openenv.yaml"
     path.write_text(text)
     return path

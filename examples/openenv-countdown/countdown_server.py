@@ -49,8 +49,7 @@ class CountdownEnvironment(Environment):  # type: ignore[misc]
         self._left = 3 + (seed or 0) % 3
         return self._observe(0.0, False)
 
-    def step(self, action: Action, timeout_s: float | None = None,
-             **_kwargs: Any) -> CountdownObservation:
+    def step(self, action: Action, **_kwargs: Any) -> CountdownObservation:
         assert isinstance(action, CountdownAction)
         self._state.step_count += 1
         if "down" in action.message.lower():

@@ -38,7 +38,9 @@ from execution_loop.environments.base import (
     Outcome,
     StepResult,
     TaskCapabilities,
+    TaskContent,
     fingerprint,
+    refuse_item,
 )
 from execution_loop.verification import VerifierRequest, run_verifier
 
@@ -75,6 +77,9 @@ class TextGame:
     ending: Callable[[Any, list[float], bool], Ending]
     kwargs: Mapping[str, tuple[type, ...]] = field(default_factory=dict)  # what it accepts
     aliases: Mapping[str, str] = field(default_factory=dict)  # other words for an action
+    # Whether the game draws from its RNG after reset (a deck, a slippery step): then the
+    # seed is part of what the task is, beyond what the first observation shows.
+    stochastic: Callable[[Mapping[str, Any]], bool] = lambda _kwargs: True
 
 
 def parse_action(game: TextGame, text: str) -> str | None:
@@ -173,6 +178,7 @@ GAMES: dict[str, TextGame] = {
         _lake_render, _lake_ending,
         kwargs={"map_name": (str,), "map_size": (int,), "is_slippery": (bool,)},
         aliases={"l": "left", "d": "down", "r": "right", "u": "up"},
+        stochastic=lambda kwargs: bool(kwargs.get("is_slippery", True)),  # Gymnasium's default
     ),
     "Taxi-v4": TextGame(
         "Taxi-v4", lambda kwargs, _seed: _gym_make("Taxi-v4", **kwargs),
@@ -180,6 +186,7 @@ GAMES: dict[str, TextGame] = {
         _taxi_render, _taxi_ending,
         kwargs={"is_rainy": (bool,), "fickle_passenger": (bool,)},
         aliases={"pick": "pickup", "drop": "dropoff"},
+        stochastic=lambda kwargs: bool(kwargs.get("is_rainy") or kwargs.get("fickle_passenger")),
     ),
     "Blackjack-v1": TextGame(
         "Blackjack-v1", lambda kwargs, _seed: _gym_make("Blackjack-v1", **kwargs),
@@ -281,8 +288,7 @@ class GymnasiumText:
 
     def reset(self, seed: int, item: Mapping[str, Any] | None = None) -> str:
         """Start the game with ``env.reset(seed=seed)``; returns its state as text."""
-        if item is not None:
-            raise ValueError("gymnasium_text tasks are made from the seed alone; got an item")
+        refuse_item(self.contract.task, item)
         self.close()
         self._replay = _start(self._game, self._kwargs, seed)
         self._seed, self._actions, self._done = seed, [], False
@@ -380,6 +386,32 @@ def verify_with(payload: dict[str, Any], games: Mapping[str, TextGame]) -> Outco
     return Outcome(success=ending.success, reward=float(reward), details=details)
 
 
+def describe_with(seed: int, item: Mapping[str, Any] | None, contract: EnvironmentContract,
+                  games: Mapping[str, TextGame]) -> TaskContent:
+    """A task is its game, its arguments and its first state as the agent sees it; on a
+    stochastic game also the seed, whose RNG decides what the first state does not show.
+    Two seeds of a deterministic game with the same start (every seed of the fixed
+    4x4 map, not slippery) are one task."""
+    refuse_item(contract.task, item)
+    game, kwargs = game_of(contract.initial_state, games)
+    replay = _start(game, kwargs, seed)
+    try:
+        text = game.render(replay.env, replay.observation)
+    finally:
+        replay.env.close()
+    content: dict[str, Any] = {"environment": contract.task, "game": game.id,
+                               "kwargs": kwargs, "initial": text}
+    if game.stochastic(kwargs):
+        content["rng_seed"] = seed
+    return TaskContent(content, {"game": game.id.split("-")[0].lower()})
+
+
+def describe(seed: int, item: Mapping[str, Any] | None,
+             contract: EnvironmentContract) -> TaskContent:
+    """The built-in games' task content (``describe_with``)."""
+    return describe_with(seed, item, contract, GAMES)
+
+
 def verify(payload: dict[str, Any]) -> Outcome:
     """The built-in games' verifier (run in the verifier interpreter)."""
     return verify_with(payload, GAMES)
@@ -448,8 +480,7 @@ def _blackjack_oracle(game: TextGame, kwargs: Mapping[str, Any], seed: int,
 def reference_with(seed: int, contract: EnvironmentContract, games: Mapping[str, TextGame],
                    item: Mapping[str, Any] | None = None) -> list[str]:
     """Scripted actions for the seed: value iteration's plan, or Blackjack's oracle."""
-    if item is not None:
-        raise ValueError("gymnasium_text tasks are made from the seed alone; got an item")
+    refuse_item(contract.task, item)
     game, kwargs = game_of(contract.initial_state, games)
     if game.id == "Blackjack-v1":
         return _blackjack_oracle(game, kwargs, seed, contract.limits.max_turns)

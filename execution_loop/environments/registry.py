@@ -19,7 +19,7 @@ from execution_loop.environments import (
     fix_ci_failure,
     frozen_lake,
     gymnasium_text,
-    openenv_http,
+    openenv,
     service,
     tool_arithmetic,
 )
@@ -72,10 +72,10 @@ _BUILTINS: dict[str, _Builtin] = {
     ),
     "gymnasium_text": _Builtin(
         gymnasium_text.GymnasiumText, gymnasium_text.CAPABILITIES,
-        gymnasium_text.reference_solution,
+        gymnasium_text.reference_solution, describe=gymnasium_text.describe,
     ),
     "openenv": _Builtin(
-        openenv_http.OpenEnv, openenv_http.CAPABILITIES, openenv_http.reference_solution
+        openenv.OpenEnv, openenv.CAPABILITIES, openenv.reference_solution
     ),
 }
 

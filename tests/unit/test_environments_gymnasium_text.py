@@ -155,9 +155,38 @@ def test_refusals(tmp_path: Path, lake: EnvironmentContract) -> None:
     env = gt.GymnasiumText(lake)
     with pytest.raises(EnvironmentStateError):
         env.step("left")
-    with pytest.raises(ValueError, match="seed alone"):
+    with pytest.raises(ValueError, match="takes no item"):
         env.reset(1, item={"map": "SFFG"})
     env.reset(5)
     env.step("right")
     with pytest.raises(EnvironmentStateError, match="over"):
         env.step("left")
+
+
+def test_the_content_of_a_deterministic_game_is_its_start(tmp_path: Path) -> None:
+    fixed = "  game: FrozenLake-v1\n  map_name: 4x4\n  is_slippery: false\n"
+    contract = game_contract(tmp_path, "FrozenLake-v1", state=fixed)
+    one, two = (registry.describe_task(contract, seed, None) for seed in (1, 2))
+    assert one.digest == two.digest  # one map, one start: one task whatever the seed
+    assert one.tags == {"game": "frozenlake"}
+    drawn = game_contract(tmp_path, "FrozenLake-v1")  # a map drawn from each seed
+    assert registry.describe_task(drawn, 1, None).digest != \
+        registry.describe_task(drawn, 2, None).digest
+    deck = game_contract(tmp_path, "Blackjack-v1")
+    # seed 1 and 4 may deal alike; the deck behind the deal is the seed's, so not one task
+    assert "rng_seed" in registry.describe_task(deck, 1, None).content
+
+
+def test_the_verdict_comes_from_the_verifier_process_with_gymnasium(
+    lake: EnvironmentContract,
+) -> None:
+    from execution_loop.admission_probe import RecordingSandbox
+    from triloop.environment_code import environment_verifier_hash
+
+    sandbox = RecordingSandbox()
+    env = get_environment("gymnasium_text")(lake, sandbox=sandbox)
+    _play(env, 5, reference_solution("gymnasium_text", 5, lake))  # type: ignore[arg-type]
+    outcome = env.outcome()
+    assert outcome.success and outcome.details["reason"] == "goal_reached"
+    assert sandbox.verifier_references == [gt.VERIFIER]
+    assert environment_verifier_hash("gymnasium_text")  # gymnasium's files count in it

@@ -34,6 +34,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ from execution_loop.environments.base import (
     StepResult,
     TaskCapabilities,
     fingerprint,
+    refuse_item,
 )
 from execution_loop.environments.service_verifier import ServiceVerdictError, pay
 from execution_loop.verification import VerifierRequest, run_verifier
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from execution_loop.sandbox import SandboxBackend
     from triloop.contracts import EnvironmentContract
 
-VERIFIER = "execution_loop.environments.openenv_http:verify"
+VERIFIER = "execution_loop.environments.openenv:verify"
 VERIFIER_DISTRIBUTIONS = ("websockets",)  # the verifier's WebSocket client
 CAPABILITIES = TaskCapabilities(
     actions=frozenset({"text"}),
@@ -135,6 +137,7 @@ class Session:
 
     server: Server
     _ws: Any = field(default=None, repr=False)
+    _open: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def _send(self, message: dict[str, Any]) -> dict[str, Any]:
         from websockets.exceptions import WebSocketException
@@ -142,8 +145,9 @@ class Session:
 
         try:
             if self._ws is None:
-                self._ws = connect(self.server.ws_url, open_timeout=self.server.timeout_s,
-                                   close_timeout=self.server.timeout_s)
+                self._ws = self._open.enter_context(connect(
+                    self.server.ws_url, open_timeout=self.server.timeout_s,
+                    close_timeout=self.server.timeout_s))
             self._ws.send(json.dumps(message))
             reply = json.loads(self._ws.recv(timeout=self.server.timeout_s))
         except (OSError, TimeoutError, WebSocketException) as exc:
@@ -180,7 +184,7 @@ class Session:
         if self._ws is not None:
             try:
                 self._ws.send(json.dumps({"type": "close"}))
-                self._ws.close()
+                self._open.close()
             except Exception:  # noqa: BLE001 - the server ends a session whose socket went
                 pass
             self._ws = None
@@ -213,8 +217,7 @@ class OpenEnv:
 
     def reset(self, seed: int, item: Mapping[str, Any] | None = None) -> str:
         """Reset the session's environment with the seed; returns the observation's text."""
-        if item is not None:
-            raise ValueError("openenv tasks are made from the seed alone; got an item")
+        refuse_item(self.contract.task, item)
         data = self._session.reset(seed)
         self._seed, self._actions, self._turn, self._done = seed, [], 0, bool(data.get("done"))
         self._text = render(self._server, data)
@@ -300,8 +303,7 @@ def reference_solution(seed: int, contract: EnvironmentContract,
                        item: Mapping[str, Any] | None = None) -> list[str]:
     """The contract's reference script (OpenEnv defines no reference endpoint)."""
     del seed  # the same script for every seed; a seed-dependent solution needs a plugin
-    if item is not None:
-        raise ValueError("openenv tasks are made from the seed alone; got an item")
+    refuse_item(contract.task, item)
     script = str(contract.initial_state.get("reference_actions", ""))
     return [a.strip() for a in script.split("|") if a.strip()]
 
