@@ -431,8 +431,8 @@ def _plan(env: Any, gamma: float = 0.95, sweeps: int = 500) -> list[int]:
     value = dict.fromkeys(states, 0.0)
 
     def q(state: int, action: int) -> float:
-        return sum(p * (r + (0.0 if done else gamma * value[nxt]))
-                   for p, nxt, r, done in table[state][action])
+        return float(sum(p * (r + (0.0 if done else gamma * value[nxt]))
+                         for p, nxt, r, done in table[state][action]))
 
     for _ in range(sweeps):
         change = 0.0
@@ -441,8 +441,11 @@ def _plan(env: Any, gamma: float = 0.95, sweeps: int = 500) -> list[int]:
             change, value[s] = max(change, abs(best - value[s])), best
         if change < 1e-9:
             break
-    # ties go to the lowest action number, so a seed always gets the same plan
-    return [max(sorted(table[s]), key=lambda a, s=s: (round(q(s, a), 9), -a)) for s in states]
+    def best_action(state: int) -> int:
+        # ties go to the lowest action number, so a seed always gets the same plan
+        return int(max(sorted(table[state]), key=lambda a: (round(q(state, a), 9), -a)))
+
+    return [best_action(s) for s in states]
 
 
 def _by_plan(game: TextGame, kwargs: Mapping[str, Any], seed: int, turns: int) -> list[str]:

@@ -48,8 +48,9 @@ async def test_each_gymnasium_game_is_admitted_and_trained_on(
         assert "distribution:gymnasium" in stored["code_hashes"]  # its code is the version's
         admitted = await admit(settings, owner_engine, governance, web, version, seed=seed)
         assert admitted.status == "admitted", game
-        [task] = rows(owner_engine, "SELECT id, evidence FROM task WHERE id = :t",
-                      t=admitted.task_id)
+        [task] = rows(owner_engine, "SELECT id, evidence, item IS NULL AS seed_alone FROM task "
+                      "WHERE id = :t", t=admitted.task_id)
+        assert task["seed_alone"]  # a single task has no item: SQL NULL, not {}
         probe = task["evidence"]["probe"]
         assert probe["verifier_ran_out_of_process"] and all(probe["reference_results"])
         assert probe["verifier_hash"] == stored["verifier_hash"]
