@@ -151,13 +151,25 @@ class Session:
             self._ws.send(json.dumps(message))
             reply = json.loads(self._ws.recv(timeout=self.server.timeout_s))
         except (OSError, TimeoutError, WebSocketException) as exc:
+            self._drop()  # the next call opens a new session
             raise OpenEnvUnavailable(f"OpenEnv session {self.server.ws_url}: {exc}") from exc
         except ValueError as exc:
             raise OpenEnvProtocolError(f"OpenEnv session {self.server.ws_url} sent no JSON") \
                 from exc
         if not isinstance(reply, dict) or "type" not in reply:
             raise OpenEnvProtocolError(f"OpenEnv session {self.server.ws_url} sent {reply!r}")
+        if reply["type"] == "error" and (reply.get("data") or {}).get("code") == "CAPACITY_REACHED":
+            self._drop()  # the server closes a session it has no room for
+            raise OpenEnvUnavailable(f"OpenEnv server {self.server.url} has no room for another "
+                                     f"session: {reply['data'].get('message', '')}")
         return reply
+
+    def _drop(self) -> None:
+        try:
+            self._open.close()
+        except Exception:  # noqa: BLE001 - already broken; only forget it
+            pass
+        self._ws = None
 
     def reset(self, seed: int) -> dict[str, Any]:
         return self._observation(self._send({"type": "reset", "data": {"seed": seed}}))

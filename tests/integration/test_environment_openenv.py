@@ -91,3 +91,21 @@ def test_the_verifier_refuses_a_server_that_changed(server_url: str, tmp_path: P
         openenv_env.verify(moved)
     env.close()
     assert json.dumps(payload)  # what the verifier gets travels as JSON
+
+
+def test_a_server_with_no_room_is_unavailable_not_wrong(server_url: str, tmp_path: Path) -> None:
+    """OpenEnv refuses a session past its max_concurrent_envs: infrastructure, retried."""
+    server = openenv_env.Server.of(
+        load_contract(write_openenv_contract(tmp_path, server_url)).initial_state)
+    held = [openenv_env.Session(server) for _ in range(64)]  # the example's capacity
+    try:
+        for session in held:
+            session.reset(0)
+        with pytest.raises(openenv_env.OpenEnvUnavailable, match="no room for another session"):
+            openenv_env.Session(server).reset(0)
+    finally:
+        for session in held:
+            session.close()
+    again = openenv_env.Session(server)
+    assert again.reset(0)["observation"]["left"] == 3  # room once the others closed
+    again.close()
