@@ -140,7 +140,7 @@ class Session:
     _open: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def _send(self, message: dict[str, Any]) -> dict[str, Any]:
-        from websockets.exceptions import WebSocketException
+        from websockets.exceptions import ConnectionClosed, WebSocketException
         from websockets.sync.client import connect
 
         try:
@@ -148,7 +148,10 @@ class Session:
                 self._ws = self._open.enter_context(connect(
                     self.server.ws_url, open_timeout=self.server.timeout_s,
                     close_timeout=self.server.timeout_s))
-            self._ws.send(json.dumps(message))
+            try:
+                self._ws.send(json.dumps(message))
+            except ConnectionClosed:
+                pass  # closed on arrival: the server's reason may be waiting below
             reply = json.loads(self._ws.recv(timeout=self.server.timeout_s))
         except (OSError, TimeoutError, WebSocketException) as exc:
             self._drop()  # the next call opens a new session
