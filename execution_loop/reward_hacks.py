@@ -11,6 +11,11 @@ The library: an ``atexit`` hook that overwrites every report the run could be wr
 a ``conftest.py`` that turns every pytest report into a pass, skip/xfail markers and
 skip-on-import, tests edited to pass, ``sys.exit(0)`` and ``os._exit(0)`` on import,
 and monkeypatching the test harness the verifier imports (pytest's runner, ``json``).
+
+For an environment whose agent answers (an ``answer`` action) the library also plays
+answers that know nothing: an empty one, a refusal, and every candidate at once (the
+integers from -20 to 100, true/false, yes/no, the letters A-E), which a verifier that
+pays for containing the right answer rewards. They need no working copy.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class RewardHack:
     name: str
     needs: frozenset[str]
     moves: Callable[[CodeView], list[str]]
+    working_copy: bool = True  # played on the code the agent sees; else on nothing
 
 
 def _edit(path: str, content: str) -> str:
@@ -166,7 +172,12 @@ def _edited_tests(view: CodeView) -> list[str]:
 
 
 EDITS = frozenset({CODE_EDITING})
-LIBRARY: tuple[RewardHack, ...] = (
+ANSWERS = frozenset({"answer"})
+_EVERY_CANDIDATE = " ".join(
+    [*(str(n) for n in range(-20, 101)), "True", "False", "true", "false", "yes", "no",
+     "A", "B", "C", "D", "E"]
+)
+CODE_HACKS: tuple[RewardHack, ...] = (
     RewardHack("atexit_report_overwrite", EDITS, lambda v: _append(v, _ATEXIT)),
     RewardHack("conftest_injection", EDITS, _conftests),
     RewardHack("skip_xfail_markers", EDITS, _skip_markers),  # skip_test too, if allowed
@@ -175,6 +186,13 @@ LIBRARY: tuple[RewardHack, ...] = (
     RewardHack("os_exit_zero", EDITS, lambda v: _prepend(v, "import os\nos._exit(0)\n")),
     RewardHack("monkeypatch_verifier_imports", EDITS, lambda v: _append(v, _MONKEYPATCH)),
 )
+ANSWER_HACKS: tuple[RewardHack, ...] = (
+    RewardHack("empty_answer", ANSWERS, lambda _v: ["answer: "], working_copy=False),
+    RewardHack("non_answer", ANSWERS, lambda _v: ["answer: I do not know"], working_copy=False),
+    RewardHack("every_candidate_answer", ANSWERS, lambda _v: [f"answer: {_EVERY_CANDIDATE}"],
+               working_copy=False),
+)
+LIBRARY: tuple[RewardHack, ...] = CODE_HACKS + ANSWER_HACKS
 
 
 def _working_copy(env: Environment) -> Path | None:
@@ -208,11 +226,12 @@ def try_hack(hack: RewardHack, open_env: Callable[[], Environment], seed: int,
             )
         reset_task(env, seed, item)
         workdir = _working_copy(env)
-        if workdir is None:
+        if hack.working_copy and workdir is None:
             return RewardHackTrial(hack.name, applicable=False,
                                    detail="not applicable: the environment has no working copy")
+        view = read_view(workdir) if hack.working_copy and workdir is not None else CodeView({})
         allowed = set(env.contract.allowed_actions)
-        for move in hack.moves(read_view(workdir)):
+        for move in hack.moves(view):
             if move.startswith("skip_test") and "skip_test" not in allowed:
                 continue
             if env.step(move).done:

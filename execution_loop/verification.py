@@ -195,11 +195,14 @@ def child_main() -> None:
         packages = document.get("packages") or {}
         if packages:
             sys.meta_path.append(_DeclaredPackages(packages))
+        # What a verifier or a package it imports prints goes to stderr: stdout is the
+        # verdicts' channel, and a stray line would make them unreadable.
+        verdict_channel, sys.stdout = sys.stdout, sys.stderr
         verdicts = [
             dataclasses.asdict(resolve(str(r["verifier"]))(dict(r["payload"])))
             for r in document["requests"]
         ]
-        sys.stdout.write(json.dumps(verdicts, sort_keys=True))
+        verdict_channel.write(json.dumps(verdicts, sort_keys=True))
     except Exception:  # report any failure on stderr; the parent raises VerificationError
         traceback.print_exc()
         sys.exit(1)

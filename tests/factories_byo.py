@@ -47,13 +47,21 @@ def register(engine: Engine, settings: Settings, contract_path: Path, name: str)
 async def admit(settings: Settings, owner: Engine, governance: Engine, web: Engine,
                 version_id: str, seed: int) -> AdmissionResult:
     """A pending task on the version, probed for real and admitted by an operator."""
-    from execution_loop.worker import build_worker as build_execution_worker
     from governance_loop.environments import add_task
-    from governance_loop.worker import build_worker as build_governance_worker
 
     own = own_queues(settings, "byo-")
     task_id = add_task(engine=governance, authorizer=build_authorizer(own, "governance"),
                        version_ref=version_id, seed=seed, requested_by="gov-admin")
+    return await admit_task(settings, owner, governance, web, task_id)
+
+
+async def admit_task(settings: Settings, owner: Engine, governance: Engine, web: Engine,
+                     task_id: str) -> AdmissionResult:
+    """An existing pending task (one with an item, say), probed for real and admitted."""
+    from execution_loop.worker import build_worker as build_execution_worker
+    from governance_loop.worker import build_worker as build_governance_worker
+
+    own = own_queues(settings, "byo-")
     client = await connect(own, identity="byo-test", service="governance")
     execution = await loop_client(own, "execution", "execution-byo")
     async with (build_governance_worker(client, own, engine=governance),

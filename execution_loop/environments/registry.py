@@ -20,6 +20,7 @@ from execution_loop.environments import (
     frozen_lake,
     gymnasium_text,
     openenv,
+    reasoning_gym,
     service,
     tool_arithmetic,
 )
@@ -76,6 +77,10 @@ _BUILTINS: dict[str, _Builtin] = {
     ),
     "openenv": _Builtin(
         openenv.OpenEnv, openenv.CAPABILITIES, openenv.reference_solution
+    ),
+    "reasoning_gym": _Builtin(
+        reasoning_gym.ReasoningGym, reasoning_gym.CAPABILITIES, reasoning_gym.reference_solution,
+        describe=reasoning_gym.describe, generate=reasoning_gym.generate,
     ),
 }
 

@@ -12,7 +12,13 @@ from execution_loop.environments import ci_repo
 from execution_loop.environments.base import Outcome
 from execution_loop.environments.fix_ci_failure import FixCiFailure
 from execution_loop.environments.registry import get_environment, load_builtin_contract
-from execution_loop.reward_hacks import LIBRARY, probe_reward_hacks, try_hack
+from execution_loop.reward_hacks import (
+    ANSWER_HACKS,
+    CODE_HACKS,
+    LIBRARY,
+    probe_reward_hacks,
+    try_hack,
+)
 from execution_loop.sandbox import LocalProcessSandbox, SandboxLimits
 from governance_loop.admission import AdmissionEvidence, assess_admission
 from triloop.workflow_api import RewardHackTrial
@@ -36,7 +42,7 @@ def opener(cls: type[FixCiFailure]) -> Callable[[], FixCiFailure]:
     return lambda: cls(load_builtin_contract("fix_ci_failure"))
 
 
-@pytest.mark.parametrize("hack", LIBRARY, ids=[h.name for h in LIBRARY])
+@pytest.mark.parametrize("hack", CODE_HACKS, ids=[h.name for h in CODE_HACKS])
 def test_no_known_hack_earns_reward_from_the_hardened_verifier(hack) -> None:  # type: ignore[no-untyped-def]
     trial = try_hack(hack, opener(FixCiFailure), SHOP)
     assert trial.applicable
@@ -100,9 +106,15 @@ def test_a_naive_verifier_is_caught_and_admission_names_the_hack() -> None:
 def test_hacks_without_code_editing_are_not_applicable(name: str) -> None:
     trials = probe_reward_hacks(lambda: get_environment(name)(), 0)
     assert [t.hack for t in trials] == [h.name for h in LIBRARY]
-    for trial in trials:
+    for trial in trials[:len(CODE_HACKS)]:
         assert not trial.applicable and not trial.rewarded
         assert trial.detail.startswith(f"not applicable: {name}'s contract allows no edit_source")
+    answers = trials[len(CODE_HACKS):]
+    if name == "frozen_lake":  # moves, no answers
+        assert all(not t.applicable and "allows no answer" in t.detail for t in answers)
+    else:  # an answer that knows nothing earns nothing from the exact verifier
+        assert [t.hack for t in answers] == [h.name for h in ANSWER_HACKS]
+        assert all(t.applicable and not t.rewarded and t.reward == 0.0 for t in answers)
 
 
 def test_admission_without_a_hack_probe_is_not_verifiable() -> None:

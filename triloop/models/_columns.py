@@ -22,14 +22,14 @@ def utcnow() -> datetime:
 
 
 def json_field(*, nullable: bool = False, default: Any = None) -> Any:
-    """A JSONB column. A nullable one defaults to SQL NULL (``None``), not ``{}``: a task's
-    ``item`` left out means the seed alone makes the task."""
-    if nullable:
-        return Field(default_factory=(lambda: default),
-                     sa_column=Column(JSONB(none_as_null=True), nullable=True))
-    factory = dict if default is None else (lambda: default)
-    return Field(default_factory=factory,
-                 sa_column=Column(JSONB, nullable=False, server_default="{}"))
+    """A JSONB column; a nullable one is NULL unless given (``task.item``: NULL means the
+    seed alone makes the task, and ``{}`` would be an item)."""
+    factory = (lambda: None) if nullable and default is None else (
+        dict if default is None else (lambda: default))
+    return Field(
+        default_factory=factory,
+        sa_column=Column(JSONB, nullable=nullable, server_default="{}" if not nullable else None),
+    )
 
 
 def created_at_field() -> Any:
