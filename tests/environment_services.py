@@ -17,6 +17,7 @@ from triloop.devstack.processes import free_port as devstack_free_port
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE_DIR = ROOT / "examples" / "letter-count-service"
 SERVER = SERVICE_DIR / "letter_service.py"
+OPENENV_SERVER = ROOT / "examples" / "openenv-countdown" / "countdown_server.py"
 
 
 def free_port() -> int:
@@ -27,18 +28,34 @@ def free_port() -> int:
 @contextmanager
 def reference_service() -> Iterator[str]:
     """The reference server as its own process; yields its base URL."""
+    with _served(SERVER, "/info") as url:
+        yield url
+
+
+@contextmanager
+def openenv_server() -> Iterator[str]:
+    """The OpenEnv countdown example, served by openenv-core's own helpers; its base URL."""
+    with _served(OPENENV_SERVER, "/health", wait_s=120.0) as url:
+        yield url
+
+
+@contextmanager
+def _served(script: Path, probe: str, wait_s: float = 30.0) -> Iterator[str]:
     port = free_port()
-    process = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port)],
+    process = subprocess.Popen([sys.executable, str(script), "--port", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
+        deadline = time.monotonic() + wait_s  # openenv-core's import alone takes seconds
+        while True:
             if process.poll() is not None:
-                raise RuntimeError(f"the reference service exited: {process.stderr!r}")
+                raise RuntimeError(f"{script.name} exited: {process.stderr!r}")
             try:
-                httpx.get(f"{url}/info", timeout=1.0).raise_for_status()
+                httpx.get(f"{url}{probe}", timeout=1.0).raise_for_status()
                 break
             except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
                 time.sleep(0.1)
         yield url
     finally:
@@ -55,5 +72,18 @@ def write_contract(into: Path, url: str, *, digest: str | None = None,
     if replace:
         text = text.replace(*replace)
     path = into / "letter_count_service.yaml"
+    path.write_text(text)
+    return path
+
+
+def write_openenv_contract(into: Path, url: str, *, digest: str | None = None) -> Path:
+    """The shipped openenv contract pointed at ``url``, pinning that server's schema."""
+    from execution_loop.environments import openenv as openenv_env
+    from execution_loop.environments import registry
+
+    text = (registry.CONTRACTS_DIR / "openenv.yaml").read_text()
+    text = text.replace("http://127.0.0.1:8011", url)
+    text = text.replace("0" * 64, digest or openenv_env.schema_digest(url))
+    path = into / "openenv.yaml"
     path.write_text(text)
     return path

@@ -18,6 +18,8 @@ from typing import Any
 from execution_loop.environments import (
     fix_ci_failure,
     frozen_lake,
+    gymnasium_text,
+    openenv,
     reasoning_gym,
     service,
     tool_arithmetic,
@@ -69,6 +71,13 @@ _BUILTINS: dict[str, _Builtin] = {
     "fix_ci_failure": _Builtin(
         fix_ci_failure.FixCiFailure, fix_ci_failure.CAPABILITIES, fix_ci_failure.reference_solution,
         describe=fix_ci_failure.describe,
+    ),
+    "gymnasium_text": _Builtin(
+        gymnasium_text.GymnasiumText, gymnasium_text.CAPABILITIES,
+        gymnasium_text.reference_solution, describe=gymnasium_text.describe,
+    ),
+    "openenv": _Builtin(
+        openenv.OpenEnv, openenv.CAPABILITIES, openenv.reference_solution
     ),
     "reasoning_gym": _Builtin(
         reasoning_gym.ReasoningGym, reasoning_gym.CAPABILITIES, reasoning_gym.reference_solution,

@@ -21,6 +21,11 @@ class ServiceVerdictError(RuntimeError):
     """The service gave no usable verdict (unreachable, malformed, wrong verifier)."""
 
 
+def pay(terms: dict[str, float], success: bool) -> float:
+    """The contract's outcome reward for a verdict (what a served environment never sets)."""
+    return float(terms["success"] if success else terms.get("failure", 0.0))
+
+
 def verify(payload: dict[str, Any]) -> Outcome:
     """The service's verdict on one episode, checked against the contract's pin."""
     url = f"{str(payload['url']).rstrip('/')}/episodes/{payload['episode_id']}/verify"
@@ -38,9 +43,8 @@ def verify(payload: dict[str, Any]) -> Outcome:
             f"environment service {url} verified with {verdict.get('verifier_digest')!r}, "
             f"not the pinned verifier {payload['verifier_digest']}"
         )
-    terms: dict[str, float] = payload["reward"]
     success = verdict["success"]
-    reward = terms["success"] if success else terms.get("failure", 0.0)
+    reward = pay(payload["reward"], success)
     given = verdict.get("details")
     details: dict[str, Any] = given if isinstance(given, dict) else {}
     return Outcome(success=success, reward=float(reward),

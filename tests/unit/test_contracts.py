@@ -255,6 +255,8 @@ def test_cli_lists_the_builtin_environments() -> None:
         "name",
         "fix_ci_failure",
         "frozen_lake",
+        "gymnasium_text",
+        "openenv",
         "reasoning_gym",
         "tool_arithmetic",
         "verifiers",

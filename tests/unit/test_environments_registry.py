@@ -24,8 +24,8 @@ from triloop.contracts import ContractError
 
 
 def test_the_builtin_environments_with_contract_files() -> None:
-    assert list_environments() == ["fix_ci_failure", "frozen_lake", "reasoning_gym",
-                                   "tool_arithmetic", "verifiers"]
+    assert list_environments() == ["fix_ci_failure", "frozen_lake", "gymnasium_text",
+                                   "openenv", "reasoning_gym", "tool_arithmetic", "verifiers"]
     for name in list_environments():
         assert builtin_contract_path(name).is_file()
         assert load_builtin_contract(name).task == name

@@ -28,7 +28,10 @@ def json_field(*, nullable: bool = False, default: Any = None) -> Any:
         dict if default is None else (lambda: default))
     return Field(
         default_factory=factory,
-        sa_column=Column(JSONB, nullable=nullable, server_default="{}" if not nullable else None),
+        # none_as_null: None is SQL NULL, not the JSON value null, so ``item IS NULL`` holds
+        # and 0026's unique index (coalesce(item::text, '')) sees one seed-only task per seed
+        sa_column=Column(JSONB(none_as_null=True) if nullable else JSONB, nullable=nullable,
+                         server_default="{}" if not nullable else None),
     )
 
 
