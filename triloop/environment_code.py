@@ -36,6 +36,7 @@ import ast
 import hashlib
 import re
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -50,6 +51,18 @@ _REFERENCE = re.compile(r"^(\w+(?:\.\w+)+):\w+$")
 DISTRIBUTIONS_NAME = "VERIFIER_DISTRIBUTIONS"  # module constant: distributions it imports
 _DISTRIBUTION_KEY = "distribution:"
 _SKIPPED_FILES = ("__pycache__", ".pyc")
+# CPython 3.11 keeps the AST constructor's recursion depth in per-interpreter state, not
+# per thread: two threads parsing at once (the execution worker reads a verifier's
+# VERIFIER_DISTRIBUTIONS on each episode's and admission probe's thread) can fail with
+# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). So
+# every parse here takes this lock; a parse is milliseconds.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_source(source: bytes) -> ast.Module:
+    """``ast.parse``, one thread at a time (see ``_PARSE_LOCK``)."""
+    with _PARSE_LOCK:
+        return ast.parse(source)
 
 
 class EnvironmentCodeError(LookupError):
@@ -139,7 +152,7 @@ def _references(name: str, path: Path, own: frozenset[str]) -> tuple[set[str], s
     """Modules and sibling ``.py`` files a module's source names."""
     modules: set[str] = set()
     files: set[Path] = set()
-    for node in _nodes(ast.parse(path.read_bytes())):
+    for node in _nodes(parse_source(path.read_bytes())):
         if isinstance(node, ast.Import):
             modules.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -217,7 +230,7 @@ def environment_verifier_hash(
     path = module_file(module, [*(search or sys.path), *plugin_search_path(module)])
     if path is None:
         raise EnvironmentCodeError(f"environment {task!r}: module {module} has no source file")
-    for node in ast.parse(path.read_bytes()).body:
+    for node in parse_source(path.read_bytes()).body:
         if (
             isinstance(node, ast.Assign)
             and any(isinstance(t, ast.Name) and t.id == "VERIFIER" for t in node.targets)
@@ -230,7 +243,7 @@ def environment_verifier_hash(
 
 def declared_distributions(path: Path) -> tuple[str, ...]:
     """The distributions a module's ``VERIFIER_DISTRIBUTIONS`` names (read, not imported)."""
-    for node in ast.parse(path.read_bytes()).body:
+    for node in parse_source(path.read_bytes()).body:
         if isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == DISTRIBUTIONS_NAME for t in targets):

@@ -454,10 +454,10 @@ async def decide_task_set_admission(
         raise conflict(f"task set {task_set.id} is already {task_set.status}")
     evidence = task_set.evidence or {}
     admissible = evidence.get("admissible")
+    if admissible is None:  # nothing to decide on yet, either way
+        raise conflict(f"task set {task_set.id} has not been assessed yet; wait for its"
+                       " admission's evidence")
     if admit and admissible is not True:
-        if admissible is None:
-            raise conflict(f"task set {task_set.id} has not been assessed yet; wait for its"
-                           " admission's evidence")
         failures = "; ".join(evidence.get("failures") or [])
         raise conflict(f"task set {task_set.id} is not admissible; it can only be rejected"
                        f" (failures: {failures})")

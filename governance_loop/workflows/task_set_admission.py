@@ -11,7 +11,7 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, NexusOperationError
+from temporalio.exceptions import ActivityError, ApplicationError, NexusOperationError
 
 with workflow.unsafe.imports_passed_through():
     import governance_loop.contracts as m
@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         TASK_SET_ADMISSION_WORKFLOW,
         AdmissionProbeInput,
         DecisionRef,
+        ErrorType,
         TaskSetAdmissionInput,
         TaskSetAdmissionResult,
     )
@@ -103,6 +104,15 @@ class TaskSetAdmissionWorkflow:
     @workflow.update(name=ADMISSION_DECIDE_UPDATE)
     async def decide_admission(self, decision: DecisionRef) -> TaskSetAdmissionResult:
         """An operator admits (only an admissible set) or rejects it, and its tasks with it."""
+        # The web service lets a decision through once the evidence is on the set's row,
+        # which the evidence activity writes a moment before this workflow learns it is
+        # done: a decision arriving in between waits for the assessment, it is not refused.
+        await workflow.wait_condition(
+            lambda: self._result.status != "assessing" and not self._deciding)
+        if self._result.status != "awaiting_decision":
+            raise ApplicationError(
+                f"refused: the task set's admission is {self._result.status}; no decision now",
+                type=ErrorType.DECISION_REFUSED, non_retryable=True)
         self._deciding = True
         try:
             decided = await m.DECIDE_TASK_SET_ADMISSION.call(m.TaskSetDecisionInput(
@@ -119,7 +129,7 @@ class TaskSetAdmissionWorkflow:
 
     @decide_admission.validator
     def _validate_decision(self, decision: DecisionRef) -> None:
-        if self._result.status != "awaiting_decision" or self._deciding:
+        if self._result.status not in ("assessing", "awaiting_decision"):
             raise HumanDecisionError(
                 f"the task set's admission is {self._result.status}; no decision now")
         if not decision.decision_id:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -23,7 +24,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from temporalio import activity
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateStage,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
@@ -64,11 +70,14 @@ SAMPLE = 4
 VERIFIER = "b" * 64
 FLAKY: set[str] = set()  # tasks whose resets disagree
 BROKEN: set[str] = set()  # tasks whose probe fails outright
+HELD: dict[str, threading.Event] = {}  # tasks whose probe waits until the test lets it go
 
 
 @activity.defn(name=PROBE_ADMISSION.name)
 def standin_probe(request: AdmissionProbeInput) -> AdmissionProbeEvidence:
     """Evidence as the execution loop would report it: good unless FLAKY or BROKEN."""
+    if request.task_id in HELD:
+        assert HELD[request.task_id].wait(timeout=120), "the test never let the probe go"
     if request.task_id in BROKEN:
         raise ApplicationError("environment failed to start", non_retryable=True)
     flaky = request.task_id in FLAKY
@@ -266,6 +275,38 @@ async def test_an_inadmissible_set_can_only_be_rejected(
                 role_engine, owner_engine, task_set.id, "tsa-olga", ["operator"], "reject"))
     assert _set_row(owner_engine, task_set.id).status == "rejected"
     assert set(_task_statuses(owner_engine, task_set.task_ids).values()) == {"rejected"}
+
+
+async def test_a_decision_sent_while_the_sample_is_assessed_waits_for_the_evidence(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine, role_engine: Any,
+    adm_settings: Settings,
+) -> None:
+    """The web service lets a decision through once the evidence is on the set's row, a
+    moment before the workflow knows it is assessed: such a decision is accepted and
+    applied once the assessment ends, never refused as "assessing". Before any evidence
+    the web service refuses a decision either way, recording nothing."""
+    task_set = make_task_set(owner_engine, splits=["train", "eval"])
+    held = HELD.setdefault(task_set.task_ids[0], threading.Event())
+    async with workers(adm_settings, role_engine) as client:
+        handle = await _start(client, adm_settings, task_set)
+        for decision in ("approve", "reject"):
+            assert_problem(await api.post(f"/api/task-sets/{task_set.id}/admission",
+                                          json={"decision": decision, "comment": "early"},
+                                          headers=people["operator"].headers),
+                           409, "has not been assessed yet")
+        assert _decisions(owner_engine, task_set.id) == 0
+        # As the web service sends it in that moment: accepted while still assessing.
+        update = await handle.start_update(
+            ADMISSION_DECIDE_UPDATE, _decision(role_engine, owner_engine, task_set.id,
+                                               "tsa-dora", ["operator"], "approve"),
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED, result_type=TaskSetAdmissionResult)
+        assert (await handle.query(ADMISSION_STATUS_QUERY,
+                                   result_type=TaskSetAdmissionResult)).status == "assessing"
+        held.set()
+        decided: TaskSetAdmissionResult = await update.result()
+        assert (decided.status, decided.admissible) == ("admitted", True)
+        assert (await handle.result()).status == "admitted"
+    assert set(_task_statuses(owner_engine, task_set.task_ids).values()) == {"admitted"}
 
 
 async def test_no_decision_by_the_deadline_rejects_the_set(

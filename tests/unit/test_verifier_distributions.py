@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,3 +129,43 @@ def test_a_named_distribution_that_is_not_installed_is_named(installed: Path) ->
     bad = write_verifier(installed, "computed", "yaml", 'tuple(["PyYAML"])')
     with pytest.raises(EnvironmentCodeError, match="literal tuple of distribution names"):
         verifier_hash([bad])
+
+
+def test_distributions_are_read_one_parse_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CPython 3.11's AST constructor is not safe in two threads at once (its recursion
+    depth is per interpreter): the execution worker reads a verifier's distributions on
+    every episode's thread, so its parses must not overlap."""
+    import ast
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triloop.environment_code import declared_distributions
+
+    parse, lock = ast.parse, threading.Lock()
+    at_once = {"now": 0, "most": 0}
+
+    def watched(source: Any, *args: Any, **kwargs: Any) -> ast.Module:
+        with lock:
+            at_once["now"] += 1
+            at_once["most"] = max(at_once["most"], at_once["now"])
+        time.sleep(0.02)  # a slow parse: overlapping threads would show here
+        try:
+            parsed: ast.Module = parse(source, *args, **kwargs)
+            return parsed
+        finally:
+            with lock:
+                at_once["now"] -= 1
+
+    monkeypatch.setattr(ast, "parse", watched)
+    paths = []
+    for i in range(6):
+        path = tmp_path / f"verifier_{i}.py"
+        path.write_text(f'VERIFIER_DISTRIBUTIONS = ("package-{i}",)\n')
+        paths.append(path)
+    with ThreadPoolExecutor(6) as pool:
+        found = list(pool.map(declared_distributions, paths))
+    assert found == [(f"package-{i}",) for i in range(6)]
+    assert at_once["most"] == 1
