@@ -35,6 +35,7 @@ from typing import Any
 
 from execution_loop.environments.ci_repo import MAX_REPORT_BYTES, read_regular_file
 from execution_loop.sandbox import SandboxBackend, SandboxLimits
+from triloop.environment_code import parse_source
 
 GUARD_SOURCE = Path(__file__).with_name("ci_guard.py")
 TAMPERED = 97  # ci_guard.TAMPERED (not imported: ci_guard needs pytest)
@@ -80,7 +81,8 @@ def pinned_tests(tree: Path) -> dict[str, str]:
     found: dict[str, str] = {}
     for path in sorted((tree / "tests").glob("test_*.py")):
         rel = path.relative_to(tree).as_posix()
-        for node in ast.parse(path.read_bytes()).body:
+        # Episodes and task descriptions call this on threads of one worker: parse_source.
+        for node in parse_source(path.read_bytes()).body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (
                 node.name.startswith("test")
             ):
