@@ -288,9 +288,10 @@ def test_governance_role_owns_gates_and_routing(
          {"s": set_id})
     _run(
         governance,
-        "INSERT INTO threshold (id, name, version, spec, created_by) "
-        "VALUES (:i, :i, 1, :spec, 'gov')",
-        {"i": uid("th-"), "spec": json.dumps({"min_success_rate": 0.5})},
+        # A threshold names the eval set it judges on (0029's check).
+        "INSERT INTO threshold (id, name, version, spec, eval_set_id, created_by) "
+        "VALUES (:i, :i, 1, :spec, :s, 'gov')",
+        {"i": uid("th-"), "spec": json.dumps({"min_success_rate": 0.5}), "s": set_id},
     )
     slot = uid("slot-")
     _run(governance, "INSERT INTO routing (slot, checkpoint_id, share, updated_by) "
