@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from tests.factories import insert, uid
+from tests.factories import insert, make_eval_set, uid
 from tests.factories_governance import write_episodes
 from tests.factories_web import Person, SeededPromotion, make_promotion
 
@@ -21,7 +21,7 @@ def promotion_at_gate(engine: Engine, people: dict[str, Person], gate: str,
                      {"b": seeded.root_id, "p": seeded.promotion_id})
     threshold_id = uid("thr-")
     insert(engine, "threshold", id=threshold_id, name=threshold_id, version=1,
-           created_by="gov", spec=spec)
+           eval_set_id=make_eval_set(engine, frozen=True), created_by="gov", spec=spec)
     insert(engine, "gate_result", id=uid("gate-"), promotion_id=seeded.promotion_id,
            gate="offline_eval", passed=True, reasons=["passed"], evidence={},
            threshold_id=threshold_id)
