@@ -24,6 +24,7 @@ from execution_loop.environments.frozen_lake import reference_solution
 from execution_loop.environments.registry import get_environment
 from governance_loop import store
 from governance_loop.contracts import OfflineEvalInput
+from governance_loop.evalsets import store_eval_set
 from tests.factories import uid
 from tests.factories_execution import make_task_on, register_builtin
 from tests.factories_governance import Scene, look_canary
@@ -79,6 +80,9 @@ def test_offline_eval_holds_a_candidate_whose_rows_claim_wins_it_never_played(
     world = scene.world
     version = register_builtin(scene.owner, "frozen_lake")
     task_id = make_task_on(scene.owner, version, seed=3207)
+    # Each eval set is judged on its own tasks' episodes: the batches play this set's task.
+    judged_on = store_eval_set(engine=scene.governance, name=uid("es-"), task_ids=[task_id],
+                               requested_by="gov-admin").id
     candidate = _eval_batch(scene, task_id, world.candidate)
     baseline = _eval_batch(scene, task_id, world.baseline)
     env = get_environment("frozen_lake")()
@@ -102,7 +106,7 @@ def test_offline_eval_holds_a_candidate_whose_rows_claim_wins_it_never_played(
 
     outcome = scene.activities.decide_offline_eval(OfflineEvalInput(
         promotion_id=scene.promotion_id, threshold_id=world.threshold_id,
-        eval_set_id=world.eval_set_id, candidate_batch_id=candidate.batch_id,
+        eval_set_id=judged_on, eval_set_ids=[judged_on], candidate_batch_id=candidate.batch_id,
         production_batch_id=baseline.batch_id))
 
     passed, reasons, evidence = scene.gate_row("offline_eval")
