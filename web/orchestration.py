@@ -16,7 +16,7 @@ import socket
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from temporalio.client import (
     Client,
@@ -66,6 +66,7 @@ from triloop.workflow_api import (
 from web.problems import ProblemError, conflict
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # Production batches started for people (POST /api/episodes) have workflow ids with this prefix.
 PRODUCTION_BATCH_PREFIX = "episodes-"
@@ -199,44 +200,38 @@ class Orchestrator:
             rpc_timeout=self._rpc_timeout()), what=f"decide admission of task set {task_set_id}")
         return result
 
+    async def _run_governance(self, workflow: str, request: Any, result_type: type[R], *,
+                              workflow_id: str, user: str | None, what: str) -> R:
+        """Run one of governance's workflows to completion on its queue and return its result."""
+        client = await self.client("governance")
+        result: R = await self._call(client.execute_workflow(
+            workflow, request, id=workflow_id,
+            task_queue=self._settings.task_queue(GOVERNANCE_QUEUE), result_type=result_type,
+            search_attributes=search_attributes.attributes(loop="governance", user=user),
+            execution_timeout=timedelta(seconds=self.timeout_s),
+        ), what=what)
+        return result
+
     async def rollback(self, request: RollbackInput, workflow_id: str,
                        user: str | None = None) -> RollbackResult:
         """Run governance's rollback workflow to completion and return where the alias points."""
-        client = await self.client("governance")
-        result: RollbackResult = await self._call(client.execute_workflow(
-            ROLLBACK_WORKFLOW, request, id=workflow_id,
-            task_queue=self._settings.task_queue(GOVERNANCE_QUEUE),
-            result_type=RollbackResult,
-            search_attributes=search_attributes.attributes(loop="governance", user=user),
-            execution_timeout=timedelta(seconds=self.timeout_s),
-        ), what=f"roll back {request.alias}")
-        return result
+        return await self._run_governance(ROLLBACK_WORKFLOW, request, RollbackResult,
+                                          workflow_id=workflow_id, user=user,
+                                          what=f"roll back {request.alias}")
 
     async def governance_write(self, request: GovernanceWriteInput, workflow_id: str,
                                user: str | None = None) -> GovernanceWriteResult:
         """Have governance carry out a person's recorded write and return what it stored."""
-        client = await self.client("governance")
-        result: GovernanceWriteResult = await self._call(client.execute_workflow(
-            GOVERNANCE_WRITE_WORKFLOW, request, id=workflow_id,
-            task_queue=self._settings.task_queue(GOVERNANCE_QUEUE),
-            result_type=GovernanceWriteResult,
-            search_attributes=search_attributes.attributes(loop="governance", user=user),
-            execution_timeout=timedelta(seconds=self.timeout_s),
-        ), what=f"{request.kind} {request.subject}")
-        return result
+        return await self._run_governance(GOVERNANCE_WRITE_WORKFLOW, request,
+                                          GovernanceWriteResult, workflow_id=workflow_id,
+                                          user=user, what=f"{request.kind} {request.subject}")
 
     async def register_task_set(self, request: GovernanceWriteInput, workflow_id: str,
                                 user: str | None = None) -> GovernanceWriteResult:
         """Have governance describe, write and start admitting a person's task set."""
-        client = await self.client("governance")
-        result: GovernanceWriteResult = await self._call(client.execute_workflow(
-            TASK_SET_REGISTRATION_WORKFLOW, request, id=workflow_id,
-            task_queue=self._settings.task_queue(GOVERNANCE_QUEUE),
-            result_type=GovernanceWriteResult,
-            search_attributes=search_attributes.attributes(loop="governance", user=user),
-            execution_timeout=timedelta(seconds=self.timeout_s),
-        ), what=f"task set {request.subject}")
-        return result
+        return await self._run_governance(TASK_SET_REGISTRATION_WORKFLOW, request,
+                                          GovernanceWriteResult, workflow_id=workflow_id,
+                                          user=user, what=f"task set {request.subject}")
 
     async def start_episodes(self, batch: RolloutBatchInput, workflow_id: str) -> None:
         """Start a batch of production episodes on the execution loop's queue."""
