@@ -38,6 +38,9 @@ def _refused(engine: Engine, sql: str, params: dict[str, Any] | None = None) -> 
 
 
 FORBIDDEN_FOR_LEARNING = [
+    # Which tasks are held out (a task set's eval and traffic splits) is not learning's to read.
+    "SELECT * FROM task_set_member",
+    "SELECT * FROM task_set",
     "INSERT INTO eval_set (id, name, version, created_by) VALUES ('x', 'x', 1, 'learning')",
     "INSERT INTO eval_item (eval_set_id, ordinal, task_id) VALUES ('x', 0, 'x')",
     "INSERT INTO threshold (id, name, version, spec, created_by) VALUES "
