@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlmodel import Session
 
+from governance_loop.gates.behaviour_audit import EpisodeBehaviour
 from triloop.models import RolloutBatch
 from triloop.production_traffic import SHADOW_PAIRS_FROM, VERIFIER_ROLE, judged
 from triloop.production_traffic import requested_traffic as _requested_traffic
@@ -249,3 +250,47 @@ def shadow_pairs(
         {"c": candidate_id, "p": production_id, "s": since},
     ).all()
     return [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4]), r[5]) for r in rows]
+
+
+def requested_batch_behaviour(
+    *, session: Session, batch_id: str, checkpoint_id: str, purpose: str = Purpose.EVAL,
+    task_ids: Sequence[str] | None = None,
+) -> list[EpisodeBehaviour]:
+    """The behaviour audit's view of the episodes ``requested_batch_outcomes`` counts.
+
+    The same filter: a batch governance asked for, for this purpose and checkpoint (else
+    nothing), its planned episodes that this checkpoint served and the verifier judged,
+    of ``task_ids`` when given. Each episode comes with the seed its plan names, its steps'
+    action text and feedback, its verdict's details and the tokens the policy sampled.
+    """
+    batch = session.get(RolloutBatch, batch_id)
+    if batch is None or (batch.requested_by, batch.purpose, batch.checkpoint_id) != (
+            "governance", purpose, checkpoint_id):
+        return []
+    rows = session.execute(
+        text("SELECT t.id, t.task_id, b.planned_episodes -> t.id ->> 'seed', v.success, "
+             "t.status, t.failure_reason, v.details, "
+             "CASE WHEN q.trajectory_id IS NOT NULL THEN "
+             "(SELECT count(*) FROM unnest(q.action_mask) AS m WHERE m = 1) END "
+             "FROM trajectory t JOIN rollout_batch b ON b.id = t.batch_id "
+             f"JOIN verdict v ON v.trajectory_id = t.id AND v.recorded_by = '{VERIFIER_ROLE}' "
+             "LEFT JOIN trajectory_sequence q ON q.trajectory_id = t.id "
+             "WHERE t.batch_id = :b AND t.purpose <> 'shadow' AND b.planned_episodes ? t.id "
+             "AND t.checkpoint_id = :c "
+             "AND (CAST(:tasks AS text[]) IS NULL OR t.task_id = ANY(CAST(:tasks AS text[]))) "
+             "ORDER BY t.id"),
+        {"b": batch_id, "c": checkpoint_id,
+         "tasks": None if task_ids is None else list(task_ids)},
+    ).all()
+    steps: dict[str, list[tuple[str, dict[str, Any] | None]]] = {str(r[0]): [] for r in rows}
+    for trajectory_id, action_text, feedback in session.execute(
+            text("SELECT trajectory_id, action_text, feedback FROM step "
+                 "WHERE trajectory_id = ANY(:ids) ORDER BY trajectory_id, index"),
+            {"ids": list(steps)}).all():
+        steps[str(trajectory_id)].append((str(action_text), feedback))
+    return [EpisodeBehaviour.of(
+        task_id=str(r[1]), seed=None if r[2] is None else int(r[2]), success=bool(r[3]),
+        status=str(r[4]), failure_reason=r[5], verdict_details=r[6], steps=steps[str(r[0])],
+        # None: no token sequence is stored (rows written before sequences, test rows).
+        action_tokens=None if r[7] is None else int(r[7]))
+        for r in rows]

@@ -40,6 +40,7 @@ from governance_loop.contracts import (
 )
 from governance_loop.evalsets import candidate_eval_sets, content_hash_problem
 from governance_loop.gates import (
+    AuditEpisodes,
     BinomialCounts,
     CanaryObservation,
     EpisodeStats,
@@ -266,7 +267,15 @@ class EvidenceActivities(GovernanceShell):
                 candidate=_stats(mine.outcomes),
                 production=None if theirs is None else _stats(theirs.outcomes),
             ))
-        decision = decide_offline_eval(results, spec)
+        # The shortcut audit: both arms' behaviour on every judged eval task.
+        audit = AuditEpisodes(
+            candidate=episodes.requested_batch_behaviour(
+                session=session, batch_id=request.candidate_batch_id,
+                checkpoint_id=promotion.checkpoint_id, task_ids=judged_on),
+            baseline=None if not with_production else episodes.requested_batch_behaviour(
+                session=session, batch_id=request.production_batch_id or "",
+                checkpoint_id=promotion.baseline_checkpoint_id or "", task_ids=judged_on))
+        decision = decide_offline_eval(results, spec, audit=audit)
         threshold = session.get(Threshold, request.threshold_id)
         if threshold is not None:  # which environment trained on each judged set stands for
             decision.evidence["judged_for"] = candidate_eval_sets(

@@ -6,6 +6,12 @@ stability -> offline_eval -> shadow -> canary -> audit -> approval -> promote ->
 The statistical rules are stated in each module's docstring.
 """
 
+from governance_loop.gates.behaviour_audit import (
+    AuditEpisodes,
+    BehaviourAudit,
+    EpisodeBehaviour,
+    audit_behaviour,
+)
 from governance_loop.gates.canary import CanaryObservation, decide_canary
 from governance_loop.gates.decision import (
     GATE_ORDER,
@@ -36,6 +42,7 @@ from governance_loop.gates.stability import (
 )
 from governance_loop.gates.stats import BinomialCounts, EpisodeStats, Interval
 from governance_loop.gates.thresholds import (
+    BehaviourAuditSpec,
     CanarySpec,
     ShadowSpec,
     StabilitySpec,
@@ -50,6 +57,11 @@ from governance_loop.gates.watch import (
 )
 
 __all__ = [
+    "AuditEpisodes",
+    "BehaviourAudit",
+    "BehaviourAuditSpec",
+    "EpisodeBehaviour",
+    "audit_behaviour",
     "BLOCKING_ALARMS",
     "AUDITOR_ROLE",
     "GATE_ORDER",

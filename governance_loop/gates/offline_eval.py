@@ -5,7 +5,9 @@ candidate's *observed* success rate must reach ``min_success_rate`` and lose no
 more than ``max_regression_vs_production`` against production (and, when set,
 its mean reward no more than ``max_reward_regression_vs_production``). Eval sets
 are frozen, so the comparison is on point estimates; the confidence intervals go
-into the evidence for the auditor.
+into the evidence for the auditor. Given the eval episodes, the behaviour audit
+(``gates.behaviour_audit``) goes into the evidence too, and a flagged signal the
+threshold's ``audit.blocking`` names fails the gate.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from governance_loop.gates.behaviour_audit import AuditEpisodes, audit_behaviour
 from governance_loop.gates.decision import GateDecision, Verdict
 from governance_loop.gates.stats import (
     EpisodeStats,
@@ -103,9 +106,12 @@ def _check_eval_set(result: EvalSetResult, spec: ThresholdSpec) -> tuple[list[st
 
 
 def decide_offline_eval(
-    results: Sequence[EvalSetResult], thresholds: ThresholdSpec
+    results: Sequence[EvalSetResult], thresholds: ThresholdSpec,
+    audit: AuditEpisodes | None = None,
 ) -> GateDecision:
-    """Pass only when every eval set meets every offline threshold."""
+    """Pass only when every eval set meets every offline threshold (and, given the eval
+    episodes, no signal of the behaviour audit that ``thresholds.audit.blocking`` names is
+    flagged)."""
     names = [r.eval_set for r in results]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -118,6 +124,9 @@ def decide_offline_eval(
         violations, evidence = _check_eval_set(result, thresholds)
         reasons.extend(violations)
         per_set.append(evidence)
+    behaviour = None if audit is None else audit_behaviour(audit, thresholds.audit)
+    if behaviour is not None:
+        reasons.extend(behaviour.blocking_reasons(thresholds.version))
     passed = not reasons
     return GateDecision(
         gate=Gate.OFFLINE_EVAL,
@@ -134,6 +143,7 @@ def decide_offline_eval(
                 "confidence": thresholds.confidence,
             },
             "eval_sets": per_set,
+            **({} if behaviour is None else {"behaviour_audit": behaviour.to_evidence()}),
         },
         verdict=Verdict.PASS if passed else Verdict.FAIL,
     )

@@ -159,3 +159,35 @@ def mean_difference(a: EpisodeStats, b: EpisodeStats, confidence: float) -> Inte
     se = math.sqrt(a.reward_std**2 / a.episodes + b.reward_std**2 / b.episodes)
     half = z_for(confidence) * se
     return Interval(estimate, estimate - half, estimate + half, confidence)
+
+
+def _two_sided_p(z: float) -> float:
+    return 2 * (1 - NormalDist().cdf(abs(z)))
+
+
+def two_proportion_p_value(a: BinomialCounts, b: BinomialCounts) -> float:
+    """Two-sided p-value of the pooled two-proportion z-test of rate(a) = rate(b).
+
+    1.0 when either side is empty or both rates sit at the same bound (no variance to
+    test against): no evidence of a difference."""
+    if a.episodes == 0 or b.episodes == 0:
+        return 1.0
+    pooled = (a.successes + b.successes) / (a.episodes + b.episodes)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / a.episodes + 1 / b.episodes))
+    if se == 0:
+        return 1.0
+    return _two_sided_p((a.rate - b.rate) / se)
+
+
+def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p-value of Welch's z-test (normal approximation) of mean(a) = mean(b).
+
+    1.0 with fewer than two values on a side; 0.0 when both sides are constant and differ
+    (a difference without noise is certain)."""
+    if len(a) < 2 or len(b) < 2:
+        return 1.0
+    difference = fmean(a) - fmean(b)
+    se = math.sqrt(stdev(a) ** 2 / len(a) + stdev(b) ** 2 / len(b))
+    if se == 0:
+        return 1.0 if difference == 0 else 0.0
+    return _two_sided_p(difference / se)

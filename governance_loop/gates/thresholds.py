@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from governance_loop.gates.behaviour_audit import signal_name_problem
+
 
 class ThresholdSpecError(ValueError):
     """A threshold spec with a missing, unknown or out-of-range field."""
@@ -157,6 +159,43 @@ class StabilitySpec:
 
 
 @dataclass(frozen=True)
+class BehaviourAuditSpec:
+    """Offline eval's shortcut audit: the candidate's behaviour beside production's on the
+    same eval tasks (``gates.behaviour_audit``). A signal is flagged only when its shift
+    is both large (the bounds below) and statistically clear (``confidence``)."""
+
+    # A rate (a fraction of episodes or steps: termination causes, invalid actions, empty
+    # and refusing answers, distinct answers) is flagged when it moves in its worrying
+    # direction by more than this (absolute fraction: 0.1 = 10 points).
+    max_rate_shift: float = 0.1
+    # A length (mean turns, mean action tokens per episode) is flagged when its mean moves
+    # either way by more than this share of production's mean (0.5 = 50%).
+    max_length_shift: float = 0.5
+    # Two-sided confidence the shift must be clear at: a two-proportion z-test for rates,
+    # Welch's test for lengths, so a small sample is not flagged by noise.
+    confidence: float = 0.95
+    # Signal names (``termination/<cause>``, ``action_format/invalid_rate``, ...) that
+    # fail offline eval when flagged; the others are shown to the auditor only.
+    blocking: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_fraction("audit", "max_rate_shift", self.max_rate_shift, allow_zero=False)
+        if self.max_length_shift is None:
+            raise ThresholdSpecError("audit.max_length_shift must be a number > 0")
+        _check_positive("audit", "max_length_shift", self.max_length_shift)
+        _check_probability("audit", "confidence", self.confidence)
+        blocking = self.blocking
+        if isinstance(blocking, str) or not isinstance(blocking, list | tuple):
+            raise ThresholdSpecError(
+                f"audit.blocking must be a list of signal names, got {blocking!r}")
+        problems = [p for p in map(signal_name_problem, blocking) if p is not None]
+        if problems:
+            raise ThresholdSpecError(f"audit.blocking: {'; '.join(problems)}")
+        # Stored JSON holds a list; the frozen spec holds a tuple, so a round trip is equal.
+        object.__setattr__(self, "blocking", tuple(blocking))
+
+
+@dataclass(frozen=True)
 class ThresholdSpec:
     """One frozen version of every gate's thresholds."""
 
@@ -177,6 +216,7 @@ class ThresholdSpec:
     watch: WatchSpec = field(default_factory=WatchSpec)
     # Absent from specs stored before it existed: those get its defaults.
     stability: StabilitySpec = field(default_factory=StabilitySpec)
+    audit: BehaviourAuditSpec = field(default_factory=BehaviourAuditSpec)
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, str) or not self.version.strip():
@@ -200,9 +240,10 @@ class ThresholdSpec:
     def from_mapping(cls, data: Mapping[str, Any]) -> ThresholdSpec:
         """Build a spec from stored JSON, refusing unknown keys so typos cannot pass silently."""
         nested: dict[str, type[ShadowSpec] | type[CanarySpec] | type[WatchSpec]
-                     | type[StabilitySpec]] = {
+                     | type[StabilitySpec] | type[BehaviourAuditSpec]] = {
             "shadow": ShadowSpec, "canary": CanarySpec, "watch": WatchSpec,
             "stability": StabilitySpec,
+            "audit": BehaviourAuditSpec,
         }
         _refuse_unknown("thresholds", data, {f.name for f in fields(cls)})
         kwargs: dict[str, Any] = {}
