@@ -33,8 +33,6 @@ from web.query import DIGITS_ONLY
 router = APIRouter(tags=["trajectories"])
 TURN_LIMIT = 20  # turns per page unless asked: long episodes page
 
-TrajectoryRef = Annotated[str, "an episode id, or a unique prefix of at least 8 characters"]
-
 
 async def authorize_transcript(guard: Guard, db: Sessions, ref: str) -> TranscriptFacts:
     """Resolve ``ref`` to one episode and ask the policy whether this person may read it."""

@@ -18,7 +18,7 @@ from itertools import accumulate
 from typing import Any
 
 from pydantic import BaseModel, Field
-from sqlalchemy import text
+from sqlalchemy import ColumnElement, or_, text
 from sqlmodel import Session, col, select
 
 from triloop.models import (
@@ -30,7 +30,7 @@ from triloop.models import (
     TrajectorySequence,
 )
 from triloop.models import Verdict as VerdictRow
-from web.pagination import Page, decode_cursor, encode_cursor, keyset, page_of
+from web.pagination import Page, decode_cursor, keyset, page_of
 
 # An id is accepted by a prefix this long at least: shorter ones name too many episodes.
 MIN_PREFIX = 8
@@ -316,11 +316,11 @@ def list_trajectories(
     if where.judged_only:
         statement = statement.where(Trajectory.purpose != "training")
     if where.batch_ids is not None:
-        in_batches = col(Trajectory.batch_id).in_(list(where.batch_ids))
+        in_batches: ColumnElement[bool] = col(Trajectory.batch_id).in_(list(where.batch_ids))
         if where.candidate_of is not None:
             served = (col(Trajectory.checkpoint_id) == where.candidate_of) & col(
                 Trajectory.purpose).in_(["shadow", "canary"])
-            in_batches = in_batches | served
+            in_batches = or_(in_batches, served)
         statement = statement.where(in_batches)
     statement = keyset(statement, [col(Trajectory.created_at), col(Trajectory.id)], cursor,
                        [datetime, str], limit)
@@ -335,7 +335,3 @@ def no_trainable_data_iteration(reason: str | None) -> int | None:
     found = _NO_TRAINABLE_DATA.search(reason or "")
     return int(found.group(1)) if found else None
 
-
-def encode_turn_cursor(index: int) -> str:
-    """The cursor that resumes after turn ``index`` (the console's page links)."""
-    return encode_cursor([index])
