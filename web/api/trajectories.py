@@ -9,12 +9,12 @@ run's training episodes (``transcripts.rego``); each allowed read lands in the a
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from triloop.statuses import EpisodeStatus, Purpose
-from web.api.common import Short
+from web.api.common import ERRORS, Short
 from web.data import transcripts
 from web.data.transcript_sample import TranscriptSample, transcript_sample
 from web.data.transcripts import (
@@ -31,6 +31,8 @@ from web.problems import conflict, invalid, not_found
 from web.query import DIGITS_ONLY
 
 router = APIRouter(tags=["trajectories"])
+AMBIGUOUS: dict[int | str, dict[str, Any]] = {
+    409: {**ERRORS[409], "description": "The prefix starts more than one episode id"}}
 TURN_LIMIT = 20  # turns per page unless asked: long episodes page
 
 
@@ -50,7 +52,8 @@ async def authorize_transcript(guard: Guard, db: Sessions, ref: str) -> Transcri
 
 
 @router.get("/api/trajectories", response_model=Page[TrajectorySummary],
-            operation_id="listTrajectories")
+            operation_id="listTrajectories", responses={404: {
+                **ERRORS[404], "description": "No such run, rollout batch or promotion"}})
 async def list_trajectories(
     guard: AuthorizeDep, db: SessionDep, limit: LimitParam = 50, cursor: CursorParam = None,
     run_id: Short | None = None, promotion_id: Short | None = None,
@@ -106,7 +109,7 @@ async def list_trajectories(
 
 
 @router.get("/api/trajectories/{trajectory_id}", response_model=TrajectoryHeader,
-            operation_id="getTrajectory", responses={409: {"description": "ambiguous prefix"}})
+            operation_id="getTrajectory", responses=AMBIGUOUS)
 async def get_trajectory(trajectory_id: str, guard: AuthorizeDep, db: SessionDep
                          ) -> TrajectoryHeader:
     """An episode: task, checkpoint, purpose, how it ended, the verifier's verdict and the
@@ -120,7 +123,7 @@ async def get_trajectory(trajectory_id: str, guard: AuthorizeDep, db: SessionDep
 
 @router.get("/api/trajectories/{trajectory_id}/turns", response_model=TurnPage,
             operation_id="listTrajectoryTurns",
-            responses={409: {"description": "ambiguous prefix"}})
+            responses=AMBIGUOUS)
 async def list_trajectory_turns(
     trajectory_id: str, guard: AuthorizeDep, db: SessionDep,
     limit: LimitParam = TURN_LIMIT, cursor: CursorParam = None,
