@@ -58,6 +58,7 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("faults", "web.cli:faults_app"),
     # An auditor's reads through the API join the server-side `audit verify` and `anchor`.
     ("audit", "web.cli_audit:audit_app"),
+    ("trajectories", "web.cli_trajectories:trajectories_app"),
 )
 PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (("rollback", "web.cli:rollback_command"),)
 

@@ -43,7 +43,15 @@ from triloop.workflow_api import (
     training_run_workflow_id,
 )
 from web.data import audit as audit_data
-from web.data import decisions, deployments, lineage, promotions, runs, task_set_refs
+from web.data import (
+    decisions,
+    deployments,
+    lineage,
+    promotions,
+    runs,
+    task_set_refs,
+    transcript_sample,
+)
 from web.data import environments as envs
 from web.data.audit import ChainVerification
 from web.data.deployments import RollbackPreview
@@ -332,14 +340,27 @@ async def decide_promotion(
     if promotion.workflow_id is None:
         raise conflict(f"promotion {promotion_id} has no workflow to decide on")
     person = guard.principal
+    details = (await audit_transcripts(db=db, promotion_id=promotion_id, user=person.name)
+               if decision.kind == DecisionKind.AUDIT else None)
     decision_id = await db.write(
         decisions.record_decision, kind=decision.kind, subject=promotion_id,
         decision=decision.verb, user=person.name, comment=body.comment.strip(),
-        credential=person.credential)
+        credential=person.credential, details=details)
     result = await services.orchestrator.promotion_update(
         promotion.workflow_id, decision.gate, DecisionRef(decision_id=decision_id))
     return DecisionOutcome(promotion_id=promotion_id, action=decision, decision=decision.verb,
                            user=person.name, result=result)
+
+
+async def audit_transcripts(*, db: Sessions, promotion_id: str, user: str) -> dict[str, Any]:
+    """What an audit decision records about transcripts: the episodes of this promotion the
+    auditor read (from their own access-log rows, never the client's word) and the sample
+    the promotion page offered them."""
+    shown = await db.read(transcript_sample.shown_transcripts, promotion_id=promotion_id,
+                          user=user)
+    sample = await db.read(transcript_sample.transcript_sample, promotion_id=promotion_id)
+    return {"shown_transcripts": shown,
+            "sampled_transcripts": sample.trajectory_ids if sample is not None else []}
 
 
 async def rollback(

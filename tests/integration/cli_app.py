@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from triloop.config import Settings
 from web import cli
 from web.cli_audit import audit_app
+from web.cli_trajectories import trajectories_app
 
 
 @pytest.fixture
@@ -34,5 +35,6 @@ def app_cli(
     root.add_typer(cli.promotions_app, name="promotions")
     root.add_typer(cli.faults_app, name="faults")
     root.add_typer(audit_app, name="audit")
+    root.add_typer(trajectories_app, name="trajectories")
     root.command("rollback")(cli.rollback_command)
     return root

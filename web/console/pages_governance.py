@@ -16,6 +16,7 @@ from web import actions
 from web.actions import DecisionRequest, RollbackRequest
 from web.console.decisions import decisions_for
 from web.console.gate_analysis import analyse_gate, waiting_gate_note
+from web.console.pages_transcripts import promotion_transcripts
 from web.console.rendering import ConsoleGuard, CsrfChecked, page, redirect
 from web.data import audit, deployments, evaluation, lineage, promotions
 from web.data.promotions import GateView
@@ -104,7 +105,8 @@ async def promotion_page(
     return page(request, "promotion.html", guard.principal, title=f"Promotion {promotion_id}",
                 promotion=detail, timeline=timeline, decisions=decisions,
                 can_rollback=can_rollback, production=production, preview=preview,
-                analyses=analyses, waiting_note=waiting_note)
+                analyses=analyses, waiting_note=waiting_note,
+                transcripts=await promotion_transcripts(guard, db, promotion_id))
 
 
 @router.post("/promotions/{promotion_id}/{form_action}")

@@ -25,6 +25,7 @@ from web.console.rendering import (
 )
 from web.data import runs
 from web.data.serving import serving_now
+from web.data.transcripts import no_trainable_data_iteration
 from web.deps import Guard, ServicesDep, SessionDep, principal_for_token
 from web.pagination import CursorParam
 from web.problems import ProblemError, not_found
@@ -153,7 +154,8 @@ async def run_page(request: Request, run_id: str, guard: ConsoleGuard, db: Sessi
     others = [r for r in recent.items if r.id != detail.id]
     return page(request, "run.html", guard.principal, title=f"Run {detail.name or detail.id}",
                 run=detail, chart_data=chart_data, controls=controls, live=live,
-                others=others)
+                others=others,
+                no_data_iteration=no_trainable_data_iteration(detail.status_reason))
 
 
 @router.get("/runs/{run_id}/charts")

@@ -71,7 +71,8 @@ test_services_get_nothing_outside_their_table if {
 
 test_every_role_grant_is_allowed if {
 	every role, readable in authz.role_reads {
-		every kind in readable {
+		# A transcript's read needs its facts (purpose, submitter): transcripts_test.rego.
+		every kind in readable - {"trajectory"} {
 			allowed(person_clean("uma", [role], "read", kind))
 		}
 	}
