@@ -75,5 +75,22 @@ def test_a_gate_failed_on_a_rule_without_a_row_says_so_in_a_row() -> None:
     reason = "placebo: candidate beats the placebo by 1.0 points, margin is 5.0 points"
     analysis = analyse_gate(gate="offline_eval", passed=False, reasons=[reason],
                             evidence=offline_evidence(), threshold_spec=SPEC)
-    assert analysis.checks[-1].measured == reason and analysis.checks[-1].outcome == "unmet"
-    assert analysis.verdict.startswith("Offline eval failed: 1 of 5 checks did not meet")
+    last = analysis.checks[-1]
+    assert (last.name, last.note, last.outcome) == ("Governance's reason", reason, "unmet")
+    assert analysis.verdict.startswith("Offline eval failed: 1 of 5 checks did not meet its "
+                                       "bar: Governance's reason (placebo: candidate beats")
+
+
+def test_an_attribution_violation_without_a_bar_on_the_page_still_fails_a_row() -> None:
+    # A threshold version without an attribution section: the gate applied its default, so
+    # the page has no bar to show, yet the violation is a row, not only a reason.
+    evidence = offline_evidence(eval_set={"attribution": SHORTCUT,
+                                          "violations": SHORTCUT["violations"]})
+    spec = {k: v for k, v in SPEC.items() if k != "attribution"}
+    analysis = analyse_gate(gate="offline_eval", passed=False, reasons=SHORTCUT["violations"],
+                            evidence=evidence, threshold_spec=spec)
+    row = analysis.checks[-1]
+    assert (row.name, row.outcome, row.note) == ("maps@v1: reward attribution", "unmet",
+                                                 SHORTCUT["violations"][0])
+    assert "(needs —)" not in analysis.verdict and "reward attribution (eval set" in \
+        analysis.verdict

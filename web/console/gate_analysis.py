@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from triloop.statuses import Gate
 from web.console.gate_evidence import (
@@ -115,7 +115,7 @@ def _section(spec: Mapping[str, Any] | None, evidence: Mapping[str, Any],
     return {}
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -200,7 +200,8 @@ def _attribution_checks(name: str, attribution: Any, bars: Mapping[str, Any]) ->
     named = {"min_task_share", "min_reward_gain", "min_success_gain"}
     for other in violations:  # a rule this page has no row for still shows as unmet
         if not any(key in other for key in named if _number(bars.get(key))):
-            checks.append(Check(f"{name}: reward attribution", other, "—", "unmet"))
+            checks.append(Check(f"{name}: reward attribution", "rule not met", "—", "unmet",
+                                other))
     return checks
 
 
@@ -388,9 +389,18 @@ def _rows_of(gate: str, evidence: Mapping[str, Any], bars: Mapping[str, Any],
     return []
 
 
+def _clipped(text: str, most: int = 100) -> str:
+    return text if len(text) <= most else text[:most].rstrip() + "…"
+
+
+def _row_words(check: Check, with_bar: bool) -> str:
+    if check.bar == "—":  # a rule without a bar of its own: its words say what failed
+        return f"{check.name} ({_clipped(check.note)})" if check.note else check.name
+    return f"{check.name} {check.measured}" + (f" (needs {check.bar})" if with_bar else "")
+
+
 def _listed(rows: list[Check], *, with_bar: bool = True) -> str:
-    shown = "; ".join(f"{c.name} {c.measured}" + (f" (needs {c.bar})" if with_bar else "")
-                      for c in rows[:2])
+    shown = "; ".join(_row_words(c, with_bar) for c in rows[:2])
     return shown + (f" and {len(rows) - 2} more" if len(rows) > 2 else "")
 
 
@@ -435,7 +445,7 @@ def _unexplained(passed: bool, checks: list[Check], reasons: list[str]) -> list[
         return []
     if not any(c.outcome != "context" for c in checks):
         return []  # no rows at all: the summary quotes the reason itself
-    return [Check("Governance's reason", reason, "—", "unmet") for reason in reasons]
+    return [Check("Governance's reason", "not met", "—", "unmet", reason) for reason in reasons]
 
 
 def analyse_gate(
