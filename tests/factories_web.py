@@ -105,8 +105,10 @@ def make_promotion(
 def add_gate(
     engine: Engine, promotion_id: str, gate: str, *, passed: bool = True,
     evidence: dict[str, Any] | None = None, with_threshold: bool = False,
+    reasons: list[str] | None = None,
 ) -> str:
-    """A gate result, optionally with a frozen eval set and a threshold."""
+    """A gate result, optionally with a frozen eval set and a threshold (and the gate's own
+    reasons, for a result taken from a real gate decision)."""
     eval_set_id = threshold_id = None
     if with_threshold:
         eval_set_id = make_eval_set(engine, frozen=True)
@@ -116,7 +118,8 @@ def add_gate(
                spec={"min_success_rate": 0.6, "min_samples": 50})
     result_id = uid("gate-")
     insert(engine, "gate_result", id=result_id, promotion_id=promotion_id, gate=gate,
-           passed=passed, reasons=[f"{gate} {'passed' if passed else 'failed'}"],
+           passed=passed,
+           reasons=reasons or [f"{gate} {'passed' if passed else 'failed'}"],
            evidence=evidence or {"episodes": 64, "success_rate": 0.75},
            threshold_id=threshold_id, eval_set_id=eval_set_id)
     return result_id

@@ -88,7 +88,7 @@ def test_operator_day_production_pending_evidence_and_rollback_with_preview(
     expect(verdict).to_contain_text("did not see enough production traffic: 3, needs 12")
     checks = page.locator("table.checks").first
     expect(checks.get_by_role("row", name="Paired production episodes")).to_contain_text(
-        "inconclusive")
+        "pending")
     raw = page.get_by_text("Raw evidence (JSON)").first
     expect(page.locator("pre.code").first).not_to_be_visible()
     raw.click()

@@ -109,3 +109,27 @@ async def test_a_gate_waiting_for_its_slot_counts_nothing_and_other_gates_have_n
     body = (await api.get(f"/api/promotions/{at_approval.promotion_id}",
                           headers=people["operator"].headers)).json()
     assert body["traffic"] is None
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.usefixtures("free_slots")
+async def test_an_open_canary_with_enough_traffic_does_not_also_say_it_waits(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+) -> None:
+    """The page once said "traffic is enough" beside "waiting for production traffic": the
+    waiting note ignored the count. Now one notice comes from the one count."""
+    seeded = promotion_at_gate(owner_engine, people, "canary",
+                               {"canary": {"min_samples_per_arm": 4}})
+    task_id = task_of(owner_engine, seeded)
+    hold_slot(owner_engine, "canary", seeded)
+    write_served(owner_engine, seeded.checkpoint_id, "canary", task_id, 4)
+    write_served(owner_engine, seeded.root_id, "production", task_id, 6)
+
+    await console_session(api, people["operator"])
+    page = html.unescape((await api.get(f"/promotions/{seeded.promotion_id}")).text)
+    api.cookies.clear()
+    notice = page.split('data-testid="gate-waiting"', 1)[1].split("</div>", 1)[0]
+    assert "Production traffic is enough: 4 of 4 episodes in the smaller arm" in notice
+    assert "notice-info" in page.split('data-testid="gate-waiting"', 1)[0].rsplit("<div", 1)[1]
+    assert "Waiting for production traffic" not in page
+    assert 'data-testid="waiting-for-traffic"' not in page

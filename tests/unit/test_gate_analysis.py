@@ -32,9 +32,10 @@ def test_shadow_without_traffic_says_it_needs_production_episodes() -> None:
     assert "POST /api/episodes" in analysis.verdict
     first = analysis.checks[0]
     assert (first.name, first.measured, first.bar, first.outcome) == (
-        "Paired production episodes", "3", "≥ 12", "inconclusive")
+        "Paired production episodes", "3", "≥ 12", "pending")
     # Only the shadow section of the threshold version, not all ~18 bars.
-    assert set(analysis.thresholds) == {"min_samples", "agreement_floor"}
+    assert set(analysis.thresholds) == {"min_samples", "agreement_floor", "confidence",
+                                        "max_mean_reward_regression"}
 
 
 def test_offline_eval_failure_names_the_missed_bar_first() -> None:
@@ -42,12 +43,12 @@ def test_offline_eval_failure_names_the_missed_bar_first() -> None:
                            production=EpisodeStats(60, 45, 0.7, 0.2))
     analysis = analysed(decide_offline_eval([result], THRESHOLDS))
     assert analysis.outcome == "fail"
-    assert analysis.verdict.startswith("Offline eval failed: sorting: candidate success rate "
-                                       "50.0%")
+    assert analysis.verdict.startswith("Offline eval failed: 2 of 4 checks did not meet their "
+                                       "bars: sorting: candidate success rate 50.0%")
     rows = {c.name: c for c in analysis.checks}
-    assert rows["sorting: candidate episodes"].outcome == "pass"
+    assert rows["sorting: candidate episodes"].outcome == "met"
     assert rows["sorting: candidate success rate"].bar == "≥ 60.0%"
-    assert rows["sorting: success rate vs production"].outcome == "fail"
+    assert rows["sorting: success rate vs production"].outcome == "unmet"
     assert "min_samples" in analysis.thresholds and "shadow" not in analysis.thresholds
 
 
@@ -61,7 +62,7 @@ def test_canary_rows_name_the_evidence_and_its_boundaries() -> None:
         "canary 400 · production 400"
     assert "success rate: evidence of a regression" in names
     regression = analysis.checks[names.index("success rate: evidence of a regression")]
-    assert regression.bar.startswith("abort at ≥ ") and regression.outcome == "pass"
+    assert regression.bar.startswith("abort at ≥ ") and regression.outcome == "met"
 
 
 def test_unknown_or_human_gates_fall_back_to_their_reasons() -> None:
@@ -84,6 +85,6 @@ def test_canary_evidence_before_the_minimum_sample_is_inconclusive() -> None:
                                     production=BinomialCounts(400, 392), soak_complete=False)
     analysis = analysed(decide_canary(observation, THRESHOLDS))
     assert analysis.outcome == "inconclusive" and analysis.waiting_for_traffic
-    assert {c.outcome for c in analysis.checks} <= {"inconclusive", "context"}
+    assert {c.outcome for c in analysis.checks} <= {"pending", "context"}
     assert "did not see enough production traffic: canary 30 · production 400" in \
         analysis.verdict

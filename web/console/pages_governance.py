@@ -15,7 +15,7 @@ from triloop.workflow_api import GateSummary
 from web import actions
 from web.actions import DecisionRequest, RollbackRequest
 from web.console.decisions import decisions_for
-from web.console.gate_analysis import analyse_gate, waiting_gate_note
+from web.console.gate_analysis import analyse_gate, open_gate_notice
 from web.console.pages_transcripts import promotion_transcripts
 from web.console.rendering import ConsoleGuard, CsrfChecked, page, redirect
 from web.data import audit, deployments, evaluation, lineage, promotions
@@ -100,12 +100,13 @@ async def promotion_page(
                                    evidence=g.evidence, threshold_spec=g.threshold_spec)
                 for g in detail.gates}
     spec = next((g.threshold_spec for g in detail.gates if g.threshold_spec), None)
-    waiting_note = (waiting_gate_note(detail.current_gate, spec)
-                    if detail.status == PromotionStatus.open and detail.current_gate else None)
+    # One notice from one count: it cannot say "enough" and "waiting" side by side.
+    open_notice = (open_gate_notice(detail.current_gate, spec, detail.traffic)
+                   if detail.status == PromotionStatus.open and detail.current_gate else None)
     return page(request, "promotion.html", guard.principal, title=f"Promotion {promotion_id}",
                 promotion=detail, timeline=timeline, decisions=decisions,
                 can_rollback=can_rollback, production=production, preview=preview,
-                analyses=analyses, waiting_note=waiting_note,
+                analyses=analyses, open_notice=open_notice,
                 transcripts=await promotion_transcripts(guard, db, promotion_id))
 
 
