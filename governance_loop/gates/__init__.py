@@ -26,6 +26,7 @@ from governance_loop.gates.human import (
     refuse_out_of_turn,
 )
 from governance_loop.gates.offline_eval import EvalSetResult, decide_offline_eval
+from governance_loop.gates.placebo import PlaceboArm, PlaceboCheck, check_placebo
 from governance_loop.gates.sequential import RewardSummary
 from governance_loop.gates.shadow import ShadowSample, decide_shadow
 from governance_loop.gates.stability import (
@@ -37,6 +38,7 @@ from governance_loop.gates.stability import (
 from governance_loop.gates.stats import BinomialCounts, EpisodeStats, Interval
 from governance_loop.gates.thresholds import (
     CanarySpec,
+    PlaceboSpec,
     ShadowSpec,
     StabilitySpec,
     ThresholdSpec,
@@ -63,6 +65,9 @@ __all__ = [
     "GateOrderError",
     "HumanDecisionError",
     "Interval",
+    "PlaceboArm",
+    "PlaceboCheck",
+    "PlaceboSpec",
     "ShadowSample",
     "RecordedAlarm",
     "ShadowSpec",
@@ -74,6 +79,7 @@ __all__ = [
     "RewardSummary",
     "WatchObservation",
     "WatchSpec",
+    "check_placebo",
     "decide_canary",
     "decide_human",
     "deciding_role",

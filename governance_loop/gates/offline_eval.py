@@ -5,7 +5,9 @@ candidate's *observed* success rate must reach ``min_success_rate`` and lose no
 more than ``max_regression_vs_production`` against production (and, when set,
 its mean reward no more than ``max_reward_regression_vs_production``). Eval sets
 are frozen, so the comparison is on point estimates; the confidence intervals go
-into the evidence for the auditor.
+into the evidence for the auditor. Given a placebo arm (the threshold requires the placebo
+control), the candidate must also beat the placebo's success rate by the margin on every
+set (``gates.placebo``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from governance_loop.gates.decision import GateDecision, Verdict
+from governance_loop.gates.placebo import PlaceboArm, check_placebo
 from governance_loop.gates.stats import (
     EpisodeStats,
     evidence_number,
@@ -103,9 +106,11 @@ def _check_eval_set(result: EvalSetResult, spec: ThresholdSpec) -> tuple[list[st
 
 
 def decide_offline_eval(
-    results: Sequence[EvalSetResult], thresholds: ThresholdSpec
+    results: Sequence[EvalSetResult], thresholds: ThresholdSpec,
+    placebo: PlaceboArm | None = None,
 ) -> GateDecision:
-    """Pass only when every eval set meets every offline threshold."""
+    """Pass only when every eval set meets every offline threshold (and, given the placebo
+    arm, the candidate beats the placebo by the margin on each)."""
     names = [r.eval_set for r in results]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -118,6 +123,10 @@ def decide_offline_eval(
         violations, evidence = _check_eval_set(result, thresholds)
         reasons.extend(violations)
         per_set.append(evidence)
+    against_placebo = None if placebo is None else check_placebo(
+        {r.eval_set: r.candidate for r in results}, placebo, thresholds)
+    if against_placebo is not None:
+        reasons.extend(against_placebo.reasons)
     passed = not reasons
     return GateDecision(
         gate=Gate.OFFLINE_EVAL,
@@ -134,6 +143,7 @@ def decide_offline_eval(
                 "confidence": thresholds.confidence,
             },
             "eval_sets": per_set,
+            **({} if against_placebo is None else {"placebo": against_placebo.evidence}),
         },
         verdict=Verdict.PASS if passed else Verdict.FAIL,
     )
