@@ -174,6 +174,9 @@ class PlaceboSpec:
         if not isinstance(self.required, bool):
             raise ThresholdSpecError(
                 f"placebo.required must be true or false, got {self.required!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, int | float):
+            raise ThresholdSpecError(
+                f"placebo.margin must be a fraction in [0, 1], got {self.margin!r}")
         _check_fraction("placebo", "margin", self.margin)
         aliases = self.required_for_aliases
         if isinstance(aliases, str) or not isinstance(aliases, list | tuple) or not all(

@@ -154,6 +154,8 @@ def test_the_placebo_is_off_by_default_and_required_per_alias() -> None:
 @pytest.mark.parametrize(("placebo", "message"), [
     ({"margin": 1.5}, "placebo.margin must be a fraction in [0, 1]"),
     ({"margin": -0.1}, "placebo.margin must be a fraction in [0, 1]"),
+    ({"margin": "5%"}, "placebo.margin must be a fraction in [0, 1]"),
+    ({"margin": None}, "placebo.margin must be a fraction in [0, 1]"),
     ({"required": "yes"}, "placebo.required must be true or false"),
     ({"required_for_aliases": "production"}, "placebo.required_for_aliases must be a list"),
     ({"required_for_aliases": [""]}, "placebo.required_for_aliases must be a list"),
