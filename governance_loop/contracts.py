@@ -75,6 +75,12 @@ class PromotionPlan:
     stability_verdict: str | None = None
     stability_reasons: list[str] = field(default_factory=list)
     stability_gate_result_id: str | None = None
+    # The placebo control (issue 27), when the threshold requires it for the alias the
+    # promotion moves: the placebo run and its last checkpoint, which offline eval plays as
+    # a third arm (None: no placebo run was found; the gate then fails naming the command).
+    placebo_required: bool = False
+    placebo_run_id: str | None = None
+    placebo_checkpoint_id: str | None = None
 
 
 @dataclass
@@ -126,6 +132,11 @@ class OfflineEvalInput:
     batch_errors: list[str] = field(default_factory=list)
     # Every eval set judged (the batches play all their tasks); empty: ``eval_set_id`` alone.
     eval_set_ids: list[str] = field(default_factory=list)
+    # The placebo arm (``PromotionPlan.placebo_*``): its batch, governance's like the others.
+    # Whether it is required is the threshold's to say (``placebo``), read by the judge.
+    placebo_run_id: str | None = None
+    placebo_checkpoint_id: str | None = None
+    placebo_batch_id: str | None = None
 
 
 @dataclass

@@ -10,6 +10,12 @@ the trajectory's ``total_reward``. So that a trajectory's return is its ``total_
 (what the execution loop reported), the difference is added as a reward-only record (no
 action tokens) after the last step.
 
+A placebo run (``advantage.zero_task_reward``, the Reward Placebo Trial) trains on the same
+episodes with each one's task term taken out of that outcome record (``task_reward``): the
+outcome's named ``success`` term, or, where the environment does not split its outcome
+reward, the whole outcome reward of a successful episode. Its returns (and the monitors
+over them) are then the returns it trains on; success is still reported as the verdict.
+
 Only ``training`` episodes of the run that played at least one turn and finished
 (``completed`` or ``truncated``) are read. ``failed`` episodes have no trustworthy reward,
 and a truncated episode without steps (the batch deadline came before it started) says
@@ -19,6 +25,7 @@ follow ``asynchrony.truncated_episodes`` (see learning_loop.asynchrony).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +55,9 @@ _TRAINING_SEQUENCES = text(
     "FROM learning_trajectory_sequence WHERE trajectory_id = ANY(:ids)")
 
 USABLE_STATUSES = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED)
+# The contract's outcome term for doing the task (the same name as the verifier's and the
+# gates' task term); a placebo run removes it from every return.
+TASK_TERM = "success"
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,9 @@ class StoredTrajectory:
     status: str = EpisodeStatus.COMPLETED  # completed | truncated
     failure_reason: str | None = None  # the limit that truncated it
     success: bool | None = None  # the task's own verdict (None: not known to the reader)
+    # The outcome reward's terms as the environment named them (``Outcome.details
+    # ["reward_terms"]``); None: it did not split its outcome reward.
+    outcome_terms: Mapping[str, float] | None = None
 
 
 @dataclass
@@ -121,13 +134,40 @@ def check_admitted(trajectories: Sequence[StoredTrajectory], allowed: Mapping[st
         )
 
 
+def outcome_reward_terms(outcome: Mapping[str, Any]) -> dict[str, float] | None:
+    """The outcome reward's named terms in a stored ``trajectory.outcome`` (pure); None when
+    the environment named none, or named them in a shape that is not ``{term: number}``."""
+    details = outcome.get("verifier")
+    terms = details.get("reward_terms") if isinstance(details, Mapping) else None
+    if not isinstance(terms, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            and math.isfinite(v) for k, v in terms.items()):
+        return None
+    return {k: float(v) for k, v in terms.items()}
+
+
+def task_reward(trajectory: StoredTrajectory, step_rewards: float) -> float:
+    """The trajectory's task term, which a placebo run removes from its return (pure).
+
+    The outcome's named ``success`` term when the environment splits its outcome reward;
+    otherwise the whole outcome reward (``total_reward`` minus the step rewards) of a
+    successful episode, and nothing of a failed one (its outcome reward is no task reward).
+    """
+    if trajectory.outcome_terms is not None:
+        return trajectory.outcome_terms.get(TASK_TERM, 0.0)
+    return trajectory.total_reward - step_rewards if trajectory.success else 0.0
+
+
 def to_rollout_data(
-    trajectories: Sequence[StoredTrajectory], truncated_episodes: TruncationRule = "train"
+    trajectories: Sequence[StoredTrajectory], truncated_episodes: TruncationRule = "train",
+    *, zero_task_reward: bool = False,
 ) -> RolloutData:
     """Step records whose per-trajectory reward sums equal each ``total_reward`` (pure).
 
     Truncated episodes the rule leaves out (see learning_loop.asynchrony) yield nothing:
-    no sample, no return in their group's baseline; they are counted.
+    no sample, no return in their group's baseline; they are counted. With
+    ``zero_task_reward`` (a placebo run) each return is ``total_reward`` less the
+    trajectory's ``task_reward``.
     """
     data = RolloutData()
     for trajectory in trajectories:
@@ -143,10 +183,12 @@ def to_rollout_data(
             step_rewards += step.reward
         # Outcome reward (and any rounding): a record without action tokens adds it to the
         # return without producing a sample (see learning_loop.batch).
-        data.steps.append(_record(trajectory, (), (), (), trajectory.total_reward - step_rewards))
+        removed = task_reward(trajectory, step_rewards) if zero_task_reward else 0.0
+        data.steps.append(_record(trajectory, (), (), (),
+                                  trajectory.total_reward - step_rewards - removed))
         data.returns.append(TrajectoryReturn(
-            trajectory.id, trajectory.group_id, trajectory.task_id, trajectory.total_reward,
-            trajectory.environment, trajectory.success,
+            trajectory.id, trajectory.group_id, trajectory.task_id,
+            trajectory.total_reward - removed, trajectory.environment, trajectory.success,
         ))
         data.lengths.append(sum(len(s.action_token_ids) for s in trajectory.steps))
         data.policy_versions.append(trajectory.policy_version)
@@ -173,6 +215,7 @@ def load_rollout_data(
     task_environments: Mapping[str, str] | None = None,
     truncated_episodes: TruncationRule = "train",
     held_groups: Sequence[str] = (), carried_groups: Sequence[str] = (),
+    zero_task_reward: bool = False,
 ) -> RolloutData:
     """Read the run's training episodes of these batches, in a stable order.
 
@@ -180,6 +223,7 @@ def load_rollout_data(
     trajectory's environment; a trajectory of a task outside it is refused. Partial
     rollouts (learning_loop.partial_rollouts): ``held_groups`` of these batches wait for
     a continuation and are left out; ``carried_groups`` of earlier batches are read whole.
+    ``zero_task_reward``: a placebo run's returns, without their task term.
     """
     allowed = task_environments or {}
     in_batches: ColumnElement[bool] = col(Trajectory.batch_id).in_(list(batch_ids))
@@ -207,11 +251,11 @@ def load_rollout_data(
     stored = [
         StoredTrajectory(t.id, t.group_id, t.task_id, t.policy_version, t.total_reward,
                          by_trajectory.get(t.id, []), allowed.get(t.task_id, ""), t.status,
-                         t.failure_reason, t.success)
+                         t.failure_reason, t.success, outcome_reward_terms(t.outcome or {}))
         for t in usable
     ]
     check_admitted(stored, allowed)
-    data = to_rollout_data(stored, truncated_episodes)
+    data = to_rollout_data(stored, truncated_episodes, zero_task_reward=zero_task_reward)
     data.skipped = len(rows) - len(usable)
     return data
 

@@ -20,8 +20,11 @@ raised any alarm ends ``completed_with_alarms`` rather than ``completed``. Every
 proposal row, then governance's ``propose_candidate`` Nexus operation, which opens the
 promotion (learning holds no permission in governance's namespace). After
 ``continue_as_new_every`` iterations the workflow continues as new, carrying the
-iteration and the latest checkpoint. Each update names the checkpoints its run's rollouts
-in flight are served from, so that retention (after the update is stored) keeps them.
+iteration and the latest checkpoint. A placebo run (``advantage.zero_task_reward``) never
+proposes: its last checkpoint is the placebo that governance's placebo check compares the
+candidates of the same config with, and its end says so. Each update names the checkpoints
+its run's rollouts in flight are served from, so that retention (after the update is
+stored) keeps them.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ with workflow.unsafe.imports_passed_through():
     )
 
 __all__ = [
-    "ModelImportWorkflow", "TrainingRunWorkflow", "completion", "lost_batch", "rollout_items",
+    "ModelImportWorkflow", "TrainingRunWorkflow", "completion", "lost_batch", "placebo_completion",
+    "rollout_items",
 ]
 
 T = TypeVar("T")
@@ -105,6 +109,12 @@ def completion(iterations: int, state: RunStatus) -> tuple[str, str]:
     last = f"; last: {state.alarms[-1]}" if state.alarms else ""
     return RunState.completed_with_alarms, (f"{iterations} iterations with {state.alarms_raised}"
                                      f" stability alarm(s){last}")
+
+
+def placebo_completion(reason: str, checkpoint_id: str | None) -> str:
+    """A placebo run's end: what ``completion`` says, and which checkpoint is the placebo."""
+    return (f"{reason}; placebo run (advantage.zero_task_reward): its last checkpoint"
+            f" {checkpoint_id} is the placebo, never proposed for promotion")
 
 
 def lost_batch(batch: RolloutBatchResult) -> str | None:
@@ -268,6 +278,8 @@ class TrainingRunWorkflow:
             state.status = RunState.cancelled
         elif k >= total:
             status, reason = completion(k, state)
+            if config.advantage.zero_task_reward:
+                reason = placebo_completion(reason, state.latest_checkpoint_id)
             state.status, state.paused_reason = status, None
             await self._set_status(run.run_id, status, reason[:2000])
 
@@ -292,7 +304,9 @@ class TrainingRunWorkflow:
                 state.status, state.paused_reason = RunState.paused, "; ".join(messages)
                 await self._set_status(run.run_id, RunState.paused, state.paused_reason[:2000],
                                        action="pause")
-        if result.iteration % config.schedule.propose_every == 0 and not self._cancelled:
+        # A placebo run trains the control, never a candidate: it proposes nothing.
+        if result.iteration % config.schedule.propose_every == 0 and not self._cancelled \
+                and not config.advantage.zero_task_reward:
             proposed = await m.PROPOSE_CHECKPOINT.call(m.ProposeInput(
                 run.run_id, result.iteration, result.checkpoint_id, run.submitted_by,
                 sibling_queue(workflow.info().task_queue, GOVERNANCE_QUEUE),

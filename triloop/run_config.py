@@ -206,6 +206,16 @@ class AdvantageConfig(_Section):
         default=1.0, gt=0.0, le=1.0,
         description="Discount per turn for \"discounted\" and \"turn_grpo\" (unitless, 0 < gamma "
         "<= 1).")
+    # --- issue 27: the reward placebo control ---
+    zero_task_reward: bool = Field(
+        default=False,
+        description="Placebo run (the Reward Placebo Trial): train with each trajectory's task"
+        " term removed from its return, the outcome term \"success\" an environment names in"
+        " its outcome's reward_terms, or, where it does not split its outcome reward, the"
+        " whole outcome reward of a successful episode; shaping and process rewards stay."
+        " Such a run never proposes a candidate: its last checkpoint is the placebo a"
+        " threshold's placebo check compares candidates of the same config with. Made by"
+        " `triloop train placebo RUN` rather than by hand.")
 
 
 class ObjectiveConfig(_Section):

@@ -20,6 +20,7 @@ from triloop.curriculum import curriculum_problems
 from triloop.episode_plan import batch_plan
 from triloop.models import RolloutBatch
 from triloop.models._columns import new_id
+from triloop.placebo import placebo_config
 from triloop.run_config import MAX_TASK_IDS, RunConfig, RunConfigError
 from triloop.statuses import (
     Decision,
@@ -293,6 +294,33 @@ async def submit_run(
         await db.write(runs.mark_failed, run_id=run_id, reason=f"not started: {exc.detail}")
         raise
     return RunSummary.model_validate(row)
+
+
+async def submit_placebo(
+    *, guard: Guard, db: Sessions, services: WebServices, run_id: str
+) -> RunSummary:
+    """Submit the placebo of one's own run: its stored config with the task reward zeroed
+    (``triloop.placebo``), the same seed, named ``<name> (placebo)``; then as any submission.
+
+    Refused: an unknown run (404), another person's run (the policy: people submit only
+    their own runs), a run that is itself a placebo (409).
+    """
+    await guard.screen("submit", "training_run", id=run_id)
+    row = await db.read(runs.get_run, run_id=run_id)
+    if row is None:
+        raise not_found("training run", run_id)
+    await guard("submit", "training_run", id=run_id, owner=row.submitted_by)
+    advantage = (row.config or {}).get("advantage")
+    if isinstance(advantage, dict) and advantage.get("zero_task_reward") is True:
+        raise conflict(f"run {run_id} is itself a placebo (advantage.zero_task_reward); "
+                       "submit the placebo of the run it controls for")
+    try:
+        config = placebo_config(row.config or {})
+    except RunConfigError as exc:
+        raise invalid(f"run {run_id}'s stored configuration is no longer valid",
+                      [f"{p.path}: {p.message}" for p in exc.problems]) from exc
+    return await submit_run(guard=guard, db=db, services=services,
+                            body=RunSubmit(config=config))
 
 
 async def control_run(

@@ -122,6 +122,28 @@ def train_submit(
                      poll_s=poll_interval)
 
 
+@train_app.command("placebo")
+def train_placebo(
+    run_ref: RunArgument, wait: WaitOption = False, timeout: TimeoutOption = 0,
+    poll_interval: PollOption = 2.0, output: OutputOption = OutputFormat.table,
+    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+) -> None:
+    """Submit the placebo of one of your runs: the same config and seed with the task reward
+    zeroed. A threshold that requires the placebo check compares candidates with its last
+    checkpoint."""
+    run_id = _resolve(run_ref, token, api_url)
+    run = api_call("POST", f"/api/runs/{quoted(run_id)}/placebo", token=token,
+                   api_url=api_url, body={})
+    if output is OutputFormat.json:
+        print_json(run)
+    else:
+        echo(f"submitted placebo run {run['id']} ({run['name']}) of run {run_id}, workflow"
+             f" {run['workflow_id']}; it proposes nothing, its last checkpoint is the placebo")
+    if wait:
+        wait_for_run(run["id"], token=token, api_url=api_url, timeout_s=timeout,
+                     poll_s=poll_interval)
+
+
 RUN_COLUMNS = (field("id", "id", is_id=True), field("name", "name"),
                field("submitted by", "submitted_by"), field("status", "status"),
                field("iterations", "iterations_done"), field("created", "created_at"))

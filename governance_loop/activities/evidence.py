@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Engine
@@ -46,6 +47,7 @@ from governance_loop.gates import (
     EpisodeStats,
     EvalSetResult,
     GateDecision,
+    PlaceboArm,
     RewardSummary,
     ShadowSample,
     ThresholdSpec,
@@ -99,6 +101,19 @@ def _unjudged_decision(spec: ThresholdSpec, unjudged: list[str]) -> GateDecision
                  "is the verifier running (`python -m verifier`, `triloop dev up`)?"],
         evidence={"threshold_version": spec.version, "unjudged": unjudged[:50]},
     )
+
+
+def _placebo_arm(request: OfflineEvalInput, spec: ThresholdSpec,
+                 run_id: str) -> PlaceboArm | None:
+    """The placebo arm when the threshold requires it for production (None: it does not);
+    without a placebo batch (no placebo run when the promotion opened) it names no run, and
+    the gate fails saying how to make one."""
+    if not spec.placebo.required_for(Purpose.PRODUCTION):
+        return None
+    if request.placebo_batch_id is None or request.placebo_checkpoint_id is None:
+        return PlaceboArm(candidate_run_id=run_id, alias=Purpose.PRODUCTION)
+    return PlaceboArm(candidate_run_id=run_id, alias=Purpose.PRODUCTION,
+                      run_id=request.placebo_run_id, checkpoint_id=request.placebo_checkpoint_id)
 
 
 class EvidenceActivities(GovernanceShell):
@@ -223,7 +238,10 @@ class EvidenceActivities(GovernanceShell):
                 reasons=[f"not held out: {o.describe()}" for o in shared],
                 evidence={"threshold_version": spec.version, "held_out": held_out_evidence},
             )
-        batch_ids = [b for b in (request.candidate_batch_id, request.production_batch_id) if b]
+        placebo = _placebo_arm(request, spec, promotion.run_id)
+        placebo_batch = request.placebo_batch_id if placebo is not None else None
+        batch_ids = [b for b in (request.candidate_batch_id, request.production_batch_id,
+                                 placebo_batch) if b]
         unjudged = await_verdicts(
             lambda: episodes.unjudged_episodes(session=session, batch_ids=batch_ids),
             wait_s=self._verdict_wait_s)
@@ -241,6 +259,10 @@ class EvidenceActivities(GovernanceShell):
                 session=session, batch_id=request.production_batch_id or "",
                 checkpoint_id=promotion.baseline_checkpoint_id or "")
             problems += production.problems
+        if placebo is not None and placebo.checkpoint_id is not None:
+            problems += episodes.requested_batch_outcomes(
+                session=session, batch_id=request.placebo_batch_id or "",
+                checkpoint_id=placebo.checkpoint_id).problems
         if problems:
             for problem in problems:
                 record_event(self._engine, actor={"service": "governance", "roles": []},
@@ -252,9 +274,14 @@ class EvidenceActivities(GovernanceShell):
                 reasons=[f"integrity: {problem}" for problem in problems],
                 evidence={"threshold_version": spec.version, "integrity": problems},
             )
-        results = []
+        results, placebo_sets = [], {}
         for eval_set in eval_sets:  # each set on its own tasks' episodes of the two batches
             own = tasks_of[eval_set.id]
+            label = f"{eval_set.name}@v{eval_set.version}"
+            if placebo is not None and placebo.checkpoint_id is not None:
+                placebo_sets[label] = _stats(episodes.requested_batch_outcomes(
+                    session=session, batch_id=request.placebo_batch_id or "",
+                    checkpoint_id=placebo.checkpoint_id, task_ids=own).outcomes)
             mine = episodes.requested_batch_outcomes(
                 session=session, batch_id=request.candidate_batch_id,
                 checkpoint_id=promotion.checkpoint_id, task_ids=own)
@@ -262,7 +289,7 @@ class EvidenceActivities(GovernanceShell):
                 session=session, batch_id=request.production_batch_id or "",
                 checkpoint_id=promotion.baseline_checkpoint_id or "", task_ids=own)
             results.append(EvalSetResult(
-                eval_set=f"{eval_set.name}@v{eval_set.version}",
+                eval_set=label,
                 eval_set_version=eval_set.content_hash or "",
                 candidate=_stats(mine.outcomes),
                 production=None if theirs is None else _stats(theirs.outcomes),
@@ -275,7 +302,9 @@ class EvidenceActivities(GovernanceShell):
             baseline=None if not with_production else episodes.requested_batch_behaviour(
                 session=session, batch_id=request.production_batch_id or "",
                 checkpoint_id=promotion.baseline_checkpoint_id or "", task_ids=judged_on))
-        decision = decide_offline_eval(results, spec, audit=audit)
+        if placebo is not None:
+            placebo = replace(placebo, eval_sets=placebo_sets)
+        decision = decide_offline_eval(results, spec, audit=audit, placebo=placebo)
         threshold = session.get(Threshold, request.threshold_id)
         if threshold is not None:  # which environment trained on each judged set stands for
             decision.evidence["judged_for"] = candidate_eval_sets(
@@ -283,6 +312,7 @@ class EvidenceActivities(GovernanceShell):
         decision.evidence["held_out"] = held_out_evidence
         decision.evidence["batches_bound"] = {
             "candidate": request.candidate_batch_id, "production": request.production_batch_id,
+            **({"placebo": request.placebo_batch_id} if placebo is not None else {}),
             "requested_by": "governance", "judged_by": VERIFIER_ROLE}
         return decision
 

@@ -65,6 +65,7 @@ from governance_loop.gates.promote import (
     refuse_foreign_run,
     refuse_promote,
 )
+from governance_loop.placebo_runs import find_placebo
 from triloop.artifacts import ArtifactCorrupted, ArtifactStore
 from triloop.db import session_scope
 from triloop.decisions import HumanDecision, audit_refusal
@@ -163,7 +164,10 @@ class PromotionActivities(GovernanceShell):
                 resource={"kind": "promotion", "id": promotion.id},
                 payload={"proposal_id": proposal.id, "baseline": plan.baseline_checkpoint_id,
                          "threshold_id": plan.threshold_id, "problem": plan.problem,
-                         "stability": plan.stability_verdict},
+                         "stability": plan.stability_verdict,
+                         **({"placebo": {"run_id": plan.placebo_run_id,
+                                         "checkpoint_id": plan.placebo_checkpoint_id}}
+                            if plan.placebo_required else {})},
             )
         return plan
 
@@ -269,6 +273,12 @@ class PromotionActivities(GovernanceShell):
                 if known is None or known.group_size < per_task:
                     items[task_id] = RolloutItem(task_id=task_id, seed=seed, group_size=per_task)
         plan.eval_items = list(items.values())
+        if spec.placebo.required_for(Purpose.PRODUCTION):
+            # Found now, so the eval batches the workflow records name its checkpoint.
+            plan.placebo_required = True
+            found = find_placebo(session=session, run_id=promotion.run_id)
+            if found is not None:
+                plan.placebo_run_id, plan.placebo_checkpoint_id = found.run_id, found.checkpoint_id
 
     @activity.defn(name=MARK_PROMOTION.name)
     def mark_promotion(self, mark: MarkPromotion) -> None:

@@ -32,6 +32,7 @@ from governance_loop.gates.human import (
     refuse_out_of_turn,
 )
 from governance_loop.gates.offline_eval import EvalSetResult, decide_offline_eval
+from governance_loop.gates.placebo import PlaceboArm, PlaceboCheck, check_placebo
 from governance_loop.gates.sequential import RewardSummary
 from governance_loop.gates.shadow import ShadowSample, decide_shadow
 from governance_loop.gates.stability import (
@@ -44,6 +45,7 @@ from governance_loop.gates.stats import BinomialCounts, EpisodeStats, Interval
 from governance_loop.gates.thresholds import (
     BehaviourAuditSpec,
     CanarySpec,
+    PlaceboSpec,
     ShadowSpec,
     StabilitySpec,
     ThresholdSpec,
@@ -75,6 +77,9 @@ __all__ = [
     "GateOrderError",
     "HumanDecisionError",
     "Interval",
+    "PlaceboArm",
+    "PlaceboCheck",
+    "PlaceboSpec",
     "ShadowSample",
     "RecordedAlarm",
     "ShadowSpec",
@@ -86,6 +91,7 @@ __all__ = [
     "RewardSummary",
     "WatchObservation",
     "WatchSpec",
+    "check_placebo",
     "decide_canary",
     "decide_human",
     "deciding_role",

@@ -7,7 +7,9 @@ its mean reward no more than ``max_reward_regression_vs_production``). Eval sets
 are frozen, so the comparison is on point estimates; the confidence intervals go
 into the evidence for the auditor. Given the eval episodes, the behaviour audit
 (``gates.behaviour_audit``) goes into the evidence too, and a flagged signal the
-threshold's ``audit.blocking`` names fails the gate.
+threshold's ``audit.blocking`` names fails the gate. Given a placebo arm (the threshold
+requires the placebo control), the candidate must also beat the placebo's success rate by
+the margin on every set (``gates.placebo``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from governance_loop.gates.behaviour_audit import AuditEpisodes, audit_behaviour
 from governance_loop.gates.decision import GateDecision, Verdict
+from governance_loop.gates.placebo import PlaceboArm, check_placebo
 from governance_loop.gates.stats import (
     EpisodeStats,
     evidence_number,
@@ -108,10 +111,11 @@ def _check_eval_set(result: EvalSetResult, spec: ThresholdSpec) -> tuple[list[st
 def decide_offline_eval(
     results: Sequence[EvalSetResult], thresholds: ThresholdSpec,
     audit: AuditEpisodes | None = None,
+    placebo: PlaceboArm | None = None,
 ) -> GateDecision:
-    """Pass only when every eval set meets every offline threshold (and, given the eval
+    """Pass only when every eval set meets every offline threshold (given the eval
     episodes, no signal of the behaviour audit that ``thresholds.audit.blocking`` names is
-    flagged)."""
+    flagged; given the placebo arm, the candidate beats the placebo by the margin on each)."""
     names = [r.eval_set for r in results]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -127,6 +131,10 @@ def decide_offline_eval(
     behaviour = None if audit is None else audit_behaviour(audit, thresholds.audit)
     if behaviour is not None:
         reasons.extend(behaviour.blocking_reasons(thresholds.version))
+    against_placebo = None if placebo is None else check_placebo(
+        {r.eval_set: r.candidate for r in results}, placebo, thresholds)
+    if against_placebo is not None:
+        reasons.extend(against_placebo.reasons)
     passed = not reasons
     return GateDecision(
         gate=Gate.OFFLINE_EVAL,
@@ -144,6 +152,7 @@ def decide_offline_eval(
             },
             "eval_sets": per_set,
             **({} if behaviour is None else {"behaviour_audit": behaviour.to_evidence()}),
+            **({} if against_placebo is None else {"placebo": against_placebo.evidence}),
         },
         verdict=Verdict.PASS if passed else Verdict.FAIL,
     )

@@ -196,6 +196,42 @@ class BehaviourAuditSpec:
 
 
 @dataclass(frozen=True)
+class PlaceboSpec:
+    """Offline eval's placebo control (``gates.placebo``): the candidate against the last
+    checkpoint of a placebo run, its run's config trained with the task reward zeroed
+    (``triloop train placebo RUN``). It costs a second run, so it is off by default."""
+
+    # Always required, whatever alias the promotion moves.
+    required: bool = False
+    # Candidate success rate minus the placebo's, on every eval set (fraction of held-out
+    # episodes: 0.05 = 5 points), at least this.
+    margin: float = 0.05
+    # Required when the promotion's target alias is one of these (e.g. ["production"]).
+    required_for_aliases: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.required, bool):
+            raise ThresholdSpecError(
+                f"placebo.required must be true or false, got {self.required!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, int | float):
+            raise ThresholdSpecError(
+                f"placebo.margin must be a fraction in [0, 1], got {self.margin!r}")
+        _check_fraction("placebo", "margin", self.margin)
+        aliases = self.required_for_aliases
+        if isinstance(aliases, str) or not isinstance(aliases, list | tuple) or not all(
+                isinstance(a, str) and a.strip() for a in aliases):
+            raise ThresholdSpecError(
+                "placebo.required_for_aliases must be a list of alias names (e.g."
+                f" [\"production\"]), got {aliases!r}")
+        # Stored JSON holds a list; the frozen spec holds a tuple, so a round trip is equal.
+        object.__setattr__(self, "required_for_aliases", tuple(aliases))
+
+    def required_for(self, alias: str) -> bool:
+        """Whether a promotion to ``alias`` must beat the placebo."""
+        return self.required or alias in self.required_for_aliases
+
+
+@dataclass(frozen=True)
 class ThresholdSpec:
     """One frozen version of every gate's thresholds."""
 
@@ -217,6 +253,7 @@ class ThresholdSpec:
     # Absent from specs stored before it existed: those get its defaults.
     stability: StabilitySpec = field(default_factory=StabilitySpec)
     audit: BehaviourAuditSpec = field(default_factory=BehaviourAuditSpec)
+    placebo: PlaceboSpec = field(default_factory=PlaceboSpec)
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, str) or not self.version.strip():
@@ -239,11 +276,10 @@ class ThresholdSpec:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> ThresholdSpec:
         """Build a spec from stored JSON, refusing unknown keys so typos cannot pass silently."""
-        nested: dict[str, type[ShadowSpec] | type[CanarySpec] | type[WatchSpec]
-                     | type[StabilitySpec] | type[BehaviourAuditSpec]] = {
+        # Every nested section: a dataclass whose fields are its keys.
+        nested: dict[str, type[Any]] = {
             "shadow": ShadowSpec, "canary": CanarySpec, "watch": WatchSpec,
-            "stability": StabilitySpec,
-            "audit": BehaviourAuditSpec,
+            "stability": StabilitySpec, "audit": BehaviourAuditSpec, "placebo": PlaceboSpec,
         }
         _refuse_unknown("thresholds", data, {f.name for f in fields(cls)})
         kwargs: dict[str, Any] = {}

@@ -1,5 +1,9 @@
 """PromotionWorkflow: stability, offline eval, shadow, canary, audit, approval, promote, watch.
 
+Offline eval plays the candidate and production on the threshold's eval sets, and, when
+the threshold requires the placebo control, the placebo run's last checkpoint as a third
+arm, recorded and requested exactly like the other two.
+
 The stability gate is judged when the promotion opens (``open_promotion`` reads the run's
 recorded alarms): a candidate whose run raised an echo-trap or template-collapse alarm
 within the threshold's window waits for an operator's ``override_alarms`` decision, and
@@ -71,6 +75,9 @@ CLOSE_PATCH = "promotion-close-on-cancel-or-failure"
 # Marks histories whose eval batches governance records itself (``rollout_batch``) before
 # asking execution; histories recorded before it asked execution to record them.
 RECORDED_BATCHES_PATCH = "governance-records-its-eval-batches"
+# Marks histories whose offline eval plays a third arm, the placebo run's last checkpoint,
+# when the threshold requires the placebo control (issue 27).
+PLACEBO_PATCH = "offline-eval-plays-the-placebo"
 
 
 @workflow.defn(name=PROMOTION_WORKFLOW)
@@ -275,6 +282,10 @@ class PromotionWorkflow:
                                      items=plan.eval_items, checkpoint_id=checkpoint,
                                      deadline_s=plan.timing.eval_timeout_s / 2)
                    for arm, checkpoint in arms.items()]
+        placebo = self._placebo_batch(plan, prefix)
+        if placebo is not None:
+            arms["placebo"] = placebo.checkpoint_id or ""
+            batches.append(placebo)
         if workflow.patched(RECORDED_BATCHES_PATCH):
             # Governance's own rows, planned episodes and all: execution's handler only
             # checks them, so it cannot say governance asked for anything else.
@@ -298,8 +309,23 @@ class PromotionWorkflow:
             promotion_id=plan.promotion_id, threshold_id=plan.threshold_id,
             eval_set_id=plan.eval_set_id, candidate_batch_id=f"{prefix}-candidate",
             production_batch_id=f"{prefix}-production", batch_errors=errors,
-            eval_set_ids=list(plan.eval_set_ids),
+            eval_set_ids=list(plan.eval_set_ids), placebo_run_id=plan.placebo_run_id,
+            placebo_checkpoint_id=plan.placebo_checkpoint_id,
+            placebo_batch_id=placebo.batch_id if placebo is not None else None,
         ))
+
+    @staticmethod
+    def _placebo_batch(plan: m.PromotionPlan, prefix: str) -> RolloutBatchInput | None:
+        """The placebo's eval batch, the same items as the other arms', when the threshold
+        requires it and a placebo run was found (a plan recorded before the placebo control
+        has neither, so its replay asks for no patch)."""
+        if not (plan.placebo_required and plan.placebo_checkpoint_id):
+            return None
+        if not workflow.patched(PLACEBO_PATCH):
+            return None
+        return RolloutBatchInput(batch_id=f"{prefix}-placebo", purpose=Purpose.EVAL,
+                                 items=plan.eval_items, checkpoint_id=plan.placebo_checkpoint_id,
+                                 deadline_s=plan.timing.eval_timeout_s / 2)
 
     # --- shadow and canary -------------------------------------------------------------------
 

@@ -270,7 +270,8 @@ class UpdateActivities:
                                  task_environments=request.task_environments,
                                  truncated_episodes=config.asynchrony.truncated_episodes,
                                  held_groups=request.held_group_ids,
-                                 carried_groups=request.carried_group_ids)
+                                 carried_groups=request.carried_group_ids,
+                                 zero_task_reward=config.advantage.zero_task_reward)
         history = stability_history(stability_rows(
             engine=self._engine, run_id=request.run_id, before=request.iteration))
         reference_dir, base_ref = None, None

@@ -104,6 +104,7 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
         ("POST", "/api/runs/{run_id}/pause"): (f"/api/runs/{run}/pause", {}),
         ("POST", "/api/runs/{run_id}/resume"): (f"/api/runs/{run}/resume", {}),
         ("POST", "/api/runs/{run_id}/cancel"): (f"/api/runs/{run}/cancel", {}),
+        ("POST", "/api/runs/{run_id}/placebo"): (f"/api/runs/{run}/placebo", {}),
         ("POST", "/api/promotions/{promotion_id}/sign-audit"):
             (f"/api/promotions/{promo}/sign-audit", comment),
         ("POST", "/api/promotions/{promotion_id}/reject-audit"):

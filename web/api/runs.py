@@ -1,4 +1,5 @@
-"""``/api/runs``: submit, list, detail with metrics and alarms, pause/resume/cancel."""
+"""``/api/runs``: submit (and a run's placebo), list, detail with metrics and alarms,
+pause/resume/cancel."""
 
 from __future__ import annotations
 
@@ -28,6 +29,16 @@ async def submit_run(
 ) -> RunSummary:
     """Submit a training run (RUN.yaml as JSON or YAML text); starts it on the learning loop."""
     return await actions.submit_run(guard=guard, db=db, services=services, body=body)
+
+
+@router.post("/{run_id}/placebo", status_code=201, response_model=RunSummary,
+             responses=WORKFLOW_ERRORS)
+async def submit_placebo(
+    run_id: str, guard: AuthorizeDep, db: SessionDep, services: ServicesDep
+) -> RunSummary:
+    """Submit the placebo of one's own run: its config with the task reward zeroed
+    (advantage.zero_task_reward), the same seed, named "<name> (placebo)"."""
+    return await actions.submit_placebo(guard=guard, db=db, services=services, run_id=run_id)
 
 
 @router.get("", response_model=Page[RunSummary])
