@@ -6,6 +6,7 @@ stability -> offline_eval -> shadow -> canary -> audit -> approval -> promote ->
 The statistical rules are stated in each module's docstring.
 """
 
+from governance_loop.gates.attribution import Attribution, attribute, term_kind
 from governance_loop.gates.canary import CanaryObservation, decide_canary
 from governance_loop.gates.decision import (
     GATE_ORDER,
@@ -36,6 +37,7 @@ from governance_loop.gates.stability import (
 )
 from governance_loop.gates.stats import BinomialCounts, EpisodeStats, Interval
 from governance_loop.gates.thresholds import (
+    AttributionSpec,
     CanarySpec,
     ShadowSpec,
     StabilitySpec,
@@ -54,6 +56,8 @@ __all__ = [
     "AUDITOR_ROLE",
     "GATE_ORDER",
     "OPERATOR_ROLE",
+    "Attribution",
+    "AttributionSpec",
     "BinomialCounts",
     "CanaryObservation",
     "CanarySpec",
@@ -74,6 +78,7 @@ __all__ = [
     "RewardSummary",
     "WatchObservation",
     "WatchSpec",
+    "attribute",
     "decide_canary",
     "decide_human",
     "deciding_role",
@@ -87,5 +92,6 @@ __all__ = [
     "next_gate",
     "refuse_out_of_turn",
     "results_from_decisions",
+    "term_kind",
     "without_fault_passes",
 ]
