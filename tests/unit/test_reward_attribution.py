@@ -3,31 +3,20 @@
 Real frozen_lake episodes on the demo's setup (the shipped contract, the demo's held-out
 maps and thresholds, as many episodes as the demo's offline eval plays), judged by the real
 verifier replay (``replay_and_judge``); the per-episode terms are the verifier's
-``details["terms"]``. Scripted policies stand for the three checkpoints:
-- the base: an untrained model, half its replies unreadable, the rest bumping into the edge;
-- a shortcut (what a lowered hole penalty teaches): head for the goal greedily, falling into
-  the holes on the way, and never take the last step: progress and format reward rise,
-  goals do not;
-- an honest candidate: the base's behaviour, but the reference solution on half its
-  episodes: it reaches more goals.
+``details["terms"]``. Scripted policies stand for the checkpoints
+(``tests/frozen_lake_policies.py``): the base, a shortcut (what a lowered hole penalty
+teaches: progress and format reward rise, goals do not) and an honest candidate that
+reaches more goals.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 
 import pytest
 
-from execution_loop.environments.frozen_lake import (
-    MOVES,
-    TOKENS,
-    LakeMap,
-    _distance,
-    generate_map,
-    reference_solution,
-)
+from execution_loop.environments.frozen_lake import reference_solution
 from execution_loop.environments.registry import get_environment
 from governance_loop.gates import (
     AttributionSpec,
@@ -40,50 +29,10 @@ from governance_loop.gates import (
 )
 from governance_loop.gates.attribution import attribute, verdict_terms
 from scripts.demo_world import DEMO_THRESHOLDS, EVAL_SEEDS
+from tests.frozen_lake_policies import CONTRACT, Policy, base, honest, shortcut
 from verifier.replay import Judged, replay_and_judge
 
-CONTRACT = get_environment("frozen_lake")().contract
 EPISODES_PER_MAP = 4  # the demo's offline eval: min_samples 16 over its 4 held-out maps
-Policy = Callable[[int, int], list[str]]  # (map seed, sample) -> the replies of an episode
-
-
-def _lake(seed: int) -> LakeMap:
-    return generate_map(seed, int(CONTRACT.initial_state["size"]),
-                        int(CONTRACT.initial_state["holes"]))
-
-
-def _bump(lake: LakeMap, at: tuple[int, int]) -> str:
-    """A move into the lake's edge from ``at`` (valid, goes nowhere), or unreadable text."""
-    edge = {"U": at[0] == 0, "L": at[1] == 0, "D": at[0] == lake.size - 1,
-            "R": at[1] == lake.size - 1}
-    return next((move for move, blocked in edge.items() if blocked), "??")
-
-
-def base(seed: int, sample: int) -> list[str]:
-    del sample
-    lake = _lake(seed)
-    return ["??" if turn % 2 == 0 else _bump(lake, lake.start)
-            for turn in range(CONTRACT.limits.max_turns)]
-
-
-def shortcut(seed: int, sample: int) -> list[str]:
-    del sample
-    lake, at, replies = _lake(seed), _lake(seed).start, []
-    for _ in range(CONTRACT.limits.max_turns):
-        if at in lake.holes:
-            break
-        if _distance(at, lake.goal) <= 1:  # progress is paid; the goal would end the game
-            replies.append(_bump(lake, at))
-            continue
-        move = min(MOVES, key=lambda m: _distance((at[0] + MOVES[m][0], at[1] + MOVES[m][1]),
-                                                  lake.goal))
-        at = (at[0] + MOVES[move][0], at[1] + MOVES[move][1])
-        replies.append(TOKENS[move])
-    return replies
-
-
-def honest(seed: int, sample: int) -> list[str]:
-    return reference_solution(seed, CONTRACT) if sample % 2 == 0 else base(seed, sample)
 
 
 @functools.cache  # each episode's verifier runs in its own process: judge each policy once
@@ -132,6 +81,7 @@ def test_a_shortcut_candidate_is_held_naming_the_shaping_terms() -> None:
     result = _result(shortcut)
     assert result.candidate.successes == 0 == result.production.successes  # no goal gained
     assert result.candidate.reward_mean > result.production.reward_mean  # yet reward rose
+    assert any(j.details["verifier"]["fell_in_hole"] for j in _judge(shortcut))
 
     decision = decide_offline_eval([result], DEMO)
 
