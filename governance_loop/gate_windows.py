@@ -311,9 +311,10 @@ def window_terms(
     """Each judged episode's reward split by term in a time window (as ``episode_counts``
     counts them)."""
     rows = session.execute(
-        text("SELECT v.success, v.total_reward, v.details->'terms', trajectory.task_id "
-             "FROM trajectory JOIN verdict v ON v.trajectory_id = trajectory.id "
-             f"AND v.recorded_by = '{VERIFIER_ROLE}' "
+        text("SELECT j.success, j.total_reward, j.terms, trajectory.task_id FROM trajectory "
+             "CROSS JOIN LATERAL (SELECT v.success, v.total_reward, v.details->'terms' AS terms "
+             "FROM verdict v WHERE v.trajectory_id = trajectory.id "
+             f"AND v.recorded_by = '{VERIFIER_ROLE}') AS j "
              f"WHERE {_IN_WINDOW} AND {_CLEAN} AND {_requested_traffic('trajectory')} "
              "ORDER BY trajectory.id"),
         {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},

@@ -19,12 +19,12 @@ from sqlalchemy import Engine, text
 from sqlmodel import Session
 
 from governance_loop import store
-from governance_loop.contracts import OfflineEvalInput
+from governance_loop.contracts import OfflineEvalInput, ShadowInput
 from governance_loop.evalsets import store_eval_set, store_threshold
 from scripts.demo_world import DEMO_THRESHOLDS, EVAL_SEEDS
 from tests.factories import uid
 from tests.factories_execution import make_task_on, register_builtin
-from tests.factories_governance import Scene
+from tests.factories_governance import Scene, look_canary, write_episodes
 from tests.frozen_lake_policies import Policy, base, honest, shortcut
 from triloop.episode_plan import planned_episodes
 from triloop.workflow_api import RolloutBatchInput, RolloutItem
@@ -125,3 +125,32 @@ def test_offline_eval_passes_an_honest_candidate_that_reaches_more_goals(scene: 
     assert judged["candidate"]["successes"] == 8 and judged["production"]["successes"] == 0
     assert judged["attribution"]["task_share"] >= 0.5
     assert judged["attribution"]["shaping_only"] is False
+
+
+def test_shadow_and_canary_record_attribution_without_blocking(scene: Scene) -> None:
+    # Stand-in verdicts recorded without terms: each reward reads as unnamed outcome reward.
+    world = scene.world
+    served = scene.episodes(world.baseline, "production", [False] * 6)
+    write_episodes(scene.execution, [
+        {"id": f"{e}:shadow", "batch_id": e.rsplit(":", 2)[0], "task_id": world.task_ids[0],
+         "checkpoint_id": world.candidate, "purpose": "shadow", "group_id": e,
+         "success": True, "outcome": {"shadow_of": e}} for e in served],
+        verifier=scene.verifier)
+    scene.activities.decide_shadow(ShadowInput(
+        promotion_id=scene.promotion_id, threshold_id=world.threshold_id,
+        candidate_checkpoint_id=world.candidate, production_checkpoint_id=world.baseline,
+        since=scene.since.isoformat()))
+    _, _, shadow = scene.gate_row("shadow")
+    assert shadow["attribution"]["baseline"] == "production"
+    assert shadow["attribution"]["episodes"] == {"candidate": 6, "production": 6}
+    assert shadow["attribution"]["task_delta"] == 1.0
+    assert shadow["attribution"]["success_rate_delta"] == 1.0
+
+    scene.episodes(world.candidate, "canary", [True] * 4 + [False] * 8)
+    look_canary(scene, soak_complete=True)
+    passed, reasons, canary = scene.gate_row("canary")
+    assert canary["attribution"]["episodes"] == {"candidate": 12, "production": 6}
+    assert {r["term"]: r["kind"] for r in canary["attribution"]["terms"]} == {
+        "success": "task", "outcome": "shaping"}
+    assert canary["attribution"]["violations"] == []
+    assert not any("task term" in r for r in reasons)  # recorded, never a reason
