@@ -179,3 +179,18 @@ def test_attribution_thresholds_refuse_bad_values() -> None:
     with pytest.raises(ThresholdSpecError, match="unknown fields"):
         ThresholdSpec.from_mapping({**DEMO.to_dict(), "attribution": {"min_share": 0.5}})
     assert ThresholdSpec.from_mapping(DEMO.to_dict()) == DEMO
+
+
+def test_reward_an_environment_leaves_unnamed_is_split_by_the_verifiers_rule() -> None:
+    from execution_loop.environments import tool_arithmetic
+    from verifier.replay import add_terms
+
+    env = get_environment("tool_arithmetic")()  # does not name its terms
+    solved = replay_and_judge(get_environment("tool_arithmetic")(), seed=3,
+                              actions=tool_arithmetic.reference_solution(3, env.contract))
+    assert solved.success and solved.details["terms"] == {"success": solved.total_reward}
+    terms: dict[str, float] = {}
+    add_terms(terms, {"valid_action": 0.02}, 0.5, unnamed="process")  # named 0.02 of 0.5
+    add_terms(terms, None, -0.25, unnamed="outcome")
+    add_terms(terms, {"bad": "x", "progress": float("nan")}, 0.0, unnamed="outcome")
+    assert terms == pytest.approx({"valid_action": 0.02, "process": 0.48, "outcome": -0.25})
