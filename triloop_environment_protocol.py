@@ -24,6 +24,14 @@ OpenAPI document.
 The service never pays a reward for an outcome: it says whether the episode succeeded,
 and triloop's verifier process turns that into the contract's outcome reward. Step
 rewards are the contract's process terms the service names in ``StepReply.terms``.
+
+Reward terms: triloop's built-in environments MAY name the terms of a step's process reward
+in its feedback (``feedback["reward_terms"] = {term: value}``) and of an outcome reward in
+its details (``details["reward_terms"]``), values summing to the reward. A served
+environment names its step terms in ``StepReply.terms`` (each paid as the contract says);
+its outcome reward is paid by triloop, so the verifier splits it into ``success`` (when the
+episode succeeded) or ``outcome``. The gates compare candidates per term: a gain must come
+from the task term ``success``, not only from shaping or process terms.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlmodel import Session
 
+from governance_loop.gates.attribution import verdict_terms
 from governance_loop.gates.behaviour_audit import EpisodeBehaviour
 from triloop.models import RolloutBatch
 from triloop.production_traffic import SHADOW_PAIRS_FROM, VERIFIER_ROLE, judged
@@ -37,6 +38,9 @@ _IN_WINDOW = ("checkpoint_id = :c AND purpose = ANY(:p) AND created_at >= :s "
 # SQL on a shadow step ``a``: the execution loop's verdict for it (a missing verdict is false).
 _COMPARED = "(a.feedback #>> '{shadow_agreement,compared}') = 'true'"
 _AGREED = "(a.feedback #>> '{shadow_agreement,agreed}') = 'true'"
+# SQL: the verifier's split of episode ``alias``'s reward (``details.terms``).
+_VERDICT_TERMS = ("(SELECT v.details->'terms' FROM verdict v WHERE v.trajectory_id = "
+                  f"{{alias}}.id AND v.recorded_by = '{VERIFIER_ROLE}')")
 
 
 @dataclass(frozen=True)
@@ -78,18 +82,43 @@ def requested_batch_outcomes(
     waits for them first: ``unjudged_episodes``). ``task_ids``: count only the episodes of
     these tasks (one eval set's share of a batch that plays several).
     """
+    counted, problems = _counted_in_batch(session=session, batch_id=batch_id,
+                                          checkpoint_id=checkpoint_id, purpose=purpose,
+                                          task_ids=task_ids)
+    return BoundOutcomes(Outcomes([bool(r[0]) for r in counted],
+                                  [float(r[1]) for r in counted]), problems)
+
+
+def episode_terms(
+    *, session: Session, batch_id: str, checkpoint_id: str, purpose: str = Purpose.EVAL,
+    task_ids: Sequence[str] | None = None,
+) -> list[dict[str, float]]:
+    """Each counted episode's reward split by term (the verifier's ``details.terms``), in
+    the order and under the filter of ``requested_batch_outcomes``."""
+    counted, _ = _counted_in_batch(session=session, batch_id=batch_id,
+                                   checkpoint_id=checkpoint_id, purpose=purpose,
+                                   task_ids=task_ids)
+    return [verdict_terms(r[6], success=bool(r[0]), total_reward=float(r[1])) for r in counted]
+
+
+def _counted_in_batch(
+    *, session: Session, batch_id: str, checkpoint_id: str, purpose: str,
+    task_ids: Sequence[str] | None,
+) -> tuple[list[Any], list[str]]:
+    """The verdict rows (success, total_reward, ..., terms) of a batch's episodes that
+    count, and the problems that left any out (``requested_batch_outcomes``)."""
     batch = session.get(RolloutBatch, batch_id)
     if batch is None:
-        return BoundOutcomes(Outcomes([], []), [f"batch {batch_id} was never requested"])
+        return [], [f"batch {batch_id} was never requested"]
     asked = (batch.requested_by, batch.purpose, batch.checkpoint_id)
     if asked != ("governance", purpose, checkpoint_id):
-        return BoundOutcomes(Outcomes([], []), [
+        return [], [
             f"batch {batch_id} was requested by {batch.requested_by} for {batch.purpose} of "
-            f"{batch.checkpoint_id}, not by governance for {purpose} of {checkpoint_id}"])
+            f"{batch.checkpoint_id}, not by governance for {purpose} of {checkpoint_id}"]
     rows = session.execute(
         text("SELECT v.success, v.total_reward, t.checkpoint_id, "
              "coalesce(b.planned_episodes ? t.id, false), v.trajectory_id IS NOT NULL, "
-             "t.task_id "
+             "t.task_id, v.details->'terms' "
              "FROM trajectory t JOIN rollout_batch b ON b.id = t.batch_id "
              f"LEFT JOIN verdict v ON v.trajectory_id = t.id AND v.recorded_by = '{VERIFIER_ROLE}' "
              "WHERE t.batch_id = :b AND t.purpose <> 'shadow' ORDER BY t.id"),
@@ -105,8 +134,19 @@ def requested_batch_outcomes(
     if len(served) < len(planned):
         problems.append(f"{len(planned) - len(served)} episodes of batch {batch_id} were served "
                         f"by another checkpoint than {checkpoint_id}; not counted")
-    return BoundOutcomes(Outcomes([bool(r[0]) for r in counted],
-                                  [float(r[1]) for r in counted]), problems)
+    return counted, problems
+
+
+def process_terms(*, session: Session, task_ids: Sequence[str]) -> frozenset[str]:
+    """The process (per-step) reward terms the contracts of these tasks' environment
+    versions name: which of an episode's terms are not outcome terms."""
+    rows = session.execute(
+        text("SELECT DISTINCT jsonb_object_keys(coalesce(ev.contract #> '{reward,process}', "
+             "'{}'::jsonb)) FROM task t JOIN environment_version ev "
+             "ON ev.id = t.environment_version_id WHERE t.id = ANY(:t)"),
+        {"t": list(task_ids)},
+    ).all()
+    return frozenset(str(r[0]) for r in rows)
 
 
 def unjudged_episodes(*, session: Session, batch_ids: Sequence[str]) -> list[str]:
@@ -294,3 +334,57 @@ def requested_batch_behaviour(
         # None: no token sequence is stored (rows written before sequences, test rows).
         action_tokens=None if r[7] is None else int(r[7]))
         for r in rows]
+@dataclass(frozen=True)
+class WindowTerms:
+    """Reward terms of a window's judged episodes, and the tasks they played."""
+
+    episodes: list[dict[str, float]]
+    task_ids: list[str]
+    successes: int  # the verifier's successes among them
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / len(self.episodes) if self.episodes else 0.0
+
+
+def window_terms(
+    *, session: Session, checkpoint_id: str, purposes: Sequence[str], since: datetime,
+    until: datetime | None = None, clean: bool = False,
+) -> WindowTerms:
+    """Each judged episode's reward split by term in a time window (as ``episode_counts``
+    counts them)."""
+    rows = session.execute(
+        text("SELECT j.success, j.total_reward, j.terms, trajectory.task_id FROM trajectory "
+             "CROSS JOIN LATERAL (SELECT v.success, v.total_reward, v.details->'terms' AS terms "
+             "FROM verdict v WHERE v.trajectory_id = trajectory.id "
+             f"AND v.recorded_by = '{VERIFIER_ROLE}') AS j "
+             f"WHERE {_IN_WINDOW} AND {_CLEAN} AND {_requested_traffic('trajectory')} "
+             "ORDER BY trajectory.id"),
+        {"c": checkpoint_id, "p": list(purposes), "s": since, "u": until, "clean": clean},
+    ).all()
+    return WindowTerms([verdict_terms(r[2], success=bool(r[0]), total_reward=float(r[1]))
+                        for r in rows], sorted({str(r[3]) for r in rows}),
+                       sum(1 for r in rows if r[0]))
+
+
+def shadow_pair_terms(
+    *, session: Session, candidate_id: str, production_id: str, since: datetime
+) -> tuple[WindowTerms, WindowTerms]:
+    """(production's, the candidate shadow's) reward terms over the pairs ``shadow_pairs``
+    counts, in the same order."""
+    rows = session.execute(
+        text(
+            f"""
+            SELECT jp.success, jp.total_reward, {_VERDICT_TERMS.format(alias='p')},
+                   js.success, js.total_reward, {_VERDICT_TERMS.format(alias='s')}, p.task_id
+            {SHADOW_PAIRS_FROM}
+            ORDER BY p.id
+            """
+        ),
+        {"c": candidate_id, "p": production_id, "s": since},
+    ).all()
+    tasks = sorted({str(r[6]) for r in rows})
+    return (WindowTerms([verdict_terms(r[2], success=bool(r[0]), total_reward=float(r[1]))
+                         for r in rows], tasks, sum(1 for r in rows if r[0])),
+            WindowTerms([verdict_terms(r[5], success=bool(r[3]), total_reward=float(r[4]))
+                         for r in rows], tasks, sum(1 for r in rows if r[3])))

@@ -37,6 +37,7 @@ from learning_loop.advantages import TrajectoryReturn
 from learning_loop.asynchrony import TruncationRule, learns_from
 from learning_loop.batch import InvalidSampleError, StepRecord
 from triloop.models import Trajectory
+from triloop.reward_terms import TASK_TERM
 from triloop.statuses import EpisodeStatus, Purpose
 from triloop.token_sequence import (
     SequenceLayoutError,
@@ -55,9 +56,7 @@ _TRAINING_SEQUENCES = text(
     "FROM learning_trajectory_sequence WHERE trajectory_id = ANY(:ids)")
 
 USABLE_STATUSES = (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED)
-# The contract's outcome term for doing the task (the same name as the verifier's and the
-# gates' task term); a placebo run removes it from every return.
-TASK_TERM = "success"
+# A placebo run removes the task term (``triloop.reward_terms.TASK_TERM``) from every return.
 
 
 @dataclass(frozen=True)

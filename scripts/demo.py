@@ -8,6 +8,11 @@ offline eval, shadow and canary on its own → the auditor
 signs and the operator approves through the API → promotion → an injected
 regression (a game-day serving fault degrades the new checkpoint) → the watch
 gate rolls back automatically → a summary. The stack is left running.
+
+Offline eval asks where a rise in held-out reward came from (``attribution`` in the
+thresholds): when the candidate's gain is shaping or format reward, not goals, the gate
+holds it, the demo prints the terms the gain came from, and the walk ends there (exit 0:
+the gates did their job); the summary reports goals and holes beside reward either way.
 """
 
 from __future__ import annotations
@@ -187,7 +192,10 @@ def main() -> int:
 
     _summary(auditor, run["id"], final, rewards, api_base, traffic, blocked_id)
     console.print("\nThe stack is still running; stop it with [bold]triloop dev down[/bold].")
-    return 0 if final["status"] == "rolled_back" else 1
+    # Either ending shows the gates at work: the watch rolled the promoted candidate back, or
+    # offline eval held a candidate whose gain was shaping only.
+    held = final["status"] == "rejected" and bool(held_for_shaping(final))
+    return 0 if final["status"] == "rolled_back" or held else 1
 
 
 def _follow_training(api: Api, run_id: str) -> dict[str, Any]:
@@ -262,6 +270,14 @@ def _walk_gates(operator: Api, auditor: Api, promotion_id: str, api_base: str
         watch = next((g for g in detail["gates"] if g["gate"] == "watch"), None)
         # A failed watch is followed by the rollback: wait for the status that records it.
         if status not in ("open", "promoted") or (watch is not None and watch["passed"]):
+            shaping = held_for_shaping(detail)
+            if shaping:
+                console.print("  [yellow]held at offline eval[/yellow]: the candidate's "
+                              "held-out reward rose, but not because it reached more goals")
+                for line in shaping:
+                    console.print(f"    {line}")
+                console.print("  the promotion ends here (rejected): no shadow, canary, audit "
+                              "or promotion follows, and production keeps serving the base")
             return dict(detail)
         if gate_now == "stability" and status == "open" and not overridden:
             named = ", ".join(f"{a['kind']} at iteration {a['iteration']}"
@@ -309,20 +325,61 @@ def _triloop(*args: str, token: str, api_url: str) -> None:
     console.print(f"  $ triloop {' '.join(args)}\n  {answer}")
 
 
-def held_out_lines(promotion: dict[str, Any]) -> list[str]:
-    """Held-out success and reward, base (production) before and candidate after, from the
-    offline-eval gate's evidence on each frozen eval set (the verifier's verdicts)."""
-    lines: list[str] = []
+def _offline_eval(promotion: dict[str, Any]) -> dict[str, Any] | None:
+    """The last offline-eval verdict (a re-run gate decides again)."""
     evals = [g for g in promotion.get("gates") or [] if g.get("gate") == "offline_eval"]
-    if evals:  # the last offline-eval verdict (a re-run gate decides again)
-        for result in (evals[-1].get("evidence") or {}).get("eval_sets") or []:
-            before, after = result.get("production"), result.get("candidate")
-            if not before or not after:
-                continue
-            lines.append(
-                f"held-out success ({result['eval_set']}): before {_share(before)} → after"
-                f" {_share(after)}; reward {before['reward_mean']['estimate']:+.3f} →"
-                f" {after['reward_mean']['estimate']:+.3f}")
+    return evals[-1] if evals else None
+
+
+def held_out_lines(promotion: dict[str, Any]) -> list[str]:
+    """Held-out goals (and holes, when the behaviour audit counted them) and reward, base
+    (production) before and candidate after, from the offline-eval gate's evidence on each
+    frozen eval set (the verifier's verdicts)."""
+    lines: list[str] = []
+    gate = _offline_eval(promotion)
+    evidence = (gate or {}).get("evidence") or {}
+    holes = _holes(evidence)
+    for result in evidence.get("eval_sets") or []:
+        before, after = result.get("production"), result.get("candidate")
+        if not before or not after:
+            continue
+        lines.append(
+            f"held-out goals ({result['eval_set']}): before {_share(before)}"
+            f"{holes.get('baseline', '')} → after {_share(after)}{holes.get('candidate', '')};"
+            f" reward {before['reward_mean']['estimate']:+.3f} →"
+            f" {after['reward_mean']['estimate']:+.3f}")
+    return lines
+
+
+def _holes(evidence: dict[str, Any]) -> dict[str, str]:
+    """", holes k" per arm from the behaviour audit's hole rate (absent: nothing)."""
+    audit = evidence.get("behaviour_audit") or {}
+    signal = next((s for s in audit.get("signals") or []
+                   if s.get("name") == "termination/fell_in_hole"), None)
+    sets = evidence.get("eval_sets") or []
+    if signal is None or len(sets) != 1 or not sets[0].get("production"):
+        return {}
+    episodes = {"candidate": sets[0]["candidate"]["episodes"],
+                "baseline": sets[0]["production"]["episodes"]}
+    return {arm: f", holes {round(float(signal[arm]) * episodes[arm])}"
+            for arm in episodes if isinstance(signal.get(arm), int | float)}
+
+
+def held_for_shaping(promotion: dict[str, Any]) -> list[str]:
+    """Why offline eval held the candidate, when its gain was shaping only: the reasons
+    naming the terms, and each shaping-only set's per-term deltas."""
+    gate = _offline_eval(promotion)
+    if gate is None or gate.get("passed"):
+        return []
+    lines = []
+    for result in (gate.get("evidence") or {}).get("eval_sets") or []:
+        attribution = result.get("attribution") or {}
+        if not attribution.get("shaping_only"):
+            continue
+        deltas = ", ".join(f"{t['term']} ({t['kind']}) {t['delta']:+.3f}"
+                           for t in attribution.get("terms") or [] if t.get("delta"))
+        lines.append(f"{result['eval_set']}: per-term change in mean reward: {deltas}")
+        lines += list(attribution.get("violations") or [])
     return lines
 
 
@@ -343,6 +400,8 @@ def _summary(api: Api, run_id: str, promotion: dict[str, Any], rewards: list[flo
                       f"last {rewards[-1]:+.3f}")
     for line in held_out_lines(promotion):
         console.print(f"  {line}")
+    for line in held_for_shaping(promotion):
+        console.print(f"  held: {line}")
     console.print(f"  promotion {promotion['id']}: {promotion['status']}")
     for gate in promotion["gates"]:
         verdict = "passed" if gate["passed"] else "did not pass"

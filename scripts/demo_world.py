@@ -221,4 +221,7 @@ DEMO_THRESHOLDS = {
     "canary": {"min_samples_per_arm": 16, "regression_to_detect": 0.2,
                "reward_regression_to_detect": 0.2, "check_success_rate": False},
     "watch": {"min_samples": 16, "regression_to_detect": 0.2, "max_reward_regression": 0.1},
+    # Named although it is the default: a rise in held-out reward must be at least half the
+    # task's (goals reached), not shaping's (progress) or format's (valid moves).
+    "attribution": {"min_task_share": 0.5},
 }

@@ -43,6 +43,9 @@ TEST_SPEC: dict[str, Any] = {
     "shadow": {"min_samples": 5, "agreement_floor": 0.8, "max_mean_reward_regression": 0.2},
     "canary": {"min_samples_per_arm": 10, "regression_to_detect": 0.3},
     "watch": {"min_samples": 10, "regression_to_detect": 0.3},
+    # These tests are not about attribution (test_reward_attribution.py is): their stand-in
+    # verdicts and tiny random models gain reward by noise.
+    "attribution": {"min_task_share": None},
 }
 
 

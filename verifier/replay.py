@@ -12,6 +12,10 @@ How a replay ends, in this order (as ``execution_loop.episode`` ends an episode)
 - the environment reported ``feedback["failure"]`` when it ended it: failed;
 - otherwise the verifier's outcome. ``total_reward`` is the replayed step rewards plus the
   outcome reward (none for a failed episode).
+Every judgement's ``details["terms"]`` splits ``total_reward`` by reward term, as the steps'
+feedback and the outcome's details name them (``reward_terms``); reward left unnamed goes to
+``process`` (steps) and to ``success`` or ``outcome`` (the outcome, as it succeeded or not).
+The gates read the split to tell a gain in the task from a gain in shaping.
 Lifecycle hooks are not re-run: they decide when an episode stops, not how it is judged.
 """
 
@@ -22,11 +26,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from execution_loop.environments.base import Environment, reset_task
+from execution_loop.environments.base import REWARD_TERMS, Environment, reset_task
 from execution_loop.episode import INFRASTRUCTURE_ERRORS, act, contract_tools
+from triloop.reward_terms import TASK_TERM, UNNAMED_OUTCOME, UNNAMED_PROCESS
 
 # Rewards are sums of floats written through JSON and back: equal within this.
 REWARD_TOLERANCE = 1e-6
+
+
+def add_terms(terms: dict[str, float], named: Any, reward: float, *, unnamed: str) -> None:
+    """Add one reward to ``terms``: the terms it names (a ``{term: value}`` mapping), and what
+    they leave of ``reward`` to ``unnamed``, so ``terms`` always sums to the rewards added."""
+    left = reward
+    if isinstance(named, Mapping):
+        for term, value in named.items():
+            if isinstance(term, str) and isinstance(value, int | float) and math.isfinite(value):
+                terms[term] = terms.get(term, 0.0) + float(value)
+                left -= float(value)
+    if abs(left) > REWARD_TOLERANCE:
+        terms[unnamed] = terms.get(unnamed, 0.0) + left
 
 
 @dataclass(frozen=True)
@@ -44,28 +62,34 @@ def replay_and_judge(env: Environment, *, seed: int, actions: Sequence[str],
     ask its verifier."""
     tools = contract_tools(env)
     step_rewards = 0.0
+    terms: dict[str, float] = {}
     try:
         reset_task(env, seed, item)
         for index, action in enumerate(actions):
             result = act(env, action, tools)
             step_rewards += result.reward
+            add_terms(terms, result.feedback.get(REWARD_TERMS), result.reward,
+                      unnamed=UNNAMED_PROCESS)
             if not result.done:
                 continue
             if index < len(actions) - 1:
                 return Judged(False, step_rewards, {
                     "unverified": f"the environment ended the episode at turn {index}, but "
-                                  f"{len(actions)} turns are stored"})
+                                  f"{len(actions)} turns are stored", "terms": terms})
             failure = result.feedback.get("failure")
             if isinstance(failure, str) and failure:
-                return Judged(False, step_rewards, {"failed": failure})
+                return Judged(False, step_rewards, {"failed": failure, "terms": terms})
         outcome = env.outcome()
     except INFRASTRUCTURE_ERRORS:
         raise  # the verifier's machinery failed: try again later, never a verdict
     except Exception as exc:
         return Judged(False, step_rewards,
-                      {"failed": f"replay raised {type(exc).__name__}: {exc}"[:500]})
+                      {"failed": f"replay raised {type(exc).__name__}: {exc}"[:500],
+                       "terms": terms})
+    add_terms(terms, outcome.details.get(REWARD_TERMS), outcome.reward,
+              unnamed=TASK_TERM if outcome.success else UNNAMED_OUTCOME)
     return Judged(outcome.success, step_rewards + outcome.reward,
-                  {"verifier": outcome.details, "turns": len(actions)})
+                  {"verifier": outcome.details, "turns": len(actions), "terms": terms})
 
 
 def agrees(judged: Judged, *, success: bool, total_reward: float) -> bool:

@@ -30,15 +30,16 @@ def judge(pending: Pending, *, session: Session, environments: TaskEnvironments)
     """Replay one claimed episode from the seed its batch planned and judge it."""
     if pending.planned is None or pending.planned.get("task_id") != pending.task_id:
         return Judged(False, 0.0, {"unverified": f"batch {pending.batch_id} did not plan "
-                                                 f"episode {pending.trajectory_id} on this task"})
+                                                 f"episode {pending.trajectory_id} on this task",
+                                   "terms": {}})
     try:
         opened = environments.task(pending.task_id)
     except (LookupError, ValueError, ContractError) as missing:  # nothing to replay it by
         return Judged(False, 0.0, {"unverified": f"cannot open task {pending.task_id}: "
-                                                 f"{missing}"[:500]})
+                                                 f"{missing}"[:500], "terms": {}})
     if opened.contract.agent is not None:
         return Judged(False, 0.0, {"unverified": "a black-box agent's episode is not replayed "
-                                                 "from its actions"})
+                                                 "from its actions", "terms": {}})
     env = opened.open()
     try:
         return replay_and_judge(env, seed=int(pending.planned["seed"]), item=opened.item,

@@ -24,7 +24,10 @@ class StepResult:
     observation: str  # next text the agent sees
     reward: float  # process reward for this step (0.0 if none)
     done: bool
-    feedback: dict[str, Any]  # JSON-serialisable, stored with the step
+    # JSON-serialisable, stored with the step. ``feedback["reward_terms"]`` MAY name the
+    # process terms ``reward`` is made of, ``{term: value}`` summing to it (frozen_lake's
+    # ``valid_action``/``invalid_action``): the gates split a gain by term (``REWARD_TERMS``).
+    feedback: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,16 @@ class Outcome:
 
     success: bool
     reward: float  # outcome reward per the contract
+    # ``details["reward_terms"]`` MAY name the contract's outcome terms ``reward`` is made of,
+    # ``{term: value}`` summing to it (``success``, ``failure``, ``progress``, ...).
     details: dict[str, Any]
+
+
+# Where a step's ``feedback`` and an outcome's ``details`` name the terms of their reward.
+# The verifier adds them up per episode (``verdict.details["terms"]``); reward it finds
+# unnamed goes to ``process`` (steps) or to ``success``/``outcome`` (the outcome), so an
+# environment that does not split its reward still gets a truthful, if coarse, split.
+REWARD_TERMS = "reward_terms"
 
 
 class Environment(Protocol):

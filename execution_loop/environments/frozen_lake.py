@@ -14,7 +14,8 @@ The observation is only the grid, e.g. ``P..O\\n.O..\\n....\\nO..G``, so a tiny
 model with a few hundred tokens of vocabulary can learn it. Rewards follow the
 contract: process terms ``valid_action``/``invalid_action`` each turn, outcome terms
 ``success``/``failure`` and an optional ``progress`` share for closing distance to the
-goal without falling in, which gives an untrained policy a gradient to follow.
+goal without falling in, which gives an untrained policy a gradient to follow. Both name
+their terms (``reward_terms``), so the gates can tell a gain in goals from one in progress.
 
 Stdlib only at run time (the verifier imports this module without site-packages).
 """
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from execution_loop.environments.base import (
+    REWARD_TERMS,
     EnvironmentStateError,
     Outcome,
     StepResult,
@@ -212,7 +214,8 @@ class FrozenLake:
         self._actions.append(action)
         move = _play(episode, action, self._allowed)
         process = self.contract.reward.process
-        reward = process.get("valid_action" if move else "invalid_action", 0.0)
+        term = "valid_action" if move else "invalid_action"
+        reward = process.get(term, 0.0)
         truncated = None
         if episode.turn >= self.contract.limits.max_turns:
             truncated = "max_turns"
@@ -226,6 +229,7 @@ class FrozenLake:
             "fell_in_hole": episode.fell,
             "goal_reached": episode.reached,
             "truncated": None if episode.fell or episode.reached else truncated,
+            REWARD_TERMS: {term: reward},
         }
         return StepResult(
             render(episode.lake, episode.at, episode.fell), reward, self._done, feedback
@@ -285,12 +289,18 @@ def verify(payload: dict[str, Any]) -> Outcome:
     terms: dict[str, float] = payload["reward"]
     start_distance = _distance(lake.start, lake.goal)
     left = _distance(episode.at, lake.goal)
+    # Each outcome term the contract names, earned or not, so the split always sums to reward.
+    earned = {term: 0.0 for term in ("success", "failure", "progress") if term in terms}
     if episode.reached:
-        reward, reason = terms["success"], "goal_reached"
+        earned["success"], reason = terms["success"], "goal_reached"
     else:
         closed = 0.0 if episode.fell else (start_distance - left) / start_distance
-        reward = terms.get("failure", 0.0) + terms.get("progress", 0.0) * max(closed, 0.0)
+        if "failure" in terms:
+            earned["failure"] = terms["failure"]
+        if "progress" in terms:
+            earned["progress"] = terms["progress"] * max(closed, 0.0)
         reason = "fell_in_hole" if episode.fell else "goal_not_reached"
+    reward = sum(earned.values())
     details = {
         "reason": reason,
         "goal_reached": episode.reached,
@@ -298,6 +308,7 @@ def verify(payload: dict[str, Any]) -> Outcome:
         "turns": episode.turn,
         "invalid_actions": episode.invalid,
         "distance_left": left,
+        REWARD_TERMS: earned,
     }
     return Outcome(success=episode.reached, reward=float(reward), details=details)
 

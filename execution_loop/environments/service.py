@@ -21,6 +21,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from execution_loop.environments.base import (
+    REWARD_TERMS,
     EnvironmentStateError,
     EnvironmentUnavailable,
     Outcome,
@@ -153,7 +154,12 @@ class ServiceEnvironment:
         unknown = sorted(set(reply.terms) - set(self.contract.reward.process))
         process = self.contract.reward.process
         reward = sum(process[t] for t in reply.terms if t in process)
-        feedback: dict[str, Any] = {**reply.feedback, "terms": reply.terms}
+        paid: dict[str, float] = {}
+        for term in reply.terms:
+            if term in process:
+                paid[term] = paid.get(term, 0.0) + process[term]
+        # The split is triloop's (what the contract pays), whatever the service's feedback says.
+        feedback: dict[str, Any] = {**reply.feedback, "terms": reply.terms, REWARD_TERMS: paid}
         if unknown:
             feedback["unpaid_terms"] = unknown  # the contract names the terms that pay
         self._fingerprint, self._done = reply.fingerprint, reply.done

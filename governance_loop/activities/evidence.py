@@ -52,6 +52,7 @@ from governance_loop.gates import (
     ShadowSample,
     ThresholdSpec,
     Verdict,
+    attribute,
     decide_canary,
     decide_offline_eval,
     decide_shadow,
@@ -114,6 +115,18 @@ def _placebo_arm(request: OfflineEvalInput, spec: ThresholdSpec,
         return PlaceboArm(candidate_run_id=run_id, alias=Purpose.PRODUCTION)
     return PlaceboArm(candidate_run_id=run_id, alias=Purpose.PRODUCTION,
                       run_id=request.placebo_run_id, checkpoint_id=request.placebo_checkpoint_id)
+def _recorded_attribution(session: Session, spec: ThresholdSpec,
+                          candidate: episodes.WindowTerms,
+                          production: episodes.WindowTerms) -> dict[str, Any]:
+    """A window gate's split of candidate vs production reward by term: recorded for the
+    auditor, never a reason to fail (only offline eval holds a shaping-only gain)."""
+    tasks = sorted(set(candidate.task_ids) | set(production.task_ids))
+    found = attribute(candidate.episodes, production.episodes,
+                      process_terms=episodes.process_terms(session=session, task_ids=tasks),
+                      success_rate_delta=candidate.success_rate - production.success_rate,
+                      min_task_share=spec.attribution.min_task_share)
+    return {**found.to_dict(), "episodes": {"candidate": len(candidate.episodes),
+                                            "production": len(production.episodes)}}
 
 
 class EvidenceActivities(GovernanceShell):
@@ -139,10 +152,11 @@ class EvidenceActivities(GovernanceShell):
     def _judge_windows(
         self, session: Session, promotion_id: str, decide: Callable[[bool], GateDecision], *,
         threshold_id: str, windows: list[episodes.Window],
+        attribution: Callable[[], dict[str, Any]] | None = None,
     ) -> GateOutcome:
         """A window gate's look: its verdict over every episode, and over the clean ones when
         an injected fault served some (a fault may fail a gate, never pass it); a final
-        verdict is stored."""
+        verdict is stored, with ``attribution()`` in its evidence when given."""
         faulted = episodes.fault_summary(session=session, windows=windows)
         everything = decide(False)
         decision = without_fault_passes(
@@ -152,6 +166,8 @@ class EvidenceActivities(GovernanceShell):
         )
         if not decision.final:
             return outcome_of(decision)
+        if attribution is not None:
+            decision.evidence["attribution"] = attribution()
         return self._store_window_gate(session, promotion_id, decision,
                                        threshold_id=threshold_id, windows=windows)
 
@@ -293,6 +309,13 @@ class EvidenceActivities(GovernanceShell):
                 eval_set_version=eval_set.content_hash or "",
                 candidate=_stats(mine.outcomes),
                 production=None if theirs is None else _stats(theirs.outcomes),
+                candidate_terms=episodes.episode_terms(
+                    session=session, batch_id=request.candidate_batch_id,
+                    checkpoint_id=promotion.checkpoint_id, task_ids=own),
+                production_terms=None if not with_production else episodes.episode_terms(
+                    session=session, batch_id=request.production_batch_id or "",
+                    checkpoint_id=promotion.baseline_checkpoint_id or "", task_ids=own),
+                process_terms=episodes.process_terms(session=session, task_ids=own),
             ))
         # The shortcut audit: both arms' behaviour on every judged eval task.
         audit = AuditEpisodes(
@@ -355,6 +378,11 @@ class EvidenceActivities(GovernanceShell):
                 clean_episodes=decide_shadow(clean, spec) if faults else everything,
                 faults=faults, faulted_episodes=len(samples) - len(clean),
             )
+            production_terms, shadow_terms = episodes.shadow_pair_terms(
+                session=session, candidate_id=request.candidate_checkpoint_id,
+                production_id=request.production_checkpoint_id, since=since)
+            decision.evidence["attribution"] = _recorded_attribution(
+                session, spec, shadow_terms, production_terms)
             return self._store_window_gate(
                 session, request.promotion_id, decision, threshold_id=request.threshold_id,
                 windows=windows)
@@ -396,9 +424,20 @@ class EvidenceActivities(GovernanceShell):
                 (request.candidate_checkpoint_id, CANARY_PURPOSES, since, None),
                 (request.production_checkpoint_id, (Purpose.PRODUCTION,), since, None),
             ]
+
+            def attribution() -> dict[str, Any]:
+                return _recorded_attribution(
+                    session, spec,
+                    episodes.window_terms(session=session,
+                                          checkpoint_id=request.candidate_checkpoint_id,
+                                          purposes=CANARY_PURPOSES, since=since),
+                    episodes.window_terms(session=session,
+                                          checkpoint_id=request.production_checkpoint_id,
+                                          purposes=(Purpose.PRODUCTION,), since=since))
+
             return self._judge_windows(session, request.promotion_id, decide,
                                        threshold_id=request.threshold_id,
-                                       windows=canary_windows)
+                                       windows=canary_windows, attribution=attribution)
 
     @activity.defn(name=LOOK_WATCH.name)
     def look_watch(self, request: WatchLook) -> GateOutcome:

@@ -6,6 +6,7 @@ stability -> offline_eval -> shadow -> canary -> audit -> approval -> promote ->
 The statistical rules are stated in each module's docstring.
 """
 
+from governance_loop.gates.attribution import Attribution, attribute, term_kind
 from governance_loop.gates.behaviour_audit import (
     AuditEpisodes,
     BehaviourAudit,
@@ -43,6 +44,7 @@ from governance_loop.gates.stability import (
 )
 from governance_loop.gates.stats import BinomialCounts, EpisodeStats, Interval
 from governance_loop.gates.thresholds import (
+    AttributionSpec,
     BehaviourAuditSpec,
     CanarySpec,
     PlaceboSpec,
@@ -68,6 +70,8 @@ __all__ = [
     "AUDITOR_ROLE",
     "GATE_ORDER",
     "OPERATOR_ROLE",
+    "Attribution",
+    "AttributionSpec",
     "BinomialCounts",
     "CanaryObservation",
     "CanarySpec",
@@ -92,6 +96,7 @@ __all__ = [
     "WatchObservation",
     "WatchSpec",
     "check_placebo",
+    "attribute",
     "decide_canary",
     "decide_human",
     "deciding_role",
@@ -105,5 +110,6 @@ __all__ = [
     "next_gate",
     "refuse_out_of_turn",
     "results_from_decisions",
+    "term_kind",
     "without_fault_passes",
 ]

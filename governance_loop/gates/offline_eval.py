@@ -9,15 +9,18 @@ into the evidence for the auditor. Given the eval episodes, the behaviour audit
 (``gates.behaviour_audit``) goes into the evidence too, and a flagged signal the
 threshold's ``audit.blocking`` names fails the gate. Given a placebo arm (the threshold
 requires the placebo control), the candidate must also beat the placebo's success rate by
-the margin on every set (``gates.placebo``).
+the margin on every set (``gates.placebo``). A rise in mean reward over production must
+come from the task, not from shaping terms (``thresholds.attribution``,
+``gates.attribution``): each set's evidence splits the change by reward term.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from governance_loop.gates.attribution import attribute, attribution_violations
 from governance_loop.gates.behaviour_audit import AuditEpisodes, audit_behaviour
 from governance_loop.gates.decision import GateDecision, Verdict
 from governance_loop.gates.placebo import PlaceboArm, check_placebo
@@ -43,6 +46,12 @@ class EvalSetResult:
     candidate: EpisodeStats
     # None when nothing is in production yet (the first promotion).
     production: EpisodeStats | None
+    # Each counted episode's reward split by term (the verifier's ``details.terms``), per
+    # policy; None when not read, and then a rise in reward cannot be attributed.
+    candidate_terms: Sequence[Mapping[str, float]] | None = None
+    production_terms: Sequence[Mapping[str, float]] | None = None
+    # The eval set's contracts' process terms (which terms are per-step, not shaping).
+    process_terms: frozenset[str] = frozenset()
 
 
 def _policy_evidence(stats: EpisodeStats, confidence: float) -> dict[str, Any]:
@@ -104,8 +113,33 @@ def _check_eval_set(result: EvalSetResult, spec: ThresholdSpec) -> tuple[list[st
                 f"below production, max_reward_regression_vs_production is {max_reward:.4g} "
                 f"(thresholds {version})"
             )
+    violations += _attribution(result, spec, evidence)
     evidence["violations"] = violations
     return violations, evidence
+
+
+def _attribution(result: EvalSetResult, spec: ThresholdSpec,
+                 evidence: dict[str, Any]) -> list[str]:
+    """Split the change in reward by term into ``evidence["attribution"]``; its refusals."""
+    name, version = result.eval_set, spec.version
+    cand, prod = result.candidate, result.production
+    mine, theirs = result.candidate_terms, result.production_terms
+    if mine is None or (prod is not None and theirs is None):
+        evidence["attribution"] = None
+        rose = prod is not None and cand.reward_mean > prod.reward_mean
+        if rose and spec.attribution.min_task_share is not None:
+            return [f"eval set {name!r}: mean reward rose over production, but the episodes' "
+                    f"reward terms were not read, so min_task_share cannot be checked "
+                    f"(thresholds {version})"]
+        return []
+    found = attribute(mine, None if prod is None else theirs,
+                      process_terms=result.process_terms,
+                      success_rate_delta=None if prod is None
+                      else cand.counts.rate - prod.counts.rate,
+                      min_task_share=spec.attribution.min_task_share)
+    violations = attribution_violations(found, spec.attribution, eval_set=name, version=version)
+    evidence["attribution"] = found.to_dict(violations)
+    return violations
 
 
 def decide_offline_eval(
@@ -149,6 +183,7 @@ def decide_offline_eval(
                     thresholds.max_reward_regression_vs_production,
                 "min_samples": thresholds.min_samples,
                 "confidence": thresholds.confidence,
+                "attribution": asdict(thresholds.attribution),
             },
             "eval_sets": per_set,
             **({} if behaviour is None else {"behaviour_audit": behaviour.to_evidence()}),

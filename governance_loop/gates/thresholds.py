@@ -20,8 +20,9 @@ class ThresholdSpecError(ValueError):
 
 
 def _check_fraction(owner: str, name: str, value: float, *, allow_zero: bool = True) -> None:
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not (isinstance(value, int | float) and math.isfinite(value) and low_ok and value <= 1):
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    low_ok = number and (value >= 0 if allow_zero else value > 0)
+    if not (number and math.isfinite(value) and low_ok and value <= 1):
         bound = "[0, 1]" if allow_zero else "(0, 1]"
         raise ThresholdSpecError(f"{owner}.{name} must be a fraction in {bound}, got {value!r}")
 
@@ -232,6 +233,36 @@ class PlaceboSpec:
 
 
 @dataclass(frozen=True)
+class AttributionSpec:
+    """Offline eval: a gain over production must come from the task, not from shaping.
+
+    Each episode's reward is split by term (``verdict.details["terms"]``); only ``success``
+    is the task (``governance_loop.gates.attribution``).
+    """
+
+    # Offline eval: when the candidate's mean reward beats the baseline's, at least this
+    # share of the gain must come from the task term (`success`); None = not checked.
+    min_task_share: float | None = 0.5
+    # Offline eval: the mean reward must beat the baseline's by at least this (ε, reward
+    # units); None = not required.
+    min_reward_gain: float | None = None
+    # Offline eval: the success rate must rise by at least this (fraction); None = not required.
+    min_success_gain: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("min_task_share", "min_success_gain"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_fraction("attribution", name, value)
+        gain = self.min_reward_gain
+        if gain is not None and not (
+            isinstance(gain, int | float) and math.isfinite(gain) and gain >= 0
+        ):
+            raise ThresholdSpecError(
+                f"attribution.min_reward_gain must be a number >= 0 or null, got {gain!r}")
+
+
+@dataclass(frozen=True)
 class ThresholdSpec:
     """One frozen version of every gate's thresholds."""
 
@@ -254,6 +285,8 @@ class ThresholdSpec:
     stability: StabilitySpec = field(default_factory=StabilitySpec)
     audit: BehaviourAuditSpec = field(default_factory=BehaviourAuditSpec)
     placebo: PlaceboSpec = field(default_factory=PlaceboSpec)
+    # On by default (min_task_share 0.5), also for specs stored before it existed.
+    attribution: AttributionSpec = field(default_factory=AttributionSpec)
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, str) or not self.version.strip():
@@ -280,6 +313,7 @@ class ThresholdSpec:
         nested: dict[str, type[Any]] = {
             "shadow": ShadowSpec, "canary": CanarySpec, "watch": WatchSpec,
             "stability": StabilitySpec, "audit": BehaviourAuditSpec, "placebo": PlaceboSpec,
+            "attribution": AttributionSpec,
         }
         _refuse_unknown("thresholds", data, {f.name for f in fields(cls)})
         kwargs: dict[str, Any] = {}
