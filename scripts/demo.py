@@ -410,8 +410,9 @@ def _summary(api: Api, run_id: str, promotion: dict[str, Any], rewards: list[flo
     chain = " → ".join(node["checkpoint"]["id"][:10] for node in lineage["chain"])
     console.print(f"  lineage base → candidate: {chain}")
     production = api.get("/api/deployments/production")
+    target = production.get("rollback_target_id")
     console.print(f"  production now serves {production['checkpoint_id'][:16]}… "
-                  f"(rollback target {str(production.get('rollback_target_id'))[:16]}…)")
+                  + (f"(rollback target {target[:16]}…)" if target else "(no rollback target)"))
     verified = api.post("/api/audit/verify", {})
     console.print(f"  audit chain: {verified}")
     console.print(f"  production traffic: {traffic.batches} batches sent"
