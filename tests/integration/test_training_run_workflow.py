@@ -80,15 +80,13 @@ async def until_idle(client: Client, handle: Any, timeout: float = 300) -> None:
         await asyncio.sleep(0.2)
 
 
-async def until(handle: Any, check: Callable[[RunStatus], bool], timeout: float = 120) -> RunStatus:
-    """Poll the status query until ``check`` holds."""
-    deadline = asyncio.get_running_loop().time() + timeout
+async def until(handle: Any, check: Callable[[RunStatus], bool]) -> RunStatus:
+    """Poll the status query until ``check`` holds. No deadline of its own: how long an
+    iteration takes depends on the machine's load, and the pytest timeout guards a hang."""
     while True:
         state = await status_of(handle)
         if check(state):
             return state
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"run never reached the expected state; last: {state}")
         await asyncio.sleep(0.3)
 
 
@@ -102,7 +100,7 @@ async def test_run_writes_steps_lineage_and_proposals(
     async with loops_running(client, own_settings):
         handle = await start_run(client, own_settings, run_id, config, alice,
                                  continue_as_new_every=2)
-        result: RunStatus = await asyncio.wait_for(handle.result(), 300)
+        result: RunStatus = await handle.result()
 
     # A tiny model from random weights may alarm (template collapse); such a run says so.
     ended = "completed_with_alarms" if result.alarms_raised else "completed"
@@ -181,7 +179,7 @@ async def test_run_writes_steps_lineage_and_proposals(
         assert proposal["submitted_by"] == alice
         promotion = in_namespace(client, own_settings, "governance").get_workflow_handle(
             promotion_workflow_id(proposal["id"]))
-        opened = await asyncio.wait_for(promotion.result(), 60)
+        opened = await promotion.result()
         assert opened["checkpoint_id"] == proposal["checkpoint_id"]
         assert opened["signals"] == [proposal["id"]]
         assert (await promotion.describe()).workflow_type == "PromotionWorkflow"
@@ -241,7 +239,7 @@ async def test_person_pauses_resumes_and_cancels_own_run(
         await handle.signal(RUN_RESUME_SIGNAL, control(alice, "resume"))
         await until(handle, lambda s: s.status == "running" and s.iterations_done > held)
         await handle.signal(RUN_CANCEL_SIGNAL, control(alice, "cancel", "enough"))
-        result: RunStatus = await asyncio.wait_for(handle.result(), 120)
+        result: RunStatus = await handle.result()
 
     assert result.status == "cancelled" and result.iterations_done < 40
     row = rows(owner_engine, "SELECT status, iterations_done FROM training_run WHERE id = :r",
@@ -282,7 +280,7 @@ async def test_stability_alarm_pauses_until_resumed_or_cancelled(
         await handle.signal(RUN_CANCEL_SIGNAL, RunControl(record_decision(
             web, kind="run_control", subject=run_id, decision="cancel", user=alice,
             owner=owner_engine)))
-        result: RunStatus = await asyncio.wait_for(handle.result(), 60)
+        result: RunStatus = await handle.result()
 
     assert (result.status, result.iterations_done) == ("cancelled", 2)
     alarms = rows(owner_engine, "SELECT payload FROM audit_event WHERE action = 'stability_alarm' "
@@ -311,11 +309,11 @@ async def test_alarms_reach_the_proposal_and_the_run_ends_completed_with_alarms(
     run_id = make_run(owner_engine, config, alice)
     async with loops_running(client, own_settings):
         handle = await start_run(client, own_settings, run_id, config, alice)
-        result: RunStatus = await asyncio.wait_for(handle.result(), 300)
+        result: RunStatus = await handle.result()
         (proposal,) = rows(owner_engine, "SELECT * FROM proposal WHERE run_id = :r", r=run_id)
         promotion = in_namespace(client, own_settings, "governance").get_workflow_handle(
             promotion_workflow_id(proposal["id"]))
-        opened = await asyncio.wait_for(promotion.result(), 60)
+        opened = await promotion.result()
 
     assert (result.status, result.iterations_done, result.alarms_raised) == (
         "completed_with_alarms", 2, 2)
@@ -340,7 +338,7 @@ async def test_run_on_unadmitted_tasks_is_refused(
     async with loops_running(client, own_settings):
         handle = await start_run(client, own_settings, run_id, config, alice)
         with pytest.raises(WorkflowFailureError) as failure:
-            await asyncio.wait_for(handle.result(), 60)
+            await handle.result()
 
     message = str(failure.value.cause)
     assert f"task {pending[0]} is pending, not admitted" in message
