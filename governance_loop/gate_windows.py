@@ -105,8 +105,8 @@ def _counted_in_batch(
     *, session: Session, batch_id: str, checkpoint_id: str, purpose: str,
     task_ids: Sequence[str] | None,
 ) -> tuple[list[Any], list[str]]:
-    """The verdict rows (success, total_reward, ..., terms) of a batch's episodes that
-    count, and the problems that left any out (``requested_batch_outcomes``)."""
+    """The verdict rows (success, total_reward, ..., terms, episode id) of a batch's
+    episodes that count, and the problems that left any out (``requested_batch_outcomes``)."""
     batch = session.get(RolloutBatch, batch_id)
     if batch is None:
         return [], [f"batch {batch_id} was never requested"]
@@ -118,7 +118,7 @@ def _counted_in_batch(
     rows = session.execute(
         text("SELECT v.success, v.total_reward, t.checkpoint_id, "
              "coalesce(b.planned_episodes ? t.id, false), v.trajectory_id IS NOT NULL, "
-             "t.task_id, v.details->'terms' "
+             "t.task_id, v.details->'terms', t.id "
              "FROM trajectory t JOIN rollout_batch b ON b.id = t.batch_id "
              f"LEFT JOIN verdict v ON v.trajectory_id = t.id AND v.recorded_by = '{VERIFIER_ROLE}' "
              "WHERE t.batch_id = :b AND t.purpose <> 'shadow' ORDER BY t.id"),
@@ -298,15 +298,15 @@ def requested_batch_behaviour(
 ) -> list[EpisodeBehaviour]:
     """The behaviour audit's view of the episodes ``requested_batch_outcomes`` counts.
 
-    The same filter: a batch governance asked for, for this purpose and checkpoint (else
-    nothing), its planned episodes that this checkpoint served and the verifier judged,
-    of ``task_ids`` when given. Each episode comes with the seed its plan names, its steps'
-    action text and feedback, its verdict's details and the tokens the policy sampled.
+    The same filter (``_counted_in_batch``): a batch governance asked for, for this purpose
+    and checkpoint (else nothing), its planned episodes that this checkpoint served and the
+    verifier judged, of ``task_ids`` when given. Each episode comes with the seed its plan
+    names, its steps' action text and feedback, its verdict's details and the tokens the
+    policy sampled.
     """
-    batch = session.get(RolloutBatch, batch_id)
-    if batch is None or (batch.requested_by, batch.purpose, batch.checkpoint_id) != (
-            "governance", purpose, checkpoint_id):
-        return []
+    counted, _ = _counted_in_batch(session=session, batch_id=batch_id,
+                                   checkpoint_id=checkpoint_id, purpose=purpose,
+                                   task_ids=task_ids)
     rows = session.execute(
         text("SELECT t.id, t.task_id, b.planned_episodes -> t.id ->> 'seed', v.success, "
              "t.status, t.failure_reason, v.details, "
@@ -315,12 +315,8 @@ def requested_batch_behaviour(
              "FROM trajectory t JOIN rollout_batch b ON b.id = t.batch_id "
              f"JOIN verdict v ON v.trajectory_id = t.id AND v.recorded_by = '{VERIFIER_ROLE}' "
              "LEFT JOIN trajectory_sequence q ON q.trajectory_id = t.id "
-             "WHERE t.batch_id = :b AND t.purpose <> 'shadow' AND b.planned_episodes ? t.id "
-             "AND t.checkpoint_id = :c "
-             "AND (CAST(:tasks AS text[]) IS NULL OR t.task_id = ANY(CAST(:tasks AS text[]))) "
-             "ORDER BY t.id"),
-        {"b": batch_id, "c": checkpoint_id,
-         "tasks": None if task_ids is None else list(task_ids)},
+             "WHERE t.id = ANY(:ids) ORDER BY t.id"),
+        {"ids": [str(r[7]) for r in counted]},
     ).all()
     steps: dict[str, list[tuple[str, dict[str, Any] | None]]] = {str(r[0]): [] for r in rows}
     for trajectory_id, action_text, feedback in session.execute(
@@ -334,6 +330,8 @@ def requested_batch_behaviour(
         # None: no token sequence is stored (rows written before sequences, test rows).
         action_tokens=None if r[7] is None else int(r[7]))
         for r in rows]
+
+
 @dataclass(frozen=True)
 class WindowTerms:
     """Reward terms of a window's judged episodes, and the tasks they played."""
