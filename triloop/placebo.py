@@ -35,6 +35,12 @@ def placebo_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return placebo.model_dump(mode="json")
 
 
+def is_placebo(config: Mapping[str, Any]) -> bool:
+    """Whether a stored run config is a placebo run's (``advantage.zero_task_reward`` on)."""
+    advantage = config.get("advantage")
+    return isinstance(advantage, Mapping) and advantage.get("zero_task_reward") is True
+
+
 def _compared(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """What must match between a run and its placebo: everything but the name and the
     placebo switch (None: not a valid run config, so nothing is its placebo)."""
@@ -53,6 +59,4 @@ def is_placebo_of(candidate: Mapping[str, Any], other: Mapping[str, Any]) -> boo
     mine, theirs = _compared(candidate), _compared(other)
     if mine is None or theirs is None:
         return False
-    advantage = other.get("advantage")
-    switched = isinstance(advantage, Mapping) and advantage.get("zero_task_reward") is True
-    return switched and mine == theirs
+    return is_placebo(other) and mine == theirs

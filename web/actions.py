@@ -20,7 +20,7 @@ from triloop.curriculum import curriculum_problems
 from triloop.episode_plan import batch_plan
 from triloop.models import RolloutBatch
 from triloop.models._columns import new_id
-from triloop.placebo import placebo_config
+from triloop.placebo import is_placebo, placebo_config
 from triloop.run_config import MAX_TASK_IDS, RunConfig, RunConfigError
 from triloop.statuses import (
     Decision,
@@ -310,8 +310,7 @@ async def submit_placebo(
     if row is None:
         raise not_found("training run", run_id)
     await guard("submit", "training_run", id=run_id, owner=row.submitted_by)
-    advantage = (row.config or {}).get("advantage")
-    if isinstance(advantage, dict) and advantage.get("zero_task_reward") is True:
+    if is_placebo(row.config or {}):
         raise conflict(f"run {run_id} is itself a placebo (advantage.zero_task_reward); "
                        "submit the placebo of the run it controls for")
     try:
