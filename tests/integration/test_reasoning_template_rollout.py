@@ -99,7 +99,15 @@ async def test_a_reasoning_template_s_episodes_are_stored_and_scored_as_sampled(
                 # (never re-tokenized), which a random model often spells unlike the tokenizer.
                 assert tokenizer.decode(turn.prompt_token_ids) == tokenizer.apply_chat_template(
                     history, add_generation_prompt=True, tokenize=False)
-                history += [{"role": "assistant", "content": step.action_text},
+                # The prompt splices the sampled ids, special tokens kept (a random model may
+                # sample <|unk|>), while ``action_text`` is what a chat client holds of them,
+                # specials dropped: rebuild from the ids. A closing <|im_end|> is the footer's.
+                sampled = list(turn.action_token_ids)
+                if sampled and sampled[-1] == tokenizer.eos_token_id:
+                    sampled.pop()
+                assert step.action_text == tokenizer.decode(sampled, skip_special_tokens=True)
+                content = str(tokenizer.decode(sampled, skip_special_tokens=False))
+                history += [{"role": "assistant", "content": content},
                             {"role": "user", "content": step.observation}]
                 samples.append(TrainingSample(
                     trajectory_id, row.group_id, task, 0, tuple(turn.prompt_token_ids),
