@@ -29,6 +29,7 @@ from governance_loop.gates.stats import (
     evidence_number,
     mean_difference,
     rate_difference,
+    rate_falls_by_more_than,
     summary_mean_interval,
     wilson_interval,
 )
@@ -99,7 +100,8 @@ def _check_eval_set(result: EvalSetResult, spec: ThresholdSpec) -> tuple[list[st
         reward_delta = mean_difference(cand, prod, spec.confidence)
         evidence["success_rate_delta"] = rate_delta.to_dict()
         evidence["reward_delta"] = reward_delta.to_dict()
-        if rate_delta.estimate < -spec.max_regression_vs_production:
+        if rate_falls_by_more_than(cand.counts, prod.counts,
+                                   spec.max_regression_vs_production):
             violations.append(
                 f"eval set {name!r}: candidate success rate is "
                 f"{_points(-rate_delta.estimate)} below production, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from statistics import NormalDist, fmean, stdev
 from typing import Any
 
@@ -50,6 +51,11 @@ class BinomialCounts:
     def rate(self) -> float:
         """Observed success rate; 0.0 when there are no episodes."""
         return self.successes / self.episodes if self.episodes else 0.0
+
+    @property
+    def exact_rate(self) -> Fraction:
+        """The observed rate as a fraction, for comparisons a float rounding must not tip."""
+        return Fraction(self.successes, self.episodes) if self.episodes else Fraction(0)
 
     @property
     def smoothed_rate(self) -> float:
@@ -133,6 +139,15 @@ def rate_difference(a: BinomialCounts, b: BinomialCounts, confidence: float) -> 
     return Interval(
         a.rate - b.rate, max(-1.0, centre - z * se), min(1.0, centre + z * se), confidence
     )
+
+
+def rate_falls_by_more_than(a: BinomialCounts, b: BinomialCounts, tolerance: float) -> bool:
+    """Whether rate(a) is more than ``tolerance`` below rate(b), computed exactly.
+
+    The tolerance is read as the decimal a person wrote (0.05 is 1/20), so a drop of exactly
+    the tolerance (19 of 20 against 20 of 20) is within it, as the threshold says.
+    """
+    return a.exact_rate - b.exact_rate < -Fraction(repr(tolerance))
 
 
 def summary_mean_interval(mean: float, std: float, n: int, confidence: float) -> Interval:

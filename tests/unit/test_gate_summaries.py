@@ -95,11 +95,11 @@ def test_a_canary_summary_counts_the_rows_of_its_table() -> None:
 # -- an offline-eval interval below its bar marked pass ---------------------------------
 
 def test_an_offline_eval_row_takes_the_gates_verdict_not_rounded_evidence() -> None:
-    # 60% against 65%: exactly the 5-point tolerance in words, 5.000000000000004 points in
-    # floating point, which the gate counts as a violation. The evidence rounds the delta to
-    # -0.05, which re-judged on the page read "pass" under a failed gate.
-    result = EvalSetResult("maps", "v1", candidate=EpisodeStats(10, 6, 0.5, 0.2),
-                           production=EpisodeStats(20, 13, 0.5, 0.2))
+    # 94.999995% against 100%: 5.000005 points down, beyond the 5-point tolerance (the gate
+    # compares the counts exactly). The evidence rounds the delta to -0.05, which re-judged
+    # on the page would read "pass" under a failed gate.
+    result = EvalSetResult("maps", "v1", candidate=EpisodeStats(20_000_000, 18_999_999, 0.5, 0.2),
+                           production=EpisodeStats(20, 20, 0.5, 0.2))
     decision = decide_offline_eval([result], THRESHOLDS)
     assert not decision.passed
     analysis = analysed(decision)

@@ -106,6 +106,19 @@ def test_offline_eval_fails_naming_the_threshold(
     assert_json(decision)
 
 
+def test_a_success_drop_of_exactly_the_tolerance_is_within_it(
+    thresholds: ThresholdSpec,
+) -> None:
+    # 75/100 - 80/100 is -0.050000000000000044 in floats: compared exactly, it is the 0.05
+    # the threshold allows; one episode fewer is beyond it.
+    assert 0.75 - 0.80 < -thresholds.max_regression_vs_production
+    within = decide_offline_eval([eval_set("math", stats(100, 75), stats(100, 80))], thresholds)
+    assert within.passed, within.reasons
+    beyond = decide_offline_eval([eval_set("math", stats(100, 74), stats(100, 80))], thresholds)
+    assert not beyond.passed
+    assert "max_regression_vs_production" in beyond.reasons[0]
+
+
 def test_offline_eval_lists_every_violation(thresholds: ThresholdSpec) -> None:
     decision = decide_offline_eval(
         [eval_set("a", stats(10, 2), stats(100, 90)), eval_set("b", stats(100, 90), None)],
