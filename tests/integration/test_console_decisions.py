@@ -19,7 +19,7 @@ import pytest_asyncio
 from fastapi import FastAPI
 from sqlalchemy import Engine, text
 
-from tests.factories import uid
+from tests.factories import insert, uid
 from tests.factories_web import Person, add_approval, assert_problem, make_promotion, make_user
 from tests.integration.console_client import console_session, csrf_of
 
@@ -154,3 +154,28 @@ async def test_every_page_has_an_icon_and_no_favicon_404(
         assert icon.status_code == 200, path
         assert icon.headers["content-type"].startswith("image/svg+xml")
         assert icon.text.startswith("<svg")
+
+
+async def test_a_blank_rollback_reason_brings_the_confirmation_back(
+    console: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+) -> None:
+    seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name,
+                            status="promoted", current_gate="watch")
+    alias = uid("alias-").lower()
+    insert(owner_engine, "deployment", alias=alias, checkpoint_id=seeded.checkpoint_id,
+           updated_by="governance")
+    for kind, checkpoint, previous in (("bootstrap", seeded.parent_id, None),
+                                       ("promote", seeded.checkpoint_id, seeded.parent_id)):
+        insert(owner_engine, "deployment_history", alias=alias, checkpoint_id=checkpoint,
+               previous_checkpoint_id=previous, kind=kind, actor="governance", reason=kind)
+    await console_session(console, people["operator"])
+    form = await console.get(f"/rollback?alias={alias}")
+    for reason, confirm, says in (("  ", "yes", "only spaces"),
+                                  ("the canary regressed", "", "Tick the confirmation box")):
+        sent = await console.post("/rollback", data={
+            "alias": alias, "reason": reason, "confirm": confirm, "to_revision": "1",
+            "csrf_token": csrf_of(form.text)}, headers={"accept": "text/html"})
+        assert sent.status_code == 422, sent.text
+        assert 'data-testid="reason-error"' in sent.text and says in sent.text
+        assert f">{reason}</textarea>" in sent.text
+        assert ">Roll back now</button>" in sent.text

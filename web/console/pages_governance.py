@@ -173,6 +173,15 @@ async def rollback_confirm(
     to_revision: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
 ) -> Response:
     """The confirmation step: what serves now, the revision it would go back to, the history."""
+    return await rollback_view(request, guard, db, alias, to_revision)
+
+
+async def rollback_view(
+    request: Request, guard: Guard, db: Sessions, alias: str, to_revision: int | None, *,
+    form: FormProblem | None = None,
+) -> Response:
+    """The rollback confirmation; with ``form``, it comes back (422) holding the reason the
+    person wrote and the error beside the field."""
     await guard.screen("rollback", "deployment", id=alias)
     deployment = await db.read(deployments.get_deployment, alias=alias)
     if deployment is None:
@@ -182,7 +191,7 @@ async def rollback_confirm(
     await guard("read", "deployment", id=alias)
     preview = await actions.preview_rollback(db=db, alias=alias, to_revision=to_revision)
     return page(request, "rollback.html", guard.principal, title=f"Roll back {alias}",
-                preview=preview)
+                status_code=422 if form is not None else 200, preview=preview, form=form)
 
 
 @router.post("/rollback")
@@ -193,14 +202,20 @@ async def rollback(
     confirm: Annotated[str, Form(max_length=10)] = "",
     to_revision: Annotated[int | None, Form(ge=1, le=2**31 - 1)] = None,
 ) -> Response:
-    """Run the rollback to the revision the person confirmed."""
+    """Run the rollback to the revision the person confirmed; a blank reason or an unticked
+    confirmation brings the form back with what they wrote."""
     guard = Guard(services, principal, refused_input=await field_with_nul(request))
     try:
         body = RollbackRequest(alias=alias, reason=reason, to_revision=to_revision)
     except ValidationError as exc:
-        raise invalid("a rollback needs an alias and a reason") from exc
+        if not any(e.get("loc") == ("reason",) for e in exc.errors()):
+            raise invalid("a rollback needs an alias and a reason") from exc
+        return await rollback_view(request, guard, db, alias, to_revision, form=FormProblem(
+            comment=reason, message="Write why: a reason of only spaces says nothing, and"
+            " every rollback needs one."))
     if confirm != "yes":
-        raise invalid("tick the confirmation box to roll back")
+        return await rollback_view(request, guard, db, alias, to_revision, form=FormProblem(
+            comment=reason, message="Tick the confirmation box to roll back."))
     outcome = await actions.rollback(guard=guard, db=db, services=services, body=body)
     return redirect(request, "/deployments", notice=(
         "success", f"Rolled back {outcome.alias}: now {outcome.checkpoint_id} "

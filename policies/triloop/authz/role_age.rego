@@ -18,9 +18,12 @@ role_age_role := "auditor" if action == "sign_audit"
 
 default role_age_role := "operator"
 
+# What the decision does, in words, for the reason a person reads.
+role_age_act := {"approve": "approve it", "sign_audit": "sign its audit", "override_alarms": "override its alarms"}
+
 deny_reasons contains sprintf(
-	"%s's %s role became active at %s, after this promotion opened at %s: a role must predate the promotion it decides on, so another %s whose role does must %s it",
-	[human.user, role_age_role, input.resource.attrs.role_since, input.resource.attrs.promotion_opened_at, role_age_role, action],
+	"%s's %s role became active at %s, after this promotion opened at %s: a role must predate the promotion it decides on, so another %s whose role does must %s",
+	[human.user, role_age_role, input.resource.attrs.role_since, input.resource.attrs.promotion_opened_at, role_age_role, role_age_act[action]],
 ) if {
 	mode == "human"
 	action in role_age_actions

@@ -16,7 +16,7 @@ test_the_web_refuses_a_role_newer_than_the_promotion if {
 	)
 	denied_because(
 		deciding_at("override_alarms", ["operator"], "2026-11-30T10:00:00Z", "2026-12-01T00:00:00Z"),
-		"a role must predate the promotion it decides on, so another operator whose role does must override_alarms it",
+		"a role must predate the promotion it decides on, so another operator whose role does must override its alarms",
 	)
 	denied_because(
 		deciding_at("sign_audit", ["auditor"], "2026-11-30T10:00:00Z", "2026-12-01T00:00:00Z"),
