@@ -195,6 +195,11 @@ class PromotionDecision(Word):
         """Whether it lets the candidate go on (so its role must predate the promotion)."""
         return self.verb is not Decision.REJECT
 
+    @property
+    def role(self) -> str:
+        """The role a person needs to take it: auditor at the audit gate, else operator."""
+        return "auditor" if self.gate is Gate.AUDIT else "operator"
+
     @classmethod
     def recorded(cls, kind: str, verb: str) -> PromotionDecision | None:
         """The decision a ``human_decision`` row holds; None when it is no promotion decision."""

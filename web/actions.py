@@ -357,11 +357,13 @@ async def decide_promotion(
     governance asks the policy again for. ``body`` was validated once, where it was parsed.
     """
     await guard.screen(decision, "promotion", id=promotion_id)
-    facts = await db.read(promotions.decision_facts, promotion_id=promotion_id)
+    facts = await db.read(promotions.decision_facts, promotion_id=promotion_id,
+                          user=guard.principal.name)
     if facts is None:
         raise not_found("promotion", promotion_id)
     promotion = facts.promotion
-    await guard(decision, "promotion", id=promotion_id, attrs=facts.policy_attrs())
+    # With the role's age: refused here, before Temporal, what governance would refuse.
+    await guard(decision, "promotion", id=promotion_id, attrs=facts.policy_attrs(decision))
     if promotion.status != PromotionStatus.open:
         raise conflict(f"promotion {promotion_id} is {promotion.status}; decisions need it open")
     if promotion.workflow_id is None:

@@ -18,7 +18,7 @@ from sqlmodel import Session
 from triloop.audit import READ_ACTIONS
 from triloop.config import Settings
 from triloop.db import session_scope
-from triloop.policy import Actor, Authorizer, OpaClient, PolicyDenied, Resource
+from triloop.policy import Actor, Authorizer, Decision, OpaClient, PolicyDenied, Resource
 from web import tokens, users
 from web.auth import (
     CSRF_HEADER,
@@ -246,10 +246,17 @@ class Guard:
         attrs: Mapping[str, Any] | None = None,
     ) -> bool:
         """Unaudited policy question, only to decide whether to show a button."""
+        decision = await self.hint(action, kind, id=id, owner=owner, attrs=attrs)
+        return decision.allow
+
+    async def hint(
+        self, action: str, kind: str, *, id: str | None = None, owner: str | None = None,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> Decision:
+        """``would_allow`` with the policy's reasons, so a page can say why it offers nothing."""
         resource = Resource(kind=kind, id=escape_nul(id), owner=escape_nul(owner),
                             attrs=escape_nul(dict(attrs or {})))
-        decision = await self._services.hints.adecide(self.principal.actor, action, resource)
-        return decision.allow
+        return await self._services.hints.adecide(self.principal.actor, action, resource)
 
 
 async def get_guard(request: Request, services: ServicesDep, principal: CurrentUser) -> Guard:

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
+from sqlalchemy import text
+from sqlmodel import Session
 
 from triloop.audit import record_event
 from triloop.faults import (
@@ -48,11 +52,17 @@ class FaultRequest(BaseModel):
 
 
 class FaultPublic(BaseModel):
-    """An active serving fault."""
+    """An active serving fault: what it does, why, and who injected it since when."""
 
     checkpoint_id: str
     temperature: float
     note: str
+    injected_by: str | None = Field(
+        default=None, description="the operator who injected it, from the audit log (null"
+        " when the log holds no injection of it)")
+    injected_at: datetime | None = Field(
+        default=None, description="when it was injected, from the audit log: the fault is in"
+        " force since then")
 
 
 class FaultsCleared(BaseModel):
@@ -61,20 +71,62 @@ class FaultsCleared(BaseModel):
     cleared: int
 
 
-def _public(fault: ServingFault) -> FaultPublic:
+def _public(fault: ServingFault, injected: Injection | None = None) -> FaultPublic:
     return FaultPublic(checkpoint_id=fault.checkpoint_id, temperature=fault.temperature,
-                       note=fault.note)
+                       note=fault.note, injected_by=injected.by if injected else None,
+                       injected_at=injected.at if injected else None)
+
+
+@dataclass(frozen=True)
+class Injection:
+    """Who injected a checkpoint's fault and when: the audit log's record of it."""
+
+    by: str
+    at: datetime
+
+
+# The fault's own record (``inject_fault`` below writes it, with the note); the newest per
+# checkpoint is the injection in force, since a second injection replaces the first.
+_INJECTIONS = text(
+    "SELECT DISTINCT ON (resource->>'id') resource->>'id', actor->>'user', at"
+    " FROM audit_event WHERE action = 'inject_fault' AND decision = 'record'"
+    " AND resource->>'kind' = :kind AND resource->>'id' = ANY(:ids)"
+    " AND payload->>'note' IS NOT NULL"
+    " ORDER BY resource->>'id', seq DESC")
+
+
+def injections(*, session: Session, checkpoint_ids: list[str]) -> dict[str, Injection]:
+    """The latest recorded injection of each checkpoint's fault."""
+    if not checkpoint_ids:
+        return {}
+    rows = session.execute(_INJECTIONS, {"kind": KIND, "ids": checkpoint_ids}).all()
+    return {str(r[0]): Injection(by=str(r[1] or "?"), at=r[2]) for r in rows}
+
+
+async def faults_in_force(*, services: WebServices, db: Sessions) -> list[FaultPublic]:
+    """The faults the execution workers apply now, with who injected each since when.
+
+    Unaudited: the console's banner asks this on every page, for whoever the policy lets
+    read serving faults (``list_faults`` is the audited read).
+    """
+    faults = await asyncio.to_thread(read_serving_faults, _home(services))
+    if not faults:
+        return []
+    found = await db.read(injections, checkpoint_ids=sorted(faults))
+    return [_public(f, found.get(f.checkpoint_id))
+            for f in sorted(faults.values(), key=lambda f: f.checkpoint_id)]
 
 
 def _home(services: WebServices) -> Path:
     return services.settings.home
 
 
-async def list_faults(*, guard: Guard, services: WebServices) -> list[FaultPublic]:
-    """The faults the execution workers apply now."""
+async def list_faults(
+    *, guard: Guard, services: WebServices, db: Sessions
+) -> list[FaultPublic]:
+    """The faults the execution workers apply now (an audited read)."""
     await guard("read", KIND)
-    faults = await asyncio.to_thread(read_serving_faults, _home(services))
-    return [_public(f) for f in faults.values()]
+    return await faults_in_force(services=services, db=db)
 
 
 async def inject_fault(

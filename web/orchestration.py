@@ -176,7 +176,8 @@ class Orchestrator:
         result: GateSummary = await self._call(
             handle.execute_update(update, decision, result_type=GateSummary,
                                   rpc_timeout=self._rpc_timeout()),
-            what=f"{update} on promotion {workflow_id}",
+            # People's words: the decision, not the Temporal workflow's id.
+            what=f"the {gate} decision",
         )
         return result
 
@@ -291,7 +292,7 @@ REFUSAL_STATUS: dict[str, tuple[int, str]] = {
 def refused(what: str, cause: BaseException) -> ProblemError:
     """The workflow refused or failed: the answer its error's type calls for (``ErrorType``)."""
     typed = _typed_cause(cause)
-    message = _root_message(cause)
+    message = _refusal_reason(cause)
     if typed is None or typed.type not in REFUSAL_STATUS:
         return conflict(f"{what}: refused by the workflow: {message}")
     status, title = REFUSAL_STATUS[typed.type]
@@ -311,6 +312,19 @@ def _typed_cause(error: BaseException) -> ApplicationError | None:
             return current
         current = current.__cause__
     return None
+
+
+def _refusal_reason(error: BaseException) -> str:
+    """The refusal in the words of whoever refused, once: the innermost application error's
+    message. A workflow passes its activity's refusal on as ``refused: <it>`` with the
+    activity's failure as its cause, so the whole chain says the same thing twice."""
+    reason = None
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, ApplicationError) and current.message:
+            reason = current.message
+        current = current.__cause__
+    return reason or _root_message(error)
 
 
 def _root_message(error: BaseException) -> str:

@@ -405,7 +405,9 @@ async def test_a_refused_override_is_a_refusal_on_the_persons_own_row(
                           submitted_by=ErrorType.DECISION_REFUSED)
     response = await _decide(api, people["operator"], seeded.promotion_id, "override-alarms",
                              "the alarms are an artefact")
-    assert_problem(response, 403, "the rules say no")
+    problem = assert_problem(response, 403, "the rules say no")
+    # People's words: the decision they took, not the Temporal workflow behind it (issue 28).
+    assert seeded.workflow_id not in problem["detail"] and "stability decision" in problem["detail"]
     with owner_engine.connect() as conn:
         rows = conn.execute(text(
             "SELECT decision, actor->>'user', payload FROM audit_event WHERE action ="

@@ -56,3 +56,20 @@ def test_the_type_is_found_behind_an_activity_failure() -> None:
     activity.__cause__ = typed
     problem = refused("roll back production", activity)
     assert problem.status == 403 and "governance may not roll back" in problem.detail
+
+
+def test_a_refusal_passed_on_by_the_workflow_is_said_once() -> None:
+    """Governance's workflow passes its activity's refusal on as ``refused: <it>``, with the
+    activity's failure and then the refusal itself as causes: the person reads it once."""
+    reason = "olga's operator role became active after this promotion opened"
+    inner = _failure(ErrorType.GOVERNANCE_REFUSED, reason)
+    activity = ActivityError("activity task failed", scheduled_event_id=1, started_event_id=2,
+                             identity="w", activity_type="record_human_decision",
+                             activity_id="1", retry_state=RetryState.NON_RETRYABLE_FAILURE)
+    activity.__cause__ = inner
+    outer = _failure(ErrorType.DECISION_REFUSED, f"refused: {reason}")
+    outer.__cause__ = activity
+    problem = refused("the approval decision", outer)
+    assert problem.status == 403
+    assert problem.detail.count(reason) == 1, problem.detail
+    assert "activity task failed" not in problem.detail

@@ -12,9 +12,11 @@ router = APIRouter(tags=["faults"])
 
 
 @router.get("/api/faults", response_model=list[FaultPublic])
-async def list_faults(guard: AuthorizeDep, services: ServicesDep) -> list[FaultPublic]:
-    """Serving faults the execution workers apply now."""
-    return await faults.list_faults(guard=guard, services=services)
+async def list_faults(
+    guard: AuthorizeDep, services: ServicesDep, db: SessionDep
+) -> list[FaultPublic]:
+    """Serving faults the execution workers apply now, with who injected each since when."""
+    return await faults.list_faults(guard=guard, services=services, db=db)
 
 
 @router.post("/api/faults", status_code=201, response_model=FaultPublic)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 from urllib.parse import urlencode
@@ -14,13 +15,13 @@ from triloop.statuses import GATE_ORDER, PromotionDecision, PromotionStatus, Pur
 from triloop.workflow_api import GateSummary
 from web import actions
 from web.actions import DecisionRequest, RollbackRequest
-from web.console.decisions import decisions_for
+from web.console.decisions import offer_for
 from web.console.gate_analysis import analyse_gate, open_gate_notice
 from web.console.pages_transcripts import promotion_transcripts
 from web.console.rendering import ConsoleGuard, CsrfChecked, page, redirect
 from web.data import audit, deployments, evaluation, lineage, promotions
 from web.data.promotions import GateView
-from web.deps import Guard, ServicesDep, SessionDep
+from web.deps import Guard, ServicesDep, SessionDep, Sessions
 from web.pagination import CursorParam
 from web.problems import ProblemError, invalid, not_found
 from web.request_fields import field_with_nul
@@ -74,15 +75,33 @@ async def promotion_page(
     request: Request, promotion_id: str, guard: ConsoleGuard, db: SessionDep
 ) -> Response:
     """Gate timeline with evidence vs thresholds, approvals, and this person's decisions."""
+    return await promotion_view(request, guard, db, promotion_id)
+
+
+@dataclass(frozen=True)
+class FormProblem:
+    """A decision form sent back: what the person wrote and what is wrong with it."""
+
+    comment: str
+    message: str
+
+
+async def promotion_view(
+    request: Request, guard: Guard, db: Sessions, promotion_id: str, *,
+    form: FormProblem | None = None,
+) -> Response:
+    """The promotion page; with ``form``, its decision form comes back (422) holding the
+    person's input and the error beside the field."""
     await guard("read", "promotion", id=promotion_id)
     with_approvals = await guard.allows("read", "approval", id=promotion_id)
     with_alarms = await guard.allows("read", "training_step")
     detail = await db.read(promotions.promotion_detail, promotion_id=promotion_id,
                            with_approvals=with_approvals, with_alarms=with_alarms)
-    facts = await db.read(promotions.decision_facts, promotion_id=promotion_id)
+    facts = await db.read(promotions.decision_facts, promotion_id=promotion_id,
+                          user=guard.principal.name)
     if detail is None or facts is None:
         raise not_found("promotion", promotion_id)
-    decisions = await decisions_for(guard, facts)
+    offer = await offer_for(guard, facts)
     production = await db.read(deployments.get_deployment, alias=Purpose.PRODUCTION)
     # The button names where a rollback would go, and is offered only when the rules
     # (triloop.deployment_history) find a target: never a rolled-back candidate.
@@ -104,8 +123,9 @@ async def promotion_page(
     open_notice = (open_gate_notice(detail.current_gate, spec, detail.traffic)
                    if detail.status == PromotionStatus.open and detail.current_gate else None)
     return page(request, "promotion.html", guard.principal, title=f"Promotion {promotion_id}",
-                promotion=detail, timeline=timeline, decisions=decisions,
-                can_rollback=can_rollback, production=production, preview=preview,
+                status_code=422 if form is not None else 200,
+                promotion=detail, timeline=timeline, decisions=offer.decisions, offer=offer,
+                form=form, can_rollback=can_rollback, production=production, preview=preview,
                 analyses=analyses, open_notice=open_notice,
                 transcripts=await promotion_transcripts(guard, db, promotion_id))
 
@@ -120,14 +140,19 @@ async def decide(
     """Send a decision to governance; the policy is asked again here, whatever the page showed.
 
     The form's path names the decision as the API's does (``sign-audit``: its words with
-    dashes), so the console sends the same ``PromotionDecision`` the API does.
+    dashes), so the console sends the same ``PromotionDecision`` the API does. A blank
+    comment brings the form back with the person's input and the error beside the field.
     """
     decision = PromotionDecision(form_action.replace("-", "_"))
     guard = Guard(services, principal, refused_input=await field_with_nul(request))
     try:
         body = DecisionRequest(comment=comment)
-    except ValidationError as exc:
-        raise invalid("a comment saying why is required") from exc
+    except ValidationError:
+        if guard.refused_input is not None:  # a NUL: refused (and audited) as every field's
+            await guard.screen(decision, "promotion", id=promotion_id)
+        return await promotion_view(request, guard, db, promotion_id, form=FormProblem(
+            comment=comment, message="Write why: a comment of only spaces says nothing,"
+            " and every decision needs one."))
     outcome = await actions.decide_promotion(
         guard=guard, db=db, services=services, promotion_id=promotion_id, decision=decision,
         body=body)
@@ -148,6 +173,15 @@ async def rollback_confirm(
     to_revision: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
 ) -> Response:
     """The confirmation step: what serves now, the revision it would go back to, the history."""
+    return await rollback_view(request, guard, db, alias, to_revision)
+
+
+async def rollback_view(
+    request: Request, guard: Guard, db: Sessions, alias: str, to_revision: int | None, *,
+    form: FormProblem | None = None,
+) -> Response:
+    """The rollback confirmation; with ``form``, it comes back (422) holding the reason the
+    person wrote and the error beside the field."""
     await guard.screen("rollback", "deployment", id=alias)
     deployment = await db.read(deployments.get_deployment, alias=alias)
     if deployment is None:
@@ -157,7 +191,7 @@ async def rollback_confirm(
     await guard("read", "deployment", id=alias)
     preview = await actions.preview_rollback(db=db, alias=alias, to_revision=to_revision)
     return page(request, "rollback.html", guard.principal, title=f"Roll back {alias}",
-                preview=preview)
+                status_code=422 if form is not None else 200, preview=preview, form=form)
 
 
 @router.post("/rollback")
@@ -168,14 +202,20 @@ async def rollback(
     confirm: Annotated[str, Form(max_length=10)] = "",
     to_revision: Annotated[int | None, Form(ge=1, le=2**31 - 1)] = None,
 ) -> Response:
-    """Run the rollback to the revision the person confirmed."""
+    """Run the rollback to the revision the person confirmed; a blank reason or an unticked
+    confirmation brings the form back with what they wrote."""
     guard = Guard(services, principal, refused_input=await field_with_nul(request))
     try:
         body = RollbackRequest(alias=alias, reason=reason, to_revision=to_revision)
     except ValidationError as exc:
-        raise invalid("a rollback needs an alias and a reason") from exc
+        if not any(e.get("loc") == ("reason",) for e in exc.errors()):
+            raise invalid("a rollback needs an alias and a reason") from exc
+        return await rollback_view(request, guard, db, alias, to_revision, form=FormProblem(
+            comment=reason, message="Write why: a reason of only spaces says nothing, and"
+            " every rollback needs one."))
     if confirm != "yes":
-        raise invalid("tick the confirmation box to roll back")
+        return await rollback_view(request, guard, db, alias, to_revision, form=FormProblem(
+            comment=reason, message="Tick the confirmation box to roll back."))
     outcome = await actions.rollback(guard=guard, db=db, services=services, body=body)
     return redirect(request, "/deployments", notice=(
         "success", f"Rolled back {outcome.alias}: now {outcome.checkpoint_id} "

@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from triloop.config import LOOPS
+from web import faults
 from web.auth import CSRF_FIELD, FLASH_COOKIE, SESSION_COOKIE, same_secret
 from web.console.decisions import Waiting, awaiting_me
 from web.deps import (
@@ -20,6 +21,7 @@ from web.deps import (
     Principal,
     ServicesDep,
     SessionDep,
+    Sessions,
     WebServices,
     principal_for_session,
 )
@@ -100,7 +102,18 @@ async def console_guard(
     # Pages only: the JSON the run page polls (charts) does not need the nav's count.
     if request.method == "GET" and "application/json" not in request.headers.get("accept", ""):
         request.state.waiting = await awaiting_me(guard, db)
+        await note_serving_faults(request, guard, services, db)
     return guard
+
+
+async def note_serving_faults(
+    request: Request, guard: Guard, services: WebServices, db: Sessions
+) -> None:
+    """For the banner every page shows while a serving fault is in force: the faults, for
+    whoever the policy lets read them (asked unaudited, as the nav's count is)."""
+    if await guard.would_allow("read", faults.KIND):
+        request.state.fault_reader = True
+        request.state.serving_faults = await faults.faults_in_force(services=services, db=db)
 
 
 ConsoleGuard = Annotated[Guard, Depends(console_guard)]
@@ -130,6 +143,8 @@ def page(
         {"me": principal, "csrf": principal.csrf if principal else None,
          "csrf_field": CSRF_FIELD, "flash": flash,
          "pending_count": None if waiting is None else len(waiting),
+         "serving_faults": getattr(request.state, "serving_faults", None) or [],
+         "fault_reader": getattr(request.state, "fault_reader", False),
          "temporal_unauthenticated": services.settings.temporal_mode == "dev",
          "temporal_ui": services.settings.temporal_ui(),
          "temporal_namespaces": {loop: services.settings.temporal_namespace(loop)
@@ -155,7 +170,21 @@ async def render_problem(request: Request, error: ProblemError) -> Response:
     if error.status == 401 and request.method == "GET":
         return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
     signed_in: Principal | None = getattr(request.state, "principal", None)
+    problem = error.problem()
+    # The message once: a policy denial's detail already joins its reasons.
+    more = [r for r in problem.reasons or [] if r not in problem.detail]
     response = page(request, "error.html", signed_in, status_code=error.status,
-                    error=error.problem(), title=error.title)
+                    error=problem, more_reasons=more, title=error.title,
+                    back=_back_link(request))
     response.headers.update(error.headers or {})
     return response
+
+
+def _back_link(request: Request) -> str | None:
+    """Where a failed form came from (this site's page only), for the error page's way back."""
+    referer = request.headers.get("referer", "")
+    origin = f"{request.url.scheme}://{request.url.netloc}"
+    if not referer.startswith(origin + "/"):
+        return None
+    path = referer[len(origin):]
+    return path if not path.startswith("//") and path != request.url.path else None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
+from triloop.decisions import role_active_since
 from triloop.models import (
     Approval,
     EvalSet,
@@ -16,8 +17,9 @@ from triloop.models import (
     Proposal,
     Threshold,
     TrainingStep,
+    User,
 )
-from triloop.statuses import GATE_ORDER, Decision
+from triloop.statuses import GATE_ORDER, Decision, PromotionDecision
 from web.data.gate_traffic import TrafficProgress, traffic_progress
 from web.pagination import Page, keyset, page_of
 
@@ -94,18 +96,33 @@ class PromotionDetail(PromotionSummary):
 
 
 class DecisionFacts(BaseModel):
-    """What the policy needs to check duties on a promotion."""
+    """What the policy needs to check duties on a promotion, and the role age of a person."""
 
     promotion: PromotionSummary
     audited_by: str | None = None
     approved_by: str | None = None
+    role_since: dict[str, datetime] = Field(
+        default_factory=dict, description="when each deciding role the person holds became"
+        " active (read for ``decision_facts(user=...)``; empty otherwise)")
 
-    def policy_attrs(self) -> dict[str, str]:
-        """The duty facts the policy needs about the promotion."""
+    def policy_attrs(self, decision: PromotionDecision | None = None) -> dict[str, str]:
+        """The duty facts the policy needs about the promotion; for ``decision``, also when
+        the promotion opened and when the person's role for it became active
+        (``policies/triloop/authz/role_age.rego``: a role must predate the promotion)."""
         attrs = {"submitted_by": self.promotion.submitted_by}
         if self.audited_by:
             attrs["audited_by"] = self.audited_by
+        if decision is not None:
+            attrs["promotion_opened_at"] = rfc3339(self.promotion.created_at)
+            since = self.role_since.get(decision.role)
+            if since is not None:
+                attrs["role_since"] = rfc3339(since)
         return attrs
+
+
+def rfc3339(moment: datetime) -> str:
+    """A timestamp as the policy parses it (``time.parse_rfc3339_ns``), in UTC."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def list_promotions(
@@ -140,15 +157,25 @@ def _signer(approvals: list[Approval], kind: str) -> str | None:
     return signed[-1] if signed else None
 
 
-def decision_facts(*, session: Session, promotion_id: str) -> DecisionFacts | None:
-    """The promotion and who audited/approved it so far."""
+def decision_facts(
+    *, session: Session, promotion_id: str, user: str | None = None
+) -> DecisionFacts | None:
+    """The promotion and who audited/approved it so far; with ``user``, when each deciding
+    role they hold became active (``triloop.decisions.role_active_since``, as governance
+    reads it)."""
     row = session.get(Promotion, promotion_id)
     if row is None:
         return None
     approvals = _approvals(session, promotion_id)
+    person = session.get(User, user) if user is not None else None
+    deciding = {d.role for d in PromotionDecision}
+    role_since = {} if person is None else {
+        role: role_active_since(session, user=person, role=role)
+        for role in person.roles if role in deciding}
     return DecisionFacts(
         promotion=PromotionSummary.model_validate(row),
         audited_by=_signer(approvals, "audit"), approved_by=_signer(approvals, "operator"),
+        role_since=role_since,
     )
 
 
