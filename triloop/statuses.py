@@ -197,8 +197,8 @@ class PromotionDecision(Word):
 
     @property
     def role(self) -> str:
-        """The role a person needs to take it: auditor at the audit gate, else operator."""
-        return "auditor" if self.gate is Gate.AUDIT else "operator"
+        """The role a person needs to take it."""
+        return deciding_role(self.gate)
 
     @classmethod
     def recorded(cls, kind: str, verb: str) -> PromotionDecision | None:
@@ -214,3 +214,8 @@ class PromotionDecision(Word):
     def kind_at(cls, gate: Gate) -> DecisionKind:
         """The ``human_decision.kind`` of the decisions taken at ``gate``."""
         return cls.at(gate)[0].kind
+
+
+def deciding_role(gate: Gate) -> str:
+    """The role a person needs to decide at ``gate``: auditor at the audit gate, else operator."""
+    return "auditor" if gate is Gate.AUDIT else "operator"

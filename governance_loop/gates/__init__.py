@@ -29,7 +29,6 @@ from governance_loop.gates.human import (
     OPERATOR_ROLE,
     HumanDecisionError,
     decide_human,
-    deciding_role,
     refuse_out_of_turn,
 )
 from governance_loop.gates.offline_eval import EvalSetResult, decide_offline_eval
@@ -59,6 +58,7 @@ from governance_loop.gates.watch import (
     decide_watch,
     decide_watch_against_baselines,
 )
+from triloop.statuses import deciding_role
 
 __all__ = [
     "AuditEpisodes",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from governance_loop.gates.decision import GateDecision, Verdict
-from triloop.statuses import Gate, PromotionDecision
+from triloop.statuses import Gate, PromotionDecision, deciding_role
 
 if TYPE_CHECKING:  # the decision as the kernel loads it; this module stays pure
     from triloop.decisions import HumanDecision
@@ -27,11 +27,6 @@ OPERATOR_ROLE = "operator"
 
 class HumanDecisionError(ValueError):
     """A human decision that the workflow must refuse; the message says why."""
-
-
-def deciding_role(gate: Gate) -> str:
-    """The role a person needs to decide at ``gate``."""
-    return AUDITOR_ROLE if gate is Gate.AUDIT else OPERATOR_ROLE
 
 
 def refuse_out_of_turn(gate: Gate, awaiting: str | None) -> None:
