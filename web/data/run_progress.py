@@ -62,7 +62,8 @@ class RunProgress(BaseModel):
     eta_s: float | None = Field(
         default=None, description="seconds left at that pace; None when not iterating")
     starved: RolloutStarvation | None = None
-    summary: str = Field(description="the line the console and the CLI show")
+    timing: str = Field(description="elapsed and the estimate in words (what follows n of N)")
+    summary: str = Field(description="the line the CLI shows: n of N, then the timing")
 
 
 class ProposedCandidate(BaseModel):
@@ -164,16 +165,17 @@ def run_progress(
         last_at = timed[-1].at if timed else created_at
         starved = (_lost_episodes(timed[-1]) if timed else None) or _no_batch(
             max(0.0, (now - last_at).total_seconds()), deadline_s, pace, iterations_done)
-    parts = [f"iteration {iterations_done} of {total}", f"elapsed {duration(elapsed)}"]
+    parts = [f"elapsed {duration(elapsed)}"]
     if eta is not None:
         parts.append(f"about {duration(eta)} left")
     elif status == RunStatus.paused:
         parts.append("paused: no estimate until it resumes")
     elif iterating:
         parts.append("estimate after the first iterations")
+    timing = ", ".join(parts)
     return RunProgress(iteration=iterations_done, iterations=total, elapsed_s=elapsed,
-                       seconds_per_iteration=pace, eta_s=eta, starved=starved,
-                       summary=", ".join(parts))
+                       seconds_per_iteration=pace, eta_s=eta, starved=starved, timing=timing,
+                       summary=f"iteration {iterations_done} of {total}, {timing}")
 
 
 def timed_iterations(*, session: Session, run_id: str) -> list[TimedIteration]:

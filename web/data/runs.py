@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlmodel import Session, col, select
 
 from triloop.models import Checkpoint, Task, TrainingRun, TrainingStep
@@ -223,7 +224,7 @@ def _last_results(session: Session, run_ids: list[str]) -> dict[str, tuple[float
     rows = session.exec(
         select(TrainingStep.run_id, TrainingStep.reward_mean, TrainingStep.metrics)
         .where(col(TrainingStep.run_id).in_(run_ids))
-        .distinct(col(TrainingStep.run_id))
+        .ext(distinct_on(col(TrainingStep.run_id)))
         .order_by(col(TrainingStep.run_id), col(TrainingStep.iteration).desc()))
     found: dict[str, tuple[float | None, float | None]] = {}
     for run_id, reward, metrics in rows:

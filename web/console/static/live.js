@@ -22,14 +22,14 @@
   function showProgress(progress) {
     if (!progress) { return; }
     var line = document.getElementById("run-progress");
-    if (line) { line.textContent = progress.summary; }
+    if (line) { line.textContent = progress.timing; }
     var total = document.getElementById("run-iterations-total");
     if (total) { total.textContent = String(progress.iterations); }
     var starved = document.getElementById("rollouts-starved");
     if (starved) {
       starved.hidden = !progress.starved;
       if (progress.starved && starved.textContent.indexOf(progress.starved.message) < 0) {
-        starved.textContent = progress.starved.message;
+        starved.textContent = progress.starved.message + ".";
       }
     }
   }
