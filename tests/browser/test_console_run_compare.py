@@ -136,7 +136,8 @@ def test_an_engineer_compares_three_runs_from_the_runs_list(
     # One run is not a comparison: back to the list, saying why.
     page.goto(f"{base_url}/runs/compare?ids={low}")
     expect(page).to_have_url(f"{base_url}/runs")
-    expect(page.locator(".notice[role=status]")).to_contain_text("compare 2 to 8 different runs; 1 given")
+    expect(page.locator(".notice[role=status]")).to_contain_text(
+        "compare 2 to 8 different runs; 1 given")
 
 
 def test_a_running_run_shows_progress_starvation_and_no_resume_and_an_ended_one_its_candidate(
