@@ -4,6 +4,9 @@ the learning loop and governance write)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import httpx
 import pytest
 import typer
@@ -11,7 +14,14 @@ from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
 from tests.factories import insert, uid
-from tests.factories_web import Person, assert_problem, make_promotion, make_user
+from tests.factories_web import (
+    Person,
+    assert_problem,
+    console_cookie,
+    make_promotion,
+    make_user,
+)
+from web.auth import SESSION_COOKIE
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["tests.factories_web_fixtures", "tests.integration.cli_app"]
@@ -50,7 +60,7 @@ def _adopt(engine: Engine, run_id: str, name: str, status: str, done: int) -> No
     with engine.begin() as conn:
         conn.execute(text("UPDATE training_run SET config = CAST(:c AS jsonb), status = :s,"
                           " iterations_done = :n, name = :name WHERE id = :i"),
-                     {"c": __import__("json").dumps(_config(name)), "s": status, "n": done,
+                     {"c": json.dumps(_config(name)), "s": status, "n": done,
                       "name": name, "i": run_id})
 
 
@@ -189,3 +199,23 @@ def test_show_wait_prints_n_of_n_and_at_the_end_the_candidate_and_its_promotion(
     # `show` itself says it too, on stdout.
     assert f"proposed candidate {seeded.checkpoint_id}" in result.stdout
     assert "iteration 4 of 4" in result.stdout
+
+
+async def test_the_console_refuses_a_bogus_status_filter_and_canonicalises_a_selection(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine, web_app: Any,
+) -> None:
+    engineer = people["engineer"]
+    cookie = {"Cookie": f"{SESSION_COOKIE}={console_cookie(web_app, engineer)}",
+              "Accept": "text/html"}
+    bogus = await api.get("/runs?status=bogus", headers=cookie)
+    assert bogus.status_code == 422 and "status &#39;bogus&#39; is not a run status" in bogus.text
+    assert (await api.get("/runs?status=&submitted_by=", headers=cookie)).status_code == 200
+    a = _run(owner_engine, engineer.name, name="picked-a")
+    b = _run(owner_engine, engineer.name, name="picked-b")
+    picked = await api.get(f"/runs/compare?ids={a}&ids={b}", headers=cookie)
+    assert picked.status_code == 303
+    assert picked.headers["location"] == f"/runs/compare?ids={a},{b}"
+    page = await api.get(f"/runs/compare?ids={a},{b}", headers=cookie)
+    assert page.status_code == 200 and "picked-a (" in page.text
+    one = await api.get(f"/runs/compare?ids={a}", headers=cookie)
+    assert one.status_code == 303 and one.headers["location"] == "/runs"
