@@ -83,8 +83,12 @@ def test_no_iteration_for_longer_than_a_batch_budget_is_starvation() -> None:
                            updated_at=None, timed=_timed(20, 40),
                            now=T0 + timedelta(seconds=40 + 79))
     assert on_time.starved is None
+    # Before the first iteration (which loads the model too) it waits two budgets.
+    first = run_progress(status="running", iterations_done=0, config=CONFIG, created_at=T0,
+                         updated_at=None, timed=[], now=T0 + timedelta(seconds=119))
+    assert first.starved is None
     never = run_progress(status="running", iterations_done=0, config=CONFIG, created_at=T0,
-                         updated_at=None, timed=[], now=T0 + timedelta(seconds=61))
+                         updated_at=None, timed=[], now=T0 + timedelta(seconds=121))
     assert never.starved is not None and "since the run was submitted" in never.starved.message
 
 
@@ -101,11 +105,11 @@ def test_durations_read_at_a_glance() -> None:
 
 def test_the_cli_prints_the_progress_the_starvation_and_each_proposal() -> None:
     starved = run_progress(status="running", iterations_done=0, config=CONFIG, created_at=T0,
-                           updated_at=None, timed=[], now=T0 + timedelta(seconds=99))
+                           updated_at=None, timed=[], now=T0 + timedelta(seconds=125))
     metrics = {"status": "running", "iterations_done": 0,
                "progress": starved.model_dump(mode="json")}
     assert progress_line("r1", metrics) == \
-        "run r1: running, iteration 0 of 10, elapsed 1 min 39 s, estimate after the first " \
+        "run r1: running, iteration 0 of 10, elapsed 2 min 05 s, estimate after the first " \
         "iterations"
     assert starved_line("r1", metrics).startswith("run r1: rollouts starved: no iteration")
     assert starved_line("r1", {"progress": {"starved": None}}) == ""

@@ -14,6 +14,8 @@ Rollouts are starved when the learner waits on the execution loop instead of lea
 2. an active run has gone longer without an iteration than a batch's budget
    (``rollout.deadline_s``) plus one usual iteration: a batch returns what finished by its
    deadline, so by then it should have come back (no execution worker, or all busy).
+   Before its first iteration, whose update also loads the model, "one usual iteration"
+   is one more budget.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def _lost_episodes(last: TimedIteration) -> RolloutStarvation | None:
 
 def _no_batch(waiting_s: float, deadline_s: float, pace: float | None,
               iteration: int) -> RolloutStarvation | None:
-    if waiting_s <= deadline_s + (pace or 0.0):
+    if waiting_s <= deadline_s + (deadline_s if pace is None else pace):
         return None
     since = f"since iteration {iteration}" if iteration else "since the run was submitted"
     return RolloutStarvation(
