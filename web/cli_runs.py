@@ -1,9 +1,11 @@
-"""``triloop train ...``: submit, list, show, follow and control training runs.
+"""``triloop train ...``: submit, list, show, compare, follow and control training runs.
 
 Every command calls the web API with the engineer's token, so the CLI is refused exactly
 what the console would refuse. A run may be named by a unique prefix of its id.
 
-``--wait`` follows the run with one progress line per change on stderr, and exits with:
+``--wait`` follows the run with one progress line per change on stderr ("iteration n of N",
+elapsed, the time left, and a warning when its rollouts are starved); at the end it names
+the candidates the run proposed and their promotions. It exits with:
 
 - 0: the run completed (with or without alarms), or reached the state that was asked;
 - 1: the run failed or was cancelled (or the API refused the request);
@@ -21,6 +23,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from triloop.cli_output import (
+    Column,
     OutputFormat,
     OutputOption,
     echo,
@@ -31,6 +34,14 @@ from triloop.cli_output import (
 )
 from triloop.statuses import FINISHED_RUN_STATUSES, RunStatus
 from web.cli_api import DEFAULT_API, ApiOption, TokenOption, api_call, quoted, resolve_id
+from web.cli_run_compare import train_compare
+from web.cli_run_progress import (
+    number_text,
+    progress_line,
+    proposed_lines,
+    share_text,
+    starved_line,
+)
 
 train_app = typer.Typer(help="Submit, follow and control training runs (ML engineers).",
                         no_args_is_help=True)
@@ -66,22 +77,31 @@ def _metrics_line(point: dict[str, Any]) -> str:
 def wait_for_run(run_id: str, *, token: str | None, api_url: str, timeout_s: float,
                  poll_s: float, done: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """Follow a run, printing each new status and iteration on stderr; exit as documented."""
-    after, last_status = -1, ""
+    after, last_status, last_starved = -1, "", ""
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
     while True:
         metrics: dict[str, Any] = api_call(
             "GET", f"/api/runs/{quoted(run_id)}/metrics?after={after}", token=token,
             api_url=api_url)
-        for point in sorted(metrics["metrics"], key=lambda p: p["iteration"]):
+        new = sorted(metrics["metrics"], key=lambda p: p["iteration"])
+        for point in new:
             progress(f"run {run_id}: {_metrics_line(point)}")
             after = max(after, point["iteration"])
         status = metrics["status"]
-        if status != last_status:
-            progress(f"run {run_id}: {status}, {metrics['iterations_done']} iterations done")
+        if status != last_status or new:
+            progress(progress_line(run_id, metrics))
             last_status = status
+        starved = starved_line(run_id, metrics)
+        if starved != last_starved:  # once when it starts starving, not every poll
+            if starved:
+                progress(starved)
+            last_starved = starved
         if done is not None and done(status):
             return metrics
         if status in FINISHED_RUN_STATUSES or (done is None and status == RunStatus.paused):
+            if status in FINISHED_RUN_STATUSES:
+                for line in proposed_lines(metrics.get("proposed") or [], api_url):
+                    progress(f"run {run_id}: {line}")
             _exit_for(run_id, status, token=token, api_url=api_url)  # exits unless completed
             return metrics
         if deadline is not None and time.monotonic() >= deadline:
@@ -146,7 +166,10 @@ def train_placebo(
 
 RUN_COLUMNS = (field("id", "id", is_id=True), field("name", "name"),
                field("submitted by", "submitted_by"), field("status", "status"),
-               field("iterations", "iterations_done"), field("created", "created_at"))
+               Column("iterations", lambda r: f"{r['iterations_done']} of {r['iterations']}"),
+               Column("last reward", lambda r: number_text(r.get("last_reward"))),
+               Column("last success", lambda r: share_text(r.get("last_success"))),
+               field("created", "created_at"))
 
 
 @train_app.command("list")
@@ -168,11 +191,13 @@ def train_list(
     print_rows(page["items"], RUN_COLUMNS, output, json_data=page)
 
 
-def _show(run: dict[str, Any]) -> None:
+def _show(run: dict[str, Any], api_url: str) -> None:
     echo(f"run {run['id']} ({run['name']}) by {run['submitted_by']}: {run['status']}, "
-         f"{run['iterations_done']} iterations")
+         f"{run['progress']['summary']}")
     if run.get("status_reason"):
         echo(f"  reason: {run['status_reason']}")
+    if run["progress"].get("starved"):
+        echo(f"  {run['progress']['starved']['message']}")
     if run["metrics"]:
         echo(f"  {_metrics_line(run['metrics'][-1])}")
     for row in run.get("tags") or []:  # reward and success per tag of the run's tasks
@@ -189,6 +214,9 @@ def _show(run: dict[str, Any]) -> None:
         echo("  completed with stability alarms: a candidate proposed within the threshold's"
              " alarm window waits at the stability gate for an operator's `triloop promotions"
              " override-alarms` (or is rejected)")
+    if run["status"] in FINISHED_RUN_STATUSES or run.get("proposed"):
+        for line in proposed_lines(run.get("proposed") or [], api_url):
+            echo(f"  {line}")
 
 
 @train_app.command("show")
@@ -206,11 +234,12 @@ def train_show(
     if output is OutputFormat.json:
         print_json(run)
     else:
-        _show(run)
+        _show(run, api_url)
 
 
 # `train status` is what the README used before `show`; both names work.
 train_app.command("status", help="Same as `train show`.")(train_show)
+train_app.command("compare")(train_compare)
 
 
 @train_app.command("logs")

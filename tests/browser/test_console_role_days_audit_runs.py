@@ -204,8 +204,9 @@ def test_engineer_submits_watches_and_resumes_a_paused_run(
     expect(page.locator("#run-status")).to_contain_text("running")
     expect(page.locator("#run-iterations")).to_have_text("3")
     controls = page.get_by_role("region", name="Control this run")
-    for action in ("Pause", "Resume", "Cancel"):
+    for action in ("Pause", "Cancel"):
         expect(controls.get_by_role("button", name=action)).to_be_visible()
+    expect(controls.get_by_role("button", name="Resume")).to_have_count(0)  # it runs
 
     # The run alarms and pauses itself; the open page follows without a reload.
     insert(owner_engine, "training_step", run_id=run["id"], iteration=3, loss=0.8, kl=0.03,

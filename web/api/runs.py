@@ -1,5 +1,5 @@
-"""``/api/runs``: submit (and a run's placebo), list, detail with metrics and alarms,
-pause/resume/cancel."""
+"""``/api/runs``: submit (and a run's placebo), list, compare, detail with metrics, alarms,
+progress and proposals, pause/resume/cancel."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from web import actions
 from web.actions import RunControlRequest, RunSubmit
 from web.api.common import IdPrefix, Short
 from web.api.documented_errors import WORKFLOW_ERRORS
-from web.data import runs
-from web.data.runs import RunDetail, RunMetrics, RunSummary
-from web.deps import AuthorizeDep, ServicesDep, SessionDep
+from web.data import run_compare, runs
+from web.data.run_compare import RunComparison
+from web.data.runs import RunDetail, RunListed, RunMetrics, RunSummary
+from web.deps import AuthorizeDep, Guard, ServicesDep, SessionDep, Sessions
 from web.pagination import CursorParam, LimitParam, Page
-from web.problems import not_found
+from web.problems import invalid, not_found
 from web.query import DIGITS_ONLY
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
@@ -41,16 +42,44 @@ async def submit_placebo(
     return await actions.submit_placebo(guard=guard, db=db, services=services, run_id=run_id)
 
 
-@router.get("", response_model=Page[RunSummary])
+@router.get("", response_model=Page[RunListed])
 async def list_runs(
     guard: AuthorizeDep, db: SessionDep, limit: LimitParam = 50, cursor: CursorParam = None,
     submitted_by: Short | None = None, status: RunStatus | None = None,
     id_prefix: IdPrefix | None = None,
-) -> Page[RunSummary]:
-    """Training runs, newest first."""
+) -> Page[RunListed]:
+    """Training runs, newest first, each with its last iteration's reward and success."""
     await guard("read", "training_run")
     return await db.read(runs.list_runs, limit=limit, cursor=cursor,
                          submitted_by=submitted_by, status=status, id_prefix=id_prefix)
+
+
+CompareIds = Annotated[str, Query(
+    min_length=1, max_length=run_compare.MAX_COMPARED * 65,
+    description=f"{run_compare.MIN_COMPARED} to {run_compare.MAX_COMPARED} run ids, comma "
+                "separated, in the order to show them")]
+
+
+async def compared(guard: Guard, db: Sessions, ids: list[str]) -> RunComparison:
+    """The comparison of these runs (each read is authorized); 422/404 naming the ids."""
+    try:
+        run_ids = run_compare.parse_run_ids(ids)
+    except run_compare.ComparisonRefused as refused:
+        raise invalid(str(refused), reasons=[f"ids: {refused}"]) from None
+    for run_id in run_ids:
+        await guard("read", "training_run", id=run_id)
+    await guard("read", "training_step")
+    try:
+        return await db.read(run_compare.compare_runs, run_ids=run_ids)
+    except run_compare.RunsNotFound as missing:
+        raise not_found("training run", ", ".join(missing.run_ids)) from None
+
+
+@router.get("/compare", response_model=RunComparison)
+async def compare_runs(guard: AuthorizeDep, db: SessionDep, ids: CompareIds) -> RunComparison:
+    """Several runs side by side: a label per run (name or short id, and submitter), the
+    RUN.yaml settings whose values differ, and each run's series."""
+    return await compared(guard, db, [ids])
 
 
 @router.get("/{run_id}", response_model=RunDetail)

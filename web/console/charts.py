@@ -9,6 +9,11 @@ sharing ``reward/env/``, ``success/task/``, ``success/env/``, ``reward/tag/`` or
 next to mean reward; every other key gets a chart of its own. Iterations that raised
 a stability alarm are marked on every chart. Each chart also carries a one-line text
 summary, for screen readers and for a browser without JavaScript.
+
+``compare_chart_data`` is the same for several runs at once (``/runs/compare``): every
+chart any of them has, each run drawn in its own colour (the palette has a colour for each
+of the at most eight compared runs) and named in the legend by its label, never by an id.
+Per-task lines name their task by a short id, so no legend carries a 32-character id.
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ NAMED: tuple[tuple[str, str, str], ...] = (
     ("trainable_tokens", "Trainable tokens", "tokens"),
 )
 NAMED_KEYS = {key: (title, unit) for key, title, unit in NAMED}
+# One colour per compared run, told apart also in grey (static/charts.js draws with them).
+PALETTE = ("#2456c7", "#b45309", "#1f7a4d", "#7c3aed", "#be185d", "#0e7490", "#4d7c0f",
+           "#9a3412")
+# Characters of a task id a legend shows (the full id is in the run's config).
+SHORT_TASK = 8
 # Prefixes whose keys share one chart, that chart's title and its unit.
 OVERLAID: tuple[tuple[str, str, str], ...] = (
     ("reward/task/", "Reward per task", "reward"),
@@ -129,6 +139,13 @@ def _summary(title: str, series: list[Series], columns: Mapping[str, list[float 
     return f"{title}: " + ("; ".join(parts) or "no values yet") + tail
 
 
+def _line_label(prefix: str, name: str) -> str:
+    # A task's line is named by a short id: the legend stays readable beside the chart.
+    if prefix.endswith("/task/") and len(name) > SHORT_TASK:
+        return f"task {name[:SHORT_TASK]}…"
+    return name
+
+
 def _chart_id(text: str) -> str:
     return "chart-" + "".join(c if c.isalnum() else "-" for c in text).strip("-")
 
@@ -144,7 +161,7 @@ def run_chart_data(points: Sequence[Mapping[str, Any]]) -> ChartData:
         keys = sorted(k for k in columns if k.startswith(prefix))
         if keys:
             grouped.update(keys)
-            series = [Series(k, k.removeprefix(prefix)) for k in keys]
+            series = [Series(k, _line_label(prefix, k.removeprefix(prefix))) for k in keys]
             charts.append(Chart(_chart_id(prefix), title, unit, series,
                                 _summary(title, series, columns, iterations, alarms)))
     for key in columns:
@@ -162,3 +179,64 @@ def run_chart_data(points: Sequence[Mapping[str, Any]]) -> ChartData:
         columns["reward_mean"] = [None] * len(iterations)
     return ChartData(charts=charts, iterations=iterations, columns=columns, alarms=alarms,
                      last_iteration=iterations[-1] if iterations else -1)
+
+
+@dataclass(frozen=True)
+class ComparedSeries:
+    """One run's columns in a comparison, with its legend label and colour."""
+
+    id: str
+    label: str
+    color: str
+    iterations: list[int]
+    columns: dict[str, list[float | None]]
+    alarms: list[int]
+
+
+@dataclass(frozen=True)
+class CompareChartData:
+    """Every chart any compared run has, and each run's columns (for static/charts.js)."""
+
+    charts: list[Chart]
+    runs: list[ComparedSeries]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON for the page's ``<script type="application/json">``."""
+        return asdict(self)
+
+
+def _compare_summary(chart: Chart, runs: Sequence[ComparedSeries]) -> str:
+    parts = []
+    for run in runs:
+        for line in chart.series:
+            values = [(x, y) for x, y in zip(run.iterations, run.columns.get(line.key, []),
+                                             strict=False) if y is not None]
+            if values:
+                name = run.label if len(chart.series) == 1 else f"{run.label} {line.label}"
+                parts.append(f"{name}: last {fmt(values[-1][1])} at iteration {values[-1][0]}")
+    return f"{chart.title}: " + ("; ".join(parts) or "no values yet")
+
+
+def compare_chart_data(
+    runs: Sequence[tuple[str, str, Sequence[Mapping[str, Any]]]],
+) -> CompareChartData:
+    """Charts of several runs from (id, label, metric points) each, in the order given."""
+    compared, charts, seen = [], [], set()
+    for index, (run_id, label, points) in enumerate(runs):
+        data = run_chart_data(points)
+        compared.append(ComparedSeries(run_id, label, PALETTE[index % len(PALETTE)],
+                                       data.iterations, data.columns, data.alarms))
+        for chart in data.charts:
+            if chart.id not in seen:
+                seen.add(chart.id)
+                charts.append(chart)
+            else:  # a grouped chart (per task, ...) gets the lines every run has
+                at = next(i for i, c in enumerate(charts) if c.id == chart.id)
+                known = {line.key for line in charts[at].series}
+                extra = [line for line in chart.series if line.key not in known]
+                if extra:
+                    charts[at] = Chart(chart.id, chart.title, chart.unit,
+                                       charts[at].series + extra, chart.summary)
+    charts = [Chart(c.id, c.title, c.unit, c.series, _compare_summary(c, compared))
+              for c in charts]
+    return CompareChartData(charts=charts, runs=compared)

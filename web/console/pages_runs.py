@@ -1,13 +1,18 @@
-"""Console pages: sign-in, overview, runs with live charts and pause/resume/cancel."""
+"""Console pages: sign-in, overview, runs (filtered, selected for comparison), a run with
+live charts, progress and pause/resume/cancel, and several runs compared."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import quote
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from pydantic import StringConstraints
 
+from triloop.statuses import RunStatus
 from web import actions, tokens
+from web.api.runs import compared
 from web.auth import (
     LOGIN_CSRF_COOKIE,
     SESSION_COOKIE,
@@ -15,7 +20,7 @@ from web.auth import (
     new_csrf_token,
     same_secret,
 )
-from web.console.charts import run_chart_data
+from web.console.charts import compare_chart_data, run_chart_data
 from web.console.decisions import awaiting_me
 from web.console.rendering import (
     ConsoleGuard,
@@ -23,12 +28,12 @@ from web.console.rendering import (
     page,
     redirect,
 )
-from web.data import runs
+from web.data import run_compare, runs
 from web.data.serving import serving_now
 from web.data.transcripts import no_trainable_data_iteration
 from web.deps import Guard, ServicesDep, SessionDep, principal_for_token
 from web.pagination import CursorParam
-from web.problems import ProblemError, not_found
+from web.problems import ProblemError, invalid, not_found
 from web.request_fields import field_with_nul
 from web.tokens import TokenRefused
 
@@ -120,14 +125,68 @@ async def overview(request: Request, guard: ConsoleGuard, db: SessionDep) -> Res
                 alarms=alarms, waiting=waiting, serving=serving, alarms_in_full=engineer)
 
 
+# What a person may ask of a run in each status: resume only a paused run, pause only one
+# that iterates (or is about to), cancel any that has not ended.
+CONTROLS: dict[str, tuple[str, ...]] = {
+    RunStatus.submitted: ("pause", "cancel"),
+    RunStatus.starting: ("pause", "cancel"),
+    RunStatus.running: ("pause", "cancel"),
+    RunStatus.paused: ("resume", "cancel"),
+}
+RUN_FILTER = Annotated[str, Query(max_length=200)]
+CompareIds = Annotated[str, StringConstraints(max_length=run_compare.MAX_COMPARED * 65)]
+
+
+def _status_filter(value: str) -> RunStatus | None:
+    if not value:  # the form's "any"
+        return None
+    try:
+        return RunStatus(value)
+    except ValueError:
+        raise invalid(f"status {value!r} is not a run status; use one of "
+                      + ", ".join(s.value for s in RunStatus),
+                      reasons=[f"status: {value!r} is not a run status"]) from None
+
+
 @router.get("/runs", response_class=HTMLResponse)
 async def runs_page(
-    request: Request, guard: ConsoleGuard, db: SessionDep, cursor: CursorParam = None
+    request: Request, guard: ConsoleGuard, db: SessionDep, cursor: CursorParam = None,
+    status: RUN_FILTER = "", submitted_by: RUN_FILTER = "",
 ) -> Response:
-    """All training runs, newest first."""
+    """All training runs, newest first, filtered by status and submitter; tick several to
+    compare them."""
     await guard("read", "training_run")
-    listing = await db.read(runs.list_runs, limit=25, cursor=cursor)
-    return page(request, "runs.html", guard.principal, title="Training runs", page_=listing)
+    chosen = _status_filter(status)
+    listing = await db.read(runs.list_runs, limit=25, cursor=cursor, status=chosen,
+                            submitted_by=submitted_by or None)
+    submitters = await db.read(runs.submitters)
+    filters = {"status": chosen.value if chosen else "", "submitted_by": submitted_by}
+    return page(request, "runs.html", guard.principal, title="Training runs", page_=listing,
+                filters=filters, statuses=[s.value for s in RunStatus], submitters=submitters,
+                max_compared=run_compare.MAX_COMPARED)
+
+
+@router.get("/runs/compare", response_class=HTMLResponse)
+async def compare_page(
+    request: Request, guard: ConsoleGuard, db: SessionDep,
+    ids: Annotated[list[CompareIds], Query(max_length=50)] = [],  # noqa: B006
+) -> Response:
+    """Runs side by side: their labels, how their RUN.yaml configs differ, their series
+    overlaid. The selection lives in the URL (``?ids=a,b,c``), so it can be shared."""
+    try:
+        run_ids = run_compare.parse_run_ids(ids)
+    except run_compare.ComparisonRefused as refused:
+        return redirect(request, "/runs", notice=("warning", f"Select runs to compare: {refused}."))
+    canonical = ",".join(run_ids)
+    if ids != [canonical]:  # the list's checkboxes send ids=a&ids=b: one shareable form
+        return RedirectResponse(f"/runs/compare?ids={quote(canonical, safe=',')}",
+                                status_code=303)
+    comparison = await compared(guard, db, run_ids)
+    charts = compare_chart_data([(r.id, r.label, [m.model_dump() for m in r.metrics])
+                                 for r in comparison.runs])
+    colors = {series.id: series.color for series in charts.runs}
+    return page(request, "compare.html", guard.principal, title="Compare runs",
+                comparison=comparison, chart_data=charts, colors=colors, ids=canonical)
 
 
 async def _run_view(guard: Guard, db: SessionDep, run_id: str) -> runs.RunDetail:
@@ -144,11 +203,10 @@ async def run_page(request: Request, run_id: str, guard: ConsoleGuard, db: Sessi
     detail = await _run_view(guard, db, run_id)
     live = detail.status not in runs.TERMINAL_STATUSES
     controls = []
-    if live:
-        for action in ("pause", "resume", "cancel"):
-            if await guard.would_allow(action, "training_run", id=run_id,
-                                       owner=detail.submitted_by):
-                controls.append(action)
+    for action in CONTROLS.get(detail.status, ()):
+        if await guard.would_allow(action, "training_run", id=run_id,
+                                   owner=detail.submitted_by):
+            controls.append(action)
     chart_data = run_chart_data([m.model_dump() for m in detail.metrics])
     recent = await db.read(runs.list_runs, limit=25, cursor=None)
     others = [r for r in recent.items if r.id != detail.id]

@@ -1,19 +1,29 @@
-"""Training runs: listing, detail with per-iteration metrics and alarms, and submission rows."""
+"""Training runs: listing (with each run's last reward and success), detail with
+per-iteration metrics, alarms, progress and proposals, and submission rows."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlmodel import Session, col, select
 
 from triloop.models import Checkpoint, Task, TrainingRun, TrainingStep
 from triloop.models._columns import utcnow
 from triloop.statuses import FINISHED_RUN_STATUSES, RunStatus
+from web.data.run_progress import (
+    ProposedCandidate,
+    RunProgress,
+    proposed_candidates,
+    run_progress,
+    scheduled_iterations,
+    timed_iterations,
+)
 from web.pagination import Page, keyset, page_of
 
 TERMINAL_STATUSES = FINISHED_RUN_STATUSES
@@ -139,21 +149,39 @@ class RunDetail(RunSummary):
         description="reward and success per tag of the run's tasks (task.tags), at the last "
                     "iteration with episodes of each; the series are reward/tag/<k>=<v> and "
                     "success/tag/<k>=<v> in every metric point")
+    progress: RunProgress
+    proposed: list[ProposedCandidate] = Field(
+        default_factory=list,
+        description="the candidates the run proposed, oldest first, each with the promotion "
+                    "governance opened for it")
 
 
 class RunMetrics(BaseModel):
-    """Metrics after an iteration, for live charts."""
+    """Metrics after an iteration, for live charts, with the run's progress."""
 
     run_id: str
     status: str
+    status_reason: str | None = None
     iterations_done: int
     metrics: list[MetricPoint]
+    progress: RunProgress
+    proposed: list[ProposedCandidate] = Field(default_factory=list)
+
+
+class RunListed(RunSummary):
+    """A run as the runs list shows it: with its schedule's length and its last results."""
+
+    iterations: int = Field(description="iterations its schedule asks for (N)")
+    last_reward: float | None = Field(default=None, description="mean reward of its last "
+                                                                "iteration")
+    last_success: float | None = Field(default=None, description="success rate of its last "
+                                                                 "iteration (share, 0..1)")
 
 
 def list_runs(
     *, session: Session, limit: int, cursor: str | None, submitted_by: str | None = None,
     status: str | None = None, id_prefix: str | None = None,
-) -> Page[RunSummary]:
+) -> Page[RunListed]:
     """Runs, newest first, optionally of one submitter or status, or whose id starts so."""
     statement = select(TrainingRun)
     if id_prefix is not None:
@@ -165,7 +193,61 @@ def list_runs(
     statement = keyset(statement, [col(TrainingRun.created_at), col(TrainingRun.id)], cursor,
                        (datetime, str), limit)
     rows = list(session.exec(statement))
-    return page_of(rows, limit, lambda r: (r.created_at, r.id), RunSummary.model_validate)
+    last = _last_results(session, [r.id for r in rows[:limit]])
+    return page_of(rows, limit, lambda r: (r.created_at, r.id), lambda r: _listed(r, last))
+
+
+def runs_listed(*, session: Session, run_ids: list[str]) -> dict[str, RunListed]:
+    """These runs as the list shows them, by id (ids that name no run are left out)."""
+    rows = list(session.exec(select(TrainingRun).where(col(TrainingRun.id).in_(run_ids))))
+    last = _last_results(session, [r.id for r in rows])
+    return {row.id: _listed(row, last) for row in rows}
+
+
+def _listed(run: TrainingRun,
+            last: Mapping[str, tuple[float | None, float | None]]) -> RunListed:
+    reward, success = last.get(run.id, (None, None))
+    return RunListed(**RunSummary.model_validate(run).model_dump(),
+                     iterations=scheduled_iterations(run.config),
+                     last_reward=reward, last_success=success)
+
+
+# The learner's success-rate key (learning_loop.batch_metrics.SUCCESS_RATE; web imports no loop).
+SUCCESS_RATE_KEY = "success/rate"
+
+
+def _last_results(session: Session, run_ids: list[str]) -> dict[str, tuple[float | None,
+                                                                           float | None]]:
+    """Each run's last iteration's (mean reward, success rate), one query for the page."""
+    if not run_ids:
+        return {}
+    rows = session.exec(
+        select(TrainingStep.run_id, TrainingStep.reward_mean, TrainingStep.metrics)
+        .where(col(TrainingStep.run_id).in_(run_ids))
+        .ext(distinct_on(col(TrainingStep.run_id)))
+        .order_by(col(TrainingStep.run_id), col(TrainingStep.iteration).desc()))
+    found: dict[str, tuple[float | None, float | None]] = {}
+    for run_id, reward, metrics in rows:
+        success = numeric_metrics(metrics, None).get(SUCCESS_RATE_KEY)
+        found[run_id] = (reward if reward is not None and math.isfinite(reward) else None,
+                         success)
+    return found
+
+
+def progress_of(session: Session, run: TrainingRun, now: datetime | None = None) -> RunProgress:
+    """The run's progress now (see web.data.run_progress)."""
+    return run_progress(status=run.status, iterations_done=run.iterations_done,
+                        config=run.config, created_at=run.created_at,
+                        updated_at=run.updated_at,
+                        timed=timed_iterations(session=session, run_id=run.id),
+                        now=now or datetime.now(UTC))
+
+
+def submitters(*, session: Session, limit: int = 200) -> list[str]:
+    """The people who submitted runs, by name (the runs list's submitter filter)."""
+    rows = session.exec(select(TrainingRun.submitted_by).distinct()
+                        .order_by(col(TrainingRun.submitted_by)).limit(limit))
+    return list(rows)
 
 
 def get_run(*, session: Session, run_id: str) -> TrainingRun | None:
@@ -199,6 +281,8 @@ def run_detail(*, session: Session, run_id: str) -> RunDetail | None:
         alarms=[Alarm(iteration=p.iteration, name=a) for p in points for a in p.alarms],
         checkpoint_ids=list(checkpoints),
         tags=tag_results(points),
+        progress=progress_of(session, run),
+        proposed=proposed_candidates(session=session, run_id=run_id),
     )
 
 
@@ -208,8 +292,10 @@ def run_metrics(*, session: Session, run_id: str, after: int | None) -> RunMetri
     if run is None:
         return None
     return RunMetrics(
-        run_id=run.id, status=run.status, iterations_done=run.iterations_done,
-        metrics=_points(session, run_id, after),
+        run_id=run.id, status=run.status, status_reason=run.status_reason,
+        iterations_done=run.iterations_done, metrics=_points(session, run_id, after),
+        progress=progress_of(session, run),
+        proposed=proposed_candidates(session=session, run_id=run_id),
     )
 
 

@@ -3,6 +3,8 @@
 // <script id="chart-data">; this file draws them with hover values and axis ticks,
 // smooths them (exponential moving average, as TensorBoard does), overlays a second
 // run chosen in "Overlay run", and marks the iterations that raised a stability alarm.
+// On /runs/compare the data holds "runs" (each with its label and colour): every chart
+// then draws one line per run (dashed per key where a chart has several keys).
 (function () {
   "use strict";
   var COLORS = ["#2456c7", "#1f7a4d", "#b45309", "#7c3aed", "#0e7490", "#be185d",
@@ -70,7 +72,8 @@
     var aligned = align(data.iterations, data, other);
     var series = [{ label: "iteration", value: function (u, v) { return v === null ? "—" : v; } }];
     var columns = [aligned.xs];
-    var otherName = other ? (other.run && (other.run.name || other.run.id)) : "";
+    // A legend names a run by its name, or a short id: never a 32-character id.
+    var otherName = other ? (other.run && (other.run.name || String(other.run.id).slice(0, 8))) : "";
     chart.series.forEach(function (line, i) {
       var color = COLORS[i % COLORS.length];
       columns.push(smooth(aligned.mine(line.key) || aligned.xs.map(function () { return null; }),
@@ -99,6 +102,52 @@
     return plot;
   }
 
+  // One x axis for every compared run: the union of their iterations.
+  function alignRuns(runs) {
+    var all = [];
+    runs.forEach(function (run) {
+      run.iterations.forEach(function (x) { if (all.indexOf(x) < 0) { all.push(x); } });
+    });
+    all.sort(function (a, b) { return a - b; });
+    return { xs: all, column: function (run, k) {
+      if (!run.columns[k]) { return null; }
+      var byX = {};
+      run.iterations.forEach(function (x, i) { byX[x] = run.columns[k][i]; });
+      return all.map(function (x) { return x in byX ? byX[x] : null; });
+    } };
+  }
+
+  function buildCompared(figure, chart, runs) {
+    var host = figure.querySelector(".chart-plot");
+    var aligned = alignRuns(runs);
+    var series = [{ label: "iteration", value: function (u, v) { return v === null ? "—" : v; } }];
+    var columns = [aligned.xs], alarms = [];
+    runs.forEach(function (run) {
+      run.alarms.forEach(function (x) { if (alarms.indexOf(x) < 0) { alarms.push(x); } });
+      chart.series.forEach(function (line, i) {
+        var values = aligned.column(run, line.key);
+        if (!values) { return; }
+        columns.push(smooth(values, state.smoothing));
+        series.push({ label: chart.series.length > 1 ? run.label + " · " + line.label : run.label,
+                      stroke: run.color, width: 2, dash: i ? [6, 3 + i] : undefined,
+                      spanGaps: true, value: function (u, v) { return fmt(v); } });
+      });
+    });
+    host.replaceChildren();
+    var width = Math.max(260, host.clientWidth || figure.clientWidth - 16);
+    var plot = new window.uPlot({
+      width: width, height: 230,
+      scales: { x: { time: false } },
+      axes: [{ label: "iteration", size: 40 }, { size: 56, values: function (u, vals) { return vals.map(fmt); } }],
+      series: series,
+      cursor: { drag: { x: true, y: false } },
+      legend: { live: true },
+      plugins: [alarmPlugin(alarms)],
+    }, columns, host);
+    plot.root.setAttribute("data-series", String(series.length - 1));
+    return plot;
+  }
+
   function render() {
     var data = state.data;
     if (!data || !window.uPlot) { return; }
@@ -106,12 +155,16 @@
     state.plots = [];
     data.charts.forEach(function (chart) {
       var figure = document.getElementById(chart.id);
-      if (figure) { state.plots.push(build(figure, chart, data, state.other)); }
+      if (!figure) { return; }
+      state.plots.push(data.runs ? buildCompared(figure, chart, data.runs)
+                                 : build(figure, chart, data, state.other));
     });
     var holder = document.getElementById("charts");
     if (holder) {
-      holder.setAttribute("data-last-iteration", String(data.last_iteration));
-      holder.setAttribute("data-alarm-count", String(data.alarms.length));
+      if (!data.runs) {
+        holder.setAttribute("data-last-iteration", String(data.last_iteration));
+        holder.setAttribute("data-alarm-count", String(data.alarms.length));
+      }
       holder.setAttribute("data-drawn", String(state.plots.length));
     }
   }

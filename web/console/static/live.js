@@ -1,5 +1,7 @@
 // Live run page: poll the JSON metrics endpoint; when a new iteration or status arrives,
-// ask charts.js to fetch the run's chart data again and redraw. No framework, no CDN.
+// ask charts.js to fetch the run's chart data again and redraw. The progress line (n of N,
+// elapsed, the estimate) and the sign of starved rollouts follow each poll; when the run
+// ends, the page reloads once to show what it proposed. No framework, no CDN.
 (function () {
   "use strict";
   var script = document.currentScript;
@@ -15,6 +17,21 @@
 
   function refreshCharts() {
     return window.triloopCharts ? window.triloopCharts.refresh() : Promise.resolve();
+  }
+
+  function showProgress(progress) {
+    if (!progress) { return; }
+    var line = document.getElementById("run-progress");
+    if (line) { line.textContent = progress.timing; }
+    var total = document.getElementById("run-iterations-total");
+    if (total) { total.textContent = String(progress.iterations); }
+    var starved = document.getElementById("rollouts-starved");
+    if (starved) {
+      starved.hidden = !progress.starved;
+      if (progress.starved && starved.textContent.indexOf(progress.starved.message) < 0) {
+        starved.textContent = progress.starved.message + ".";
+      }
+    }
   }
 
   function tick() {
@@ -33,9 +50,11 @@
         }
         var iterations = document.getElementById("run-iterations");
         if (iterations) { iterations.textContent = String(data.iterations_done); }
+        showProgress(data.progress);
         var next = data.metrics.length ? refreshCharts() : Promise.resolve();
         return next.then(function () {
-          if (!terminal[data.status]) { window.setTimeout(tick, periodMs); }
+          if (terminal[data.status]) { window.location.reload(); return; }
+          window.setTimeout(tick, periodMs);
         });
       })
       .catch(function () { window.setTimeout(tick, periodMs * 3); });
