@@ -170,7 +170,7 @@ def _run_ended(row: AuditEvent, run_id: str) -> Event | None:
     if status not in _FINISHED:
         return None
     reason = str(context.get("reason") or "").strip()
-    summary = f"A training run ended {status}" + (f" (by {by})" if by else "") + (
+    summary = f"A training run ended ({status}" + (f" by {by}" if by else "") + ")" + (
         f": {reason}" if reason else ".")
     return Event(EventKind.RUN_ENDED, f"run:{run_id}:ended", "training_run", run_id, summary,
                  {"run_id": run_id, "status": status, "reason": reason, "by": by})
