@@ -33,8 +33,8 @@ from triloop.notifications.dispatcher import Dispatcher
 from triloop.notifications.events import EventKind
 from triloop.notifications.signing import DELIVERY_HEADER, EVENT_HEADER, SignatureInvalid, verify
 from triloop.policy import Actor
-from triloop.workflow_api import RollbackInput
 from triloop.wiring import build_authorizer
+from triloop.workflow_api import RollbackInput
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["tests.factories_web_fixtures"]
@@ -207,7 +207,8 @@ async def test_a_receiver_gets_each_event_kind_signed(
     promotions.record_gate(GateRecord(promotion_id=promotion, gate="shadow",
                                       reasons=["looked fine"], verdict="pass"))
     promotions.record_gate(GateRecord(promotion_id=promotion, gate="canary",
-                                      reasons=["success fell 0.8 -> 0.4"], verdict="abort_regression"))
+                                      reasons=["success fell 0.8 -> 0.4"],
+                                      verdict="abort_regression"))
     alias = uid("alias-").lower()
     make_deployment(owner_engine, alias, seeded.checkpoint_id, make_checkpoint(owner_engine))
     RollbackActivities(governance, gov_authorizer).rollback_deployment(RollbackInput(

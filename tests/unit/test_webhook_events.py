@@ -19,7 +19,6 @@ from triloop.notifications.signing import (
     verify,
 )
 
-
 GOVERNANCE = ({"service": "governance", "roles": []}, "triloop_governance")
 LEARNING = ({"service": "learning", "roles": []}, "triloop_learning")
 
