@@ -14,9 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
+import typer
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
+from typer.testing import CliRunner
 
 from governance_loop.activities.promotion import PromotionActivities
 from governance_loop.activities.rollback import RollbackActivities
@@ -35,6 +37,7 @@ from triloop.notifications.signing import DELIVERY_HEADER, EVENT_HEADER, Signatu
 from triloop.policy import Actor
 from triloop.wiring import build_authorizer
 from triloop.workflow_api import RollbackInput
+from web.cli_webhooks import webhooks_app
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["tests.factories_web_fixtures"]
@@ -358,3 +361,36 @@ def test_the_web_service_sends_webhooks_while_it_is_served(
             time.sleep(0.05)
         assert [r.event for r in receiver.subjects(run_id)] == ["run.ended"]
         client.delete(f"/api/webhooks/{made.json()['id']}", headers=operator)
+
+
+def test_the_cli_configures_webhooks_through_the_api_with_the_persons_token(
+    web_app: FastAPI, people: dict[str, Person], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = TestClient(web_app)  # not served: no dispatcher runs
+
+    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+        kwargs.pop("timeout", None)
+        return client.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
+
+    monkeypatch.setattr(httpx, "request", request)
+    monkeypatch.delenv("TRILOOP_TOKEN", raising=False)
+    root = typer.Typer()
+    root.add_typer(webhooks_app, name="webhooks")
+    runner = CliRunner()
+    operator, auditor = people["operator"].token, people["auditor"].token
+    refused = runner.invoke(root, ["webhooks", "create", "https://hooks.example/cli",
+                                   "--token", auditor])
+    assert refused.exit_code == 1 and "403" in refused.output
+    made = runner.invoke(root, ["webhooks", "create", "https://hooks.example/cli", "--event",
+                                "gate.failed", "--event", "run.ended", "--token", operator])
+    assert made.exit_code == 0, made.output
+    assert "sends gate.failed, run.ended to https://hooks.example/cli" in made.output
+    assert "secret (shown once): " in made.output
+    webhook_id = made.output.split()[1]
+    listed = runner.invoke(root, ["webhooks", "list", "--output", "json", "--token", auditor])
+    assert listed.exit_code == 0 and webhook_id in listed.output
+    assert made.output.split("secret (shown once): ")[1].split()[0] not in listed.output
+    shown = runner.invoke(root, ["webhooks", "deliveries", webhook_id, "--token", auditor])
+    assert shown.exit_code == 0, shown.output
+    gone = runner.invoke(root, ["webhooks", "disable", webhook_id, "--token", operator])
+    assert gone.exit_code == 0 and f"webhook {webhook_id} disabled by" in gone.output
