@@ -30,9 +30,11 @@ from tests.factories import make_checkpoint, make_run, uid
 from tests.factories_web import Person, assert_problem, make_deployment, make_promotion
 from triloop.audit import record_event
 from triloop.config import Settings
+from triloop.db import session_scope
 from triloop.notifications.delivery import DeliveryPolicy
 from triloop.notifications.dispatcher import Dispatcher
 from triloop.notifications.events import EventKind
+from triloop.notifications.outbox import enqueue_events
 from triloop.notifications.signing import DELIVERY_HEADER, EVENT_HEADER, SignatureInvalid, verify
 from triloop.policy import Actor
 from triloop.wiring import build_authorizer
@@ -228,10 +230,11 @@ async def test_a_receiver_gets_each_event_kind_signed(
 
     dispatcher = _dispatcher(web_engine)
     try:
-        dispatcher.run_once()
-        dispatcher.run_once()  # nothing more is owed: each event once
+        first = dispatcher.run_once()
+        dispatcher.run_once()  # nothing more is owed for these: each event once (below)
     finally:
         dispatcher.close()
+    assert first.enqueued >= len(EventKind) and first.delivered >= len(EventKind)
 
     got = receiver.subjects(promotion, alias, run_id)
     assert sorted(r.event for r in got) == sorted(k.value for k in EventKind)
@@ -282,7 +285,16 @@ async def test_a_webhook_gets_only_the_kinds_it_asked_for_from_its_creation_on(
         dispatcher.close()
     assert [(r.event, r.body["subject"]["id"]) for r in receiver.subjects(before, after)] == [
         ("run.ended", after)]
-    await api.delete(f"/api/webhooks/{webhook_id}", headers=people["operator"].headers)
+    # Disabled before its next event was sent: that delivery ends, saying why.
+    later = make_run(owner_engine)
+    runs.set_run_status(RunStatusInput(later, "completed", "done"))
+    with session_scope(web_engine) as session:
+        assert enqueue_events(session=session) == 1
+    operator = people["operator"]
+    await api.delete(f"/api/webhooks/{webhook_id}", headers=operator.headers)
+    shown = await api.get(f"/api/webhooks/{webhook_id}/deliveries", headers=operator.headers)
+    assert [(d["status"], d["attempts"], d["last_error"]) for d in shown.json()][0] == (
+        "failed", 0, f"not sent: the webhook was disabled by {operator.name}")
 
 
 async def test_a_failed_delivery_is_retried_with_backoff_then_given_up(

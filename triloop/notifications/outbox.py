@@ -74,13 +74,18 @@ def get_webhook(*, session: Session, webhook_id: str) -> Webhook | None:
 
 
 def disable_webhook(*, session: Session, webhook_id: str, disabled_by: str) -> Webhook | None:
-    """Stop a webhook: nothing more is sent to it (its deliveries stay on record)."""
+    """Stop a webhook: nothing more is sent to it (its deliveries stay on record; those
+    still pending end ``failed``, saying why)."""
     webhook = session.get(Webhook, webhook_id, with_for_update=True)
     if webhook is None or webhook.disabled_at is not None:
         return webhook
     webhook.disabled_at = session.exec(select(func.now())).one()
     webhook.disabled_by = disabled_by
     session.add(webhook)
+    session.execute(text(  # what it was still owed will not be sent: say so on each
+        "UPDATE webhook_delivery SET status = 'failed', last_error = :why "
+        "WHERE webhook_id = :w AND status = 'pending'"),
+        {"w": webhook_id, "why": f"not sent: the webhook was disabled by {disabled_by}"})
     session.flush()
     return webhook
 
@@ -128,8 +133,9 @@ def _enqueue(session: Session, webhook_id: str, row: AuditEvent, event: Event,
             id=f"whd-{uuid.uuid4().hex}", webhook_id=webhook_id, event_kind=event.kind.value,
             event_key=event.key, audit_seq=row.seq, body=body, status="pending",
             attempts=0, next_attempt_at=func.now(), created_at=func.now())
-        .on_conflict_do_nothing(index_elements=["webhook_id", "event_key"]))
-    return int(getattr(inserted, "rowcount", 0) or 0)
+        .on_conflict_do_nothing(index_elements=["webhook_id", "event_key"])
+        .returning(col(WebhookDelivery.id)))
+    return len(inserted.all())  # 0 when the event was already owed
 
 
 class _Facts:
