@@ -26,7 +26,7 @@ from governance_loop.contracts import GateRecord, MarkPromotion
 from governance_loop.durations import PromotionTiming
 from learning_loop.activities.run_state import RunActivities
 from learning_loop.contracts import RunStatusInput
-from tests.factories import make_checkpoint, make_run, uid
+from tests.factories import make_checkpoint, make_run, record_decision, uid
 from tests.factories_web import Person, assert_problem, make_deployment, make_promotion
 from triloop.audit import record_event
 from triloop.config import Settings
@@ -216,8 +216,15 @@ async def test_a_receiver_gets_each_event_kind_signed(
                                       verdict="abort_regression"))
     alias = uid("alias-").lower()
     make_deployment(owner_engine, alias, seeded.checkpoint_id, make_checkpoint(owner_engine))
-    RollbackActivities(governance, gov_authorizer).rollback_deployment(RollbackInput(
+    rollbacks = RollbackActivities(governance, gov_authorizer)
+    rollbacks.rollback_deployment(RollbackInput(
         alias=alias, promotion_id=promotion, reason="watch: success regressed"))
+    by_hand = uid("alias-").lower()  # and an operator's, carried out from their decision
+    make_deployment(owner_engine, by_hand, make_checkpoint(owner_engine),
+                    make_checkpoint(owner_engine))
+    rollbacks.rollback_deployment(RollbackInput(alias=by_hand, decision_id=record_decision(
+        web_engine, kind="rollback", subject=by_hand, decision="rollback", user=operator.name,
+        comment="p99 regression", owner=owner_engine)))
     run_id = make_run(owner_engine, submitted_by=people["engineer"].name)
     record_event(learning, actor=Actor(service="learning").to_input(), action="stability_alarm",
                  resource={"kind": "training_run", "id": run_id, "attrs": {}},
@@ -236,11 +243,15 @@ async def test_a_receiver_gets_each_event_kind_signed(
         dispatcher.close()
     assert first.enqueued >= len(EventKind) and first.delivered >= len(EventKind)
 
-    got = receiver.subjects(promotion, alias, run_id)
-    assert sorted(r.event for r in got) == sorted(k.value for k in EventKind)
+    got = receiver.subjects(promotion, alias, by_hand, run_id)
+    assert sorted(r.event for r in got) == sorted([*(k.value for k in EventKind),
+                                                   EventKind.ROLLED_BACK.value])
     assert all(r.signature_error is None for r in got), [r.signature_error for r in got]
     assert all(r.body["event"] == r.event for r in got)
-    by_kind = {r.event: r.body for r in got}
+    by_kind = {r.event: r.body for r in got if r.body["subject"]["id"] != by_hand}
+    operators = [r.body for r in got if r.body["subject"]["id"] == by_hand]
+    assert [(b["data"]["automatic"], b["summary"]) for b in operators] == [
+        (False, f"{by_hand} was rolled back by {operator.name}: p99 regression")]
     awaiting = by_kind["promotion.awaiting_audit"]
     assert awaiting["data"]["run_id"] == seeded.run_id
     assert awaiting["data"]["submitted_by"] == people["engineer"].name
@@ -251,15 +262,17 @@ async def test_a_receiver_gets_each_event_kind_signed(
     assert by_kind["run.alarm"]["data"]["alarm"] == "echo_trap"
     assert by_kind["run.ended"]["data"]["status"] == "completed"
 
-    audited = _audited(owner_engine, webhook_id)
+    audited = [a for a in _audited(owner_engine, webhook_id)
+               if a["delivery_id"] in {r.delivery_id for r in got}]
     assert sorted(a["delivery_id"] for a in audited) == sorted(r.delivery_id for r in got)
     assert {(a["db_role"], a["outcome"], a["attempt"]) for a in audited} == {
         ("triloop_web", "delivered", 1)}
     listed = await api.get(f"/api/webhooks/{webhook_id}/deliveries",
                            headers=people["auditor"].headers)
     assert listed.status_code == 200
-    assert {(d["event"], d["status"], d["attempts"]) for d in listed.json()} == {
-        (k.value, "delivered", 1) for k in EventKind}
+    seqs = {r.body["audit_seq"] for r in got}
+    assert sorted((d["event"], d["status"], d["attempts"]) for d in listed.json()
+                  if d["audit_seq"] in seqs) == sorted((r.event, "delivered", 1) for r in got)
     await api.delete(f"/api/webhooks/{webhook_id}", headers=operator.headers)
 
 
