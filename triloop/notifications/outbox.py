@@ -32,9 +32,10 @@ from triloop.models.training import TrainingRun
 from triloop.models.webhooks import Webhook, WebhookDelivery
 from triloop.notifications.delivery import Attempt, DeliveryPolicy
 from triloop.notifications.events import SOURCE_ACTIONS, Event, EventKind, classify
+from triloop.policy import Actor
 
 DELIVER_ACTION = "deliver_webhook"
-WEB_ACTOR = {"service": "web", "roles": []}
+WEB_ACTOR = Actor(service="web").to_input()  # the web service itself, for no person
 SCAN_BATCH = 500
 
 
