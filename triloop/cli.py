@@ -59,6 +59,8 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     # An auditor's reads through the API join the server-side `audit verify` and `anchor`.
     ("audit", "web.cli_audit:audit_app"),
     ("trajectories", "web.cli_trajectories:trajectories_app"),
+    # Webhooks are an operator's configuration: through the API with their token.
+    ("webhooks", "web.cli_webhooks:webhooks_app"),
 )
 PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (("rollback", "web.cli:rollback_command"),)
 

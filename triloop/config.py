@@ -117,6 +117,18 @@ class Settings(BaseSettings):
     production_retry_after_s: int = Field(
         10, gt=0, description="The Retry-After a 429 for production traffic names, s."
     )
+    webhook_poll_s: float = Field(
+        2.0, ge=0, description="How often the web service reads the audit log for webhook"
+        " events and sends the deliveries due (seconds); 0: this process sends none.")
+    webhook_timeout_s: float = Field(
+        5.0, gt=0, description="HTTP timeout of one webhook delivery attempt, seconds.")
+    webhook_retry_base_s: float = Field(
+        10.0, ge=0, description="Wait after a webhook delivery's first failed attempt, seconds;"
+        " doubled after each further failure up to webhook_retry_max_s.")
+    webhook_retry_max_s: float = Field(
+        3600.0, ge=0, description="Longest wait between two attempts of a delivery, seconds.")
+    webhook_max_attempts: int = Field(
+        8, ge=1, description="Attempts of a webhook delivery before it is given up (count).")
 
     inference_backend: Literal["torch", "openai"] = Field(
         "torch", description="torch: in-process; openai: a vLLM (OpenAI-compatible) server."

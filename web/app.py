@@ -27,6 +27,7 @@ from web.deps import WebServices
 from web.orchestration import Orchestrator
 from web.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from web.request_limits import BodySizeLimit, ValidationPool
+from web.webhook_dispatch import webhook_lifespan
 
 DESCRIPTION = (
     "Operators approve promotions and roll back, ML engineers submit and follow runs, "
@@ -82,7 +83,8 @@ def create_app(settings: Settings, *, temporal_timeout_s: float = 60.0) -> FastA
     """The FastAPI app for these settings; refuses an unsafe session secret."""
     check_session_secret(settings)
     app = FastAPI(title="triloop", version="0.1.0", description=DESCRIPTION,
-                  generate_unique_id_function=operation_id, docs_url=None, redoc_url=None)
+                  generate_unique_id_function=operation_id, docs_url=None, redoc_url=None,
+                  lifespan=webhook_lifespan)  # the webhook dispatcher runs while served
     app.state.services = build_services(settings, temporal_timeout_s=temporal_timeout_s)
     for router in ROUTERS:
         app.include_router(router)

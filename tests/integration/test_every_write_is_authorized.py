@@ -31,7 +31,8 @@ pytestmark = pytest.mark.integration
 WRITE_TABLES = ("app_user", "api_token", "training_run", "approval", "deployment", "routing",
                 "trajectory", "human_decision", "promotion", "gate_result", "checkpoint",
                 "proposal", "role_grant", "environment", "environment_version", "eval_set",
-                "eval_item", "threshold", "task_set", "task_set_member", "task")
+                "eval_item", "threshold", "task_set", "task_set_member", "task", "webhook",
+                "webhook_delivery")
 NOT_ACTIONS = {"/login", "/logout"}  # authentication itself, before any identity exists
 
 
@@ -128,6 +129,8 @@ def _requests(owner_engine: Engine) -> dict[tuple[str, str], tuple[str, dict[str
         ("POST", "/api/faults"):
             ("/api/faults", {"checkpoint_id": seeded.checkpoint_id, "temperature": 4}),
         ("DELETE", "/api/faults"): ("/api/faults", {}),
+        ("POST", "/api/webhooks"): ("/api/webhooks", {"url": "https://hooks.example/walk"}),
+        ("DELETE", "/api/webhooks/{webhook_id}"): ("/api/webhooks/wh-walk", {}),
         ("POST", "/api/environments"):
             ("/api/environments", {"name": "walk", "contract_yaml": "task: frozen_lake\n"}),
         ("POST", "/api/eval-sets"):

@@ -28,6 +28,7 @@ from triloop.models.trajectories import (
     Verdict,
 )
 from triloop.models.users import ApiToken, ConsoleSession, RoleGrant, User
+from triloop.models.webhooks import Webhook, WebhookDelivery
 
 __all__ = [
     "ApiToken",
@@ -63,4 +64,6 @@ __all__ = [
     "Trajectory",
     "TrajectorySequence",
     "User",
+    "Webhook",
+    "WebhookDelivery",
 ]

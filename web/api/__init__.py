@@ -22,6 +22,7 @@ from web.api import (
     tokens,
     trajectories,
     users,
+    webhooks,
 )
 
 
@@ -44,5 +45,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     health_router, users.router, role_grants.router, tokens.router, runs.router, checkpoints.router,
     environments.router, evaluation.router, promotions.router, deployments.router,
     episodes.router, audit.router, faults.router, model_imports.router, task_sets.router,
-    task_set_admission.router, trajectories.router,
+    task_set_admission.router, trajectories.router, webhooks.router,
 )

@@ -78,7 +78,7 @@ service_grants := {
 # eval items stay hidden from them for the same reason as from the learning loop.
 # Everyone lists their own API tokens (below); admins and auditors anyone's.
 role_reads := {
-	"ml_engineer": kinds - {"eval_item", "approval", "audit_event", "user", "api_token", "role_grant"},
+	"ml_engineer": kinds - {"eval_item", "approval", "audit_event", "user", "api_token", "role_grant", "webhook"},
 	"operator": kinds - {"user", "api_token", "role_grant"},
 	"auditor": kinds,
 	"admin": {"user", "audit_event", "api_token", "role_grant"},
@@ -115,6 +115,8 @@ role_grants := {
 		"trajectory": {"create"},
 		# Game days: serve a checkpoint degraded on purpose (see faults.rego).
 		"serving_fault": {"inject_fault", "clear_fault"},
+		# Notifications: make and disable the webhooks events are sent to (webhooks.rego).
+		"webhook": {"create", "delete"},
 	},
 	"auditor": {
 		"promotion": {"sign_audit", "reject_audit"},

@@ -19,7 +19,7 @@ kinds := {
 	"training_run", "training_step", "trajectory", "step", "checkpoint",
 	"proposal", "promotion", "gate_result", "approval", "deployment", "routing",
 	"audit_event", "user", "serving_fault", "api_token", "role_grant",
-	"nexus_operation", "rollout_batch",
+	"nexus_operation", "rollout_batch", "webhook",
 }
 
 actions := {
