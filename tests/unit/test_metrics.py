@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import socket
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 
+from triloop.config import Settings
 from triloop.metrics import (
     MetricsServerError,
     count_stored_episodes,
@@ -125,3 +127,29 @@ def test_a_taken_port_names_the_setting_to_change() -> None:
         with pytest.raises(MetricsServerError, match="TRILOOP_METRICS_PORT_LEARNING"):
             start_metrics_server("127.0.0.1", port, token=None,
                                  setting="TRILOOP_METRICS_PORT_LEARNING")
+
+
+def test_dev_up_hands_the_metrics_token_to_each_service_that_serves_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from triloop.devstack.stack import ensure_credentials, metrics_line, service_env
+    from triloop.secrets import METRICS_TOKEN, ensure_secret
+
+    monkeypatch.delenv("TRILOOP_METRICS_TOKEN", raising=False)
+    settings = Settings(home=tmp_path / ".triloop", metrics_port_execution=9471,
+                        metrics_port_learning=0, metrics_port_governance=9473)
+    ensure_credentials(settings)
+    assert "loopback clients only" in metrics_line(settings)
+    assert "execution :9471" in metrics_line(settings)
+    assert "learning" not in metrics_line(settings)  # port 0: no server
+    for service in ("execution", "governance", "web"):
+        folder = Path(service_env(settings, service)["TRILOOP_SECRETS_DIR"])  # type: ignore[arg-type]
+        assert not (folder / METRICS_TOKEN).exists()
+    token = ensure_secret(settings.secrets, METRICS_TOKEN)  # the operator turns the token on
+    assert "with the metrics token" in metrics_line(settings)
+    for service in ("execution", "learning", "governance", "web"):
+        env = service_env(settings, service)  # type: ignore[arg-type]
+        served = Settings(home=settings.home, secrets_dir=Path(env["TRILOOP_SECRETS_DIR"]))
+        assert served.metrics_scrape_token() == token, service
+    verifier = Path(service_env(settings, "verifier")["TRILOOP_SECRETS_DIR"])
+    assert not (verifier / METRICS_TOKEN).exists()  # it serves no metrics
