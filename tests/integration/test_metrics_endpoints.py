@@ -33,6 +33,7 @@ from tests.integration.test_trajectories import episode, planned
 from tests.temporal_helpers import loop_client
 from triloop.config import Settings
 from triloop.devstack.processes import free_port, port_in_use
+from triloop.metrics import render
 from triloop.wiring import build_authorizer
 from triloop.worker_serve import serve
 
@@ -208,3 +209,18 @@ def test_stored_episodes_are_the_rollout_throughput(
     assert _stored("training", "completed") == episodes_before + 2
     assert REGISTRY.get_sample_value("triloop_episode_steps_stored_total",
                                      {"purpose": "training"}) == steps_before + 5
+
+
+async def test_each_loop_worker_wires_its_own_families(settings: Settings) -> None:
+    from execution_loop.worker import build_worker as build_execution
+    from governance_loop.worker import build_worker as build_governance
+
+    governance = await loop_client(settings, "governance", "metrics-wiring")
+    build_governance(governance, settings)
+    execution = await loop_client(settings, "execution", "metrics-wiring")
+    build_execution(execution, settings)
+    body = render()[0].decode()
+    assert _value(body, "triloop_gate_states_up") == 1  # governance reads gate states
+    assert "triloop_promotions_open" in body and "triloop_gate_results" in body
+    assert _value(body, "triloop_episode_slots_busy") == 0  # execution's own queue
+    assert "triloop_episodes_waiting 0.0" in body
