@@ -7,7 +7,8 @@ client to any tracking URI it takes: a file store (``file:./mlruns``, the defaul
 refuses it unless asked, and naming it is asking), a database (``sqlite:///mlflow.db``) or
 a tracking server. One MLflow run per triloop run, found again by its ``triloop.run_id``
 tag: exporting again adds only the iterations after the last one exported, so it can be
-repeated while a run trains. MLflow comes with the optional ``tracking`` extra.
+repeated while a run trains; ``--all`` (with ``--submitted-by``) exports every run the API
+lists. MLflow comes with the optional ``tracking`` extra.
 
 What goes where: every number of each iteration (``reward_mean``, ``kl``, ...; the free-form
 ``extra_metrics`` too) is a metric at ``step`` = the iteration, timed when the iteration was
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import typer
 
@@ -176,36 +178,72 @@ def _export(run: Mapping[str, Any], points: Sequence[Mapping[str, Any]], *,
 
 @mlflow_app.command("mlflow-export")
 def train_mlflow_export(
-    run_ref: Annotated[str, typer.Argument(help="Run id, or a unique prefix of it.")],
+    run_ref: Annotated[str | None, typer.Argument(
+        help="Run id, or a unique prefix of it; leave out with --all.")] = None,
+    every_run: Annotated[bool, typer.Option(
+        "--all", help="Export every run the API lists (with --submitted-by: that person's).")
+    ] = False,
+    submitted_by: Annotated[str | None, typer.Option(
+        "--submitted-by", help="With --all: only this person's runs.")] = None,
     tracking_uri: Annotated[str, typer.Option(
         "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
-        help="Where MLflow tracks: a file store (file:./mlruns) or a tracking server URL.")
-    ] = "file:./mlruns",
+        help="Where MLflow tracks: a file store (file:./mlruns), a database "
+             "(sqlite:///mlflow.db) or a tracking server URL.")] = "file:./mlruns",
     experiment: Annotated[str, typer.Option(
         "--experiment", help="MLflow experiment to export into (made if absent).")
     ] = "triloop",
     output: OutputOption = OutputFormat.table, token: TokenOption = None,
     api_url: ApiOption = DEFAULT_API,
 ) -> None:
-    """Export a run's series (one metric per number, step = iteration) to MLflow tracking."""
+    """Export a run's series (one metric per number, step = iteration) to MLflow tracking;
+    again later, only the new iterations."""
+    if (run_ref is None) == (not every_run):
+        fail("name one run (RUN, an id or a unique prefix) or pass --all, not both", code=2)
+    if submitted_by is not None and not every_run:
+        fail("--submitted-by selects runs for --all; with one RUN leave it out", code=2)
     try:
         import mlflow  # noqa: F401 (only to say plainly when it is missing)
     except ImportError:
         fail("MLflow export needs the mlflow package: pip install 'triloop[tracking]' "
              "(or mlflow-skinny)")
-    run_id = resolve_id("runs", run_ref, "training run", token=token, api_url=api_url)
-    run = api_call("GET", f"/api/runs/{quoted(run_id)}", token=token, api_url=api_url)
-    metrics = api_call("GET", f"/api/runs/{quoted(run_id)}/metrics", token=token,
-                       api_url=api_url)
-    result = export_run(run, metrics["metrics"], tracking_uri=tracking_uri,
-                        experiment=experiment)
+    run_ids = ([resolve_id("runs", run_ref, "training run", token=token, api_url=api_url)]
+               if run_ref is not None else
+               _listed_runs(submitted_by, token=token, api_url=api_url))
+    results = []
+    for run_id in run_ids:
+        run = api_call("GET", f"/api/runs/{quoted(run_id)}", token=token, api_url=api_url)
+        metrics = api_call("GET", f"/api/runs/{quoted(run_id)}/metrics", token=token,
+                           api_url=api_url)
+        result = export_run(run, metrics["metrics"], tracking_uri=tracking_uri,
+                            experiment=experiment)
+        results.append({"run_id": run_id, "tracking_uri": tracking_uri,
+                        "experiment": experiment, **result.__dict__})
+        if output is not OutputFormat.json:
+            echo(_sentence(run_id, result, experiment=experiment, tracking_uri=tracking_uri))
     if output is OutputFormat.json:
-        print_json({"run_id": run_id, "tracking_uri": tracking_uri, "experiment": experiment,
-                    **result.__dict__})
-        return
+        print_json(results[0] if run_ref is not None else results)
+    elif not run_ids:
+        echo("no run to export")
+
+
+def _listed_runs(submitted_by: str | None, *, token: str | None, api_url: str) -> list[str]:
+    """Every run the API lists to this person (all pages), oldest first."""
+    ids: list[str] = []
+    cursor: str | None = None
+    while True:
+        query = {"limit": 200, **({"submitted_by": submitted_by} if submitted_by else {}),
+                 **({"cursor": cursor} if cursor else {})}
+        page = api_call("GET", f"/api/runs?{urlencode(query)}", token=token, api_url=api_url)
+        ids.extend(item["id"] for item in page["items"])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return ids[::-1]
+
+
+def _sentence(run_id: str, result: ExportResult, *, experiment: str, tracking_uri: str) -> str:
     through = ("no iteration yet" if result.through_iteration is None
                else f"through iteration {result.through_iteration}")
-    echo(f"{'exported' if result.created else 'updated'} run {run_id} to MLflow run "
-         f"{result.mlflow_run_id} (experiment {experiment!r} at {tracking_uri}): "
-         f"{result.values_logged} values, {through}"
-         + (f"; ended as {result.ended_as}" if result.ended_as else ""))
+    return (f"{'exported' if result.created else 'updated'} run {run_id} to MLflow run "
+            f"{result.mlflow_run_id} (experiment {experiment!r} at {tracking_uri}): "
+            f"{result.values_logged} values, {through}"
+            + (f"; ended as {result.ended_as}" if result.ended_as else ""))

@@ -1,7 +1,8 @@
-"""``triloop train mlflow-export``: a run's series, read through the API, in an MLflow file store."""
+"""``triloop train mlflow-export``: a run's series, read through the API, in MLflow tracking."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,28 @@ def test_export_refusals_are_sentences(
                                               "--tracking-uri", uri], env={"TRILOOP_TOKEN": ""})
     assert no_token.exit_code == 2 and "no API token" in no_token.output
     assert not (tmp_path / "mlruns").exists()  # nothing written for a refused export
+
+
+def test_export_all_runs_of_a_person(
+    train_cli: typer.Typer, owner_engine: Engine, people: dict[str, Person], tmp_path: Path
+) -> None:
+    submitter = f"mlflow-{uuid.uuid4().hex[:8]}"  # no other test's runs are theirs
+    runs = [make_run(owner_engine, submitted_by=submitter) for _ in range(2)]
+    for run_id in runs:
+        add_steps(owner_engine, run_id, 2)
+    uri = f"file:{tmp_path / 'mlruns'}"
+    done = CliRunner().invoke(train_cli, [
+        "train", "mlflow-export", "--all", "--submitted-by", submitter, "--tracking-uri", uri,
+        "--experiment", "everyone", "--token", people["engineer"].token, "--output", "json"])
+    assert done.exit_code == 0, done.output
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("everyone")
+    assert experiment is not None
+    exported = {r.data.tags[RUN_ID_TAG] for r in client.search_runs([experiment.experiment_id])}
+    assert exported == set(runs)
+    both = CliRunner().invoke(train_cli, ["train", "mlflow-export", runs[0], "--all",
+                                          "--token", people["engineer"].token])
+    assert both.exit_code == 2 and "not both" in both.output
+    neither = CliRunner().invoke(train_cli, ["train", "mlflow-export", "--token",
+                                             people["engineer"].token])
+    assert neither.exit_code == 2 and "or pass --all" in neither.output
