@@ -34,7 +34,7 @@ import ipaddress
 import logging
 import socketserver
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -48,6 +48,7 @@ from prometheus_client import (
     generate_latest,
     make_wsgi_app,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("triloop.metrics")
@@ -70,11 +71,6 @@ EPISODES_STORED = Counter(
 EPISODE_STEPS_STORED = Counter(
     "triloop_episode_steps_stored_total",
     "Steps of the episodes this execution worker stored, by purpose.", ["purpose"])
-EPISODE_SLOTS_BUSY = Gauge(
-    "triloop_episode_slots_busy", "Episodes this execution worker is playing now.")
-EPISODES_WAITING = Gauge(
-    "triloop_episodes_waiting",
-    "Episodes queued on this execution worker, waiting for a free slot (its queue depth).")
 TASK_QUEUE_BACKLOG = Gauge(
     "triloop_task_queue_backlog",
     "Tasks waiting on a Temporal task queue this worker polls (approximate, from the server).",
@@ -102,10 +98,29 @@ def _label(value: object) -> str:
     return str(getattr(value, "value", value))
 
 
+class _EpisodeQueue(Collector):
+    """The execution worker's slots, read at each scrape; only its process has them."""
+
+    def __init__(self, busy: Callable[[], float], waiting: Callable[[], float]) -> None:
+        self._busy, self._waiting = busy, waiting
+
+    def describe(self) -> list[Metric]:
+        """Nothing at registration: the families are whatever collect yields."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Episodes playing, and episodes waiting for a slot (the worker's queue depth)."""
+        yield GaugeMetricFamily("triloop_episode_slots_busy",
+                                "Episodes this execution worker is playing now.",
+                                value=self._busy())
+        yield GaugeMetricFamily("triloop_episodes_waiting",
+                                "Episodes queued on this execution worker, waiting for a free"
+                                " slot (its queue depth).", value=self._waiting())
+
+
 def watch_episode_queue(busy: Callable[[], float], waiting: Callable[[], float]) -> None:
     """Read the execution worker's slots at each scrape (the latest worker built wins)."""
-    EPISODE_SLOTS_BUSY.set_function(busy)
-    EPISODES_WAITING.set_function(waiting)
+    register_collector("episode_queue", _EpisodeQueue(busy, waiting))
 
 
 _registered: dict[str, Collector] = {}

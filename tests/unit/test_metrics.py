@@ -21,6 +21,7 @@ from triloop.metrics import (
     render,
     scrape_refusal,
     start_metrics_server,
+    watch_episode_queue,
 )
 
 
@@ -153,3 +154,12 @@ def test_dev_up_hands_the_metrics_token_to_each_service_that_serves_metrics(
         assert served.metrics_scrape_token() == token, service
     verifier = Path(service_env(settings, "verifier")["TRILOOP_SECRETS_DIR"])
     assert not (verifier / METRICS_TOKEN).exists()  # it serves no metrics
+
+
+def test_the_episode_queue_is_read_at_each_scrape() -> None:
+    queue = {"busy": 2, "waiting": 4}
+    watch_episode_queue(lambda: queue["busy"], lambda: queue["waiting"])
+    assert b"triloop_episodes_waiting 4.0" in render()[0]
+    queue.update(busy=0, waiting=0)
+    body = render()[0]
+    assert b"triloop_episodes_waiting 0.0" in body and b"triloop_episode_slots_busy 0.0" in body
