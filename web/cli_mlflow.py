@@ -202,7 +202,7 @@ def train_mlflow_export(
     if submitted_by is not None and not every_run:
         fail("--submitted-by selects runs for --all; with one RUN leave it out", code=2)
     try:
-        import mlflow  # noqa: F401 (only to say plainly when it is missing)
+        from mlflow.exceptions import MlflowException
     except ImportError:
         fail("MLflow export needs the mlflow package: pip install 'triloop[tracking]' "
              "(or mlflow-skinny)")
@@ -214,8 +214,12 @@ def train_mlflow_export(
         run = api_call("GET", f"/api/runs/{quoted(run_id)}", token=token, api_url=api_url)
         metrics = api_call("GET", f"/api/runs/{quoted(run_id)}/metrics", token=token,
                            api_url=api_url)
-        result = export_run(run, metrics["metrics"], tracking_uri=tracking_uri,
-                            experiment=experiment)
+        try:
+            result = export_run(run, metrics["metrics"], tracking_uri=tracking_uri,
+                                experiment=experiment)
+        except MlflowException as refused:  # a URI it cannot track to, a store it refuses
+            fail(f"MLflow could not take run {run_id} at {tracking_uri}: "
+                 f"{str(refused).splitlines()[0]}")
         results.append({"run_id": run_id, "tracking_uri": tracking_uri,
                         "experiment": experiment, **result.__dict__})
         if output is not OutputFormat.json:

@@ -79,6 +79,18 @@ def test_export_refusals_are_sentences(
     assert not (tmp_path / "mlruns").exists()  # nothing written for a refused export
 
 
+def test_a_tracking_uri_mlflow_cannot_take_is_a_sentence(
+    train_cli: typer.Typer, owner_engine: Engine, people: dict[str, Person]
+) -> None:
+    run_id = make_run(owner_engine, submitted_by=people["engineer"].name)
+    refused = CliRunner().invoke(train_cli, ["train", "mlflow-export", run_id,
+                                             "--tracking-uri", "bogus://nowhere", "--token",
+                                             people["engineer"].token])
+    assert refused.exit_code == 1, refused.output
+    assert f"MLflow could not take run {run_id} at bogus://nowhere" in refused.output
+    assert "unsupported URI" in refused.output and "Traceback" not in refused.output
+
+
 def test_export_all_runs_of_a_person(
     train_cli: typer.Typer, owner_engine: Engine, people: dict[str, Person], tmp_path: Path
 ) -> None:
