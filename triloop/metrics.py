@@ -10,7 +10,8 @@ The families, and where they are counted:
 - ``triloop_policy_decision_seconds``: one OPA decision, round trip (``OpaClient.decide``),
   by service, action and outcome (allow, deny, or failed_closed when OPA could not answer);
 - ``triloop_audit_appends_total``: rows appended to the audit chain (by decision) and to
-  the access log (``log="access"``) (``triloop.audit``);
+  the access log (``log="access"``) (``triloop.audit``), counted as each append returns in
+  its caller's transaction (one rolled back later still counts);
 - ``triloop_episodes_stored_total`` and ``triloop_episode_steps_stored_total``: rollout
   throughput, the episodes (and their steps) the execution worker stored, by purpose and
   status;
