@@ -96,8 +96,9 @@ async def sample_backlogs(client: Client, queues: Sequence[str], *,
                           every_s: float = BACKLOG_SAMPLE_S) -> None:
     """Every ``every_s``: how many tasks wait on each polled queue, as the server counts them.
 
-    A refused or failed describe is logged once per queue and type, and sampling goes on:
-    the backlog is an operator's view, never a reason to stop polling.
+    A refused or failed describe is logged once per queue and type, its series is dropped
+    until the server answers again, and sampling goes on: the backlog is an operator's view,
+    never a reason to stop polling.
     """
     failing: set[tuple[str, str]] = set()
     while True:
@@ -112,6 +113,8 @@ async def sample_backlogs(client: Client, queues: Sequence[str], *,
                 except RPCError as exc:
                     if (queue, kind) not in failing:
                         log.warning("backlog of %s (%s) not sampled: %s", queue, kind, exc)
+                        # No stale number: the series goes until the server answers again.
+                        TASK_QUEUE_BACKLOG.remove(client.namespace, queue, kind)
                     failing.add((queue, kind))
                     continue
                 failing.discard((queue, kind))

@@ -224,3 +224,27 @@ async def test_each_loop_worker_wires_its_own_families(settings: Settings) -> No
     assert "triloop_promotions_open" in body and "triloop_gate_results" in body
     assert _value(body, "triloop_episode_slots_busy") == 0  # execution's own queue
     assert "triloop_episodes_waiting 0.0" in body
+
+
+async def test_a_refused_backlog_sample_drops_its_series(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    from triloop.metrics import TASK_QUEUE_BACKLOG
+    from triloop.worker_serve import sample_backlogs
+
+    # Governance's token in the execution namespace: the server refuses every describe.
+    client = await loop_client(settings, "execution", "metrics-refused", service="governance")
+    queue = f"nobody-{uuid.uuid4().hex[:8]}"
+    labels = {"namespace": client.namespace, "task_queue": queue, "type": "workflow"}
+    TASK_QUEUE_BACKLOG.labels(**labels).set(7)  # as if an earlier sample had answered
+    sampling = asyncio.create_task(sample_backlogs(client, [queue], every_s=3600))
+    try:
+        for _ in range(100):
+            if REGISTRY.get_sample_value("triloop_task_queue_backlog", labels) is None:
+                break
+            await asyncio.sleep(0.1)
+        assert REGISTRY.get_sample_value("triloop_task_queue_backlog", labels) is None
+        assert not sampling.done()  # refused, logged, and it goes on
+    finally:
+        sampling.cancel()
+    assert f"backlog of {queue} (workflow) not sampled" in caplog.text
