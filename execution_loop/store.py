@@ -35,6 +35,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
+from triloop.metrics import count_stored_episodes
 from triloop.models import Step, Trajectory, TrajectorySequence
 from triloop.policy import Actor, Authorizer, PolicyDenied, Resource
 from triloop.token_sequence import (
@@ -298,7 +299,11 @@ def _store_new(
     with engine.begin() as conn:
         raw = conn.connection.driver_connection
         with raw.cursor() as cursor:  # type: ignore[union-attr]
-            return _insert_trajectories(cursor, episodes)
+            written = _insert_trajectories(cursor, episodes)
+    # Counted once committed: rollout throughput on the execution worker's /metrics.
+    count_stored_episodes((row.purpose, row.status, len(steps))
+                          for row, steps in episodes if row.id in written)
+    return written
 
 
 # What one authorization of a set decides over: the facts every episode of the set shares.

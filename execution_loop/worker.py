@@ -41,6 +41,7 @@ from triloop.artifact_backends import open_shared_store, open_store
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
 from triloop.faults import read_serving_faults
+from triloop.metrics import watch_episode_queue
 from triloop.nexus_caller import NexusCallerCheck
 from triloop.wiring import build_authorizer
 from triloop.worker_serve import serve, worker_identity
@@ -86,10 +87,12 @@ def build_worker(
     )
     # A group activity plays its episodes on these slots: at most max_concurrent_episodes
     # at once on this worker, whatever the groups, shared fairly between runs.
-    groups = EpisodeGroupRunner(
-        rollout=rollout, engine=engine, authorizer=authorizer,
-        episodes=episode_slots or EpisodeSlots(max_concurrent_episodes),
-    )
+    slots = episode_slots or EpisodeSlots(max_concurrent_episodes)
+    groups = EpisodeGroupRunner(rollout=rollout, engine=engine, authorizer=authorizer,
+                                episodes=slots)
+    # The worker's own queue on /metrics: episodes playing, and episodes waiting for a slot.
+    watch_episode_queue(lambda: sum(slots.held().values()),
+                        lambda: sum(slots.waiting().values()))
     probe = AdmissionProbe(environments=environments)
     describer = TaskDescriber(environments=environments, store=open_store(settings))
     # Episodes are synchronous (torch, subprocess sandboxes): one thread each.

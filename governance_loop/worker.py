@@ -30,6 +30,7 @@ from governance_loop.activities.writes import GovernanceWriteActivities
 from governance_loop.activity_support import GOVERNANCE
 from governance_loop.admission import AdmissionBudgets
 from governance_loop.durations import PromotionTiming
+from governance_loop.gate_metrics import GateStates
 from governance_loop.interruptions import InterruptionWatch
 from governance_loop.nexus_handlers import GovernanceNexusHandlers
 from governance_loop.workflows import (
@@ -43,6 +44,7 @@ from governance_loop.workflows import (
 from triloop.artifact_backends import open_shared_store, open_store
 from triloop.config import Settings, get_settings
 from triloop.db import role_engine
+from triloop.metrics import register_collector
 from triloop.nexus_caller import NexusCallerCheck
 from triloop.policy import Authorizer
 from triloop.wiring import build_authorizer
@@ -64,6 +66,7 @@ def build_worker(
     engine = engine or role_engine(settings, "governance")
     authorizer = authorizer or build_authorizer(settings, "governance")
     timing = timing or PromotionTiming.for_profile(settings.gate_profile)
+    register_collector("gate_states", GateStates(engine))  # gate states on /metrics
     promotion = PromotionActivities(engine, authorizer, timing=timing,
                                     threshold_name=threshold_name, home=settings.home,
                                     store=open_shared_store(settings))

@@ -24,6 +24,10 @@ from triloop.secrets import OWNER_PASSWORD, ensure_secret
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# No worker a test serves (in process or as `python -m ...worker`) binds a fixed /metrics
+# port that another session on the machine may hold; tests of /metrics pick a free port.
+for _loop in ("EXECUTION", "LEARNING", "GOVERNANCE"):
+    os.environ.setdefault(f"TRILOOP_METRICS_PORT_{_loop}", "0")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import Engine, func, text
 from sqlmodel import Session, col, select
 
+from triloop.metrics import AUDIT_APPENDS
 from triloop.models.audit import AuditEvent
 
 GENESIS_HASH = "0" * 64
@@ -114,6 +115,7 @@ def append_event(
         "decision": decision, "decision_id": decision_id, "policy_revision": policy_revision,
         "payload": json.dumps(payload_doc), "credential": credential,
     }).one()
+    AUDIT_APPENDS.labels(log="chain", decision=decision).inc()
     return AuditEvent(seq=int(row[0]), at=row[1], actor=actor_doc, action=action,
                       resource=resource_doc, decision=decision, decision_id=decision_id,
                       policy_revision=policy_revision, payload=payload_doc, prev_hash=str(row[2]),
@@ -238,6 +240,7 @@ def append_access(
         "actor": json.dumps(dict(actor), allow_nan=False, default=str), "action": action,
         "resource": json.dumps(dict(resource), allow_nan=False, default=str),
         "decision_id": decision_id, "policy_revision": policy_revision})
+    AUDIT_APPENDS.labels(log="access", decision="allow").inc()
 
 
 class DatabaseAuditSink:

@@ -53,6 +53,8 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("governance", "governance_loop.cli:governance_app"),
     ("users", "web.cli:users_app"),
     ("train", "web.cli_runs:train_app"),
+    # `train mlflow-export`: a run's series into MLflow tracking, read through the API.
+    ("train", "web.cli_mlflow:mlflow_app"),
     ("promotions", "web.cli:promotions_app"),
     # Game days are an operator's act: through the API with their token, never locally.
     ("faults", "web.cli:faults_app"),

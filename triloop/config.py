@@ -14,6 +14,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from triloop.secrets import (
+    METRICS_TOKEN,
     OWNER_PASSWORD,
     opa_token_name,
     read_secret,
@@ -161,6 +162,18 @@ class Settings(BaseSettings):
     gate_profile: Literal["production", "demo", "test"] = Field(
         "production", description="Soak and deadline durations: days, minutes or seconds."
     )
+    metrics_token: str | None = Field(
+        None, description="Bearer token a Prometheus scrape of any service's /metrics must"
+        " send; default the metrics-token secret. Unset and no secret: /metrics answers"
+        " loopback clients only (triloop/metrics.py).")
+    metrics_host: str = Field(
+        "127.0.0.1", description="Bind address of each loop worker's /metrics server.")
+    metrics_port_execution: int = Field(
+        9471, ge=0, le=65535, description="Port of the execution worker's /metrics (0: none).")
+    metrics_port_learning: int = Field(
+        9472, ge=0, le=65535, description="Port of the learning worker's /metrics (0: none).")
+    metrics_port_governance: int = Field(
+        9473, ge=0, le=65535, description="Port of the governance worker's /metrics (0: none).")
 
     @property
     def artifacts(self) -> Path:
@@ -206,6 +219,15 @@ class Settings(BaseSettings):
             if token is not None:
                 tokens[service] = token
         return tokens
+
+    def metrics_scrape_token(self) -> str | None:
+        """The token a scrape of /metrics must bear, or None: loopback clients only."""
+        return self.metrics_token or read_secret(self.secrets, METRICS_TOKEN)
+
+    def metrics_port(self, loop: LoopName) -> int:
+        """The port of one loop worker's /metrics server (0: it runs none)."""
+        port: int = getattr(self, f"metrics_port_{loop}")
+        return port
 
     def temporal_ui(self) -> str | None:
         """The Temporal UI the console links to: the configured one, else the dev server's."""

@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 OWNER_PASSWORD = "pg-owner"
+# The bearer token a Prometheus scrape of /metrics sends (triloop/metrics.py); optional.
+METRICS_TOKEN = "metrics-token"
 
 
 class SecretFileError(RuntimeError):

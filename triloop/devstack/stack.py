@@ -54,10 +54,12 @@ from triloop.devstack.temporal_keys import ensure_tokens
 from triloop.devstack.temporal_server import TemporalPorts, provision, start_temporal_server
 from triloop.faults import faults_file
 from triloop.secrets import (
+    METRICS_TOKEN,
     OWNER_PASSWORD,
     ensure_secret,
     hand_out,
     opa_token_name,
+    read_secret,
     role_password_name,
     temporal_token_name,
 )
@@ -134,6 +136,8 @@ def service_env(
     own = [role_password_name(service)]
     if service != "verifier":
         own.append(opa_token_name(service))
+        if read_secret(settings.secrets, METRICS_TOKEN) is not None:  # scrapes need it
+            own.append(METRICS_TOKEN)
         if settings.temporal_credential(service) is not None:
             own.append(temporal_token_name(service))
     folder = StackPaths(settings.home.resolve()).service_dir(service)
@@ -312,7 +316,18 @@ def urls(settings: Settings) -> list[str]:
         f"Temporal    {settings.temporal_address} ({temporal_mode_line(settings, host)})",
         f"OPA         {settings.opa_url}",
         f"Console     http://{settings.web_host}:{settings.web_port}/",
+        f"Metrics     {metrics_line(settings)}",
     ]
+
+
+def metrics_line(settings: Settings) -> str:
+    """Where Prometheus scrapes each service, and how it is let in."""
+    workers = ", ".join(f"{loop} :{settings.metrics_port(loop)}" for loop in LOOPS
+                        if settings.metrics_port(loop))
+    guard = ("with the metrics token" if settings.metrics_scrape_token()
+             else "loopback clients only (no metrics token)")
+    return (f"web /metrics; workers on {settings.metrics_host} ({workers or 'none'}); "
+            f"{guard}")
 
 
 def temporal_mode_line(settings: Settings, host: str) -> str:

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from triloop.metrics import FAILED_CLOSED_PREFIX, POLICY_DECISION_SECONDS, decision_outcome
 from triloop.policy.model import Actor, Decision, Resource, policy_input
 
 DECISION_PATH = "/v1/data/triloop/authz/decision"
@@ -45,7 +47,7 @@ TOKENS_BUNDLE = "opa-tokens"
 
 
 def _deny(reason: str, decision_id: str | None = None, revision: str | None = None) -> Decision:
-    return Decision(False, (f"failed closed: {reason}",), decision_id, revision)
+    return Decision(False, (f"{FAILED_CLOSED_PREFIX}: {reason}",), decision_id, revision)
 
 
 def _is_tokens_bundle(name: str) -> bool:
@@ -154,14 +156,21 @@ class OpaClient:
         resource: Resource,
         context: Mapping[str, Any] | None = None,
     ) -> Decision:
-        """Ask OPA; any failure is a deny with its reason."""
+        """Ask OPA; any failure is a deny with its reason. Its latency goes to /metrics."""
+        started = time.perf_counter()
         body = self._body(actor, action, resource, context)
         try:
             response = self._client.post(self._endpoint, content=body,
                                          headers=self._auth.get(_service_key(actor.service)))
         except httpx.HTTPError as exc:
-            return _transport_failure(exc, self.url, self.timeout_s)
-        return decision_from_response(response.status_code, response.content)
+            decision = _transport_failure(exc, self.url, self.timeout_s)
+        else:
+            decision = decision_from_response(response.status_code, response.content)
+        POLICY_DECISION_SECONDS.labels(
+            service=_service_key(actor.service), action=action,
+            outcome=decision_outcome(decision.allow, decision.reasons),
+        ).observe(time.perf_counter() - started)
+        return decision
 
     async def adecide(
         self,

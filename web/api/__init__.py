@@ -1,4 +1,4 @@
-"""The JSON API: one router per area, all under ``/api``, plus ``/healthz``."""
+"""The JSON API: one router per area, all under ``/api``, plus ``/healthz`` and ``/metrics``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from web.api import (
     episodes,
     evaluation,
     faults,
+    metrics,
     model_imports,
     promotions,
     role_grants,
@@ -45,5 +46,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     health_router, users.router, role_grants.router, tokens.router, runs.router, checkpoints.router,
     environments.router, evaluation.router, promotions.router, deployments.router,
     episodes.router, audit.router, faults.router, model_imports.router, task_sets.router,
-    task_set_admission.router, trajectories.router, webhooks.router,
+    task_set_admission.router, trajectories.router, webhooks.router, metrics.router,
 )
