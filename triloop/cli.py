@@ -53,14 +53,17 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("governance", "governance_loop.cli:governance_app"),
     ("users", "web.cli:users_app"),
     ("train", "web.cli_runs:train_app"),
-    ("promotions", "web.cli:promotions_app"),
+    ("promotions", "web.cli_promotions:promotions_app"),
+    ("deployments", "web.cli_deployments:deployments_app"),
+    ("checkpoints", "web.cli_checkpoints:checkpoints_app"),
     # Game days are an operator's act: through the API with their token, never locally.
     ("faults", "web.cli:faults_app"),
     # An auditor's reads through the API join the server-side `audit verify` and `anchor`.
     ("audit", "web.cli_audit:audit_app"),
     ("trajectories", "web.cli_trajectories:trajectories_app"),
 )
-PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (("rollback", "web.cli:rollback_command"),)
+PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (
+    ("rollback", "web.cli_deployments:rollback_command"),)
 
 
 class PluginBroken(Exception):

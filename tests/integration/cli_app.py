@@ -13,6 +13,9 @@ from fastapi.testclient import TestClient
 from triloop.config import Settings
 from web import cli
 from web.cli_audit import audit_app
+from web.cli_checkpoints import checkpoints_app
+from web.cli_deployments import deployments_app, rollback_command
+from web.cli_promotions import promotions_app
 from web.cli_trajectories import trajectories_app
 
 
@@ -32,9 +35,11 @@ def app_cli(
     root = typer.Typer()
     root.add_typer(cli.users_app, name="users")
     root.add_typer(cli.train_app, name="train")
-    root.add_typer(cli.promotions_app, name="promotions")
+    root.add_typer(promotions_app, name="promotions")
+    root.add_typer(deployments_app, name="deployments")
+    root.add_typer(checkpoints_app, name="checkpoints")
     root.add_typer(cli.faults_app, name="faults")
     root.add_typer(audit_app, name="audit")
     root.add_typer(trajectories_app, name="trajectories")
-    root.command("rollback")(cli.rollback_command)
+    root.command("rollback")(rollback_command)
     return root

@@ -214,7 +214,7 @@ async def test_a_run_names_tasks_by_prefix_and_its_curriculum_is_checked_at_subm
     # A prefix of several tasks' ids is refused, naming them.
     ambiguous = await api.post("/api/runs", headers=engineer.headers, json={
         "config": {**_config(easy1, "tt"), "name": name}})
-    assert_problem(ambiguous, 422, "tt: ambiguous")
+    assert_problem(ambiguous, 422, "'tt' is ambiguous")
     assert _runs_named(owner_engine, name) == 0
 
 
