@@ -2,14 +2,15 @@
 their lineage, through the API with the person's token; every id argument takes a unique
 prefix, and an ambiguous one is answered with its candidates.
 
-The commands run in a thread, their HTTP calls answered by the session's in-process app on
-the session's loop, where the stand-in promotion workflow's worker polls too.
+The commands run in a thread (``invoke_cli``), their HTTP calls answered by the session's
+in-process app on the session's loop, where the stand-in promotion workflow's worker polls.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,6 @@ import httpx
 import pytest
 import pytest_asyncio
 import typer
-from click.testing import Result
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
@@ -39,43 +39,12 @@ from triloop.faults import read_serving_faults
 from triloop.temporal import connect
 from triloop.workflow_api import GOVERNANCE_QUEUE, PROMOTION_STATUS_QUERY
 from web import cli
-from web.cli_checkpoints import checkpoints_app
-from web.cli_deployments import deployments_app
-from web.cli_promotions import promotions_app
+
+if TYPE_CHECKING:  # the module is a pytest plugin here, imported by pytest first
+    from tests.integration.cli_app import InvokeCli
 
 pytestmark = pytest.mark.integration
-pytest_plugins = ["tests.factories_web_fixtures"]
-
-Invoke = Callable[..., Awaitable[Result]]
-
-
-def _root() -> typer.Typer:
-    root = typer.Typer()
-    for name, group in (("promotions", promotions_app), ("deployments", deployments_app),
-                        ("checkpoints", checkpoints_app), ("users", cli.users_app)):
-        root.add_typer(group, name=name)
-    return root
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def invoke(api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> Invoke:
-    """Run a CLI command in a thread; its requests go to ``api`` on this loop."""
-    loop = asyncio.get_running_loop()
-
-    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
-        kwargs.pop("timeout", None)
-        call = api.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
-        return asyncio.run_coroutine_threadsafe(call, loop).result(timeout=120)
-
-    monkeypatch.setattr(httpx, "request", request)
-    monkeypatch.delenv("TRILOOP_TOKEN", raising=False)
-    root = _root()
-
-    async def run(*args: str, token: str) -> Result:
-        return await asyncio.to_thread(CliRunner().invoke, root, [*args, "--token", token])
-
-    return run
-
+pytest_plugins = ["tests.factories_web_fixtures", "tests.integration.cli_app"]
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def governance(web_settings: Settings) -> AsyncIterator[Client]:
@@ -87,7 +56,7 @@ async def governance(web_settings: Settings) -> AsyncIterator[Client]:
 
 
 async def test_an_auditor_signs_and_an_operator_approves_from_the_cli_by_prefix(
-    invoke: Invoke, people: dict[str, Person], owner_engine: Engine, governance: Client,
+    invoke_cli: InvokeCli, people: dict[str, Person], owner_engine: Engine, governance: Client,
     web_settings: Settings,
 ) -> None:
     seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name,
@@ -96,24 +65,24 @@ async def test_an_auditor_signs_and_an_operator_approves_from_the_cli_by_prefix(
     auditor, operator = people["auditor"], people["operator"]
     prefix = seeded.promotion_id[:12]
 
-    blank = await invoke("promotions", "sign-audit", prefix, "--comment", "   ",
+    blank = await invoke_cli("promotions", "sign-audit", prefix, "--comment", "   ",
                          token=auditor.token)
     assert blank.exit_code == 2 and "--comment" in blank.stderr
-    signed = await invoke("promotions", "sign-audit", prefix, "--comment", "lineage checked",
+    signed = await invoke_cli("promotions", "sign-audit", prefix, "--comment", "lineage checked",
                           token=auditor.token)
     assert signed.exit_code == 0, signed.output
     assert (f"{auditor.name} signed the audit of promotion {seeded.promotion_id}: audit gate"
             " pass") in signed.stdout
     add_approval(owner_engine, seeded.promotion_id, "audit", auditor.name)  # as governance
 
-    shown = await invoke("promotions", "show", prefix, token=operator.token)
+    shown = await invoke_cli("promotions", "show", prefix, token=operator.token)
     assert f"{auditor.name} signed the audit: looked at the evidence" in shown.stdout
     assert "audit by" not in shown.stdout and ": approve" not in shown.stdout
 
     # Refusals print the policy's reasons: the auditor may not approve what they signed.
-    refused = await invoke("promotions", "approve", prefix, "-m", "ship", token=auditor.token)
+    refused = await invoke_cli("promotions", "approve", prefix, "-m", "ship", token=auditor.token)
     assert refused.exit_code == 1 and "403" in refused.stderr, refused.output
-    approved = await invoke("promotions", "approve", prefix, "-m", "gates green",
+    approved = await invoke_cli("promotions", "approve", prefix, "-m", "gates green",
                             token=operator.token)
     assert approved.exit_code == 0, approved.output
     assert f"{operator.name} approved promotion {seeded.promotion_id}" in approved.stdout
@@ -123,23 +92,23 @@ async def test_an_auditor_signs_and_an_operator_approves_from_the_cli_by_prefix(
 
 
 async def test_decisions_on_a_promotion_no_workflow_runs_are_refused_with_a_sentence(
-    invoke: Invoke, people: dict[str, Person], owner_engine: Engine,
+    invoke_cli: InvokeCli, people: dict[str, Person], owner_engine: Engine,
 ) -> None:
     seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name,
                             current_gate="stability")
     operator = people["operator"]
     for command in ("override", "override-alarms", "reject"):
-        result = await invoke("promotions", command, seeded.promotion_id, "--reason", "why",
+        result = await invoke_cli("promotions", command, seeded.promotion_id, "--reason", "why",
                               token=operator.token)
         assert result.exit_code == 1, result.output
         assert result.stderr.startswith("error: ") and "Traceback" not in result.output
-    auditor = await invoke("promotions", "reject-audit", seeded.promotion_id, "-m", "no",
+    auditor = await invoke_cli("promotions", "reject-audit", seeded.promotion_id, "-m", "no",
                            token=people["engineer"].token)
     assert auditor.exit_code == 1 and "403" in auditor.stderr
 
 
 async def test_an_ambiguous_promotion_prefix_lists_the_candidates(
-    invoke: Invoke, people: dict[str, Person], owner_engine: Engine,
+    invoke_cli: InvokeCli, people: dict[str, Person], owner_engine: Engine,
 ) -> None:
     stem = uid("pp")
     engineer = people["engineer"].name
@@ -151,7 +120,7 @@ async def test_an_ambiguous_promotion_prefix_lists_the_candidates(
         insert(owner_engine, "promotion", id=f"{stem}{suffix}", proposal_id=proposal,
                checkpoint_id=seeded.checkpoint_id, run_id=seeded.run_id,
                submitted_by=engineer, status="open", current_gate="approval")
-    result = await invoke("promotions", "approve", stem, "-m", "ok",
+    result = await invoke_cli("promotions", "approve", stem, "-m", "ok",
                           token=people["operator"].token)
     assert result.exit_code == 1
     assert f"'{stem}' is ambiguous" in result.stderr
@@ -159,39 +128,39 @@ async def test_an_ambiguous_promotion_prefix_lists_the_candidates(
 
 
 async def test_deployments_show_says_what_serves_since_when_why_and_the_rollback_target(
-    invoke: Invoke, people: dict[str, Person], owner_engine: Engine,
+    invoke_cli: InvokeCli, people: dict[str, Person], owner_engine: Engine,
 ) -> None:
     alias = uid("alias-").lower()
     serving, target = make_checkpoint(owner_engine), make_checkpoint(owner_engine)
     make_deployment(owner_engine, alias, serving, target)
-    shown = await invoke("deployments", "show", alias, token=people["operator"].token)
+    shown = await invoke_cli("deployments", "show", alias, token=people["operator"].token)
     assert shown.exit_code == 0, shown.output
     lines = shown.stdout.splitlines()
     assert lines[0].startswith(f"{alias} serves {serving} since ")
     assert lines[1] == "  put there by governance (promote: promotion p approved by olga)"
     assert f"  rollback target: {target}" in lines
     assert "None" not in shown.stdout
-    listed = await invoke("deployments", "list", token=people["auditor"].token)
+    listed = await invoke_cli("deployments", "list", token=people["auditor"].token)
     assert any(row.split("\t")[:2] == [alias, serving] for row in listed.stdout.splitlines())
-    missing = await invoke("deployments", "show", uid("nope-"), token=people["operator"].token)
+    missing = await invoke_cli("deployments", "show", uid("nope-"), token=people["operator"].token)
     assert missing.exit_code == 1 and "404" in missing.stderr
 
 
 async def test_checkpoints_list_show_and_lineage_by_prefix(
-    invoke: Invoke, people: dict[str, Person], owner_engine: Engine, api: httpx.AsyncClient,
+    invoke_cli: InvokeCli, people: dict[str, Person], owner_engine: Engine, api: httpx.AsyncClient,
 ) -> None:
     engineer = people["engineer"]
     seeded = make_promotion(owner_engine, submitted_by=engineer.name)
-    listed = await invoke("checkpoints", "list", "--run", seeded.run_id[:10],
+    listed = await invoke_cli("checkpoints", "list", "--run", seeded.run_id[:10],
                           token=engineer.token)
     assert listed.exit_code == 0, listed.output
     ids = [row.split("\t")[0] for row in listed.stdout.splitlines()[1:]]
     assert ids == [seeded.checkpoint_id, seeded.parent_id]
 
     prefix = seeded.checkpoint_id[:14]
-    shown = await invoke("checkpoints", "show", prefix, token=engineer.token)
+    shown = await invoke_cli("checkpoints", "show", prefix, token=engineer.token)
     assert shown.exit_code == 0 and f"checkpoint {seeded.checkpoint_id}" in shown.stdout
-    lineage = await invoke("checkpoints", "lineage", prefix, token=people["auditor"].token)
+    lineage = await invoke_cli("checkpoints", "lineage", prefix, token=people["auditor"].token)
     assert lineage.exit_code == 0, lineage.output
     chain = [line.strip().split(":")[0] for line in lineage.stdout.splitlines()[1:4]]
     assert chain == [seeded.root_id, seeded.parent_id, seeded.checkpoint_id]
@@ -209,12 +178,12 @@ async def test_checkpoints_list_show_and_lineage_by_prefix(
     body = assert_problem(ambiguous, 422, "ambiguous", first, second)
     assert body["reasons"] == [first, second]
     assert_problem(await api.get(f"/api/checkpoints/{stem}z", headers=engineer.headers), 404)
-    cli_ambiguous = await invoke("checkpoints", "lineage", stem, token=engineer.token)
+    cli_ambiguous = await invoke_cli("checkpoints", "lineage", stem, token=engineer.token)
     assert cli_ambiguous.exit_code == 1 and f"'{stem}' is ambiguous" in cli_ambiguous.stderr
 
 
 async def test_a_second_admin_confirms_a_grant_by_a_prefix_of_its_id(
-    invoke: Invoke, people: dict[str, Person], owner_engine: Engine, api: httpx.AsyncClient,
+    invoke_cli: InvokeCli, people: dict[str, Person], owner_engine: Engine, api: httpx.AsyncClient,
 ) -> None:
     from tests.factories_web import make_user
 
@@ -224,10 +193,10 @@ async def test_a_second_admin_confirms_a_grant_by_a_prefix_of_its_id(
                            headers=first.headers)
     assert asked.status_code == 201, asked.text
     grant_id = asked.json()["id"]
-    confirmed = await invoke("users", "confirm", grant_id[:10], token=second.token)
+    confirmed = await invoke_cli("users", "confirm", grant_id[:10], token=second.token)
     assert confirmed.exit_code == 0, confirmed.output
     assert confirmed.stdout.split()[:4] == [grant_id, person.name, "auditor", "active"]
-    unknown = await invoke("users", "refuse-grant", uid("zz"), token=second.token)
+    unknown = await invoke_cli("users", "refuse-grant", uid("zz"), token=second.token)
     assert unknown.exit_code == 1 and "no role grant has an id starting with" in unknown.stderr
 
 
