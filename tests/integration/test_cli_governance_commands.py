@@ -8,11 +8,9 @@ in-process app on the session's loop, where the stand-in promotion workflow's wo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
