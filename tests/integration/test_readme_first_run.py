@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 from sqlalchemy import Engine, text
 from temporalio.client import Client
@@ -16,6 +17,7 @@ from temporalio.client import Client
 from tests.factories import insert, uid
 from tests.factories_task_sets import make_task_set
 from tests.factories_web import Person
+from tests.integration.console_client import console_session
 from tests.integration.test_api_runs import learning_stand_in  # noqa: F401 (fixture)
 from triloop.run_config import load_run_config
 from triloop.workflow_api import RUN_CANCEL_SIGNAL, RunControl
@@ -53,6 +55,7 @@ async def test_the_readmes_example_run_is_submitted_as_written(
 
 async def test_the_task_list_says_which_tasks_train_and_which_are_held_out(
     invoke_cli: InvokeCli, people: dict[str, Person], owner_engine: Engine,
+    api: httpx.AsyncClient,
 ) -> None:
     tasks = make_task_set(owner_engine, splits=("train", "eval", "traffic"),
                           status="admitted", task_status="admitted")
@@ -79,3 +82,16 @@ async def test_the_task_list_says_which_tasks_train_and_which_are_held_out(
         held: f"held out (eval set {frozen}@v1)",
         traffic: f"held out (traffic split of {tasks.name}@1)",
     }
+
+    # The console's environment page shows the same: full ids (RUN.yaml takes them), and
+    # which tasks are for training and which are held out.
+    await console_session(api, people["engineer"])
+    try:
+        page = await api.get(f"/environments/{environment}")
+    finally:
+        api.cookies.clear()
+    assert page.status_code == 200, page.text
+    for task_id in tasks.task_ids:
+        assert f'<code class="task-id" data-task-id="{task_id}">{task_id}</code>' in page.text
+    assert f"held out: {frozen}@v1" in page.text
+    assert '<span class="badge">training</span>' in page.text
