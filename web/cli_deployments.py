@@ -25,6 +25,7 @@ from triloop.cli_output import (
     print_rows,
 )
 from web.cli_api import DEFAULT_API, ApiOption, TokenOption, api_call, quoted
+from web.cli_checkpoints import resolve_checkpoint
 
 deployments_app = typer.Typer(help="What each alias serves, since when and why; its rollback"
                                    " target and history.", no_args_is_help=True)
@@ -97,7 +98,8 @@ def rollback_command(
     to_revision: Annotated[int | None, typer.Option(
         "--to-revision", min=1, help="Return to this revision of the alias's history.")] = None,
     to_checkpoint: Annotated[str | None, typer.Option(
-        "--to-checkpoint", help="Return to this checkpoint's latest revision.")] = None,
+        "--to-checkpoint", help="Return to this checkpoint's latest revision (its id, a unique"
+        " prefix of it, or its name).")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Show where the rollback would go; change nothing.")] = False,
     output: OutputOption = OutputFormat.table,
@@ -109,6 +111,8 @@ def rollback_command(
     """
     if to_revision is not None and to_checkpoint:
         fail("pass --to-revision or --to-checkpoint, not both", code=2)
+    if to_checkpoint:
+        to_checkpoint = resolve_checkpoint(to_checkpoint, token=token, api_url=api_url)
     if dry_run:
         query = urlencode({k: v for k, v in (("to_revision", to_revision),
                                              ("to_checkpoint_id", to_checkpoint)) if v})
