@@ -10,6 +10,7 @@ refusal prints its reasons. A promotion is named by its id or a unique prefix of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -126,59 +127,34 @@ def _decide(decision: PromotionDecision, promotion_ref: str, comment: str,
         echo(f"  - {reason}")
 
 
-@promotions_app.command("sign-audit")
-def promotions_sign_audit(
-    promotion_ref: PromotionArgument, comment: CommentOption,
-    output: OutputOption = OutputFormat.table,
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
-) -> None:
-    """Sign the audit of a promotion waiting at the audit gate (auditors; not the run's
-    submitter)."""
-    _decide(PromotionDecision.SIGN_AUDIT, promotion_ref, comment, output, token, api_url)
+# Each decision's command: its name (the API route's), the decision, what it does and who.
+DECISION_COMMANDS: tuple[tuple[str, PromotionDecision, str], ...] = (
+    ("sign-audit", PromotionDecision.SIGN_AUDIT, "Sign the audit of a promotion waiting at the"
+     " audit gate (auditors; not the run's submitter)."),
+    ("reject-audit", PromotionDecision.REJECT_AUDIT, "Refuse to sign the audit, with the"
+     " reason (auditors): the candidate is rejected."),
+    ("approve", PromotionDecision.APPROVE, "Approve a signed candidate at the approval gate"
+     " (operators; not the run's submitter, not the auditor who signed; a role granted"
+     " before the promotion opened)."),
+    ("reject", PromotionDecision.REJECT, "Reject the candidate at the approval gate"
+     " (operators)."),
+    ("override", PromotionDecision.OVERRIDE_ALARMS, "Let a candidate past its run's stability"
+     " alarms, with the written reason (operators; not the run's submitter; a role granted"
+     " before the promotion opened)."),
+)
 
 
-@promotions_app.command("reject-audit")
-def promotions_reject_audit(
-    promotion_ref: PromotionArgument, comment: CommentOption,
-    output: OutputOption = OutputFormat.table,
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
-) -> None:
-    """Refuse to sign the audit, with the reason (auditors): the candidate is rejected."""
-    _decide(PromotionDecision.REJECT_AUDIT, promotion_ref, comment, output, token, api_url)
+def _decision_command(decision: PromotionDecision) -> Callable[..., None]:
+    def command(promotion_ref: PromotionArgument, comment: CommentOption,
+                output: OutputOption = OutputFormat.table,
+                token: TokenOption = None, api_url: ApiOption = DEFAULT_API) -> None:
+        _decide(decision, promotion_ref, comment, output, token, api_url)
+
+    return command
 
 
-@promotions_app.command("approve")
-def promotions_approve(
-    promotion_ref: PromotionArgument, comment: CommentOption,
-    output: OutputOption = OutputFormat.table,
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
-) -> None:
-    """Approve a signed candidate at the approval gate (operators; not the run's submitter,
-    not the auditor who signed; a role granted before the promotion opened)."""
-    _decide(PromotionDecision.APPROVE, promotion_ref, comment, output, token, api_url)
-
-
-@promotions_app.command("reject")
-def promotions_reject(
-    promotion_ref: PromotionArgument, comment: CommentOption,
-    output: OutputOption = OutputFormat.table,
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
-) -> None:
-    """Reject the candidate at the approval gate (operators)."""
-    _decide(PromotionDecision.REJECT, promotion_ref, comment, output, token, api_url)
-
-
-@promotions_app.command("override")
-def promotions_override(
-    promotion_ref: PromotionArgument, comment: CommentOption,
-    output: OutputOption = OutputFormat.table,
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
-) -> None:
-    """Let a candidate past its run's stability alarms, with the written reason (operators;
-    not the run's submitter; a role granted before the promotion opened)."""
-    _decide(PromotionDecision.OVERRIDE_ALARMS, promotion_ref, comment, output, token, api_url)
-
-
+for _name, _decision, _help in DECISION_COMMANDS:
+    promotions_app.command(_name, help=_help)(_decision_command(_decision))
 # The name the README and the console used first; both work.
 promotions_app.command("override-alarms", help="Same as `promotions override`.")(
-    promotions_override)
+    _decision_command(PromotionDecision.OVERRIDE_ALARMS))

@@ -9,19 +9,14 @@ in-process app on the session's loop, where the stand-in promotion workflow's wo
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 import pytest_asyncio
-import typer
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
-from typer.testing import CliRunner
 
 from tests.factories import insert, make_checkpoint, uid
 from tests.factories_web import (
@@ -33,10 +28,8 @@ from tests.factories_web import (
 )
 from tests.integration.test_api_promotions import StandInPromotion, _start
 from triloop.config import Settings
-from triloop.faults import read_serving_faults
 from triloop.temporal import connect
 from triloop.workflow_api import GOVERNANCE_QUEUE, PROMOTION_STATUS_QUERY
-from web import cli
 
 if TYPE_CHECKING:  # the module is a pytest plugin here, imported by pytest first
     from tests.integration.cli_app import InvokeCli
@@ -196,40 +189,3 @@ async def test_a_second_admin_confirms_a_grant_by_a_prefix_of_its_id(
     assert confirmed.stdout.split()[:4] == [grant_id, person.name, "auditor", "active"]
     unknown = await invoke_cli("users", "refuse-grant", uid("zz"), token=second.token)
     assert unknown.exit_code == 1 and "no role grant has an id starting with" in unknown.stderr
-
-
-@pytest.fixture(scope="module")
-def faults_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This module's stack home: a faults file no other test's workers read."""
-    return tmp_path_factory.mktemp("cli-faults-home")
-
-
-@pytest.fixture(scope="module")
-def faults_app(web_settings: Settings, faults_home: Path) -> FastAPI:
-    from web.app import create_app
-
-    own = web_settings.model_copy(update={"home": faults_home,
-                                          "secrets_dir": web_settings.secrets})
-    return create_app(own, temporal_timeout_s=5.0)
-
-
-def test_faults_inject_names_the_checkpoint_by_a_prefix(
-    faults_app: FastAPI, faults_home: Path, people: dict[str, Person], owner_engine: Engine,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    client = TestClient(faults_app)
-
-    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
-        kwargs.pop("timeout", None)
-        return client.request(method, url.replace("http://127.0.0.1:8000", ""), **kwargs)
-
-    monkeypatch.setattr(httpx, "request", request)
-    root = typer.Typer()
-    root.add_typer(cli.faults_app, name="faults")
-    checkpoint = make_checkpoint(owner_engine)
-    token = ["--token", people["operator"].token]
-    done = CliRunner().invoke(root, ["faults", "inject", checkpoint[:14], *token])
-    assert done.exit_code == 0, done.output
-    assert checkpoint in read_serving_faults(faults_home)
-    cleared = CliRunner().invoke(root, ["faults", "clear", *token])
-    assert cleared.exit_code == 0 and "cleared 1" in cleared.output
