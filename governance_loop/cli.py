@@ -193,10 +193,21 @@ def task_add(
     typer.echo(task_id)
 
 
+def task_use(task: dict[str, Any]) -> str:
+    """What a run may do with the task: train on it, or not (held out, or not admitted)."""
+    if task.get("held_out_in"):
+        return f"held out (eval set {', '.join(task['held_out_in'])})"
+    held = [f"{m['split']} split of {m['task_set']}" for m in task.get("splits") or []
+            if m["split"] != "train"]
+    if held:
+        return f"held out ({', '.join(held)})"
+    return "training" if task["status"] == "admitted" else f"not admitted ({task['status']})"
+
+
 def _task_row(task: dict[str, Any]) -> dict[str, Any]:
     version = task.get("environment_version")
     return {
-        "id": task["id"],
+        "id": task["id"], "use": task_use(task),
         "environment": f"{task.get('environment') or '?'}@{version if version else '?'}",
         "seed": task["seed"], "status": task["status"],
         "splits": ", ".join(f"{m['task_set']}: {m['split']}" for m in task.get("splits") or []),
@@ -223,8 +234,11 @@ def task_list(
                        ] = False,
     token: TokenOption = None, api_url: ApiOption = "http://127.0.0.1:8000",
 ) -> None:
-    """Tasks, newest first: id, environment@version, seed, status, splits and tags.
+    """Tasks, newest first: full id, environment@version, seed, status, what a run may use
+    it for (training, or held out by a frozen eval set or a task set's eval or traffic
+    split), splits and tags.
 
+    A RUN.yaml's rollout.task_ids takes the ids (or unique prefixes) marked "training".
     Read from GET /api/tasks with your token; the next page's command goes to stderr.
     """
     from urllib.parse import urlencode
@@ -240,9 +254,10 @@ def task_list(
     page = _get_as_person(f"/api/tasks?{urlencode(query)}", token, api_url)
     if as_json:
         output = OutputFormat.json
-    columns = (field("id", "id", is_id=True), field("environment", "environment"),
-               field("seed", "seed"), field("status", "status"), field("splits", "splits"),
-               field("tags", "tags"))
+    # Full ids, even on a terminal: they are what a RUN.yaml's rollout.task_ids is given.
+    columns = (field("id", "id"), field("environment", "environment"),
+               field("seed", "seed"), field("status", "status"), field("use", "use"),
+               field("splits", "splits"), field("tags", "tags"))
     print_rows([_task_row(t) for t in page["items"]], columns, output, json_data=page)
     if page.get("next_cursor") and output is not OutputFormat.json:
         progress(f"more: triloop governance task list --cursor {page['next_cursor']}")

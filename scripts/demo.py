@@ -143,8 +143,10 @@ def main() -> int:
     step(f"{engineer.person.name} submits two training runs through the API: the README's"
          " example, and a short one with the collapse guard off")
     def submit(template: dict[str, Any]) -> dict[str, Any]:
+        # The example's own tasks are the README's task set; the demo trains on the maps it
+        # admitted one by one above (the same seeds as that set's train split).
         config = {**template, "model": {"base": str(base_dir)},
-                  "rollout": {**template["rollout"], "task_ids": lake}}
+                  "rollout": {**template["rollout"], "task_ids": lake, "task_sets": []}}
         run: dict[str, Any] = engineer.post("/api/runs", {"config": config})
         console.print(f"  {template['name']}: run {run['id']}  {api_base}/runs/{run['id']}")
         return run
@@ -190,7 +192,7 @@ def main() -> int:
         traffic.stop()
         _triloop("faults", "clear", token=operator.person.token, api_url=api_base)
 
-    _summary(auditor, run["id"], final, rewards, api_base, traffic, blocked_id)
+    _summary(auditor, run["id"], final, rewards, api_base, traffic, blocked_id, people)
     console.print("\nThe stack is still running; stop it with [bold]triloop dev down[/bold].")
     # Either ending shows the gates at work: the watch rolled the promoted candidate back, or
     # offline eval held a candidate whose gain was shaping only.
@@ -231,7 +233,9 @@ def _show_blocked(operator: Api, run_id: str, api_base: str) -> str:
                       what="the stability gate's verdict on the short run's candidate")
     named = ", ".join(f"{a['kind']} at iteration {a['iteration']}"
                       for a in detail.get("alarms") or [])
-    console.print(f"  [red]held[/red]: {detail.get('status_reason') or detail.get('reason')}")
+    why = (detail.get("status_reason") or detail.get("reason")
+           or "at the stability gate, on its run's alarms")
+    console.print(f"  [red]held[/red]: {why}")
     console.print(f"  governance read the run's alarms from the database ({named}) and compared "
                   "them with the proposal's copies; nothing else runs for this candidate")
     console.print(f"  the evidence is on the console: {api_base}/promotions/{promotion['id']}; "
@@ -390,11 +394,13 @@ def _share(policy: dict[str, Any]) -> str:
 
 
 def _summary(api: Api, run_id: str, promotion: dict[str, Any], rewards: list[float],
-             api_base: str, traffic: TrafficGenerator, blocked_id: str) -> None:
+             api_base: str, traffic: TrafficGenerator, blocked_id: str,
+             people: dict[str, world.Person]) -> None:
     step("Summary")
     held = api.get(f"/api/promotions/{blocked_id}")
-    console.print(f"  the short run's candidate: promotion {blocked_id} {held['status']} at "
-                  f"{held.get('current_gate')} on its run's alarms")
+    at = f" at {held['current_gate']}" if held.get("current_gate") else ""
+    console.print(f"  the short run's candidate: promotion {blocked_id} {held['status']}{at}"
+                  " on its run's alarms")
     if rewards:
         console.print(f"  training reward: first iteration {rewards[0]:+.3f} → "
                       f"last {rewards[-1]:+.3f}")
@@ -409,17 +415,41 @@ def _summary(api: Api, run_id: str, promotion: dict[str, Any], rewards: list[flo
     lineage = api.get(f"/api/checkpoints/{promotion['checkpoint_id']}/lineage")
     chain = " → ".join(node["checkpoint"]["id"][:10] for node in lineage["chain"])
     console.print(f"  lineage base → candidate: {chain}")
-    production = api.get("/api/deployments/production")
-    target = production.get("rollback_target_id")
-    console.print(f"  production now serves {production['checkpoint_id'][:16]}… "
-                  + (f"(rollback target {target[:16]}…)" if target else "(no rollback target)"))
-    verified = api.post("/api/audit/verify", {})
-    console.print(f"  audit chain: {verified}")
+    console.print(f"  {serving_line(api.get('/api/deployments/production'))}")
+    console.print(f"  audit chain: {chain_line(api.post('/api/audit/verify', {}))}")
     console.print(f"  production traffic: {traffic.batches} batches sent"
                   + (f", {len(traffic.errors)} refused" if traffic.errors else ""))
     console.print(f"  console: {api_base}/  (run: {api_base}/runs/{run_id}, "
                   f"promotion: {api_base}/promotions/{promotion['id']})")
+    for line in sign_in_lines(api_base, get_settings().secrets, people):
+        console.print(f"  {line}", markup=False)
     console.print(f"  total time {time.monotonic() - STARTED:.0f}s")
+
+
+def serving_line(production: dict[str, Any]) -> str:
+    """What production serves and where a rollback would go, in words (never ``None``)."""
+    target = production.get("rollback_target_id")
+    return (f"production now serves {production['checkpoint_id'][:16]}… "
+            + (f"(rollback target {target[:16]}…)" if target
+               else "(no rollback target: no earlier revision that was not rolled back)"))
+
+
+def chain_line(verified: dict[str, Any]) -> str:
+    """The audit chain's verification as a sentence, not the API's JSON."""
+    if verified.get("ok"):
+        return f"verified, {verified.get('checked', 0)} events, no gap and no edit"
+    return (f"BROKEN at seq {verified.get('broken_seq')}: {verified.get('problem')}"
+            f" ({verified.get('checked', 0)} events verified before it)")
+
+
+def sign_in_lines(api_base: str, secrets: Path, people: dict[str, world.Person]) -> list[str]:
+    """How to sign in to the console as each of the demo's people (their API tokens are
+    kept in the secrets folder, readable by this account only)."""
+    lines = [f"sign in to the console at {api_base}/login with a person's API token:"]
+    for role, person in people.items():
+        path = secrets / world.person_token_secret(role)
+        lines.append(f"  {role:<12} {person.name:<14} $(cat {path})")
+    return lines
 
 
 if __name__ == "__main__":

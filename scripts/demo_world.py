@@ -92,6 +92,8 @@ def create_people(settings: Settings, suffix: str, api_base: str) -> dict[str, P
     the second admin confirms the auditor's and the operator's pending role grants."""
     import httpx
 
+    from triloop.secrets import write_secret
+
     first, second = (admin_token(settings, name, secret) for name, secret in FOUNDING_ADMINS)
     people: dict[str, Person] = {}
     for role, first_name in (("ml_engineer", "maya"), ("auditor", "ada"), ("operator", "olga")):
@@ -111,7 +113,14 @@ def create_people(settings: Settings, suffix: str, api_base: str) -> dict[str, P
                                  f" {confirmed.status_code} {confirmed.text[:400]}")
             roles.append(grant["role"])
         people[role] = Person(created["name"], roles, created["token"])
+        # Kept so that a person can sign in to the console as them after the demo (0600).
+        write_secret(settings.secrets, person_token_secret(role), created["token"])
     return people
+
+
+def person_token_secret(role: str) -> str:
+    """The secret file that keeps the demo's person of this role's API token."""
+    return f"demo-{role.replace('_', '-')}-token"
 
 
 def register_environments(settings: Settings, operator: Person) -> dict[str, str]:

@@ -55,7 +55,9 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("train", "web.cli_runs:train_app"),
     # `train mlflow-export`: a run's series into MLflow tracking, read through the API.
     ("train", "web.cli_mlflow:mlflow_app"),
-    ("promotions", "web.cli:promotions_app"),
+    ("promotions", "web.cli_promotions:promotions_app"),
+    ("deployments", "web.cli_deployments:deployments_app"),
+    ("checkpoints", "web.cli_checkpoints:checkpoints_app"),
     # Game days are an operator's act: through the API with their token, never locally.
     ("faults", "web.cli:faults_app"),
     # An auditor's reads through the API join the server-side `audit verify` and `anchor`.
@@ -64,7 +66,8 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     # Webhooks are an operator's configuration: through the API with their token.
     ("webhooks", "web.cli_webhooks:webhooks_app"),
 )
-PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (("rollback", "web.cli:rollback_command"),)
+PLUGIN_COMMANDS: tuple[tuple[str, str], ...] = (
+    ("rollback", "web.cli_deployments:rollback_command"),)
 
 
 class PluginBroken(Exception):

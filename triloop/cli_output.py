@@ -133,13 +133,11 @@ def plain_error(error: BaseException) -> str:
 
 
 def pick_one(ref: str, ids: Sequence[str], noun: str) -> str:
-    """The one id that ``ref`` names, exactly or as a unique prefix; else a plain error."""
-    if ref in ids:
-        return ref
-    matches = [i for i in ids if i.startswith(ref)]
-    if not matches:
-        fail(f"no {noun} has an id starting with {ref!r}")
-    if len(matches) > 1:
-        fail(f"{ref!r} is ambiguous: it starts the ids of more than one {noun} "
-             f"({', '.join(matches[:3])}); give more characters")
-    return matches[0]
+    """The one id that ``ref`` names, exactly or as a unique prefix; else a plain error
+    (an ambiguous prefix lists its candidates: ``triloop.id_prefix``)."""
+    from triloop.id_prefix import match_prefix, unmatched_message
+
+    found = match_prefix(ref, ids)
+    if found.id is None:
+        fail(unmatched_message(found, noun))
+    return found.id

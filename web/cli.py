@@ -1,5 +1,7 @@
-"""Command groups the ``triloop`` CLI mounts: users, promotions, rollback, faults (``train``
-lives in ``web.cli_runs``; the HTTP helper in ``web.cli_api``).
+"""Command groups the ``triloop`` CLI mounts: users and faults (``train`` lives in
+``web.cli_runs``, ``promotions`` in ``web.cli_promotions``, ``deployments`` and ``rollback``
+in ``web.cli_deployments``, ``checkpoints`` in ``web.cli_checkpoints``; the HTTP helper and
+the id-prefix resolver every command uses in ``web.cli_api``).
 
 ``users create``, ``token``, ``tokens``, ``revoke-token`` and ``list`` run on the server with
 the database owner's credentials (the operator's secrets folder): ``users create`` is how
@@ -19,31 +21,23 @@ from urllib.parse import urlencode
 
 import typer
 
-from triloop.cli_output import (
-    Column,
-    OutputFormat,
-    OutputOption,
-    echo,
-    fail,
-    field,
-    out,
-    print_json,
-    print_rows,
-)
+from triloop.cli_output import OutputFormat, OutputOption, fail, field, out, print_rows
 from triloop.config import get_settings
-from triloop.statuses import GrantStatus, PromotionStatus
+from triloop.statuses import GrantStatus
 from web.cli_api import DEFAULT_API, ApiOption, TokenOption, api_call, quoted, resolve_id
+from web.cli_checkpoints import resolve_checkpoint
+from web.cli_deployments import rollback_command
+from web.cli_promotions import promotions_app
 from web.cli_runs import train_app
 
-__all__ = ["api_call", "train_app"]
+# Tests and older scripts mount the groups from here.
+__all__ = ["api_call", "promotions_app", "rollback_command", "train_app"]
 
 # Never wraps when piped (see triloop.cli_output).
 console = out()
 
 users_app = typer.Typer(help="People and their API tokens (on the server machine).",
                         no_args_is_help=True)
-promotions_app = typer.Typer(help="Candidates on their way through the gates.",
-                             no_args_is_help=True)
 faults_app = typer.Typer(
     help="Game days (operators): serve a checkpoint degraded on purpose, to check that the "
     "watch gate rolls it back. Through the API, authorized and audited.",
@@ -147,22 +141,30 @@ def users_grant(
     _print_grant(grant)
 
 
+GrantArgument = Annotated[str, typer.Argument(
+    help="Grant id (from `triloop users grants`), or a unique prefix of it.")]
+
+
+def _resolve_grant(ref: str, token: str | None, api_url: str) -> str:
+    return resolve_id("role-grants", ref, "role grant", token=token, api_url=api_url)
+
+
 @users_app.command("confirm")
 def users_confirm(
-    grant_id: Annotated[str, typer.Argument(help="Grant id (from `triloop users grants`).")],
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+    grant_id: GrantArgument, token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """A second admin confirms a pending grant: the role becomes active now."""
+    grant_id = _resolve_grant(grant_id, token, api_url)
     _print_grant(api_call("POST", f"/api/role-grants/{quoted(grant_id)}/confirm",
                           token=token, api_url=api_url))
 
 
 @users_app.command("refuse-grant")
 def users_refuse_grant(
-    grant_id: Annotated[str, typer.Argument(help="Grant id (from `triloop users grants`).")],
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
+    grant_id: GrantArgument, token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """A second admin refuses a pending grant: the role never becomes active."""
+    grant_id = _resolve_grant(grant_id, token, api_url)
     _print_grant(api_call("POST", f"/api/role-grants/{quoted(grant_id)}/refuse",
                           token=token, api_url=api_url))
 
@@ -289,138 +291,10 @@ def users_list(output: OutputOption = OutputFormat.table) -> None:
                       field("created", "created_at")), output)
 
 
-PROMOTION_COLUMNS = (
-    field("id", "id", is_id=True), field("candidate", "checkpoint_id", is_id=True),
-    field("submitted by", "submitted_by"), field("status", "status"),
-    Column("gate", lambda p: p.get("current_gate") or ""), field("created", "created_at"),
-)
-
-
-@promotions_app.command("list")
-def promotions_list(
-    status: Annotated[PromotionStatus | None, typer.Option(
-        "--status", case_sensitive=False, help="Only promotions in this status.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
-    output: OutputOption = OutputFormat.table,
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
-) -> None:
-    """Promotions, newest first."""
-    query = urlencode({"limit": limit, **({"status": status.value} if status else {})})
-    page = api_call("GET", f"/api/promotions?{query}", token=token, api_url=api_url)
-    print_rows(page["items"], PROMOTION_COLUMNS, output, json_data=page)
-
-
-def _resolve_promotion(ref: str, token: str | None, api_url: str) -> str:
-    return resolve_id("promotions", ref, "promotion", token=token, api_url=api_url)
-
-
-@promotions_app.command("show")
-def promotions_show(
-    promotion_ref: Annotated[str, typer.Argument(help="Promotion id or a unique prefix.")],
-    output: OutputOption = OutputFormat.table,
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
-) -> None:
-    """A promotion's gates with reasons, and its human decisions."""
-    promotion_id = _resolve_promotion(promotion_ref, token, api_url)
-    p = api_call("GET", f"/api/promotions/{quoted(promotion_id)}", token=token,
-                 api_url=api_url)
-    if output is OutputFormat.json:
-        print_json(p)
-        return
-    echo(f"promotion {p['id']}: candidate {p['checkpoint_id']} {p['status']} at "
-         f"{p.get('current_gate') or '-'}")
-    for alarm in p.get("alarms") or []:
-        echo(f"  alarm {alarm['kind']} at iteration {alarm['iteration']} of run {p['run_id']}")
-    for gate in p["gates"]:
-        echo(f"  {gate['gate']}: {'passed' if gate['passed'] else 'failed'}")
-        for reason in gate["reasons"]:
-            echo(f"    - {reason}")
-    for a in p.get("approvals") or []:
-        echo(f"  {a['kind']} by {a['user_name']}: {a['decision']} ({a['comment']})")
-
-
-@promotions_app.command("override-alarms")
-def promotions_override_alarms(
-    promotion_id: str,
-    reason: Annotated[str, typer.Option(
-        "--reason", help="Why the alarms do not disqualify the candidate (recorded).")],
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
-) -> None:
-    """Let a candidate past its run's stability alarms (operators; not the run's submitter)."""
-    promotion_id = _resolve_promotion(promotion_id, token, api_url)
-    result = api_call("POST", f"/api/promotions/{quoted(promotion_id)}/override-alarms",
-                      token=token, api_url=api_url, body={"comment": reason})
-    print_json(result)
-
-
-def rollback_command(
-    reason: Annotated[str | None, typer.Option(
-        "--reason", help="Why (recorded in the audit log); not needed with --dry-run.")] = None,
-    alias: Annotated[str, typer.Option("--alias", help="Deployment alias.")] = "production",
-    to_revision: Annotated[int | None, typer.Option(
-        "--to-revision", min=1, help="Return to this revision of the alias's history.")] = None,
-    to_checkpoint: Annotated[str | None, typer.Option(
-        "--to-checkpoint", help="Return to this checkpoint's latest revision.")] = None,
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Show where the rollback would go; change nothing.")] = False,
-    output: OutputOption = OutputFormat.table,
-    token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
-) -> None:
-    """Roll an alias back to the last revision that was not rolled back (operators).
-
-    A rolled-back checkpoint is never served again without a new promotion.
-    """
-    if to_revision is not None and to_checkpoint:
-        fail("pass --to-revision or --to-checkpoint, not both", code=2)
-    if dry_run:
-        query = urlencode({k: v for k, v in (("to_revision", to_revision),
-                                             ("to_checkpoint_id", to_checkpoint)) if v})
-        preview = api_call("GET", f"/api/deployments/{quoted(alias)}/rollback-preview"
-                           + (f"?{query}" if query else ""), token=token, api_url=api_url)
-        if output is OutputFormat.json:
-            print_json(preview)
-        else:
-            _print_preview(preview)
-        return
-    if not reason or not reason.strip():
-        fail("a rollback needs --reason (or use --dry-run)", code=2)
-    body: dict[str, Any] = {"reason": reason}
-    if to_revision is not None:
-        body["to_revision"] = to_revision
-    if to_checkpoint:
-        body["to_checkpoint_id"] = to_checkpoint
-    result = api_call("POST", f"/api/deployments/{quoted(alias)}/rollback", token=token,
-                      api_url=api_url, body=body)
-    if output is OutputFormat.json:
-        print_json(result)
-    else:
-        echo(f"{result['alias']} rolled back from {result['previous_checkpoint_id']} to "
-             f"{result['checkpoint_id']} (revision {result['target_revision']}), workflow "
-             f"{result['workflow_id']}")
-
-
-def _print_preview(preview: dict[str, Any]) -> None:
-    target = preview["target"]
-    echo(f"dry run: nothing changed. {preview['alias']} serves "
-         f"{preview['current_checkpoint_id']}")
-    echo(f"a rollback would return to revision {target['revision']}: checkpoint "
-         f"{target['checkpoint_id']}, moved there by {target['actor']} "
-         f"({target['kind']}: {target['reason']}) at {target['created_at']}")
-
-    def state(r: dict[str, Any]) -> str:
-        return ("serving" if r["serving"] else
-                f"rolled back at {r['rolled_back_at']}" if r["rolled_back_at"] else
-                "target" if r["revision"] == target["revision"] else "")
-
-    print_rows(preview["history"], (
-        field("revision", "revision"), field("checkpoint", "checkpoint_id", is_id=True),
-        field("kind", "kind"), field("by", "actor"), field("reason", "reason"),
-        Column("state", state)), OutputFormat.table)
-
-
 @faults_app.command("inject")
 def faults_inject(
-    checkpoint_id: Annotated[str, typer.Argument(help="Checkpoint to serve degraded.")],
+    checkpoint_ref: Annotated[str, typer.Argument(
+        help="Checkpoint to serve degraded: its id, a unique prefix of it, or its name.")],
     temperature: Annotated[
         float, typer.Option(help="Sampling temperature its production episodes get.")
     ] = 4.0,
@@ -430,6 +304,7 @@ def faults_inject(
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
     """Degrade one checkpoint's production and canary episodes (operators; audited)."""
+    checkpoint_id = resolve_checkpoint(checkpoint_ref, token=token, api_url=api_url)
     fault = api_call("POST", "/api/faults", token=token, api_url=api_url,
                      body={"checkpoint_id": checkpoint_id, "temperature": temperature,
                            "note": note})

@@ -1,5 +1,6 @@
 """How the ``triloop`` CLI talks to the web API: one request helper that turns a problem
-document into a plain sentence on stderr, and id-prefix resolution for ``show`` and friends."""
+document into a plain sentence on stderr, and the id-prefix resolution every id argument
+uses (runs, promotions, checkpoints, role grants: through each list's ``id_prefix``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import httpx
 import typer
 
 from triloop.cli_output import fail, pick_one
+from triloop.id_prefix import MAX_CANDIDATES
 
 TokenOption = Annotated[
     str | None, typer.Option("--token", envvar="TRILOOP_TOKEN", help="API token.")
@@ -54,8 +56,9 @@ def problem_sentence(response: httpx.Response) -> str:
 
 def resolve_id(collection: str, ref: str, noun: str, *, token: str | None,
                api_url: str) -> str:
-    """The one id of ``/api/<collection>`` that ``ref`` is or starts; else a plain error."""
-    query = urlencode({"id_prefix": ref, "limit": 3})
+    """The one id of ``/api/<collection>`` that ``ref`` is or starts; else a plain error
+    naming the candidates (``triloop.id_prefix``: the rule every id argument follows)."""
+    query = urlencode({"id_prefix": ref, "limit": MAX_CANDIDATES + 1})
     page = api_call("GET", f"/api/{collection}?{query}", token=token, api_url=api_url)
     return pick_one(ref, [item["id"] for item in page["items"]], noun)
 

@@ -26,7 +26,8 @@ from triloop.cli_output import (
     print_rows,
     progress,
 )
-from web.cli_api import DEFAULT_API, ApiOption, TokenOption, api_call, quoted, resolve_id
+from web.cli_api import DEFAULT_API, ApiOption, TokenOption, api_call, quoted
+from web.cli_checkpoints import checkpoint_facts, checkpoints_show
 
 model_app = typer.Typer(help="Policy model checkpoints.", no_args_is_help=True)
 EXIT_TIMEOUT = 4
@@ -94,14 +95,7 @@ def model_import(
         return
     checkpoint = status["checkpoint"]
     echo(f"imported {checkpoint['name']}: checkpoint {checkpoint['id']}")
-    echo(f"  {_facts(checkpoint)}")
-
-
-def _facts(checkpoint: dict[str, Any]) -> str:
-    count = checkpoint.get("parameter_count")
-    size = f"{count:,} parameters" if isinstance(count, int) else "parameters not recorded"
-    return (f"{checkpoint.get('source_kind') or 'trained'}, {size}, stored as"
-            f" {checkpoint.get('dtype') or '?'} (source {checkpoint.get('source_dtype') or '?'})")
+    echo(f"  {checkpoint_facts(checkpoint)}")
 
 
 @model_app.command("list")
@@ -121,36 +115,12 @@ def model_list(
         progress(f"more: triloop model list --cursor {page['next_cursor']}")
 
 
-def resolve_checkpoint(ref: str, *, token: str | None, api_url: str) -> str:
-    """The checkpoint ``ref`` names: by its name, else its id or a unique id prefix."""
-    named = api_call("GET", f"/api/checkpoints?{urlencode({'name': ref, 'limit': 1})}",
-                     token=token, api_url=api_url)
-    if named["items"]:
-        return str(named["items"][0]["id"])
-    return resolve_id("checkpoints", ref, "checkpoint", token=token, api_url=api_url)
-
-
 @model_app.command("show")
 def model_show(
     ref: Annotated[str, typer.Argument(help="A checkpoint's name, id, or unique id prefix.")],
     output: OutputOption = OutputFormat.table,
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
-    """One checkpoint: name, source, parameters, dtypes and the digests it is served with."""
-    checkpoint_id = resolve_checkpoint(ref, token=token, api_url=api_url)
-    checkpoint = api_call("GET", f"/api/checkpoints/{quoted(checkpoint_id)}", token=token,
-                          api_url=api_url)
-    if output is OutputFormat.json:
-        print_json(checkpoint)
-        return
-    title = f" ({checkpoint['name']})" if checkpoint.get("name") else ""
-    echo(f"checkpoint {checkpoint['id']}{title}")
-    echo(f"  {_facts(checkpoint)}")
-    if checkpoint.get("parent_id"):
-        echo(f"  parent {checkpoint['parent_id']}, run {checkpoint.get('run_id')},"
-             f" iteration {checkpoint.get('iteration')}")
-    for label, key in (("tokenizer", "tokenizer_sha256"), ("model config", "model_config_sha256"),
-                       ("chat template", "chat_template_sha256")):
-        echo(f"  {label} sha256: {checkpoint.get(key) or 'none'}")
-    echo(f"  created by {checkpoint['created_by']} at {checkpoint['created_at']};"
-         f" artifact {checkpoint['artifact_uri']}")
+    """One checkpoint: name, source, parameters, dtypes and the digests it is served with
+    (as `triloop checkpoints show`)."""
+    checkpoints_show(ref, output=output, token=token, api_url=api_url)

@@ -19,7 +19,8 @@ from triloop.cli_output import (
     print_rows,
 )
 from triloop.statuses import EpisodeStatus, Purpose
-from web.cli_api import DEFAULT_API, ApiOption, TokenOption, api_call, quoted
+from web.cli_api import DEFAULT_API, ApiOption, TokenOption, api_call, quoted, resolve_id
+from web.cli_checkpoints import resolve_checkpoint
 
 trajectories_app = typer.Typer(
     help="Episodes' transcripts: turns, tokens, rewards and the verifier's verdict.",
@@ -52,7 +53,17 @@ def trajectories_list(
     output: OutputOption = OutputFormat.table,
     token: TokenOption = None, api_url: ApiOption = DEFAULT_API,
 ) -> None:
-    """Episodes, newest first; the next page's command goes to stderr."""
+    """Episodes, newest first; the next page's command goes to stderr. A run, promotion,
+    checkpoint or task is named by its id or a unique prefix of it."""
+    def full(collection: str, ref: str | None, noun: str) -> str | None:
+        return None if ref is None else resolve_id(collection, ref, noun, token=token,
+                                                   api_url=api_url)
+
+    run_id = full("runs", run_id, "training run")
+    promotion_id = full("promotions", promotion_id, "promotion")
+    task_id = full("tasks", task_id, "task")
+    if checkpoint_id is not None:
+        checkpoint_id = resolve_checkpoint(checkpoint_id, token=token, api_url=api_url)
     pairs = (("run_id", run_id), ("iteration", iteration), ("promotion_id", promotion_id),
              ("checkpoint_id", checkpoint_id), ("purpose", purpose and purpose.value),
              ("batch_id", batch_id), ("task_id", task_id), ("status", status and status.value),

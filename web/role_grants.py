@@ -142,11 +142,13 @@ def decide_grant(*, session: Session, grant_id: str, decided_by: str, confirm: b
 
 
 def list_grants(*, session: Session, status: str | None, limit: int,
-                cursor: str | None) -> Page[RoleGrantPublic]:
-    """Grants, newest first, optionally of one status."""
+                cursor: str | None, id_prefix: str | None = None) -> Page[RoleGrantPublic]:
+    """Grants, newest first, optionally of one status or starting with an id prefix."""
     statement = select(RoleGrant)
     if status is not None:
         statement = statement.where(RoleGrant.status == status)
+    if id_prefix is not None:
+        statement = statement.where(col(RoleGrant.id).startswith(id_prefix, autoescape=True))
     statement = keyset(statement, [col(RoleGrant.requested_at), col(RoleGrant.id)], cursor,
                        (datetime, str), limit)
     rows = list(session.exec(statement))

@@ -24,7 +24,7 @@ from governance_loop.activity_support import GOVERNANCE, GovernanceShell, record
 from governance_loop.contracts import ROLLBACK_DEPLOYMENT
 from triloop.db import session_scope
 from triloop.deployment_history import RollbackRefused, plan_rollback
-from triloop.models import Checkpoint, DecisionKind, DeploymentHistory
+from triloop.models import AuditEvent, Checkpoint, DecisionKind
 from triloop.policy import Authorizer, Resource
 from triloop.retention import CheckpointPruned, refuse_pruned
 from triloop.statuses import PromotionStatus, Purpose
@@ -32,7 +32,8 @@ from triloop.workflow_api import RollbackInput, RollbackResult
 
 
 def _request_key() -> str:
-    """Identifies this request across activity retries (stored in the history reason)."""
+    """Identifies this request across activity retries (kept in the rollback's audit event,
+    never in the reason people read)."""
     try:
         info = activity.info()
     except RuntimeError:
@@ -89,7 +90,7 @@ class RollbackActivities(GovernanceShell):
                 store.move_alias(
                     session=session, alias=request.alias, checkpoint_id=target,
                     rollback_target_id=None, promotion_id=None, actor=actor, kind="rollback",
-                    reason=f"rollback {key}: {reason}".strip(),
+                    reason=history_reason(reason),
                 )
                 store.refresh_rollback_target(session=session, alias=request.alias)
                 self._reroute(session, request.alias, target, actor)
@@ -105,7 +106,8 @@ class RollbackActivities(GovernanceShell):
                                 "target_revision": plan.target.number,
                                 "requested_revision": to_revision,
                                 "requested_checkpoint_id": to_checkpoint_id,
-                                "human_decision_id": request.decision_id or None})
+                                "human_decision_id": request.decision_id or None,
+                                "request_key": key or None})
         if problem is not None:
             with session_scope(self._engine) as session:  # the refusal is on record too
                 record(session, action="refuse_rollback",
@@ -131,18 +133,30 @@ class RollbackActivities(GovernanceShell):
 
     @staticmethod
     def _already_done(session: Session, alias: str, key: str) -> RollbackResult | None:
-        """The result of this very request if a retried attempt already committed it."""
-        if not key:
-            return None
-        query = select(DeploymentHistory).where(
-            DeploymentHistory.alias == alias,
-            col(DeploymentHistory.reason).contains(key, autoescape=True),
-        )
-        row = session.exec(query).first()
-        if row is None:
-            return None
-        return RollbackResult(alias=alias, checkpoint_id=row.checkpoint_id,
-                              previous_checkpoint_id=row.previous_checkpoint_id or "")
+        """The result of this very request if a retried attempt already committed it: its
+        ``rollback`` audit event, written in the same transaction as the move, names it."""
+        return committed_rollback(session, alias, key)
+
+
+def committed_rollback(session: Session, alias: str, key: str) -> RollbackResult | None:
+    """The rollback of ``alias`` that the request ``key`` already committed, if any."""
+    if not key:
+        return None
+    row = session.exec(select(AuditEvent).where(
+        AuditEvent.action == "rollback",
+        col(AuditEvent.resource)["id"].astext == alias,
+        col(AuditEvent.payload)["request_key"].astext == key,
+    )).first()
+    if row is None:
+        return None
+    return RollbackResult(alias=alias, checkpoint_id=str(row.payload["to"]),
+                          previous_checkpoint_id=str(row.payload.get("from") or ""),
+                          target_revision=int(row.payload.get("target_revision") or 0))
+
+
+def history_reason(reason: str) -> str:
+    """The reason a rollback's history row keeps: the person's or the watch's own words."""
+    return reason.strip() or "rollback"
 
 
 def _pruned_problem(session: Session, checkpoint_id: str) -> str | None:

@@ -132,7 +132,7 @@ def test_train_and_promotions_commands_call_the_api(
     add_approval(owner_engine, seeded.promotion_id, "audit", people["auditor"].name)
     shown = CliRunner().invoke(app_cli, ["promotions", "show", seeded.promotion_id,
                                          "--token", people["auditor"].token])
-    assert shown.exit_code == 0 and "audit by" in shown.output
+    assert shown.exit_code == 0 and "signed the audit" in shown.output
     listed = CliRunner().invoke(app_cli, ["promotions", "list", "--status", "open",
                                           "--token", people["operator"].token])
     assert listed.exit_code == 0 and seeded.promotion_id[:8] in listed.output

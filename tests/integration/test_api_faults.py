@@ -120,7 +120,8 @@ def test_the_cli_acts_through_the_api_with_the_operators_token(
     assert auditor.exit_code == 1 and "403" in auditor.output
     assert read_serving_faults(home) == {}
     monkeypatch.setenv("TRILOOP_TOKEN", people["operator"].token)
-    done = CliRunner().invoke(root, ["faults", "inject", checkpoint, "--temperature", "6"])
+    done = CliRunner().invoke(root, ["faults", "inject", checkpoint[:14],  # a unique prefix
+                                     "--temperature", "6"])
     assert done.exit_code == 0, done.output
     assert f"serving {checkpoint} at temperature 6.0" in done.output
     assert read_serving_faults(home)[checkpoint].temperature == 6.0

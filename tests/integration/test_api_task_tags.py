@@ -214,7 +214,7 @@ async def test_a_run_names_tasks_by_prefix_and_its_curriculum_is_checked_at_subm
     # A prefix of several tasks' ids is refused, naming them.
     ambiguous = await api.post("/api/runs", headers=engineer.headers, json={
         "config": {**_config(easy1, "tt"), "name": name}})
-    assert_problem(ambiguous, 422, "tt: ambiguous")
+    assert_problem(ambiguous, 422, "'tt' is ambiguous")
     assert _runs_named(owner_engine, name) == 0
 
 
@@ -304,11 +304,13 @@ def test_governance_task_list_prints_environment_splits_and_tags_with_filters(
                                            tagged["environment"], "--token", token])
     assert table.exit_code == 0, table.output
     header, *lines = table.stdout.strip().splitlines()
-    assert header.split("\t") == ["id", "environment", "seed", "status", "splits", "tags"]
+    assert header.split("\t") == ["id", "environment", "seed", "status", "use", "splits",
+                                   "tags"]
     row = next(line.split("\t") for line in lines if line.startswith(ids["easy1"]))
     assert row[1] == f"{tagged['environment']}@1" and row[3] == "admitted"
-    assert row[4] == f"{tagged['task_set']}: train"
-    assert row[5] == f"{axis}=easy, domain=grid"
+    assert row[4] == "training"
+    assert row[5] == f"{tagged['task_set']}: train"
+    assert row[6] == f"{axis}=easy, domain=grid"
 
     filtered = runner.invoke(governance_cli, [
         "task", "list", "--tag", f"{axis}=easy", "--tag", "domain=math", "--split", "eval",

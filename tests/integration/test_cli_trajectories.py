@@ -22,8 +22,9 @@ def test_list_and_show_print_what_the_api_allows(
     made = promotion_with_episodes(owner_engine, submitted_by=people["engineer"].name)
     runner = CliRunner()
     auditor = ["--token", people["auditor"].token]
-    listed = runner.invoke(app_cli, ["trajectories", "list", "--promotion",
-                                     made.seeded.promotion_id, "--purpose", "shadow", *auditor])
+    listed = runner.invoke(app_cli, ["trajectories", "list", "--promotion",  # by a prefix
+                                     made.seeded.promotion_id[:12], "--purpose", "shadow",
+                                     *auditor])
     assert listed.exit_code == 0, listed.output
     lines = listed.stdout.strip().splitlines()
     assert lines[0].split("\t")[:2] == ["id", "purpose"]
@@ -42,7 +43,7 @@ def test_list_and_show_print_what_the_api_allows(
                                       "--token", people["engineer"].token])
     assert refused.exit_code == 1
     assert "auditors and operators only" in refused.stderr
-    training = runner.invoke(app_cli, ["trajectories", "list", "--run", made.seeded.run_id,
+    training = runner.invoke(app_cli, ["trajectories", "list", "--run", made.seeded.run_id[:11],
                                        "--iteration", "3", "--token",
                                        people["engineer"].token, "-o", "json"])
     assert training.exit_code == 0, training.output

@@ -48,6 +48,9 @@ def test_demo_people_on_a_fresh_stack_and_on_one_where_the_demo_ran(
         for role, person in people.items():
             me = client.get("/api/me", headers={"Authorization": f"Bearer {person.token}"})
             assert me.json()["roles"] == [role] == person.roles, (run, me.text)
+            # Kept for signing in to the console after the demo, readable by its owner only.
+            kept = tmp_path / "secrets" / demo_world.person_token_secret(role)
+            assert kept.read_text() == person.token and kept.stat().st_mode & 0o077 == 0
     assert (tmp_path / "secrets" / "demo-admin-2-token").exists()
     with engine_for_url(fresh).connect() as conn:
         grants = conn.execute(text(

@@ -128,7 +128,7 @@ def example_config(base: Path, tasks: list[str], seed: int) -> dict[str, Any]:
     config: dict[str, Any] = yaml.safe_load(EXAMPLE_RUN.read_text())
     config["name"] = f"learning test seed {seed}"
     config["model"] = {"base": str(base)}
-    config["rollout"] = {**config["rollout"], "task_ids": tasks}
+    config["rollout"] = {**config["rollout"], "task_ids": tasks, "task_sets": []}
     config["schedule"] = {**config["schedule"], "seed": seed}
     return config
 

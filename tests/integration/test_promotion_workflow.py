@@ -474,6 +474,11 @@ async def test_post_promotion_regression_rolls_back(deps: Deps) -> None:
         status = _rows(deps.owner, "SELECT status FROM promotion WHERE proposal_id = :p",
                        p=world.proposal_id)[0][0]
         assert status == "rolled_back"
+        # The watch's reason reads as words: the retry key is in the audit event, not here.
+        [(reason,)] = _rows(deps.owner, "SELECT reason FROM deployment_history WHERE kind ="
+                            " 'rollback' AND checkpoint_id = :c ORDER BY id DESC LIMIT 1",
+                            c=world.baseline)
+        assert reason.startswith("watch") and "[" not in reason, reason
 
         # The operator's next rollback never re-serves the candidate, even when named.
         promoted = _rows(deps.owner, "SELECT n FROM (SELECT checkpoint_id, kind, row_number() "

@@ -3,9 +3,17 @@ offline eval held a candidate whose gain was shaping only."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from scripts.demo import held_for_shaping, held_out_lines
+from scripts.demo import (
+    chain_line,
+    held_for_shaping,
+    held_out_lines,
+    serving_line,
+    sign_in_lines,
+)
+from scripts.demo_world import Person
 
 
 def _policy(successes: int, episodes: int, reward: float) -> dict[str, Any]:
@@ -64,3 +72,25 @@ def test_a_candidate_held_for_shaping_only_is_explained_by_its_terms() -> None:
     assert held_for_shaping({"gates": [passed]}) == []
     other = {**gate, "evidence": {"eval_sets": [{"eval_set": "s", "attribution": None}]}}
     assert held_for_shaping({"gates": [other]}) == []  # held for another reason
+
+
+def test_the_summary_prints_sentences_never_none_or_a_dict() -> None:
+    assert chain_line({"ok": True, "checked": 1126, "broken_seq": None, "problem": None}) == (
+        "verified, 1126 events, no gap and no edit")
+    broken = chain_line({"ok": False, "checked": 40, "broken_seq": 41, "problem": "hash"})
+    assert broken == "BROKEN at seq 41: hash (40 events verified before it)"
+    alone = serving_line({"checkpoint_id": "a" * 64, "rollback_target_id": None})
+    assert "None" not in alone and "(no rollback target: no earlier revision" in alone
+    assert serving_line({"checkpoint_id": "a" * 64, "rollback_target_id": "b" * 64}).endswith(
+        f"(rollback target {'b' * 16}…)")
+
+
+def test_the_demo_says_how_to_sign_in_as_each_of_its_people(tmp_path: Path) -> None:
+    people = {"operator": Person("olga-1", ["operator"], "secret-token"),
+              "ml_engineer": Person("maya-1", ["ml_engineer"], "other-token")}
+    lines = sign_in_lines("http://127.0.0.1:8000", tmp_path, people)
+    assert lines[0] == ("sign in to the console at http://127.0.0.1:8000/login with a"
+                        " person's API token:")
+    assert f"$(cat {tmp_path / 'demo-operator-token'})" in lines[1] and "olga-1" in lines[1]
+    assert f"$(cat {tmp_path / 'demo-ml-engineer-token'})" in lines[2]
+    assert not any("secret-token" in line for line in lines)  # the file, never the token

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 
-from web.api.common import IdPrefix, Short
+from triloop.models import Checkpoint
+from web.api.common import ERRORS, IdPrefix, Short
 from web.data import lineage
 from web.data.lineage import CheckpointPublic, Lineage
 from web.deps import AuthorizeDep, SessionDep
+from web.id_refs import one_id, resolve_ref
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import not_found
 
@@ -29,11 +31,25 @@ async def list_checkpoints(
                          id_prefix=id_prefix, name=name, bases=bases)
 
 
-@router.get("/{checkpoint_id}", response_model=CheckpointPublic)
+CheckpointRef = Annotated[str, Path(min_length=1, max_length=200, description=(
+    "the checkpoint's id (sha256 of its weights) or a unique prefix of it"))]
+AMBIGUOUS: dict[int | str, dict[str, Any]] = {422: {
+    **ERRORS[422], "description": "The input does not match the schema, or the prefix starts"
+    " more than one checkpoint id (the candidates listed)"}}
+
+
+async def resolve_checkpoint(db: SessionDep, ref: str) -> str:
+    """The checkpoint id ``ref`` is or uniquely starts: 404 for none, 422 for several."""
+    return one_id(await db.read(resolve_ref, id_column=Checkpoint.id, ref=ref), "checkpoint")
+
+
+@router.get("/{checkpoint_id}", response_model=CheckpointPublic, responses=AMBIGUOUS)
 async def get_checkpoint(
-    checkpoint_id: str, guard: AuthorizeDep, db: SessionDep
+    checkpoint_id: CheckpointRef, guard: AuthorizeDep, db: SessionDep
 ) -> CheckpointPublic:
-    """One checkpoint (id = sha256 of its weights)."""
+    """One checkpoint (id = sha256 of its weights), by id or unique id prefix."""
+    await guard("read", "checkpoint")
+    checkpoint_id = await resolve_checkpoint(db, checkpoint_id)
     await guard("read", "checkpoint", id=checkpoint_id)
     found = await db.read(lineage.get_checkpoint, checkpoint_id=checkpoint_id)
     if found is None:
@@ -41,9 +57,13 @@ async def get_checkpoint(
     return found
 
 
-@router.get("/{checkpoint_id}/lineage", response_model=Lineage)
-async def get_lineage(checkpoint_id: str, guard: AuthorizeDep, db: SessionDep) -> Lineage:
-    """The chain from the base model to this checkpoint, with runs, environments, eval sets."""
+@router.get("/{checkpoint_id}/lineage", response_model=Lineage, responses=AMBIGUOUS)
+async def get_lineage(checkpoint_id: CheckpointRef, guard: AuthorizeDep,
+                      db: SessionDep) -> Lineage:
+    """The chain from the base model to this checkpoint (by id or unique id prefix), with
+    runs, environments, eval sets."""
+    await guard("read", "checkpoint")
+    checkpoint_id = await resolve_checkpoint(db, checkpoint_id)
     await guard("read", "checkpoint", id=checkpoint_id)
     found = await db.read(lineage.lineage, checkpoint_id=checkpoint_id)
     if found is None:

@@ -21,6 +21,7 @@ from web.data.environments import (
 )
 from web.deps import AuthorizeDep, ServicesDep, SessionDep
 from web.governance_writes import EnvironmentRegistered, EnvironmentRegistration
+from web.id_refs import one_id
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import invalid, not_found
 from web.query import DIGITS_ONLY
@@ -121,13 +122,7 @@ async def list_tasks(
 async def resolve_task(db: SessionDep, ref: str) -> str:
     """The task id ``ref`` is or uniquely starts; 404 when none, 422 naming the candidates
     when several."""
-    found = await db.read(envs.resolve_task_ref, ref=ref)
-    if found.task_id is not None:
-        return found.task_id
-    if not found.candidates:
-        raise not_found("task", ref)
-    raise invalid(f"task id prefix {ref!r} is ambiguous",
-                  [envs.ref_problem(ref, found.candidates)])
+    return one_id(await db.read(envs.resolve_task_ref, ref=ref), "task")
 
 
 @router.get("/api/tasks/{task_id}", response_model=TaskPublic)

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query
 
 from triloop.statuses import GrantStatus
 from web import role_grants
+from web.api.common import IdPrefix
 from web.deps import AuthorizeDep, SessionDep
 from web.pagination import CursorParam, LimitParam, Page
 from web.problems import conflict, invalid, not_found
@@ -75,8 +76,9 @@ async def refuse_grant(grant_id: str, guard: AuthorizeDep, db: SessionDep) -> Ro
 @router.get("/role-grants", response_model=Page[RoleGrantPublic])
 async def list_grants(
     guard: AuthorizeDep, db: SessionDep, status: StatusParam = None, limit: LimitParam = 50,
-    cursor: CursorParam = None,
+    cursor: CursorParam = None, id_prefix: IdPrefix | None = None,
 ) -> Page[RoleGrantPublic]:
-    """Role grants, newest first, optionally of one status (admins, auditors)."""
+    """Role grants, newest first, optionally of one status or id prefix (admins, auditors)."""
     await guard("read", "role_grant")
-    return await db.read(role_grants.list_grants, status=status, limit=limit, cursor=cursor)
+    return await db.read(role_grants.list_grants, status=status, limit=limit, cursor=cursor,
+                         id_prefix=id_prefix)

@@ -11,7 +11,17 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from triloop.contract_diff import ContractChange, diff_contracts
-from triloop.models import Environment, EnvironmentVersion, Task, TaskSet, TaskSetMember
+from triloop.id_prefix import IdMatch, unmatched_message
+from triloop.models import (
+    Environment,
+    EnvironmentVersion,
+    EvalItem,
+    EvalSet,
+    Task,
+    TaskSet,
+    TaskSetMember,
+)
+from web.id_refs import resolve_ref
 from web.pagination import Page, keyset, page_of
 
 
@@ -83,6 +93,9 @@ class TaskPublic(BaseModel):
     content_digest: str | None = None
     tags: dict[str, str] = {}
     splits: list[TaskMembership] = []
+    # Frozen eval sets (NAME@vN) that hold the task out of training: a run naming it (or a
+    # task of the same content) is refused.
+    held_out_in: list[str] = []
     evidence: dict[str, Any]
     decided_by: str | None = None
     decided_at: datetime | None = None
@@ -191,25 +204,9 @@ def contract_diff(*, session: Session, name: str, a: int, b: int) -> ContractDif
     )
 
 
-class TaskRef(BaseModel):
-    """What a task id or unique prefix names: the id, or why nothing (with candidates)."""
-
-    task_id: str | None
-    candidates: list[str] = []
-
-
-MAX_CANDIDATES = 5
-
-
-def resolve_task_ref(*, session: Session, ref: str) -> TaskRef:
+def resolve_task_ref(*, session: Session, ref: str) -> IdMatch:
     """A task id, else the one id ``ref`` starts; an ambiguous prefix lists candidates."""
-    if session.get(Task, ref) is not None:
-        return TaskRef(task_id=ref)
-    ids = list(session.exec(select(Task.id).where(col(Task.id).startswith(ref, autoescape=True))
-                            .order_by(col(Task.id)).limit(MAX_CANDIDATES + 1)))
-    if len(ids) == 1:
-        return TaskRef(task_id=ids[0])
-    return TaskRef(task_id=None, candidates=ids)
+    return resolve_ref(session=session, id_column=Task.id, ref=ref)
 
 
 def resolve_task_refs(*, session: Session, refs: list[str]) -> tuple[list[str], list[str]]:
@@ -219,20 +216,10 @@ def resolve_task_refs(*, session: Session, refs: list[str]) -> tuple[list[str], 
     resolved, problems = [], []
     for ref in refs:
         found = resolve_task_ref(session=session, ref=ref)
-        resolved.append(found.task_id or ref)
-        if found.task_id is None and found.candidates:
-            problems.append(ref_problem(ref, found.candidates))
+        resolved.append(found.id or ref)
+        if found.ambiguous:
+            problems.append(unmatched_message(found, "task"))
     return resolved, problems
-
-
-def ref_problem(ref: str, candidates: list[str]) -> str:
-    """Why ``ref`` names no one task: nothing starts with it, or several ids do."""
-    if not candidates:
-        return f"{ref}: no task has an id starting with {ref!r}"
-    shown = ", ".join(candidates[:MAX_CANDIDATES])
-    more = " and more" if len(candidates) > MAX_CANDIDATES else ""
-    return (f"{ref}: ambiguous, it starts the ids of several tasks ({shown}{more});"
-            " give more characters")
 
 
 def _memberships(session: Session, task_ids: list[str]) -> dict[str, list[TaskMembership]]:
@@ -252,10 +239,26 @@ def _memberships(session: Session, task_ids: list[str]) -> dict[str, list[TaskMe
     return found
 
 
+def _held_out_in(session: Session, task_ids: list[str]) -> dict[str, list[str]]:
+    """Each task's frozen eval sets, as NAME@vN."""
+    found: dict[str, list[str]] = {}
+    if not task_ids:
+        return found
+    rows = session.exec(
+        select(EvalItem.task_id, EvalSet.name, EvalSet.version)
+        .join(EvalSet, col(EvalSet.id) == col(EvalItem.eval_set_id))
+        .where(col(EvalItem.task_id).in_(task_ids), col(EvalSet.frozen_at).is_not(None))
+        .order_by(col(EvalSet.name), col(EvalSet.version)))
+    for task_id, name, version in rows:
+        found.setdefault(task_id, []).append(f"{name}@v{version}")
+    return found
+
+
 def _task_publics(session: Session, tasks: list[Task]) -> list[TaskPublic]:
     versions = {v.id: v for v in session.exec(select(EnvironmentVersion).where(
         col(EnvironmentVersion.id).in_({t.environment_version_id for t in tasks})))}
     splits = _memberships(session, [t.id for t in tasks])
+    held_out = _held_out_in(session, [t.id for t in tasks])
     publics = []
     for task in tasks:
         version = versions.get(task.environment_version_id)
@@ -263,7 +266,7 @@ def _task_publics(session: Session, tasks: list[Task]) -> list[TaskPublic]:
             **task.model_dump(), "tags": {str(k): str(v) for k, v in (task.tags or {}).items()},
             "environment": version.environment_name if version else "",
             "environment_version": version.version if version else None,
-            "splits": splits.get(task.id, []),
+            "splits": splits.get(task.id, []), "held_out_in": held_out.get(task.id, []),
         }))
     return publics
 
