@@ -232,7 +232,7 @@ def audit_anchor(
             "audit anchor signs the chain's head with the server's anchor key, so it runs on"
             " the server, in the clone `triloop dev up` started (or with TRILOOP_DATABASE_URL"
             " and the secrets folder of that deployment); the database said: "
-            f"{str(error.orig or error).strip().splitlines()[-1]}", markup=False)
+            f"{' '.join(str(error.orig or error).split())}", markup=False, soft_wrap=True)
         raise typer.Exit(1) from error
     if head is None:
         err_console.print("the audit chain is empty: nothing to anchor yet")
