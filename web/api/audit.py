@@ -176,8 +176,9 @@ async def list_access_events(
 class VerifyRequest(BaseModel):
     """Kept anchors to check besides the chain itself."""
 
-    anchors: list[Annotated[str, Field(max_length=1000)]] = Field(
-        max_length=10_000, description="lines `triloop audit anchor` printed, one per anchor")
+    anchors: list[Annotated[str, Field(max_length=1000)]] | None = Field(
+        default=None, max_length=10_000,
+        description="lines `triloop audit anchor` printed, one per anchor")
 
 
 @router.post("/verify", response_model=ChainVerification)
