@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Engine, and_, not_, or_
+from sqlalchemy import Engine, and_, func, not_, or_
 from sqlmodel import Session, col, select
 
 from triloop.audit import stored_hashes, verify_chain
@@ -127,7 +127,8 @@ def _filtered(statement: Any, model: Any, where: AuditFilter) -> Any:
         if not where.traffic and where.kind != TRAFFIC[1]:
             statement = statement.where(not_(and_(
                 col(AuditEvent.action) == TRAFFIC[0],
-                col(AuditEvent.resource)["kind"].astext == TRAFFIC[1])))
+                # coalesce: a row without a kind is no episode (NOT NULL would drop it)
+                func.coalesce(col(AuditEvent.resource)["kind"].astext, "") == TRAFFIC[1])))
     return statement
 
 
