@@ -12,7 +12,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -60,7 +60,7 @@ PLUGIN_GROUPS: tuple[tuple[str, str], ...] = (
     ("checkpoints", "web.cli_checkpoints:checkpoints_app"),
     # Game days are an operator's act: through the API with their token, never locally.
     ("faults", "web.cli:faults_app"),
-    # An auditor's reads through the API join the server-side `audit verify` and `anchor`.
+    # An auditor's reads and `audit verify`, through the API, join the server-side `anchor`.
     ("audit", "web.cli_audit:audit_app"),
     ("trajectories", "web.cli_trajectories:trajectories_app"),
     # Webhooks are an operator's configuration: through the API with their token.
@@ -216,30 +216,6 @@ def migrate(
         console.print("database is at the latest revision")
 
 
-AnchorFile = Annotated[
-    Path | None, typer.Option("--anchor-file", help="File of kept anchors (one per line).")
-]
-
-
-@audit_app.command("verify")
-def audit_verify(anchor_file: AnchorFile = None) -> None:
-    """Walk the audit chain; name the first broken row. --anchor-file also checks kept heads."""
-    from triloop.audit import verify_chain
-    from triloop.db import role_engine
-
-    settings = get_settings()
-    report = verify_chain(role_engine(settings, "web"))
-    if not report.ok:
-        err_console.print(
-            f"[red]audit chain broken[/red] at seq {report.broken_seq}: {report.problem} "
-            f"({report.checked} events verified before it)"
-        )
-        raise typer.Exit(1)
-    console.print(f"audit chain verified: {report.checked} events, no gap, no edit")
-    if anchor_file is not None:
-        _verify_anchors(settings, anchor_file)
-
-
 @audit_app.command("anchor")
 def audit_anchor(
     file: Annotated[Path | None, typer.Option(
@@ -247,13 +223,24 @@ def audit_anchor(
     ] = None,
 ) -> None:
     """Print (or append to --file) the signed head of the chain, to keep outside the database."""
+    from sqlalchemy.exc import OperationalError
+
     from triloop.audit import chain_head
     from triloop.audit_anchor import ANCHOR_KEY, sign
     from triloop.db import role_engine
     from triloop.secrets import ensure_secret
 
     settings = get_settings()
-    head = chain_head(role_engine(settings, "web"))
+    try:
+        head = chain_head(role_engine(settings, "web"))
+    except OperationalError as error:
+        # Run outside the clone the database refuses (no password): say where this runs.
+        err_console.print(
+            "audit anchor signs the chain's head with the server's anchor key, so it runs on"
+            " the server, in the clone `triloop dev up` started (or with TRILOOP_DATABASE_URL"
+            " and the secrets folder of that deployment); the database said: "
+            f"{' '.join(str(error.orig or error).split())}", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from error
     if head is None:
         err_console.print("the audit chain is empty: nothing to anchor yet")
         raise typer.Exit(1)
@@ -264,30 +251,6 @@ def audit_anchor(
         console.print(f"anchored seq {head[0]} in {file}")
     else:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def _verify_anchors(settings: Any, anchor_file: Path) -> None:
-    from triloop.audit import stored_hashes
-    from triloop.audit_anchor import ANCHOR_KEY, AnchorError, broken_anchors, parse
-    from triloop.db import role_engine
-    from triloop.secrets import read_secret
-
-    key = read_secret(settings.secrets, ANCHOR_KEY)
-    if key is None:
-        err_console.print(f"no anchor key in {settings.secrets}: anchors cannot be checked here")
-        raise typer.Exit(1)
-    try:
-        anchors = parse(anchor_file.read_text().splitlines(), key)
-    except (OSError, AnchorError) as error:
-        err_console.print(f"[red]anchor file unusable:[/red] {error}")
-        raise typer.Exit(1) from error
-    problems = broken_anchors(anchors, stored_hashes(role_engine(settings, "web"),
-                                                     [a.seq for a in anchors]))
-    if problems:
-        for problem in problems:
-            err_console.print(f"[red]anchor broken:[/red] {problem}")
-        raise typer.Exit(1)
-    console.print(f"{len(anchors)} anchor(s) still held by the chain")
 
 
 def main() -> None:

@@ -16,12 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validat
 from sqlmodel import Session
 
 from triloop import held_out
+from triloop.audit_anchor import ANCHOR_KEY, AnchorError
 from triloop.curriculum import curriculum_problems
 from triloop.episode_plan import batch_plan
 from triloop.models import RolloutBatch
 from triloop.models._columns import new_id
 from triloop.placebo import is_placebo, placebo_config
 from triloop.run_config import MAX_TASK_IDS, RunConfig, RunConfigError
+from triloop.secrets import read_secret
 from triloop.statuses import (
     Decision,
     DecisionKind,
@@ -567,8 +569,21 @@ async def _room_for_production(services: WebServices) -> None:
             f" {retry} s", headers={"Retry-After": str(retry)})
 
 
-async def verify_audit(*, guard: Guard, services: WebServices) -> ChainVerification:
-    """Recompute the audit chain's hashes."""
+async def verify_audit(*, guard: Guard, services: WebServices,
+                       anchors: list[str] | None = None) -> ChainVerification:
+    """Recompute the audit chain's hashes; with ``anchors`` (lines ``triloop audit anchor``
+    signed), also check that the chain still holds each one."""
     await guard("verify", "audit_event")
-    return await asyncio.to_thread(audit_data.verify, services.engine)
+    if anchors is None:
+        return await asyncio.to_thread(audit_data.verify, services.engine)
+    key = read_secret(services.settings.secrets, ANCHOR_KEY)
+    if key is None:
+        raise conflict(f"the web service holds no anchor key ({services.settings.secrets}/"
+                       f"{ANCHOR_KEY}): anchors are checked where `triloop audit anchor` signed"
+                       " them; verify without --anchor-file, or give the service that key")
+    try:
+        return await asyncio.to_thread(audit_data.verify, services.engine, anchors=anchors,
+                                       key=key)
+    except AnchorError as error:
+        raise invalid(f"anchors: {error}") from error
 

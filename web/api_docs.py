@@ -1,8 +1,10 @@
-"""``/docs``: Swagger UI served from the installed ``swagger-ui-bundle`` package.
+"""``/docs``: Swagger UI 5, vendored under the console's static files, drawing ``/openapi.json``.
 
-FastAPI's default page loads Swagger UI's JavaScript and CSS from a CDN, so on a machine
-without internet it is blank. Here the same files come from the package, under
-``/docs/assets``, and the page works offline.
+FastAPI's default page loads Swagger UI from a CDN, so on a machine without internet it is
+blank; and the ``swagger-ui-bundle`` package ships Swagger UI 4, which cannot read the
+OpenAPI 3.1 document FastAPI writes ("Unable to render this definition"). So the page uses
+Swagger UI 5.x from ``static/vendor/swagger-ui`` (``scripts/vendor_swagger_ui.sh`` pins its
+files by sha256), served with the console's other static files, and works offline.
 """
 
 from __future__ import annotations
@@ -10,15 +12,12 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
-from fastapi.staticfiles import StaticFiles
-from swagger_ui_bundle import swagger_ui_path
 
-ASSETS = "/docs/assets"
+ASSETS = "/static/vendor/swagger-ui"
 
 
 def install_api_docs(app: FastAPI) -> None:
-    """Serve ``/docs`` and its assets from the package (no CDN)."""
-    app.mount(ASSETS, StaticFiles(directory=swagger_ui_path), name="swagger-ui-assets")
+    """Serve ``/docs`` from the vendored Swagger UI (no CDN; the console mounts ``/static``)."""
 
     @app.get("/docs", include_in_schema=False)
     async def swagger_ui() -> HTMLResponse:

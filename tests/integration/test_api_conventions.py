@@ -101,11 +101,11 @@ async def test_status_filters_are_enums(
     assert "completed_with_alarms" in enum
 
 
-async def test_docs_are_served_from_the_installed_package(api: httpx.AsyncClient) -> None:
+async def test_docs_are_served_from_the_vendored_swagger_ui(api: httpx.AsyncClient) -> None:
     page = await api.get("/docs")
     assert page.status_code == 200
     sources = re.findall(r'(?:src|href)="([^"]+)"', page.text)
-    assert sources and all(s.startswith("/docs/assets/") for s in sources), sources
+    assert sources and all(s.startswith("/static/vendor/swagger-ui/") for s in sources), sources
     for source in sources:
         asset = await api.get(source)
         assert asset.status_code == 200 and len(asset.content) > 0, source

@@ -186,33 +186,3 @@ def test_verify_names_an_actor_its_role_could_not_have_written() -> None:
     assert actor_role_mismatch(event("governance", None)) is None  # rows from before roles
     problem = actor_role_mismatch(event("governance", "triloop_learning"))
     assert problem is not None and "'triloop_learning'" in problem
-
-
-def test_anchor_cli_keeps_a_signed_head_that_verify_checks(
-    tmp_path: object, settings: object, monkeypatch: pytest.MonkeyPatch,
-    owner_engine: Engine,
-) -> None:
-    from pathlib import Path
-
-    from typer.testing import CliRunner
-
-    from triloop.cli import app
-    from triloop.config import get_settings
-
-    kept = Path(str(tmp_path)) / "anchors.txt"
-    monkeypatch.setenv("TRILOOP_DATABASE_URL", settings.owner_url())  # type: ignore[attr-defined]
-    monkeypatch.setenv("TRILOOP_SECRETS_DIR", str(settings.secrets))  # type: ignore[attr-defined]
-    get_settings.cache_clear()
-    try:
-        _append(owner_engine)
-        runner = CliRunner()
-        anchored = runner.invoke(app, ["audit", "anchor", "--file", str(kept)])
-        assert anchored.exit_code == 0, anchored.output
-        verified = runner.invoke(app, ["audit", "verify", "--anchor-file", str(kept)])
-        assert verified.exit_code == 0 and "1 anchor(s) still held" in verified.output
-        seq, chain_hash, signature = kept.read_text().split()
-        kept.write_text(f"{seq} {'f' * 64} {signature}\n")  # the file edited to match a rewrite
-        forged = runner.invoke(app, ["audit", "verify", "--anchor-file", str(kept)])
-        assert forged.exit_code == 1 and "signature does not match" in forged.output
-    finally:
-        get_settings.cache_clear()

@@ -38,11 +38,12 @@ async def test_an_allowed_action_that_was_refused_reads_as_refused(
                              headers=auditor.headers, json={"comment": "evidence ok"})
     assert_problem(refused, 409, "decisions need it open")
     events = [e for e in await _events(api, people["auditor_operator"], kind="promotion",
-                                       actor=auditor.name)
+                                       actor=auditor.name, view="chain")
               if e["resource"].get("id") == seeded.promotion_id]
     allowed = next(e for e in events if e["decision"] == "allow")
     assert allowed["outcome"] == "refused" and allowed["outcome_status"] == 409
     assert "decisions need it open" in allowed["outcome_detail"]
+    assert "decisions need it open" in allowed["reason"]
     # The refusal is the person's own row: a deny with the reason (issue 32, route 8).
     record = next(e for e in events if e["decision"] == "deny")
     assert record["decision_id"] == allowed["decision_id"] and record["seq"] > allowed["seq"]

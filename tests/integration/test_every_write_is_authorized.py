@@ -180,9 +180,10 @@ async def test_every_write_route_asks_the_policy_first(
 def test_console_forms_use_the_same_authorized_actions() -> None:
     from fastapi.routing import APIRoute
 
-    from web.console import pages_environments, pages_governance, pages_runs
+    from web.console import pages_audit, pages_environments, pages_governance, pages_runs
 
-    console_posts = [r for module in (pages_environments, pages_governance, pages_runs)
+    console_posts = [r for module in (pages_environments, pages_governance, pages_runs,
+                                      pages_audit)
                      for r in module.router.routes
                      if isinstance(r, APIRoute) and "POST" in r.methods
                      and r.path not in NOT_ACTIONS]

@@ -10,6 +10,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from web.console import (
+    pages_audit,
     pages_environments,
     pages_faults,
     pages_governance,
@@ -24,7 +25,7 @@ def install_console(app: FastAPI) -> ProblemRenderer:
     """Mount the pages and static files; return the HTML error renderer."""
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     for module in (pages_runs, pages_governance, pages_environments, pages_transcripts,
-                   pages_faults):
+                   pages_faults, pages_audit):
         app.include_router(module.router)
     # Pages link /static/favicon.svg; anything that asks the browser's default path gets it too.
     app.add_api_route("/favicon.ico", favicon, include_in_schema=False)

@@ -1,11 +1,13 @@
-"""Console pages: promotions and decisions, rollback with confirmation, lineage, audit chain."""
+"""Console pages: promotions and decisions, rollback with confirmation, deployments, bases.
+
+(The audit log and lineage are in ``pages_audit``.)
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Literal
-from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
@@ -19,7 +21,7 @@ from web.console.decisions import offer_for
 from web.console.gate_analysis import analyse_gate, open_gate_notice
 from web.console.pages_transcripts import promotion_transcripts
 from web.console.rendering import ConsoleGuard, CsrfChecked, page, redirect
-from web.data import audit, deployments, evaluation, lineage, promotions
+from web.data import deployments, evaluation, lineage, promotions
 from web.data.promotions import GateView
 from web.deps import Guard, ServicesDep, SessionDep, Sessions
 from web.pagination import CursorParam
@@ -245,70 +247,3 @@ async def bases_page(
     listing = await db.read(lineage.list_checkpoints, limit=25, cursor=cursor, bases=True)
     return page(request, "checkpoints.html", guard.principal, title="Base models",
                 page_=listing)
-
-
-@router.get("/checkpoints/{checkpoint_id}/lineage", response_class=HTMLResponse)
-async def lineage_page(
-    request: Request, checkpoint_id: str, guard: ConsoleGuard, db: SessionDep
-) -> Response:
-    """From the base model to the candidate: runs, environment versions, eval sets, hashes."""
-    await guard("read", "checkpoint", id=checkpoint_id)
-    found = await db.read(lineage.lineage, checkpoint_id=checkpoint_id)
-    if found is None:
-        raise not_found("checkpoint", checkpoint_id)
-    can_verify = await guard.would_allow("verify", "audit_event")
-    return page(request, "lineage.html", guard.principal, title="Lineage", lineage=found,
-                can_verify=can_verify)
-
-
-AUDIT_DECISIONS = ("allow", "deny", "record")
-
-
-def _moment(value: str | None, name: str) -> datetime | None:
-    """A filter's date or date-time (what <input type=datetime-local> sends), in UTC."""
-    if not value:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError as exc:
-        raise invalid(f"{name} must be a date or date-time such as 2026-12-01T09:30") from exc
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-@router.get("/audit", response_class=HTMLResponse)
-async def audit_page(
-    request: Request, guard: ConsoleGuard, db: SessionDep, cursor: CursorParam = None,
-    action: str | None = None, actor: str | None = None, kind: str | None = None,
-    decision: str | None = None, since: str | None = None, until: str | None = None,
-) -> Response:
-    """Audit events filtered by kind, decision, actor and time range, with export links."""
-    await guard("read", "audit_event")
-    if decision and decision not in AUDIT_DECISIONS:
-        raise invalid(f"decision must be one of {', '.join(AUDIT_DECISIONS)}")
-    where = audit.AuditFilter(action=action or None, actor=actor or None, kind=kind or None,
-                              decision=decision or None, since=_moment(since, "since"),
-                              until=_moment(until, "until"))
-    listing = await db.read(audit.list_events, limit=30, cursor=cursor, where=where)
-    can_verify = await guard.would_allow("verify", "audit_event")
-    filters = {k: v for k, v in (("action", action), ("actor", actor), ("kind", kind),
-                                 ("decision", decision), ("since", since), ("until", until)) if v}
-    return page(request, "audit.html", guard.principal, title="Audit log", listing=listing,
-                can_verify=can_verify, filters=filters, decisions=AUDIT_DECISIONS,
-                query=urlencode(filters))
-
-
-@router.post("/audit/verify")
-async def verify_chain(
-    request: Request, principal: CsrfChecked, services: ServicesDep,
-    next: Annotated[str, Form(max_length=500)] = "/audit",
-) -> Response:
-    """Recompute the chain and show the result on the page the button was on."""
-    report = await actions.verify_audit(guard=Guard(
-        services, principal, refused_input=await field_with_nul(request)), services=services)
-    target = next if next.startswith("/") and not next.startswith("//") else "/audit"
-    if report.ok:
-        notice = ("success", f"Audit chain verified: {report.checked} events, no gap, no edit.")
-    else:
-        notice = ("error", f"Audit chain BROKEN at event {report.broken_seq}: {report.problem} "
-                           f"({report.checked} events verified before it).")
-    return redirect(request, target, notice=notice)

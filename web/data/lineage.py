@@ -249,3 +249,53 @@ def _node(
         ],
         aliases=sorted(aliases.get(checkpoint.id, [])),
     )
+
+
+# A run's iterations shown one by one up to this many; longer runs show their first and
+# last and fold the ones between (16 iterations made a 3,776 px page).
+MAX_SHOWN_OF_A_RUN = 3
+
+
+@dataclass(frozen=True)
+class LineageSegment:
+    """What the lineage page draws in one place: one node, or a run's folded iterations."""
+
+    node: LineageNode | None = None
+    folded: tuple[LineageNode, ...] = ()
+
+
+def segments(found: Lineage) -> list[LineageSegment]:
+    """The chain after its base (the root, drawn once as the base model), each run's
+    consecutive iterations folded between its first and last; a node with an alias or the
+    candidate is never folded away."""
+    body = found.chain[1:] if found.chain and found.chain[0].checkpoint.parent_id is None \
+        else found.chain
+    out: list[LineageSegment] = []
+    start = 0
+    while start < len(body):
+        end = start
+        run_id = body[start].checkpoint.run_id
+        while end + 1 < len(body) and run_id and body[end + 1].checkpoint.run_id == run_id:
+            end += 1
+        out.extend(_fold(body[start:end + 1], found.candidate_id))
+        start = end + 1
+    return out
+
+
+def _fold(run: list[LineageNode], candidate_id: str) -> list[LineageSegment]:
+    if len(run) <= MAX_SHOWN_OF_A_RUN:
+        return [LineageSegment(node=n) for n in run]
+    out = [LineageSegment(node=run[0])]
+    folded: list[LineageNode] = []
+    for node in run[1:-1]:
+        if node.aliases or node.checkpoint.id == candidate_id:
+            if folded:
+                out.append(LineageSegment(folded=tuple(folded)))
+                folded = []
+            out.append(LineageSegment(node=node))
+        else:
+            folded.append(node)
+    if folded:
+        out.append(LineageSegment(folded=tuple(folded)))
+    out.append(LineageSegment(node=run[-1]))
+    return out
