@@ -32,7 +32,7 @@ POLICY_KINDS = (
     "training_run", "training_step", "trajectory", "step", "checkpoint",
     "proposal", "promotion", "gate_result", "approval", "deployment", "routing",
     "audit_event", "user", "serving_fault", "api_token", "role_grant",
-    "nexus_operation", "rollout_batch",
+    "nexus_operation", "rollout_batch", "webhook",
 )
 
 # Facts a loop records: governance's gates, moves and admissions, learning's alarms, the
@@ -42,7 +42,7 @@ RECORDED_ACTIONS = (
     "add_task", "assess_task", "assess_task_set", "register_task_set",
     "create_eval_set", "freeze_eval_set", "set_threshold",
     "stability_alarm", "stability_mitigation", "integrity_violation",
-    "policy_revision_changed",
+    "policy_revision_changed", "deliver_webhook",
     *(f"task_{s.value}" for s in TaskStatus), *(f"task_set_{s.value}" for s in TaskStatus),
     *(f"workflow_{k}" for k in ("reset", "terminated", "cancelled", "timed_out")),
 )
