@@ -20,12 +20,15 @@ from web.console import (
 from web.console.rendering import HERE, render_problem
 from web.problems import ProblemRenderer
 
+# Every module of console pages (a test walks their forms: each must be authorized).
+PAGE_MODULES = (pages_runs, pages_governance, pages_environments, pages_transcripts,
+                pages_faults, pages_audit)
+
 
 def install_console(app: FastAPI) -> ProblemRenderer:
     """Mount the pages and static files; return the HTML error renderer."""
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    for module in (pages_runs, pages_governance, pages_environments, pages_transcripts,
-                   pages_faults, pages_audit):
+    for module in PAGE_MODULES:
         app.include_router(module.router)
     # Pages link /static/favicon.svg; anything that asks the browser's default path gets it too.
     app.add_api_route("/favicon.ico", favicon, include_in_schema=False)
