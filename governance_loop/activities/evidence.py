@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import Session
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from governance_loop import gate_windows as episodes
 from governance_loop import store
@@ -80,18 +81,36 @@ def _stats(outcomes: episodes.Outcomes) -> EpisodeStats:
     return EpisodeStats.from_outcomes(outcomes.successes, outcomes.rewards)
 
 
+VERIFIER_BEHIND = "VerifierBehind"
+
+
 def await_verdicts(unjudged_now: Callable[[], list[str]], *, wait_s: float,
-                   poll_s: float = 0.25) -> list[str]:
+                   poll_s: float = 0.25, clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> list[str]:
     """Wait (heartbeating) until ``unjudged_now()`` (episodes the verifier has not judged)
-    is empty, for at most ``wait_s`` seconds; return the episodes still unjudged."""
-    deadline = time.monotonic() + wait_s
+    is empty, for at most ``wait_s`` seconds; return the episodes still unjudged.
+
+    A verifier that judged some but not all in that time is behind, not gone (a loaded
+    machine): that raises a retryable ``VerifierBehind`` error, so the activity tries again
+    instead of failing the gate. Only a wait in which it judged nothing returns a remainder.
+    """
+    deadline = clock() + wait_s
+    at_start: int | None = None
     while True:
         unjudged = unjudged_now()
-        if not unjudged or time.monotonic() >= deadline:
+        at_start = len(unjudged) if at_start is None else at_start
+        if not unjudged:
+            return unjudged
+        if clock() >= deadline:
+            if len(unjudged) < at_start:
+                raise ApplicationError(
+                    f"the verifier is still judging: {at_start - len(unjudged)} episodes "
+                    f"judged in the last {wait_s:g} s, {len(unjudged)} to go; trying again",
+                    type=VERIFIER_BEHIND)
             return unjudged
         if activity.in_activity():
             activity.heartbeat(len(unjudged))
-        time.sleep(poll_s)
+        sleep(poll_s)
 
 
 def _unjudged_decision(spec: ThresholdSpec, unjudged: list[str]) -> GateDecision:
