@@ -116,9 +116,10 @@ def await_verdicts(unjudged_now: Callable[[], list[str]], *, wait_s: float,
 def _unjudged_decision(spec: ThresholdSpec, unjudged: list[str]) -> GateDecision:
     return GateDecision(
         gate=Gate.OFFLINE_EVAL, passed=False, verdict=Verdict.FAIL,
-        reasons=[f"the verifier has not judged {len(unjudged)} episodes of the eval batches "
-                 f"(first: {', '.join(unjudged[:5])}); offline eval counts only its verdicts: "
-                 "is the verifier running (`python -m verifier`, `triloop dev up`)?"],
+        # The episodes are in the evidence (the console links them), not in a person's reason.
+        reasons=[f"the verifier has not judged {len(unjudged)} episodes of the eval batches, "
+                 "and judged none while offline eval waited; offline eval counts only its "
+                 "verdicts: is the verifier running (`python -m verifier`, `triloop dev up`)?"],
         evidence={"threshold_version": spec.version, "unjudged": unjudged[:50]},
     )
 
