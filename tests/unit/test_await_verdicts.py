@@ -52,3 +52,14 @@ def test_a_verifier_behind_but_judging_is_waited_for_by_a_retry() -> None:
                        clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
     assert raised.value.type == VERIFIER_BEHIND and not raised.value.non_retryable
     assert "1 episodes judged" in str(raised.value) and "2 to go" in str(raised.value)
+
+
+def test_the_unjudged_reason_names_no_internal_episode_id() -> None:
+    from governance_loop.activities.evidence import _unjudged_decision
+    from governance_loop.gates.thresholds import ThresholdSpec
+
+    spec = ThresholdSpec(version="t-1", min_success_rate=0.0, max_regression_vs_production=1.0)
+    ids = ["promotion-abc-eval-0123456789ab-candidate-ep-7"]
+    decision = _unjudged_decision(spec, ids)
+    assert not decision.passed and "1 episodes" in decision.reasons[0]
+    assert ids[0] not in decision.reasons[0] and decision.evidence["unjudged"] == ids
