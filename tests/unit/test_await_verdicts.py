@@ -58,7 +58,8 @@ def test_the_unjudged_reason_names_no_internal_episode_id() -> None:
     from governance_loop.activities.evidence import _unjudged_decision
     from governance_loop.gates.thresholds import ThresholdSpec
 
-    spec = ThresholdSpec(version="t-1", min_success_rate=0.0, max_regression_vs_production=1.0)
+    spec = ThresholdSpec(version="t-1", min_success_rate=0.0, max_regression_vs_production=1.0,
+                         min_samples=1)
     ids = ["promotion-abc-eval-0123456789ab-candidate-ep-7"]
     decision = _unjudged_decision(spec, ids)
     assert not decision.passed and "1 episodes" in decision.reasons[0]
