@@ -326,4 +326,5 @@ def faults_list(output: OutputOption = OutputFormat.table, token: TokenOption = 
     """The serving faults in force."""
     faults = api_call("GET", "/api/faults", token=token, api_url=api_url)
     print_rows(faults, (field("checkpoint", "checkpoint_id", is_id=True),
-                        field("temperature", "temperature"), field("note", "note")), output)
+                        field("temperature", "temperature"), field("by", "injected_by"),
+                        field("since", "injected_at"), field("note", "note")), output)

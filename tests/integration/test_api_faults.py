@@ -125,5 +125,11 @@ def test_the_cli_acts_through_the_api_with_the_operators_token(
     assert done.exit_code == 0, done.output
     assert f"serving {checkpoint} at temperature 6.0" in done.output
     assert read_serving_faults(home)[checkpoint].temperature == 6.0
+    listed = CliRunner().invoke(root, ["faults", "list"])  # piped: tab-separated lines
+    assert listed.exit_code == 0, listed.output
+    header, *rows = (line.split("\t") for line in listed.output.splitlines())
+    assert header[:4] == ["checkpoint", "temperature", "by", "since"], header
+    row = next(r for r in rows if r[0] == checkpoint)
+    assert row[1] == "6.0" and row[2] == people["operator"].name and row[3]  # who and since
     cleared = CliRunner().invoke(root, ["faults", "clear"])
     assert cleared.exit_code == 0 and "cleared 1" in cleared.output
