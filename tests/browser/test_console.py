@@ -271,8 +271,10 @@ def test_owner_controls_a_run_and_operator_rolls_back_with_confirmation(
 ) -> None:
     run_id = make_run(owner_engine, submitted_by=people["engineer"].name)
     sign_in(page, base_url, people["engineer"], f"/runs/{run_id}")
-    for name in ("Pause", "Resume", "Cancel"):
+    for name in ("Pause", "Cancel"):
         expect(page.get_by_role("button", name=name)).to_be_visible()
+    # A run that is not paused is not offered Resume.
+    expect(page.get_by_role("button", name="Resume")).to_have_count(0)
     page.get_by_role("button", name="Pause").click()  # the run has no workflow yet: a 409
     expect(page.get_by_role("heading", name="409 · Conflict")).to_be_visible()
     expect(page.get_by_role("alert")).to_contain_text("no workflow yet")
