@@ -276,7 +276,7 @@ def _train_show_lines(response: httpx.Response) -> list[str]:
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        cli_runs._show(response.json())
+        cli_runs._show(response.json(), "http://127.0.0.1:8000")
     return [line for line in printed.getvalue().splitlines() if line.startswith("  tag ")]
 
 
