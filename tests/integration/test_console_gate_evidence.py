@@ -97,9 +97,11 @@ async def test_each_gate_summary_says_what_its_rows_say(
         "canary": {"min_samples_per_arm": 40, "regression_to_detect": 0.2}})
     seeded = make_promotion(owner_engine, submitted_by=people["engineer"].name,
                             status="failed", current_gate="canary")
-    # 60% against 65%: failed by the gate, which the rounded evidence once showed as a pass.
+    # 5.000005 points down against a 5-point tolerance: failed by the gate (it compares the
+    # counts exactly), while the evidence, rounded to -0.05, would read as a pass.
     offline = decide_offline_eval([EvalSetResult(
-        "maps", "v1", EpisodeStats(10, 6, 0.5, 0.2), EpisodeStats(20, 13, 0.5, 0.2))], spec)
+        "maps", "v1", EpisodeStats(20_000_000, 18_999_999, 0.5, 0.2),
+        EpisodeStats(20, 20, 0.5, 0.2))], spec)
     low_agreement = decide_shadow([ShadowSample(f"e{i}", 10, 5, 1.0, 1.0 + (-0.1) ** i)
                                    for i in range(20)], spec)
     canary = decide_canary(CanaryObservation(canary=BinomialCounts(400, 390),
