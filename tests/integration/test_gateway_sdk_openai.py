@@ -164,6 +164,10 @@ def test_responses_stream_the_full_event_sequence(served: Served, client: openai
     assert kinds.count("response.output_text.delta") > 1
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert final.output_text == COUNTING
+    [message] = final.output
+    assert message.type == "message" and message.content[0].type == "output_text"
+    logprobs = message.content[0].logprobs or []
+    assert "".join(t.token for t in logprobs) == COUNTING and logprobs[0].logprob == -0.25
     with client.responses.stream(model="m", input="add", tools=RESPONSES_TOOLS) as stream:
         kinds = [e.type for e in stream]
         final = stream.get_final_response()
