@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -114,6 +114,27 @@ class AnswerStream(Protocol):
 
 
 @dataclass
+class _Beginning:
+    """Begins a stream at its first text (or when the answer is done), so that a request
+    the backend refuses before any token (a prompt past the context) is a plain error."""
+
+    stream: AnswerStream | None
+    response_id: str
+    prompt_tokens: int
+    begun: bool = False
+
+    def begin(self) -> None:
+        if self.stream is not None and not self.begun:
+            self.begun = True
+            self.stream.begin(self.response_id, self.prompt_tokens)
+
+    def text(self, delta: str) -> None:
+        self.begin()
+        if self.stream is not None:
+            self.stream.text(delta)
+
+
+@dataclass
 class AgentSession:
     """One agent episode's model traffic."""
 
@@ -160,9 +181,10 @@ class AgentSession:
             prompt += forced[1]
             index = len(self.calls)
             answer_id = response_id(request.api, uuid.uuid4().hex)
-            if stream is not None:
-                stream.begin(answer_id, len(prompt))
-            sampled = self._sample(request, prompt, budget, index, stream)
+            begun = _Beginning(stream, answer_id, len(prompt))
+            sampled = self._sample(request, prompt, budget, index,
+                                   None if stream is None else begun.text)
+            begun.begin()
             self.generated_tokens += len(sampled.token_ids)
             parsed, error = self._read_calls(request, forced[0] + sampled.text)
             ids = [f"{uuid.uuid4().hex[:24]}" for _ in parsed.calls]
@@ -227,7 +249,7 @@ class AgentSession:
         return text, [int(i) for i in ids]
 
     def _sample(self, request: ModelRequest, prompt: list[int], budget: int, index: int,
-                stream: AnswerStream | None) -> SampledAnswer:
+                on_text: Callable[[str], None] | None) -> SampledAnswer:
         hold = tool_markers(self.renderer.tool_call_format) if request.calls_tools else ()
         forced = request.calls_tools and request.tool_choice == "required"
         try:
@@ -235,7 +257,7 @@ class AgentSession:
                 self.settings.policy, prompt, budget=budget,
                 temperature=self.settings.temperature,
                 seed=turn_seed(self.settings.seed, index), stops=request.stop,
-                on_text=None if stream is None or forced else stream.text, hold_back=hold)
+                on_text=None if forced else on_text, hold_back=hold)
         except PromptTooLongError as exc:
             self.context_overflows += 1
             raise GatewayError(400, str(exc), code="context_length_exceeded") from exc
