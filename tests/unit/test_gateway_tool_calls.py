@@ -4,6 +4,8 @@ sequences cut on sampled ids, and what a stream may show before the answer is do
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from execution_loop.gateway.sampling import sample_answer, visible_text
@@ -106,3 +108,8 @@ def test_streamed_chunks_add_up_to_the_answer_sampled_whole() -> None:
                              temperature=1.0, seed=1, on_text=shown.append)
     assert streamed.token_ids == whole.token_ids and streamed.text == whole.text == text
     assert len(shown) > 1 and text.startswith("".join(shown))
+
+
+def test_qwen3_s_own_template_reads_as_the_hermes_format() -> None:
+    template = (Path(__file__).parent.parent / "data" / "qwen3_chat_template.jinja").read_text()
+    assert "<tool_call>" in template and tool_call_format(template) == HERMES
