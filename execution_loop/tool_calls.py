@@ -153,7 +153,7 @@ def tool_markers(call_format: str) -> tuple[str, ...]:
 
 def forced_call_prefix(call_format: str, name: str | None) -> str:
     """The text a call opens with, forced into the prompt when the agent requires a call
-    (``name``: that tool's), so the model can only continue a call."""
+    (``name``: that tool's), so the model's first sampled token already continues one."""
     if call_format == LLAMA3:
         return '{"name": "' if name is None else f'{{"name": "{name}", "parameters": '
     if name is None:

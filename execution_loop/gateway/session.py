@@ -14,7 +14,8 @@ format (``tool_calls.parse_tool_calls``); each call gets an id, and an assistant
 that comes back with those ids is rendered as the ids that were sampled. Where the agent
 requires a call (``tool_choice`` required or a named tool), the opening of a call is
 forced into the prompt (``forced_call_prefix``; its ids are prompt, not sampled), so the
-model can only continue a call. A call that does not parse or fit its schema is recorded
+answer is a call from its first sampled token (the decoding is constrained to that
+opening, not to the schema: a call the model then botches is a malformed one). A call that does not parse or fit its schema is recorded
 with its reason (``CallRecord.tool_call_error``) and goes back as text.
 """
 

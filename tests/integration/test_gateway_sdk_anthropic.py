@@ -6,7 +6,6 @@ client parsed and on the session's record. The policy is scripted (see
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -20,18 +19,11 @@ from tests.gateway_sdk_support import (
     COUNTING,
     Served,
     assert_extends,
-    served_gateway,
 )
 
 TOOLS: list[Any] = [{"name": "add", "description": "Add two integers",
                      "input_schema": ADD_SCHEMA}]
 QUESTION: list[Any] = [{"role": "user", "content": "What is 3 + 4?"}]
-
-
-@pytest.fixture
-def served() -> Iterator[Served]:
-    with served_gateway() as gateway:
-        yield gateway
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ the chat template's rendering and the record are the real ones.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -22,7 +21,6 @@ from tests.gateway_sdk_support import (
     COUNTING,
     Served,
     assert_extends,
-    served_gateway,
 )
 
 CHAT_TOOLS: list[Any] = [{"type": "function", "function": {
@@ -31,12 +29,6 @@ RESPONSES_TOOLS: list[Any] = [{"type": "function", "name": "add",
                                "description": "Add two integers", "parameters": ADD_SCHEMA}]
 QUESTION: list[Any] = [{"role": "system", "content": "Use the tools."},
                        {"role": "user", "content": "What is 3 + 4?"}]
-
-
-@pytest.fixture
-def served() -> Iterator[Served]:
-    with served_gateway() as gateway:
-        yield gateway
 
 
 @pytest.fixture
