@@ -15,8 +15,9 @@ that comes back with those ids is rendered as the ids that were sampled. Where t
 requires a call (``tool_choice`` required or a named tool), the opening of a call is
 forced into the prompt (``forced_call_prefix``; its ids are prompt, not sampled), so the
 answer is a call from its first sampled token (the decoding is constrained to that
-opening, not to the schema: a call the model then botches is a malformed one). A call that does not parse or fit its schema is recorded
-with its reason (``CallRecord.tool_call_error``) and goes back as text.
+opening, not to the schema: a call the model then botches is a malformed one). A call
+that does not parse or fit its schema is recorded with its reason
+(``CallRecord.tool_call_error``) and goes back as text.
 """
 
 from __future__ import annotations
