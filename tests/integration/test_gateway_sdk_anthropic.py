@@ -80,11 +80,18 @@ def test_streams_text_and_tool_use(served: Served, client: anthropic.Anthropic) 
 
 
 def test_stop_sequences_are_honoured(served: Served, client: anthropic.Anthropic) -> None:
-    served.script(COUNTING)
+    served.script(COUNTING, COUNTING)
     stopped = client.messages.create(model="m", max_tokens=100, messages=QUESTION,
                                      stop_sequences=[" four"])
     assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == " four"
     assert [b.text for b in stopped.content if b.type == "text"] == ["one two three"]
+    # Streamed, the text that turned out to be the stop sequence was never shown.
+    with client.messages.stream(model="m", max_tokens=100, messages=QUESTION,
+                                stop_sequences=[" nine"]) as stream:
+        shown = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert shown == "one two three four five six seven eight"
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == " nine"
 
 
 def test_count_tokens_is_the_prompt_the_model_is_fed(
