@@ -116,11 +116,110 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall | None:
         document = json.loads(match.group(1))
     except ValueError as exc:
         raise ToolCallError(f"the tool call is not JSON: {exc}") from exc
+    return _checked(document, {t.name: t for t in tools})
+
+
+# --- Tool calls of a black-box agent's model, in the chat template's own format ---------
+# The gateway declares the agent's tools to the model and reads its calls back in the
+# format the model was trained to write: Hermes and Qwen (2.5, 3) write
+# ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks; Llama 3 writes a
+# bare JSON object ``{"name": ..., "parameters": {...}}`` (after ``<|python_tag|>``, a
+# special token the decoded text no longer holds).
+HERMES, LLAMA3 = "hermes", "llama3"
+_HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_HERMES_OPEN = "<tool_call>"
+
+
+@dataclass(frozen=True)
+class ParsedToolCalls:
+    """The model's answer split into its text and the tool calls it made (maybe none)."""
+
+    text: str  # the answer outside the calls, stripped
+    calls: tuple[ToolCall, ...]
+
+
+def tool_call_format(chat_template: str | None) -> str:
+    """The format the model writes its calls in, read off its chat template."""
+    template = chat_template or ""
+    if "<|python_tag|>" in template or "ipython" in template:
+        return LLAMA3
+    return HERMES  # Hermes, Qwen, and the format ``tools_system_text`` teaches
+
+
+def tool_markers(call_format: str) -> tuple[str, ...]:
+    """Texts that open a call: a stream holds text back from where one may begin."""
+    return (_HERMES_OPEN, "{") if call_format == LLAMA3 else (_HERMES_OPEN,)
+
+
+def forced_call_prefix(call_format: str, name: str | None) -> str:
+    """The text a call opens with, forced into the prompt when the agent requires a call
+    (``name``: that tool's), so the model's first sampled token already continues one."""
+    if call_format == LLAMA3:
+        return '{"name": "' if name is None else f'{{"name": "{name}", "parameters": '
+    if name is None:
+        return '<tool_call>\n{"name": "'
+    return f'<tool_call>\n{{"name": "{name}", "arguments": '
+
+
+def render_tool_calls(calls: Sequence[ToolCall], call_format: str) -> str:
+    """Calls as the model writes them: the text of an agent's call whose sampled ids the
+    gateway does not hold (an agent may send calls it made up)."""
+    if call_format == LLAMA3:
+        return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}) for c in calls)
+    return "\n".join(f"<tool_call>\n{json.dumps(c.as_json())}\n</tool_call>" for c in calls)
+
+
+def _checked(document: Any, by_name: dict[str, ToolSpec]) -> ToolCall:
     if not isinstance(document, dict) or not isinstance(document.get("name"), str):
         raise ToolCallError('a tool call is {"name": ..., "arguments": {...}}')
-    by_name = {t.name: t for t in tools}
     tool = by_name.get(document["name"])
     if tool is None:
         known = ", ".join(sorted(by_name)) or "none"
         raise ToolCallError(f"no tool {document['name']!r} (tools: {known})")
-    return ToolCall(tool.name, check_arguments(tool, document.get("arguments", {})))
+    arguments = document.get("arguments", document.get("parameters", {}))
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except ValueError as exc:
+            raise ToolCallError(f"{tool.name}: the arguments are not JSON: {exc}") from exc
+    return ToolCall(tool.name, check_arguments(tool, arguments))
+
+
+def _llama3_documents(text: str) -> list[Any] | None:
+    body = text.strip()
+    if not body.startswith("{"):
+        return None
+    decoder, documents, at = json.JSONDecoder(), [], 0
+    while at < len(body):
+        try:
+            document, end = decoder.raw_decode(body, at)
+        except ValueError as exc:
+            raise ToolCallError(f"the tool call is not JSON: {exc}") from exc
+        documents.append(document)
+        at = end
+        while at < len(body) and body[at] in " \t\n;":
+            at += 1
+    return documents
+
+
+def parse_tool_calls(text: str, tools: Sequence[ToolSpec], call_format: str) -> ParsedToolCalls:
+    """Every call in the model's answer, each checked against its tool's schema; an answer
+    without calls comes back whole as text. ``ToolCallError`` names what is wrong."""
+    by_name = {t.name: t for t in tools}
+    blocks = list(_HERMES_BLOCK.finditer(text))  # every format: the form the tools text teaches
+    if not blocks and call_format == LLAMA3:
+        documents = _llama3_documents(text)
+        if not documents or not all(isinstance(d, dict) and "name" in d for d in documents):
+            return ParsedToolCalls(text.strip(), ())  # not JSON, or JSON but not a call
+        return ParsedToolCalls("", tuple(_checked(d, by_name) for d in documents))
+    if not blocks:
+        return ParsedToolCalls(text.strip(), ())
+    calls = []
+    for block in blocks:
+        try:
+            document = json.loads(block.group(1))
+        except ValueError as exc:
+            raise ToolCallError(f"the tool call is not JSON: {exc}") from exc
+        calls.append(_checked(document, by_name))
+    outside = text[: blocks[0].start()] + text[blocks[-1].end():]
+    return ParsedToolCalls(outside.strip(), tuple(calls))

@@ -5,9 +5,12 @@ A session is named in the path (``/s/<session>/v1/chat/completions``, so an agen
 only its base URL) or by the ``X-Triloop-Session`` header. Routes, under either form:
 
 - ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``: the model;
-  ``"stream": true`` is answered as server-sent events with the whole text in one
-  delta (the text is generated before the first event);
-- ``GET /v1/models``: the checkpoint the session samples from;
+  ``"stream": true`` is answered as server-sent events written as the answer is
+  sampled (``streams``);
+- ``POST /v1/messages/count_tokens``: the prompt's tokens, without sampling;
+- ``GET /v1/models``, ``GET /v1/models/<id>``: the checkpoint the session samples from,
+  in Anthropic's shape when the request carries ``anthropic-version`` (its SDK always
+  does), else OpenAI's; errors likewise come in the asking API's shape;
 - ``GET /env/observation``, ``POST /env/step`` (``{"action": text}``): the episode's
   environment, when the session has one (the command harness attaches it).
 
@@ -20,25 +23,27 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from execution_loop.gateway.api_bodies import BODIES, error_body
 from execution_loop.gateway.api_shapes import (
-    BODIES,
     CHAT_COMPLETIONS,
     MESSAGES,
     PARSERS,
     RESPONSES,
-    Completion,
     ModelRequest,
     RequestShapeError,
-    error_body,
+    parse_anthropic_messages,
 )
-from execution_loop.gateway.session import Gateway, GatewayError
+from execution_loop.gateway.session import AgentSession, Gateway, GatewayError
+from execution_loop.gateway.streams import AnswerEvents
 
 logger = logging.getLogger(__name__)
 SESSION_HEADER = "x-triloop-session"
+ANTHROPIC_HEADER = "anthropic-version"
+COUNT_TOKENS = ("/v1/messages/count_tokens", "/messages/count_tokens")
 MAX_BODY_BYTES = 16 * 2**20
 _ROUTES = {
     "/v1/chat/completions": CHAT_COMPLETIONS, "/chat/completions": CHAT_COMPLETIONS,
@@ -59,55 +64,22 @@ class EnvironmentPort(Protocol):
         ...
 
 
-def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> Iterator[bytes]:
-    for name, data in events:
-        head = f"event: {name}\n" if name else ""
-        yield f"{head}data: {json.dumps(data)}\n\n".encode()
-
-
-def stream_events(api: str, body: dict[str, Any], done: Completion) -> Iterator[bytes]:
-    """The finished answer as the asking API's stream of events."""
-    if api == CHAT_COMPLETIONS:
-        chunk = {k: body[k] for k in ("id", "created", "model")} | {
-            "object": "chat.completion.chunk"}
-        first = chunk | {"choices": [{"index": 0, "finish_reason": None,
-                                      "delta": {"role": "assistant", "content": done.text}}]}
-        last = chunk | {"choices": [{"index": 0, "delta": {},
-                                     "finish_reason": done.finish_reason}],
-                        "usage": body["usage"]}
-        yield from _sse([(None, first), (None, last)])
-        yield b"data: [DONE]\n\n"
-    elif api == RESPONSES:
-        item = body["output"][0]
-        yield from _sse([
-            ("response.created", {"type": "response.created",
-                                  "response": body | {"status": "in_progress", "output": []}}),
-            ("response.output_text.delta", {"type": "response.output_text.delta",
-                                            "item_id": item["id"], "output_index": 0,
-                                            "content_index": 0, "delta": done.text}),
-            ("response.output_text.done", {"type": "response.output_text.done",
-                                           "item_id": item["id"], "output_index": 0,
-                                           "content_index": 0, "text": done.text}),
-            ("response.output_item.done", {"type": "response.output_item.done",
-                                           "output_index": 0, "item": item}),
-            ("response.completed", {"type": "response.completed", "response": body}),
-        ])
-    else:
-        start = body | {"content": [], "stop_reason": None,
-                        "usage": {"input_tokens": done.prompt_tokens, "output_tokens": 0}}
-        yield from _sse([
-            ("message_start", {"type": "message_start", "message": start}),
-            ("content_block_start", {"type": "content_block_start", "index": 0,
-                                     "content_block": {"type": "text", "text": ""}}),
-            ("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                     "delta": {"type": "text_delta", "text": done.text}}),
-            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-            ("message_delta", {"type": "message_delta",
-                               "delta": {"stop_reason": body["stop_reason"],
-                                         "stop_sequence": None},
-                               "usage": {"output_tokens": done.completion_tokens}}),
-            ("message_stop", {"type": "message_stop"}),
-        ])
+def models_body(session: AgentSession, *, anthropic: bool,
+                model_id: str | None = None) -> dict[str, Any]:
+    """The session's model as a list, or one model (404 for another id)."""
+    model = session.settings.policy.checkpoint_id
+    if model_id is not None and model_id != model:
+        raise GatewayError(404, f"The model '{model_id}' does not exist", code="model_not_found",
+                           kind="invalid_request_error", param="model")
+    card: dict[str, Any] = (
+        {"type": "model", "id": model, "display_name": model,
+         "created_at": "1970-01-01T00:00:00Z"} if anthropic
+        else {"id": model, "object": "model", "created": 0, "owned_by": "triloop"})
+    if model_id is not None:
+        return card
+    if anthropic:
+        return {"data": [card], "has_more": False, "first_id": model, "last_id": model}
+    return {"object": "list", "data": [card]}
 
 
 class GatewayServer:
@@ -182,15 +154,16 @@ def _handler_for(owner: GatewayServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _stream(self, chunks: Iterator[bytes]) -> None:
+        def _start_stream(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")
             self.end_headers()
-            for chunk in chunks:
-                self.wfile.write(chunk)
-            self.close_connection = True
+
+        def _write_event(self, data: bytes) -> None:
+            self.wfile.write(data)
+            self.wfile.flush()
 
         def _read_json(self) -> Any:
             length = int(self.headers.get("Content-Length") or 0)
@@ -206,36 +179,41 @@ def _handler_for(owner: GatewayServer) -> type[BaseHTTPRequestHandler]:
             try:
                 work()
             except RequestShapeError as exc:
-                self._send(400, error_body(api, str(exc), kind="invalid_request_error",
-                                           param=exc.param))
+                self._send(400, error_body(api, str(exc), status=400,
+                                           kind="invalid_request_error", param=exc.param))
             except GatewayError as exc:
-                self._send(exc.status, error_body(api, str(exc), kind=exc.kind,
-                                                  param=exc.param, code=exc.code))
+                self._send(exc.status, error_body(api, str(exc), status=exc.status,
+                                                  kind=exc.kind, param=exc.param,
+                                                  code=exc.code))
             except Exception as exc:  # a bug of ours: the agent still gets an answer
                 logger.exception("gateway request failed")
                 self._send(500, error_body(api, f"gateway error: {type(exc).__name__}: {exc}",
-                                           kind="api_error"))
+                                           status=500, kind="api_error"))
 
         def do_GET(self) -> None:  # noqa: N802
             session_id, route = _split_session(self.path, self._headers())
+            anthropic = ANTHROPIC_HEADER in self._headers()
 
             def work() -> None:
                 session = owner.gateway.session(session_id or "")
                 if route in ("/v1/models", "/models"):
-                    model = session.settings.policy.checkpoint_id
-                    self._send(200, {"object": "list", "data": [
-                        {"id": model, "object": "model", "owned_by": "triloop"}]})
+                    self._send(200, models_body(session, anthropic=anthropic))
+                elif route.startswith(("/v1/models/", "/models/")):
+                    model_id = route.split("/models/", 1)[1]
+                    self._send(200, models_body(session, anthropic=anthropic,
+                                                model_id=model_id))
                 elif route == "/env/observation":
                     port = self._environment(session.id)
                     self._send(200, {"observation": port.initial_observation()})
                 else:
                     raise GatewayError(404, f"no route GET {route}", code="not_found")
 
-            self._answer(CHAT_COMPLETIONS, work)
+            self._answer(MESSAGES if anthropic else CHAT_COMPLETIONS, work)
 
         def do_POST(self) -> None:  # noqa: N802
             session_id, route = _split_session(self.path, self._headers())
-            api = _ROUTES.get(route, CHAT_COMPLETIONS)
+            fallback = MESSAGES if ANTHROPIC_HEADER in self._headers() else CHAT_COMPLETIONS
+            api = MESSAGES if route in COUNT_TOKENS else _ROUTES.get(route, fallback)
 
             def work() -> None:
                 body = self._read_json()
@@ -247,17 +225,34 @@ def _handler_for(owner: GatewayServer) -> type[BaseHTTPRequestHandler]:
                                            param="action")
                     self._send(200, self._environment(session.id).step(action))
                     return
+                if route in COUNT_TOKENS:
+                    counted = parse_anthropic_messages(body, counting=True)
+                    self._send(200, {"input_tokens": session.count_tokens(counted)})
+                    return
                 if route not in _ROUTES:
                     raise GatewayError(404, f"no route POST {route}", code="not_found")
                 request: ModelRequest = PARSERS[api](body)
-                done = session.complete(request, self._headers())
-                answer = BODIES[api](request, done)
                 if request.stream:
-                    self._stream(stream_events(api, answer, done))
-                else:
-                    self._send(200, answer)
+                    self._answer_streamed(api, session, request)
+                    return
+                done = session.complete(request, self._headers())
+                self._send(200, BODIES[api](request, done))
 
             self._answer(api, work)
+
+        def _answer_streamed(self, api: str, session: AgentSession,
+                             request: ModelRequest) -> None:
+            """Stream the answer; an error before its first event is a plain error."""
+            events = AnswerEvents(api, request, self._write_event, self._start_stream)
+            try:
+                done = session.complete(request, self._headers(), stream=events)
+            except GatewayError as exc:
+                if not events.started:
+                    raise
+                events.fail(exc.status, str(exc), kind=exc.kind, code=exc.code)
+            else:
+                events.finish(done, BODIES[api](request, done))
+            self.close_connection = True
 
         def _environment(self, session_id: str) -> EnvironmentPort:
             port = owner.environments.get(session_id)

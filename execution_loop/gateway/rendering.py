@@ -13,7 +13,9 @@ surrounding whitespace stripped (agents often strip what they received). Other t
 agent's own included, is tokenized with special tokens split, so no message can forge a
 role marker.
 ``tool`` messages are rendered in the observation role (``user``), which every chat
-template accepts.
+template accepts. An assistant message with tool calls the gateway sampled is its sampled
+ids (found by the calls' ids); calls it did not sample (an agent may write its own
+history) are rendered as the model writes calls (``render_tool_calls``).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from collections.abc import Callable, Sequence
 
 from execution_loop.gateway.api_shapes import ASSISTANT, SYSTEM, TOOL, ChatMessage
 from execution_loop.harness import ChatHarness, Message
+from execution_loop.tool_calls import render_tool_calls, tool_call_format
 
-SampledLookup = Callable[[str], Sequence[int] | None]
-"""The sampled ids of a text the gateway generated in this session, or None."""
+SampledLookup = Callable[[ChatMessage], Sequence[int] | None]
+"""The sampled ids of an assistant message the gateway generated in this session, or None."""
 
 
 class MessageRenderer(ChatHarness):
@@ -38,6 +41,14 @@ class MessageRenderer(ChatHarness):
         role = self.observation_role if message.role == TOOL else message.role
         if role not in (SYSTEM, ASSISTANT, self.observation_role):
             raise ValueError(f"cannot render a message with role {message.role!r}")
-        known = sampled(message.content) if role == ASSISTANT else None
-        return Message(role, message.content,
-                       None if known is None else tuple(int(t) for t in known))
+        known = sampled(message) if role == ASSISTANT else None
+        content = message.content
+        if message.tool_calls and known is None:
+            calls = render_tool_calls(message.tool_calls, self.tool_call_format)
+            content = f"{content}\n{calls}" if content else calls
+        return Message(role, content, None if known is None else tuple(int(t) for t in known))
+
+    @property
+    def tool_call_format(self) -> str:
+        """The format the model writes tool calls in (from its chat template)."""
+        return tool_call_format(getattr(self.tokenizer, "chat_template", None))

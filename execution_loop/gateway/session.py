@@ -8,21 +8,55 @@ the agent's own temperature: the learner's importance ratios compare against
 logprobs at the run's temperature, so the agent's is recorded and not applied.
 Token caps are the contract's: ``max_tokens_per_turn`` per call (the agent may ask for
 fewer) and ``max_total_tokens`` over the session, every kind of call counted.
+
+Tool calls: when the request declares tools, the answer is read for calls in the model's
+format (``tool_calls.parse_tool_calls``); each call gets an id, and an assistant message
+that comes back with those ids is rendered as the ids that were sampled. Where the agent
+requires a call (``tool_choice`` required or a named tool), the opening of a call is
+forced into the prompt (``forced_call_prefix``; its ids are prompt, not sampled), so the
+answer is a call from its first sampled token (the decoding is constrained to that
+opening, not to the schema: a call the model then botches is a malformed one). A call
+that does not parse or fit its schema is recorded with its reason
+(``CallRecord.tool_call_error``) and goes back as text.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from execution_loop.episode import turn_seed
-from execution_loop.gateway.api_shapes import Completion, ModelRequest
+from execution_loop.gateway.api_bodies import call_id, response_id
+from execution_loop.gateway.api_shapes import (
+    ASSISTANT,
+    RESPONSES,
+    SYSTEM,
+    ChatMessage,
+    Completion,
+    ModelRequest,
+    TokenLogprob,
+)
 from execution_loop.gateway.classify import MAIN, classify_request
 from execution_loop.gateway.rebuild import MainCall, RebuiltTrajectory, rebuild_trajectory
 from execution_loop.gateway.rendering import MessageRenderer
-from execution_loop.inference.base import InferenceError, PolicyClient, PromptTooLongError
+from execution_loop.gateway.sampling import SampledAnswer, sample_answer
+from execution_loop.inference.base import (
+    InferenceError,
+    PolicyClient,
+    PromptTooLongError,
+    decode_action,
+)
+from execution_loop.tool_calls import (
+    ParsedToolCalls,
+    ToolCall,
+    ToolCallError,
+    forced_call_prefix,
+    parse_tool_calls,
+    tool_markers,
+)
 
 
 class GatewayError(Exception):
@@ -63,6 +97,43 @@ class CallRecord:
     finish_reason: str
     requested_temperature: float | None  # what the agent asked for (recorded, not applied)
     requested_max_tokens: int | None
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls read from the answer
+    tool_call_error: str | None = None  # why the answer's call was malformed (sent as text)
+    forced_prefix_tokens: int = 0  # the prompt's last ids: a call's opening, forced
+    stop_sequence: str | None = None  # the agent's stop sequence that ended the answer
+
+
+class AnswerStream(Protocol):
+    """Where a streamed answer's text goes as it is sampled."""
+
+    def begin(self, response_id: str, prompt_tokens: int) -> None:
+        """The request passed every check; sampling of the answer so named starts."""
+        ...
+
+    def text(self, delta: str) -> None:
+        """More of the answer's text."""
+        ...
+
+
+@dataclass
+class _Beginning:
+    """Begins a stream at its first text (or when the answer is done), so that a request
+    the backend refuses before any token (a prompt past the context) is a plain error."""
+
+    stream: AnswerStream | None
+    response_id: str
+    prompt_tokens: int
+    begun: bool = False
+
+    def begin(self) -> None:
+        if self.stream is not None and not self.begun:
+            self.begun = True
+            self.stream.begin(self.response_id, self.prompt_tokens)
+
+    def text(self, delta: str) -> None:
+        self.begin()
+        if self.stream is not None:
+            self.stream.text(delta)
 
 
 @dataclass
@@ -79,12 +150,16 @@ class AgentSession:
     infrastructure_error: InferenceError | None = None
     closed: bool = False
     _sampled: dict[str, list[int]] = field(default_factory=dict)
+    _sampled_calls: dict[str, list[int]] = field(default_factory=dict)  # by tool-call id
+    _responses: dict[str, tuple[ChatMessage, ...]] = field(default_factory=dict)  # Responses
     _main_seen: bool = False
     _main_system: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def complete(self, request: ModelRequest, headers: Mapping[str, str]) -> Completion:
-        """Classify, render, sample and record one request; the text goes back to the agent."""
+    def complete(self, request: ModelRequest, headers: Mapping[str, str],
+                 stream: AnswerStream | None = None) -> Completion:
+        """Classify, render, sample and record one request; the answer goes back to the agent
+        (as it is sampled, to ``stream``)."""
         with self._lock:
             if self.closed:
                 raise GatewayError(410, f"session {self.id} has ended", code="session_closed")
@@ -102,48 +177,131 @@ class AgentSession:
                 self.budget_exhausted = True
                 raise GatewayError(429, "the episode's token budget (max_total_tokens) is spent",
                                    kind="rate_limit_error", code="token_budget_exhausted")
-            try:
-                prompt = self.renderer.prompt_ids(request.messages, self._sampled_ids)
-            except ValueError as exc:
-                raise GatewayError(400, f"cannot render the conversation: {exc}") from exc
+            messages = self._conversation(request)
+            prompt = self._prompt(messages)
+            forced = self._forced_prefix(request)
+            prompt += forced[1]
             index = len(self.calls)
-            try:
-                generation = self.settings.policy.generate(
-                    prompt, max_new_tokens=budget, temperature=self.settings.temperature,
-                    seed=turn_seed(self.settings.seed, index))
-            except PromptTooLongError as exc:
-                self.context_overflows += 1
-                raise GatewayError(400, str(exc), code="context_length_exceeded") from exc
-            except InferenceError as exc:
-                self.infrastructure_error = exc
-                raise GatewayError(502, f"the model backend failed: {exc}",
-                                   kind="api_error", code="backend_error") from exc
-            self.generated_tokens += len(generation.token_ids)
+            answer_id = response_id(request.api, uuid.uuid4().hex)
+            begun = _Beginning(stream, answer_id, len(prompt))
+            sampled = self._sample(request, prompt, budget, index,
+                                   None if stream is None else begun.text)
+            begun.begin()
+            self.generated_tokens += len(sampled.token_ids)
+            parsed, error = self._read_calls(request, forced[0] + sampled.text)
+            ids = [f"{uuid.uuid4().hex[:24]}" for _ in parsed.calls]
+            call_ids = tuple(call_id(request.api, i) for i in ids)
             record = CallRecord(
                 index=index, api=request.api, kind=decided.kind, rule=decided.rule,
-                prompt_token_ids=prompt, completion_token_ids=list(generation.token_ids),
-                logprobs=list(generation.logprobs), text=generation.text,
-                finish_reason=generation.finish_reason,
+                prompt_token_ids=prompt, completion_token_ids=list(sampled.token_ids),
+                logprobs=list(sampled.logprobs), text=sampled.text,
+                finish_reason="tool_calls" if parsed.calls else sampled.finish_reason,
                 requested_temperature=request.temperature,
-                requested_max_tokens=request.max_tokens,
+                requested_max_tokens=request.max_tokens, tool_calls=parsed.calls,
+                tool_call_error=error, forced_prefix_tokens=len(forced[1]),
+                stop_sequence=sampled.stop_sequence,
             )
             self.calls.append(record)
-            self._remember(record)
+            text = parsed.text if parsed.calls else forced[0] + sampled.text
+            self._remember(record, text, forced[1], call_ids)
             if decided.kind == MAIN and not self._main_seen:
                 self._main_seen, self._main_system = True, request.system_prompt
-            return Completion(text=record.text, finish_reason=record.finish_reason,
+            if request.api == RESPONSES and request.store:
+                self._responses[answer_id] = (*[m for m in messages if m.role != SYSTEM],
+                                              ChatMessage(ASSISTANT, text, parsed.calls,
+                                                          call_ids))
+            return Completion(text=text, finish_reason=record.finish_reason,
                               prompt_tokens=len(prompt),
                               completion_tokens=len(record.completion_token_ids),
-                              kind=record.kind, call_index=index)
+                              kind=record.kind, call_index=index, response_id=answer_id,
+                              tool_calls=parsed.calls, call_ids=call_ids,
+                              stop_sequence=sampled.stop_sequence,
+                              logprobs=self._logprobs(record) if request.logprobs else ())
 
-    def _remember(self, record: CallRecord) -> None:
-        for key in (record.text, record.text.strip()):
-            self._sampled[key] = record.completion_token_ids
+    def count_tokens(self, request: ModelRequest) -> int:
+        """The prompt tokens the request would be fed (Anthropic's ``count_tokens``)."""
+        with self._lock:
+            return len(self._prompt(self._conversation(request)))
 
-    def _sampled_ids(self, text: str) -> list[int] | None:
-        """The ids sampled for this text, as sent or with surrounding whitespace stripped."""
-        found = self._sampled.get(text)
-        return found if found is not None else self._sampled.get(text.strip())
+    def _conversation(self, request: ModelRequest) -> tuple[ChatMessage, ...]:
+        """The request's messages, after the stored turn it continues (Responses)."""
+        if request.previous_response_id is None:
+            return request.messages
+        earlier = self._responses.get(request.previous_response_id)
+        if earlier is None:
+            raise GatewayError(
+                400, f"Previous response with id '{request.previous_response_id}' not found.",
+                param="previous_response_id", code="previous_response_not_found")
+        system = [m for m in request.messages if m.role == SYSTEM]
+        rest = [m for m in request.messages if m.role != SYSTEM]
+        return (*system, *earlier, *rest)
+
+    def _prompt(self, messages: tuple[ChatMessage, ...]) -> list[int]:
+        try:
+            return self.renderer.prompt_ids(messages, self._sampled_ids)
+        except ValueError as exc:
+            raise GatewayError(400, f"cannot render the conversation: {exc}") from exc
+
+    def _forced_prefix(self, request: ModelRequest) -> tuple[str, list[int]]:
+        """The opening of a call and its ids, where the request requires a call."""
+        if not request.calls_tools or request.tool_choice != "required":
+            return "", []
+        text = forced_call_prefix(self.renderer.tool_call_format, request.forced_tool)
+        ids = self.renderer.tokenizer(text, add_special_tokens=False).input_ids
+        return text, [int(i) for i in ids]
+
+    def _sample(self, request: ModelRequest, prompt: list[int], budget: int, index: int,
+                on_text: Callable[[str], None] | None) -> SampledAnswer:
+        hold = tool_markers(self.renderer.tool_call_format) if request.calls_tools else ()
+        forced = request.calls_tools and request.tool_choice == "required"
+        try:
+            return sample_answer(
+                self.settings.policy, prompt, budget=budget,
+                temperature=self.settings.temperature,
+                seed=turn_seed(self.settings.seed, index), stops=request.stop,
+                on_text=None if forced else on_text, hold_back=hold)
+        except PromptTooLongError as exc:
+            self.context_overflows += 1
+            raise GatewayError(400, str(exc), code="context_length_exceeded") from exc
+        except InferenceError as exc:
+            self.infrastructure_error = exc
+            raise GatewayError(502, f"the model backend failed: {exc}",
+                               kind="api_error", code="backend_error") from exc
+
+    def _read_calls(self, request: ModelRequest, text: str) -> tuple[ParsedToolCalls,
+                                                                      str | None]:
+        """The answer's tool calls, or why its call is malformed (the answer is then text)."""
+        if not request.calls_tools:
+            return ParsedToolCalls(text, ()), None
+        try:
+            return parse_tool_calls(text, request.tools, self.renderer.tool_call_format), None
+        except ToolCallError as exc:
+            return ParsedToolCalls(text, ()), str(exc)
+
+    def _logprobs(self, record: CallRecord) -> tuple[TokenLogprob, ...]:
+        tokenizer, special = self.renderer.tokenizer, set(self.renderer.tokenizer.all_special_ids)
+        return tuple(TokenLogprob(decode_action(tokenizer, [i]), lp)
+                     for i, lp in zip(record.completion_token_ids, record.logprobs, strict=True)
+                     if i not in special)
+
+    def _remember(self, record: CallRecord, text: str, forced: list[int],
+                  call_ids: tuple[str, ...]) -> None:
+        ids = forced + record.completion_token_ids
+        for key in {text, text.strip()} - {""}:  # an empty text names no answer
+            self._sampled[key] = ids
+        for ident in call_ids:
+            self._sampled_calls[ident] = ids
+
+    def _sampled_ids(self, message: ChatMessage) -> list[int] | None:
+        """The ids sampled for an assistant message: by its tool calls' ids, else by its
+        text as sent or with surrounding whitespace stripped."""
+        for ident in message.call_ids:
+            if ident in self._sampled_calls:
+                return self._sampled_calls[ident]
+        if message.tool_calls:
+            return None  # calls the gateway did not sample: rendered from their JSON
+        found = self._sampled.get(message.content)
+        return found if found is not None else self._sampled.get(message.content.strip())
 
     def main_calls(self) -> list[CallRecord]:
         """The main loop's calls, in order."""

@@ -8,6 +8,7 @@ teacher-forced recomputation on the prompt the gateway rendered.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -106,3 +107,28 @@ def test_a_prompt_past_the_context_window_is_the_apis_context_error(
     session = gateway.close_session(session_id)
     assert session.context_overflows == 1 and session.calls == []
     assert session.infrastructure_error is None  # the agent's to handle, not a retry
+
+
+@pytest.mark.parametrize("backend", ["torch", "http"])
+def test_a_streamed_answer_is_sampled_in_chunks_with_true_behaviour_logprobs(
+    backend: str, torch_client: TorchPolicyClient, http_client: OpenAICompatiblePolicyClient
+) -> None:
+    policy = torch_client if backend == "torch" else http_client
+    answer, gateway, session_id = ask(policy, {**REQUEST, "max_tokens": 16, "stream": True})
+    assert answer.headers["content-type"] == "text/event-stream", answer.text
+    datas = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ")]
+    assert datas[-1] == "[DONE]"
+    text = "".join(json.loads(d)["choices"][0]["delta"].get("content") or ""
+                   for d in datas[:-1])
+    [call] = gateway.close_session(session_id).calls
+    assert text == call.text
+    # Sampled chunk by chunk, each token's logprob is still the model's given all before it.
+    recomputed = teacher_forced_logprobs(torch_client.model, call.prompt_token_ids,
+                                         call.completion_token_ids)
+    assert call.logprobs == pytest.approx(recomputed, abs=1e-4)
+    # A prompt past the window is refused before the stream begins: a plain API error.
+    long = {**REQUEST, "stream": True,
+            "messages": [{"role": "user", "content": "7 + 7 " * 200}]}
+    refused, _, _ = ask(policy, long)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"

@@ -112,20 +112,29 @@ def test_responses_and_anthropic_messages_in_their_own_shapes(
     assert session.calls[-1].kind == "heartbeat"  # a one-token request
 
 
-def test_streaming_sends_the_whole_answer_as_events(
-    served: tuple[GatewayServer, AgentSession],
+def test_streaming_sends_the_answer_as_it_is_sampled(
+    served: tuple[GatewayServer, AgentSession], policy: ScriptedPolicy
 ) -> None:
     server, session = served
+    policy._script = ["one two three four five six seven eight nine ten eleven twelve"]
     chat = post(server, session, "/v1/chat/completions", {
-        "stream": True, "messages": [{"role": "user", "content": "3 + 4?"}]})
+        "stream": True, "max_tokens": 30, "messages": [{"role": "user", "content": "count"}]})
     assert chat.headers["content-type"] == "text/event-stream"
     datas = [line[6:] for line in chat.text.splitlines() if line.startswith("data: ")]
     assert datas[-1] == "[DONE]"
-    assert json.loads(datas[0])["choices"][0]["delta"]["content"] == "answer: 7"
+    deltas = [json.loads(d)["choices"][0]["delta"].get("content") for d in datas[:-1]]
+    texts = [d for d in deltas if d]
+    assert len(texts) > 1  # several chunks, not the whole text in one event
+    assert "".join(texts) == policy_text(policy, session.calls[0].completion_token_ids)
+    assert len(policy.prompts) == 1  # one answer, continued chunk by chunk
     anthropic = post(server, session, "/v1/messages", {
         "stream": True, "max_tokens": 20, "messages": [{"role": "user", "content": "go on"}]})
     events = [line[7:] for line in anthropic.text.splitlines() if line.startswith("event: ")]
     assert events[0] == "message_start" and events[-1] == "message_stop"
+
+
+def policy_text(policy: ScriptedPolicy, ids: list[int]) -> str:
+    return str(policy.tokenizer().decode(ids, skip_special_tokens=True))
 
 
 def test_kinds_come_from_headers_and_content(served: tuple[GatewayServer, AgentSession]) -> None:
