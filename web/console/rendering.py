@@ -131,6 +131,7 @@ def page(
          "csrf_field": CSRF_FIELD, "flash": flash,
          "pending_count": None if waiting is None else len(waiting),
          "temporal_unauthenticated": services.settings.temporal_mode == "dev",
+         "agent_code_unisolated": services.settings.sandbox == "local",
          "temporal_ui": services.settings.temporal_ui(),
          "temporal_namespaces": {loop: services.settings.temporal_namespace(loop)
                                  for loop in LOOPS}, **context},
