@@ -16,13 +16,28 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from execution_loop.admission_probe import AdmissionProbe
+from governance_loop.environments import add_task, document_from_file, register_environment_version
 from execution_loop.environments.registry import CONTRACTS_DIR
 from execution_loop.sandboxes import bubblewrap_problem
 from execution_loop.serving import TaskEnvironments
 from governance_loop.activities.admission import judge_probe
 from governance_loop.admission import AdmissionBudgets
 from tests.factories_execution import make_task_on, register_contract
-from triloop.workflow_api import AdmissionProbeEvidence, AdmissionProbeInput
+from tests.factories_governance import wait_for
+from tests.integration.test_black_box_agent import CONTRACT, admission_workers
+from tests.temporal_helpers import own_queues, terminate_as_operator
+from triloop.config import Settings
+from triloop.wiring import build_authorizer
+from triloop.workflow_api import (
+    ADMISSION_STATUS_QUERY,
+    ADMISSION_WORKFLOW,
+    GOVERNANCE_QUEUE,
+    AdmissionInput,
+    AdmissionProbeEvidence,
+    AdmissionProbeInput,
+    AdmissionResult,
+    admission_workflow_id,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -80,3 +95,33 @@ def test_an_agent_contract_that_allows_unisolated_code_is_probed_and_says_so(
     unisolated = [n for n in evidence.notes if "unisolated" in n]
     assert len(unisolated) == 1 and "bwrap is not installed" in unisolated[0]
     assert "isolation.allow_unisolated" in unisolated[0]
+
+
+async def test_the_admission_workflow_refuses_an_agent_contract_without_bubblewrap(
+    settings: Settings, role_engine: Callable[[str], Engine], no_bubblewrap: None
+) -> None:
+    """Governance's real AdmissionWorkflow and the real execution worker, end to end."""
+    gov = role_engine("governance")
+    authorizer = build_authorizer(settings, "governance")
+    version = register_environment_version(
+        engine=gov, authorizer=authorizer, requested_by="gov-admin",
+        document=document_from_file(CONTRACT, name="tool_arithmetic_agent"))
+    task_id = add_task(engine=gov, authorizer=authorizer, version_ref=version.id, seed=9313,
+                       requested_by="gov-admin")
+    queues = own_queues(settings, "bbw-")
+    async with admission_workers(queues, gov) as client:
+        handle = await client.start_workflow(
+            ADMISSION_WORKFLOW, AdmissionInput(task_id=task_id, requested_by="gov-admin"),
+            id=admission_workflow_id(task_id), task_queue=queues.task_queue(GOVERNANCE_QUEUE),
+            result_type=AdmissionResult)
+
+        async def assessed() -> AdmissionResult | None:
+            status: AdmissionResult = await handle.query(ADMISSION_STATUS_QUERY,
+                                                         result_type=AdmissionResult)
+            return status if status.status != "assessing" else None
+
+        status = await wait_for(assessed, timeout=240, what="the admission assessment")
+        await terminate_as_operator(queues, handle, "the test has its answer")
+    assert not status.admissible
+    assert status.reasons[0].startswith("probe failed: ")
+    assert "apt-get install bubblewrap" in status.reasons[0], status.reasons
