@@ -16,12 +16,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from execution_loop.admission_probe import AdmissionProbe
-from governance_loop.environments import add_task, document_from_file, register_environment_version
 from execution_loop.environments.registry import CONTRACTS_DIR
 from execution_loop.sandboxes import bubblewrap_problem
 from execution_loop.serving import TaskEnvironments
 from governance_loop.activities.admission import judge_probe
 from governance_loop.admission import AdmissionBudgets
+from governance_loop.environments import add_task, document_from_file, register_environment_version
 from tests.factories_execution import make_task_on, register_contract
 from tests.factories_governance import wait_for
 from tests.integration.test_black_box_agent import CONTRACT, admission_workers
