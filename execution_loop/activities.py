@@ -58,8 +58,8 @@ from execution_loop.partial_episodes import (
     load_prior_episode,
 )
 from execution_loop.routing import assign, read_routes, shadow_comparison
-from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend
-from execution_loop.sandboxes import describe_environment_sandbox
+from execution_loop.sandbox import SandboxBackend
+from execution_loop.sandboxes import default_sandbox, describe_environment_sandbox
 from execution_loop.serving import PolicyCache, TaskEnvironments
 from execution_loop.store import (
     StepRow,
@@ -164,8 +164,9 @@ class RolloutActivities:
         agent_sandbox: SandboxBackend | None = None,
     ) -> None:
         self._engine = engine
-        # Where a contract's black-box agent program runs (the command harness).
-        self._agent_sandbox = agent_sandbox or LocalProcessSandbox()
+        # Where a contract's black-box agent program runs (the command harness); None: the
+        # default per contract, which fails closed (``sandboxes.default_sandbox``).
+        self._agent_sandbox = agent_sandbox
         self._authorizer = authorizer
         self._policies = policies
         self._environments = environments
@@ -263,8 +264,10 @@ class RolloutActivities:
         try:
             limits = episode_limits(opened.contract.limits, job.max_turns, job.max_new_tokens)
             if opened.contract.agent is not None:  # a black-box agent, through the gateway
+                sandbox = self._agent_sandbox or default_sandbox(
+                    allow_unisolated=opened.contract.allows_unisolated)
                 record = run_command_episode(
-                    env, policy, contract=opened.contract, sandbox=self._agent_sandbox,
+                    env, policy, contract=opened.contract, sandbox=sandbox,
                     seed=seed, task_seed=spec.task_seed, task_item=opened.item, limits=limits,
                     temperature=temperature, deadline=job.deadline_epoch_s,
                     on_progress=report,

@@ -16,6 +16,13 @@ The execution loop owns environments, so it measures; governance only judges
    times, and the verifier's verdict on each;
 5. for question 2 as well: every known reward hack (``reward_hacks.LIBRARY``) played
    from a fresh reset, and whether the verifier paid for it.
+
+Agent code never runs unisolated unless the stack or the contract says so, and admission
+checks it first: a task whose agent (a contract's ``agent`` program, or the code its
+environment runs for the policy) would have no sandbox here is refused, non-retryably, with
+``SandboxUnavailable``'s message, which names Debian's ``bubblewrap`` package. Governance
+records it as the probe's failure, so the task is not admissible. Where the code will run
+unisolated because that was allowed, the evidence's notes say so and why.
 """
 
 from __future__ import annotations
@@ -27,11 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from execution_loop.contracts import PROBE_ADMISSION
 from execution_loop.environments.base import EnvironmentUnavailable, reset_task
 from execution_loop.reward_hacks import probe_reward_hacks
 from execution_loop.sandbox import LocalProcessSandbox, SandboxBackend, SandboxLimits, SandboxResult
+from execution_loop.sandboxes import SandboxUnavailable, default_sandbox, describe
 from execution_loop.serving import OpenedTask, TaskEnvironments
 from triloop.contracts import EnvironmentContract
 from triloop.environment_code import verifier_hash
@@ -98,6 +107,28 @@ class AdmissionProbe:
             task_id=task.task_id, environment_version_id=task.environment_version_id,
             environment=task.contract.task, seed=task.seed,
         )
+        try:
+            self._sandboxed_agent(task, evidence)
+            return self._probe(task, request, evidence)
+        except SandboxUnavailable as error:  # fail closed: no sandbox, no admission
+            raise ApplicationError(f"task {task.task_id} is refused: {error}",
+                                   type=type(error).__name__, non_retryable=True) from error
+
+    def _sandboxed_agent(self, task: OpenedTask, evidence: AdmissionProbeEvidence) -> None:
+        """Refuse an agent contract that would run unisolated unasked; note it where asked.
+
+        An environment that runs the policy's code chooses its sandbox when it opens, which
+        the resets do next, with the same refusal.
+        """
+        if task.contract.agent is None:
+            return
+        sandbox = default_sandbox(allow_unisolated=task.contract.allows_unisolated)
+        record = describe(sandbox)
+        if record["backend"] == "local":
+            evidence.notes.append(f"the agent program will run unisolated: {record['why']}")
+
+    def _probe(self, task: OpenedTask, request: AdmissionProbeInput,
+               evidence: AdmissionProbeEvidence) -> AdmissionProbeEvidence:
         actions = (self._reference(task.contract.task, task.seed, task.contract)
                    if task.item is None else
                    self._reference(task.contract.task, task.seed, task.contract, item=task.item))

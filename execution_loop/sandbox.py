@@ -10,8 +10,8 @@ unsafe in the threaded worker that runs activities. A limit that trips is report
 What it does not do: hide the filesystem or the network, limit the process count when
 it runs as root, or stop a process that calls ``setsid`` to leave its group.
 ``execution_loop.sandboxes`` has the backends that isolate (bubblewrap, Docker) and
-picks the default: this one only where user namespaces do not work, and the episode's
-record says so.
+picks the default, which fails closed: this one runs agent code only where the stack or the
+contract says so explicitly, and the episode's record says why.
 """
 
 from __future__ import annotations
@@ -183,10 +183,11 @@ class LocalProcessSandbox:
     """A process per command, in its own process group, under rlimits."""
 
     name = "local"
-    isolation = "none: rlimits and a process group only (no user namespaces here)"
+    isolation = "none: rlimits and a process group only"
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(self, python: str | None = None, *, why: str | None = None) -> None:
         self._python = python or sys.executable
+        self.why = why  # why agent code runs unisolated here (the episode's record says it)
 
     def run(
         self,

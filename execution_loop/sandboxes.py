@@ -19,12 +19,16 @@ PID, IPC, UTS and network namespaces:
   A worker running as its own user (``dev up`` as root) keeps it: the kernel counts its
   own threads too, so the limit is that many tasks above what the user runs already.
 
-``DockerSandbox`` runs the command in a container (``--network none``, read-only root,
-``--pids-limit``) when a Docker daemon answers; it is never the default.
+``DockerSandbox`` (``execution_loop.sandbox_docker``) runs each command in a container of the
+host's own system; a deployment wires it in where a Docker daemon is the isolation it has.
 
-``default_sandbox()`` is bubblewrap where it works (checked once per process by running
-``true`` in it), else the local backend, whose ``isolation`` says what it lacks; the
-episode's record carries ``describe(sandbox)``.
+``default_sandbox()`` fails closed: bubblewrap where it works (checked once per process by
+running ``true`` in it), else ``SandboxUnavailable`` naming Debian's ``bubblewrap`` package.
+Agent code runs unisolated (the local backend, whose ``isolation`` says what it lacks) only
+where that was said explicitly: by the stack (``TRILOOP_SANDBOX=local``, a development
+setting shown by ``triloop dev status`` and the console) or by the contract
+(``isolation.allow_unisolated``, used only where bubblewrap cannot run). The episode's
+record carries ``describe(sandbox)``, with why it ran unisolated.
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 from execution_loop.sandbox import (
     LocalProcessSandbox,
     SandboxBackend,
+    SandboxError,
     SandboxLimits,
     SandboxResult,
     _which_limit,
@@ -243,37 +247,6 @@ def _give(folder: Path, uid: int) -> None:
     os.chown(folder, uid, uid)
 
 
-class DockerSandbox:
-    """A command in a throwaway container; used only where a Docker daemon answers."""
-
-    name = "docker"
-    isolation = "container: no network, read-only root, pids limit, private work directory"
-
-    def __init__(self, image: str, *, docker: str | None = None) -> None:
-        found = docker or shutil.which("docker")
-        if found is None:
-            raise FileNotFoundError("the docker client is not installed")
-        self._docker, self._image = found, image
-        self._local = LocalProcessSandbox()
-
-    def run(self, argv: Sequence[str], *, limits: SandboxLimits, workdir: Path | None = None,
-            stdin: str = "", extra_env: Any = None, expose: Sequence[Path] = ()) -> Any:
-        """``docker run`` under the local backend's wall-clock and output limits."""
-        mounts: list[str] = []
-        for folder in expose:
-            mounts += ["-v", f"{folder}:{folder}:ro"]
-        folder = workdir or Path("/tmp")
-        command = [
-            self._docker, "run", "--rm", "-i", "--network", "none", "--read-only",
-            "--tmpfs", "/tmp", "--pids-limit", str(limits.max_processes),
-            "--memory", str(limits.memory_bytes), "--cpus", "1", "--cap-drop", "ALL",
-            "--security-opt", "no-new-privileges", "-v", f"{folder}:/work", "-w", "/work",
-            *mounts, self._image, *argv,
-        ]
-        return self._local.run(command, limits=limits, workdir=workdir, stdin=stdin,
-                               extra_env=extra_env)
-
-
 @cache
 def bubblewrap_problem() -> str | None:
     """None when bubblewrap can run a command here; otherwise why it cannot."""
@@ -287,22 +260,52 @@ def bubblewrap_problem() -> str | None:
     return None
 
 
-def default_sandbox(endpoints: Mapping[str, str] | None = None) -> SandboxBackend:
-    """Bubblewrap where it works, else the local backend (which says what it lacks).
+class SandboxUnavailable(SandboxError):
+    """Agent code would run unisolated, and nothing said it may: fail closed.
+
+    Infrastructure (retried, so a worker where bubblewrap runs may take the episode); the
+    admission probe turns it into a refusal.
+    """
+
+
+def stack_setting() -> str:
+    """The stack's ``TRILOOP_SANDBOX`` (``bubblewrap``, the default, or ``local``), validated."""
+    from triloop.config import Settings
+
+    return Settings().sandbox
+
+
+def default_sandbox(
+    endpoints: Mapping[str, str] | None = None, *, allow_unisolated: bool = False
+) -> SandboxBackend:
+    """Bubblewrap where it works; unisolated only where the stack or the contract says so.
 
     ``endpoints``: the contract's named network endpoints, the only ones reachable.
+    ``allow_unisolated``: the contract's ``isolation.allow_unisolated``. Raises
+    ``SandboxUnavailable`` naming the package when bubblewrap cannot run and neither allows it.
     """
-    if os.environ.get("TRILOOP_SANDBOX") == "local" or bubblewrap_problem() is not None:
-        return LocalProcessSandbox()
-    return BubblewrapSandbox(endpoints=endpoints)
+    if stack_setting() == "local":
+        return LocalProcessSandbox(why="TRILOOP_SANDBOX=local: the stack's development setting")
+    problem = bubblewrap_problem()
+    if problem is None:
+        return BubblewrapSandbox(endpoints=endpoints)
+    if allow_unisolated:
+        return LocalProcessSandbox(why=f"{problem}; the contract allows unisolated agent code"
+                                       " (isolation.allow_unisolated)")
+    raise SandboxUnavailable(
+        f"agent code runs only in the bubblewrap sandbox, and it cannot run here: {problem}."
+        " Install Debian's package bubblewrap (apt-get install bubblewrap; scripts/bootstrap.sh"
+        " does it as root) where user namespaces work, or, for development only, set"
+        " TRILOOP_SANDBOX=local or the contract's isolation.allow_unisolated to run it"
+        " unisolated")
 
 
 def reaching_loopback(sandbox: SandboxBackend, loopback: Mapping[str, str]) -> SandboxBackend:
     """The sandbox for a program that must reach these worker addresses (and no others).
 
     Bubblewrap: a copy that relays them (see ``BubblewrapSandbox.reaching``). The local
-    backend has the host's network already. Docker's ``--network none`` cannot: a program
-    there reaches nothing, which its record shows as a failed episode.
+    backend has the host's network already. Docker's ``--network none`` has no relay: a
+    program there reaches nothing, which its record shows as a failed episode.
     """
     if isinstance(sandbox, BubblewrapSandbox):
         return sandbox.reaching(loopback)
@@ -314,7 +317,7 @@ def describe(sandbox: SandboxBackend) -> dict[str, str]:
     described = {"backend": sandbox.name,
                  "isolation": str(getattr(sandbox, "isolation", "unknown"))}
     if sandbox.name == "local":
-        described["why"] = bubblewrap_problem() or "TRILOOP_SANDBOX=local"
+        described["why"] = str(getattr(sandbox, "why", None) or "the caller chose it")
     return described
 
 

@@ -25,7 +25,6 @@ from execution_loop.environments.registry import ensure_plugins_load
 from execution_loop.episode_slots import EpisodeSlots
 from execution_loop.group_runner import EpisodeGroupRunner
 from execution_loop.nexus_handlers import ExecutionNexusHandlers
-from execution_loop.sandboxes import default_sandbox
 from execution_loop.serving import (
     EnvironmentLookup,
     PolicyCache,
@@ -81,9 +80,8 @@ def build_worker(
     rollout = RolloutActivities(
         engine=engine, authorizer=authorizer, policies=policies, environments=environments,
         serving_faults=lambda: read_serving_faults(settings.home),
-        # Black-box agents run under bubblewrap where it works (reaching only the gateway);
-        # elsewhere locally, and each episode's record says which and why.
-        agent_sandbox=default_sandbox(),
+        # Black-box agents get default_sandbox() per episode: bubblewrap (reaching only the
+        # gateway), unisolated only where the stack or their contract says so.
     )
     # A group activity plays its episodes on these slots: at most max_concurrent_episodes
     # at once on this worker, whatever the groups, shared fairly between runs.

@@ -10,6 +10,7 @@
 #                                                      authorizer, built with go build (about
 #                                                      4 minutes on 2 cores, seconds when the
 #                                                      Go build cache is warm)
+#   $TRILOOP_CACHE/debs/                             Debian's docker.io packages (as root)
 # The clone's own .venv is a thin venv whose site-packages points at the cached
 # dependencies and at this checkout, so creating it takes about a second.
 #
@@ -205,18 +206,39 @@ install_chromium() {
   phase_note="Debian chromium installed"
 }
 
-# Debian's bubblewrap: the default sandbox for agent code where user namespaces work.
-# Without it (and not root to install it) agent code runs in the local backend, which
-# isolates nothing and says so in each episode's record; that is not a failure here.
+# Debian's bubblewrap: the sandbox for agent code. Without it (and not root to install it)
+# agent code is refused, at admission and in episodes, unless TRILOOP_SANDBOX=local (a
+# development setting) or the contract allows unisolated code; that is not a failure here.
 install_bubblewrap() {
   if command -v bwrap >/dev/null 2>&1; then phase_note="bubblewrap present"; return; fi
   if [ "$(id -u)" != "0" ]; then
-    phase_note="bubblewrap missing, not root: sudo apt-get install bubblewrap (local sandbox until then)"
+    phase_note="bubblewrap missing, not root: sudo apt-get install bubblewrap (agent code is refused until then)"
     return
   fi
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap
   phase_note="Debian bubblewrap installed"
+}
+
+# Debian's docker.io: the daemon the Docker backend's tests run against (as root they start
+# a private dockerd when none answers). Its packages are kept in $cache/debs, so a second
+# machine (CI) installs them from there.
+install_docker() {
+  if command -v dockerd >/dev/null 2>&1; then phase_note="docker.io present"; return; fi
+  if [ "$(id -u)" != "0" ]; then
+    phase_note="docker.io missing, not root: sudo apt-get install docker.io (the Docker backend's tests skip until then)"
+    return
+  fi
+  mkdir -p "$cache/debs/partial"
+  local from="cached packages"
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      -o Dir::Cache::archives="$cache/debs" docker.io; then
+    from="downloaded packages"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      -o Dir::Cache::archives="$cache/debs" docker.io
+  fi
+  phase_note="Debian docker.io installed ($from, kept in $cache/debs)"
 }
 
 phase_note=""
@@ -228,4 +250,5 @@ phase gofakes3 install_gofakes3
 phase temporal link_temporal
 phase temporal-srv install_temporal_server
 phase bubblewrap install_bubblewrap
+phase docker install_docker
 if [ "$want_browser" = "1" ]; then phase chromium install_chromium; fi

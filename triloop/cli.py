@@ -157,11 +157,11 @@ def dev_up(
 @dev_app.command("status")
 def dev_status(output: OutputOption = OutputFormat.table) -> None:
     """Show each service, whether it runs, and its log file."""
-    from triloop.devstack.stack import status, urls, users_line
+    from triloop.devstack.stack import sandbox_line, status, urls, users_line
 
     rows = [{"service": name, "state": state, "log": log}
             for name, state, log in status(get_settings())]
-    lines = [*urls(get_settings()), users_line()]
+    lines = [*urls(get_settings()), users_line(), sandbox_line(get_settings())]
     if output is OutputFormat.json:
         print_json({"services": rows, "urls": lines})
         return

@@ -159,6 +159,10 @@ class Settings(BaseSettings):
         3, ge=1, description="Iterations of a run whose checkpoints keep their files when its"
         " RUN.yaml leaves checkpoints.keep_last unset (count). Production, candidates, rollback"
         " targets and bases are kept whatever it says.")
+    sandbox: Literal["bubblewrap", "local"] = Field(
+        "bubblewrap", description="Where agent code runs. bubblewrap: isolated, and refused"
+        " where bubblewrap cannot run (fail closed); local: unisolated, rlimits only, a"
+        " development setting that `dev status` and the console show.")
     gate_profile: Literal["production", "demo", "test"] = Field(
         "production", description="Soak and deadline durations: days, minutes or seconds."
     )

@@ -232,6 +232,19 @@ class NetworkSpec(_Section):
         return value
 
 
+class IsolationSpec(_Section):
+    """Whether agent code may run unisolated where bubblewrap cannot run (development only).
+
+    Absent, agent code (a black-box agent, the code a policy writes) runs only in the
+    bubblewrap sandbox: a worker where bubblewrap cannot run refuses the contract's tasks at
+    admission and their episodes (``execution_loop.sandboxes.default_sandbox``).
+    """
+
+    # true: on such a worker the code runs with rlimits alone, and each episode's record
+    # says so; bubblewrap is still used wherever it runs.
+    allow_unisolated: bool = False
+
+
 class HooksSpec(_Section):
     """Lifecycle hooks (``execution_loop.hooks``): ``module:function`` references."""
 
@@ -255,7 +268,7 @@ class HooksSpec(_Section):
 
 # Sections a contract may leave out. Unset, they are not part of the canonical form, so
 # every contract written before a section existed keeps its identity.
-OPTIONAL_SECTIONS = ("agent", "service", "tools", "hooks", "network")
+OPTIONAL_SECTIONS = ("agent", "service", "tools", "hooks", "network", "isolation")
 
 
 class EnvironmentContract(_Section):
@@ -278,6 +291,7 @@ class EnvironmentContract(_Section):
     tools: list[ToolSpec] | None = None  # functions the agent may call; None: plain text turns
     hooks: HooksSpec | None = None  # checks run before reset, after each step, after the episode
     network: NetworkSpec | None = None  # endpoints agent code may reach; None: no network
+    isolation: IsolationSpec | None = None  # None: agent code runs only under bubblewrap
 
     _source_dir: Path | None = PrivateAttr(default=None)
 
@@ -315,6 +329,11 @@ class EnvironmentContract(_Section):
                     f"agent.files must be listed under fixtures: {', '.join(missing)}"
                 )
         return self
+
+    @property
+    def allows_unisolated(self) -> bool:
+        """Whether the contract says its agent code may run unisolated (``isolation``)."""
+        return self.isolation is not None and self.isolation.allow_unisolated
 
     @property
     def source_dir(self) -> Path | None:

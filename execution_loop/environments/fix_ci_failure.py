@@ -84,8 +84,8 @@ class FixCiFailure:
         self, contract: EnvironmentContract, *, sandbox: SandboxBackend | None = None
     ) -> None:
         self.contract = contract
-        # Bubblewrap where it works: the agent's CI runs see only the working copy.
-        self._sandbox = sandbox or default_sandbox()
+        # Bubblewrap: the agent's CI runs see only the working copy (fails closed).
+        self._sandbox = sandbox or default_sandbox(allow_unisolated=contract.allows_unisolated)
         self._repositories = contract.fixture_path(
             str(contract.initial_state["repository_fixture"])
         )

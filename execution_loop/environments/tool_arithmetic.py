@@ -126,9 +126,10 @@ class ToolArithmetic:
         self, contract: EnvironmentContract, *, sandbox: SandboxBackend | None = None
     ) -> None:
         self.contract = contract
-        # Bubblewrap where it works: the agent's code sees no network, host or verifier files.
+        # Bubblewrap: the agent's code sees no network, host or verifier files (fails closed).
         allowed = contract.network.endpoints if contract.network else None
-        self._sandbox = sandbox or default_sandbox(endpoints=allowed)
+        self._sandbox = sandbox or default_sandbox(
+            endpoints=allowed, allow_unisolated=contract.allows_unisolated)
         self._digits = int(contract.initial_state.get("digits", 3))
         spec = contract.sandbox
         self._limits = SandboxLimits(

@@ -10,7 +10,7 @@ from temporalio.exceptions import ActivityError, NexusOperationError
 with workflow.unsafe.imports_passed_through():
     import governance_loop.contracts as m
     from governance_loop.gates import HumanDecisionError
-    from governance_loop.workflows._shared import execution_loop, refusal
+    from governance_loop.workflows._shared import execution_loop, failure_chain, refusal
     from triloop.nexus_api import ExecutionService
     from triloop.statuses import TaskStatus
     from triloop.workflow_api import (
@@ -63,7 +63,8 @@ class AdmissionWorkflow:
                 schedule_to_close_timeout=PROBE_TIMEOUT,
             )
         except NexusOperationError as failure:
-            error = str(failure.cause or failure)
+            # The whole chain: the activity's own refusal is a cause of its ActivityError.
+            error = failure_chain(failure.cause or failure)
         assessment = await m.RECORD_ADMISSION_EVIDENCE.call(
             m.AdmissionEvidenceInput(task_id=request.task_id, probe=probe, probe_error=error))
         self._result.admissible = assessment.admissible

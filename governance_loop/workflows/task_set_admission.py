@@ -16,7 +16,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, NexusOperatio
 with workflow.unsafe.imports_passed_through():
     import governance_loop.contracts as m
     from governance_loop.gates import HumanDecisionError
-    from governance_loop.workflows._shared import execution_loop, refusal
+    from governance_loop.workflows._shared import execution_loop, failure_chain, refusal
     from governance_loop.workflows.admission import PROBE_TIMEOUT
     from triloop.nexus_api import ExecutionService
     from triloop.statuses import TaskStatus
@@ -98,7 +98,7 @@ class TaskSetAdmissionWorkflow:
             )
         except NexusOperationError as failure:
             return m.SampledProbe(task_id=task_id, probe=None,
-                                  probe_error=str(failure.cause or failure))
+                                  probe_error=failure_chain(failure.cause or failure))
         return m.SampledProbe(task_id=task_id, probe=probe)
 
     @workflow.update(name=ADMISSION_DECIDE_UPDATE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import importlib.util
 import os
+import shutil
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -234,7 +235,7 @@ def up(settings: Settings, *, with_workers: bool = True) -> list[str]:
                 timeout_s=60,
                 alive=lambda: recorded_process(proc.pid_path) is not None,
             )
-    lines += [*urls(settings), users_line()]
+    lines += [*urls(settings), users_line(), sandbox_line(settings)]
     return lines
 
 
@@ -345,6 +346,18 @@ def users_line() -> str:
                 " secrets folder is its alone")
     return (f"OS users    shared: every service runs as {getpass.getuser()} (not root, so no"
             " per-service users): any service can read the others' secrets")
+
+
+def sandbox_line(settings: Settings) -> str:
+    """Where agent code runs, said plainly (``dev up`` and ``status``): the stack's setting."""
+    if settings.sandbox == "local":
+        return ("Sandbox     UNISOLATED: TRILOOP_SANDBOX=local (a development setting); agent"
+                " code runs with rlimits only, and each episode's record says so")
+    if shutil.which("bwrap") is None:
+        return ("Sandbox     bubblewrap required, but bwrap is not installed: agent code is"
+                " refused (admission and episodes) until Debian's package bubblewrap is")
+    return ("Sandbox     bubblewrap: agent code runs isolated; refused where bubblewrap cannot"
+            " run (TRILOOP_SANDBOX=local runs it unisolated, for development)")
 
 
 def status(settings: Settings) -> list[tuple[str, str, str]]:

@@ -146,6 +146,7 @@ def page(
          "serving_faults": getattr(request.state, "serving_faults", None) or [],
          "fault_reader": getattr(request.state, "fault_reader", False),
          "temporal_unauthenticated": services.settings.temporal_mode == "dev",
+         "agent_code_unisolated": services.settings.sandbox == "local",
          "temporal_ui": services.settings.temporal_ui(),
          "temporal_namespaces": {loop: services.settings.temporal_namespace(loop)
                                  for loop in LOOPS}, **context},
