@@ -70,7 +70,8 @@ class StepRecord:
     """One turn as it happened."""
 
     index: int
-    prompt_token_ids: list[int]  # exactly what the policy was fed
+    # Exactly what the policy was fed (a gateway call's: a view into its session's sequence).
+    prompt_token_ids: Sequence[int]
     action_token_ids: list[int]  # exactly what it sampled (its end-of-turn token included)
     action_mask: list[int]  # over prompt + action: 1 on the action's ids only
     behaviour_logprobs: list[float]  # one per action token, at the sampling temperature

@@ -3,7 +3,10 @@ ids, sample from the configured ``PolicyClient`` and record what was sampled.
 
 A session is one episode of one agent. Every call is recorded (``CallRecord``): its API,
 its kind and the rule that decided it, the prompt ids as fed, the sampled ids and their
-behaviour logprobs. Sampling uses the episode's temperature and a per-call seed, never
+behaviour logprobs. A main-loop call's tokens are spliced onto the session's one sequence
+as it is made (``rebuild.SessionTrajectory``) and its prompt is read in place from there,
+so the session holds its main loop's tokens once, however many calls it makes.
+Sampling uses the episode's temperature and a per-call seed, never
 the agent's own temperature: the learner's importance ratios compare against
 logprobs at the run's temperature, so the agent's is recorded and not applied.
 Token caps are the contract's: ``max_tokens_per_turn`` per call (the agent may ask for
@@ -14,13 +17,13 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from execution_loop.episode import turn_seed
 from execution_loop.gateway.api_shapes import Completion, ModelRequest
 from execution_loop.gateway.classify import MAIN, classify_request
-from execution_loop.gateway.rebuild import MainCall, RebuiltTrajectory, rebuild_trajectory
+from execution_loop.gateway.rebuild import MainCall, RebuiltTrajectory, SessionTrajectory
 from execution_loop.gateway.rendering import MessageRenderer
 from execution_loop.inference.base import InferenceError, PolicyClient, PromptTooLongError
 
@@ -56,7 +59,7 @@ class CallRecord:
     api: str
     kind: str  # main | compression | sub_agent | summary | heartbeat
     rule: str  # the classification rule that decided the kind
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]  # main loop: a view into the session's sequence
     completion_token_ids: list[int]
     logprobs: list[float]  # behaviour logprob of each sampled id
     text: str
@@ -73,6 +76,7 @@ class AgentSession:
     settings: SessionSettings
     renderer: MessageRenderer
     calls: list[CallRecord] = field(default_factory=list)
+    trajectory: SessionTrajectory = field(default_factory=SessionTrajectory)  # main loop
     generated_tokens: int = 0
     budget_exhausted: bool = False
     context_overflows: int = 0
@@ -119,9 +123,14 @@ class AgentSession:
                 raise GatewayError(502, f"the model backend failed: {exc}",
                                    kind="api_error", code="backend_error") from exc
             self.generated_tokens += len(generation.token_ids)
+            fed: Sequence[int] = prompt
+            if decided.kind == MAIN:  # spliced on; the prompt is then read from the sequence
+                placed = self.trajectory.add(
+                    MainCall(prompt, generation.token_ids, generation.logprobs))
+                fed = self.trajectory.prompt(placed.call)
             record = CallRecord(
                 index=index, api=request.api, kind=decided.kind, rule=decided.rule,
-                prompt_token_ids=prompt, completion_token_ids=list(generation.token_ids),
+                prompt_token_ids=fed, completion_token_ids=list(generation.token_ids),
                 logprobs=list(generation.logprobs), text=generation.text,
                 finish_reason=generation.finish_reason,
                 requested_temperature=request.temperature,
@@ -150,11 +159,8 @@ class AgentSession:
         return [c for c in self.calls if c.kind == MAIN]
 
     def rebuilt(self) -> RebuiltTrajectory:
-        """The main loop's trajectory rebuilt by prefix matching (see ``rebuild``)."""
-        return rebuild_trajectory([
-            MainCall(c.prompt_token_ids, c.completion_token_ids, c.logprobs)
-            for c in self.main_calls()
-        ])
+        """The main loop's trajectory as segments (see ``rebuild``)."""
+        return self.trajectory.rebuilt()
 
     def kinds(self) -> dict[str, int]:
         """How many calls of each kind the session made."""
