@@ -122,12 +122,17 @@ class AgentSession:
                 self.infrastructure_error = exc
                 raise GatewayError(502, f"the model backend failed: {exc}",
                                    kind="api_error", code="backend_error") from exc
-            self.generated_tokens += len(generation.token_ids)
             fed: Sequence[int] = prompt
             if decided.kind == MAIN:  # spliced on; the prompt is then read from the sequence
-                placed = self.trajectory.add(
-                    MainCall(prompt, generation.token_ids, generation.logprobs))
+                try:
+                    placed = self.trajectory.add(
+                        MainCall(prompt, generation.token_ids, generation.logprobs))
+                except ValueError as exc:  # nothing spliced: the backend's answer is unusable
+                    self.infrastructure_error = InferenceError(f"the policy's answer: {exc}")
+                    raise GatewayError(502, f"the model backend failed: {exc}",
+                                       kind="api_error", code="backend_error") from exc
                 fed = self.trajectory.prompt(placed.call)
+            self.generated_tokens += len(generation.token_ids)
             record = CallRecord(
                 index=index, api=request.api, kind=decided.kind, rule=decided.rule,
                 prompt_token_ids=fed, completion_token_ids=list(generation.token_ids),
