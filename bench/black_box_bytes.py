@@ -13,14 +13,17 @@ bytes per episode (``pg_total_relation_size`` of the tables, TOAST and indexes i
 after ``--episodes`` sessions per size, divided by them) with the ratio:
 
 - before: one row per model call holding its full prompt, sampled ids, mask and logprobs
-  (how the gateway's record held each call before this change, and the per-step layout of
-  migrations 0001-0016; ``bench/sequence_layout.py``'s ``old_step``);
+  (the per-step layout of migrations 0001-0016, ``bench/sequence_layout.py``'s ``old_step``;
+  it is how the gateway's record held each call until the session spliced its calls onto
+  one sequence, though since migration 0018 the store re-packed those prompts at write
+  time);
 - after: the session's one sequence as the store writes it (``trajectory_sequence`` plus
   the step rows with their offsets), checked to be exactly the sequence the session
   spliced together call by call.
 
-It also prints the token ids each layout holds (the session's record: the sum of the
-calls' prompts and answers before, the sequence's length after) and the segments.
+It also prints the token ids each layout holds for the first session (the sum of the
+calls' prompts and answers, which the session's record used to hold, against the
+sequence's length, which it holds now) and its segments.
 
     .venv/bin/python bench/black_box_bytes.py              # starts its own PostgreSQL
     .venv/bin/python bench/black_box_bytes.py --database-url postgresql://...
