@@ -106,7 +106,10 @@ class TokenSpan(Sequence[int]):
 
     def __getitem__(self, index: int | slice) -> int | list[int]:
         if isinstance(index, slice):
-            return self._ids[self._start : self._stop][index]
+            picked = range(self._start, self._stop)[index]
+            if picked.step == 1:  # the common case, copied at C speed
+                return self._ids[picked.start : picked.stop]
+            return [self._ids[i] for i in picked]
         if not -len(self) <= index < len(self):
             raise IndexError("span index out of range")
         return self._ids[self._start + index % len(self)]

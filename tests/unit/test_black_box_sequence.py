@@ -188,6 +188,8 @@ def test_a_token_span_reads_its_slice_in_place() -> None:
     assert span == [6, 7, 8] and span == (6, 7, 8) and [6, 7, 8] == span
     assert span != [6, 7] and span != [6, 7, 9] and span != "678"
     assert len(span) == 3 and span[0] == 6 and span[-1] == 8 and span[1:] == [7, 8]
+    assert span[::-1] == [8, 7, 6] and span[::2] == [6, 8]
+    assert span[5:] == [] and span[-2:] == [7, 8]
     assert list(span) == [6, 7, 8] and span + [1] == [6, 7, 8, 1] and [1] + span == [1, 6, 7, 8]
     ids.append(10)  # the sequence grows; the span still means what it meant
     assert span == [6, 7, 8] and span.base is ids
