@@ -27,9 +27,66 @@ from dataclasses import dataclass
 from typing import overload
 
 
-def step_action_mask(prompt_length: int, action_length: int) -> list[int]:
+class ActionMask(Sequence[int]):
+    """One turn's mask over its prompt + action, 0 on the prompt and 1 on the action, held
+    as its two lengths: a turn's mask is always this shape, and T turns of ever longer
+    prompts would otherwise hold O(T^2) zeros. Compares equal to any sequence of the same
+    values.
+    """
+
+    __slots__ = ("action_length", "prompt_length")
+
+    def __init__(self, prompt_length: int, action_length: int) -> None:
+        if prompt_length < 0 or action_length < 0:
+            raise ValueError(f"lengths must be >= 0, got {prompt_length} and {action_length}")
+        self.prompt_length, self.action_length = prompt_length, action_length
+
+    def __len__(self) -> int:
+        return self.prompt_length + self.action_length
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [int(i >= self.prompt_length) for i in range(len(self))[index]]
+        if not -len(self) <= index < len(self):
+            raise IndexError("mask index out of range")
+        return int(index % len(self) >= self.prompt_length)
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain(itertools.repeat(0, self.prompt_length),
+                               itertools.repeat(1, self.action_length))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ActionMask):
+            return (self.prompt_length, self.action_length) == (
+                other.prompt_length, other.action_length)
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, so unhashable like them
+
+    def __repr__(self) -> str:
+        return f"ActionMask(prompt={self.prompt_length}, action={self.action_length})"
+
+
+def step_action_mask(prompt_length: int, action_length: int) -> ActionMask:
     """One turn's mask over its prompt + action: only the action is trainable."""
-    return [0] * prompt_length + [1] * action_length
+    return ActionMask(prompt_length, action_length)
+
+
+def marks_only_the_action(mask: Sequence[int], prompt_length: int, action_length: int) -> bool:
+    """Whether ``mask`` is 0 on exactly the first ``prompt_length`` ids and 1 on the
+    ``action_length`` after them (checked without building the expected mask)."""
+    if isinstance(mask, ActionMask):
+        return mask == ActionMask(prompt_length, action_length)
+    return len(mask) == prompt_length + action_length and all(
+        int(m) == int(i >= prompt_length) for i, m in enumerate(mask))
 
 
 class SequenceLayoutError(ValueError):

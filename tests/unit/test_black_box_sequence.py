@@ -23,7 +23,15 @@ from execution_loop.inference.base import Generation, InferenceError
 from execution_loop.store import StepRow, pack_steps
 from learning_loop.tiny_model import build_tokenizer
 from tests.gateway_standins import ScriptedPolicy
-from triloop.token_sequence import SequencePacker, TokenSpan, TurnTokens, pack_turns
+from triloop.token_sequence import (
+    ActionMask,
+    SequencePacker,
+    TokenSpan,
+    TurnTokens,
+    marks_only_the_action,
+    pack_turns,
+    step_action_mask,
+)
 
 SYSTEM = "You are an agent with a long system prompt. " * 8
 TASK = "Compute the sum of the numbers in data.txt with the python tool."
@@ -115,6 +123,7 @@ def test_the_store_packs_the_session_steps_into_the_session_s_own_sequence(
     agent(session, 8, compact_at=4)
     steps = episode_steps(session, [])
     assert all(isinstance(s.prompt_token_ids, TokenSpan) for s in steps)  # no copies
+    assert all(isinstance(s.action_mask, ActionMask) for s in steps)  # two lengths each
     rows = [StepRow(s.index, s.prompt_token_ids, s.action_token_ids, s.action_mask,
                     s.behaviour_logprobs, s.observation, s.action_text, s.feedback, s.reward,
                     s.done) for s in steps]
@@ -199,3 +208,19 @@ def test_a_token_span_reads_its_slice_in_place() -> None:
         hash(span)
     with pytest.raises(ValueError, match=r"span \[2, 9\) is outside the 6 ids"):
         TokenSpan(ids, 2, 9)
+
+
+def test_a_turn_s_mask_is_held_as_its_two_lengths() -> None:
+    mask = step_action_mask(3, 2)
+    assert isinstance(mask, ActionMask) and mask == [0, 0, 0, 1, 1] and [0, 0, 0, 1, 1] == mask
+    assert list(mask) == [0, 0, 0, 1, 1] and len(mask) == 5 and sum(mask) == 2
+    assert mask[2] == 0 and mask[3] == 1 and mask[-1] == 1 and mask[2:4] == [0, 1]
+    assert mask != [0, 0, 1, 1, 1] and mask != ActionMask(2, 3) and mask == ActionMask(3, 2)
+    assert marks_only_the_action(mask, 3, 2) and not marks_only_the_action(mask, 2, 3)
+    assert marks_only_the_action([0, 0, 1], 2, 1)
+    assert not marks_only_the_action([0, 1, 1], 2, 1)
+    assert not marks_only_the_action([0, 0, 1, 1], 2, 1)
+    with pytest.raises(IndexError):
+        mask[5]
+    with pytest.raises(ValueError, match="lengths must be >= 0"):
+        ActionMask(-1, 2)
