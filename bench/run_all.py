@@ -20,6 +20,8 @@ BENCHMARKS: tuple[tuple[str, list[str]], ...] = (
     ("Learner: GRPO update vs unmasked full-sequence loss", ["bench/learner.py"]),
     ("Trajectory layout: one prompt per step vs one sequence per episode",
      ["bench/sequence_layout.py"]),
+    ("Black-box trajectories: one prompt per model call vs the session's one sequence",
+     ["bench/black_box_bytes.py"]),
     ("Learner options: bf16, activation checkpointing, 2 ranks vs fp32",
      ["bench/learner_options.py"]),
     ("Learner: triloop GRPO iteration vs TRL GRPOTrainer", ["bench/trl_peer.py"]),

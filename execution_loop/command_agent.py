@@ -325,19 +325,22 @@ def crash_reason(result: SandboxResult) -> str:
 
 
 def episode_steps(session: AgentSession, env_steps: list[EnvironmentStep]) -> list[StepRecord]:
-    """One step per main-loop call: prompt as fed, sampled ids, their mask and logprobs."""
+    """One step per main-loop call: prompt as fed, sampled ids, their mask and logprobs.
+
+    Each prompt is the call's view into the session's one sequence (no copy), so the store
+    packs them back into that same sequence, spliced call by call as they were made.
+    """
     main = session.main_calls()
-    rebuilt = session.rebuilt()
-    breaks = {b.call: b for b in rebuilt.breaks}
-    placed = {call: (number, seen) for number, segment in enumerate(rebuilt.segments)
-              for call, seen in zip(segment.calls, segment.observation_tokens, strict=True)}
+    trajectory = session.trajectory
+    breaks = {b.call: b for b in trajectory.breaks}
     replies: dict[int, list[EnvironmentStep]] = {}
     for step in env_steps:  # a reply belongs to the main-loop call that preceded it
         replies.setdefault(max(step.main_calls_before - 1, 0), []).append(step)
     records: list[StepRecord] = []
     for k, call in enumerate(main):
         answered = replies.get(k, [])
-        segment, observed = placed[k]
+        placed = trajectory.placements[k]
+        segment, observed = placed.segment, placed.observation_tokens
         feedback: dict[str, Any] = {
             "gateway_call": call.index, "api": call.api, "kind": call.kind,
             "segment": segment, "observation_tokens": observed,
@@ -361,12 +364,12 @@ def episode_steps(session: AgentSession, env_steps: list[EnvironmentStep]) -> li
 
 def gateway_summary(session: AgentSession) -> dict[str, Any]:
     """What the episode's record keeps about its model traffic."""
-    rebuilt = session.rebuilt()
+    trajectory = session.trajectory
     main_index = {call.index: k for k, call in enumerate(session.main_calls())}
     return {
         "session": session.id, "kinds": session.kinds(), "main_calls": len(session.main_calls()),
-        "segments": len(rebuilt.segments), "breaks": [asdict(b) for b in rebuilt.breaks],
-        "main_sampled_tokens": rebuilt.sampled_tokens,
+        "segments": trajectory.segments, "breaks": [asdict(b) for b in trajectory.breaks],
+        "main_sampled_tokens": trajectory.sampled_tokens,
         "generated_tokens": session.generated_tokens,
         "context_overflows": session.context_overflows,
         "calls": [_call_summary(c, main_index.get(c.index)) for c in session.calls],

@@ -70,9 +70,10 @@ class StepRecord:
     """One turn as it happened."""
 
     index: int
-    prompt_token_ids: list[int]  # exactly what the policy was fed
+    # Exactly what the policy was fed (a gateway call's: a view into its session's sequence).
+    prompt_token_ids: Sequence[int]
     action_token_ids: list[int]  # exactly what it sampled (its end-of-turn token included)
-    action_mask: list[int]  # over prompt + action: 1 on the action's ids only
+    action_mask: Sequence[int]  # over prompt + action: 1 on the action's ids only
     behaviour_logprobs: list[float]  # one per action token, at the sampling temperature
     observation: str  # the environment's reply to this action
     action_text: str  # the action ids decoded without special tokens, as sent to env.step

@@ -43,6 +43,7 @@ from triloop.token_sequence import (
     TokenSequence,
     TurnOffsets,
     TurnTokens,
+    marks_only_the_action,
     pack_turns,
     unpack_turns,
 )
@@ -145,8 +146,9 @@ def pack_steps(steps: Sequence[StepRow]) -> tuple[TokenSequence, list[TurnOffset
     action) says anything else is refused rather than stored as something it is not.
     """
     for step in steps:
-        mask = list(step.action_mask)
-        if mask and mask != [0] * len(step.prompt_token_ids) + [1] * len(step.action_token_ids):
+        mask = step.action_mask
+        if mask and not marks_only_the_action(
+                mask, len(step.prompt_token_ids), len(step.action_token_ids)):
             raise SequenceLayoutError(
                 f"step {step.index}: its action mask does not mark exactly its"
                 f" {len(step.action_token_ids)} action tokens after its"

@@ -43,6 +43,7 @@ from triloop.token_sequence import (
     SequenceLayoutError,
     TokenSequence,
     TurnOffsets,
+    marks_only_the_action,
     step_action_mask,
     unpack_turns,
 )
@@ -105,11 +106,10 @@ class RolloutData:
 
 def check_action_mask(step: StoredStep, trajectory_id: str) -> None:
     """The mask must be 0 over the prompt and 1 over the action (empty: not recorded)."""
-    mask = list(step.action_mask)
-    if not mask:
+    if not step.action_mask:
         return
     prompt, action = len(step.prompt_token_ids), len(step.action_token_ids)
-    if mask != [0] * prompt + [1] * action:
+    if not marks_only_the_action(step.action_mask, prompt, action):
         raise InvalidSampleError(
             f"step {step.index} of trajectory {trajectory_id!r}: its action mask does not mark"
             f" exactly the {action} action tokens after the {prompt} prompt tokens; the learner"

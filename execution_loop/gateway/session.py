@@ -3,7 +3,10 @@ ids, sample from the configured ``PolicyClient`` and record what was sampled.
 
 A session is one episode of one agent. Every call is recorded (``CallRecord``): its API,
 its kind and the rule that decided it, the prompt ids as fed, the sampled ids and their
-behaviour logprobs. Sampling uses the episode's temperature and a per-call seed, never
+behaviour logprobs. A main-loop call's tokens are spliced onto the session's one sequence
+as it is made (``rebuild.SessionTrajectory``) and its prompt is read in place from there,
+so the session holds its main loop's tokens once, however many calls it makes.
+Sampling uses the episode's temperature and a per-call seed, never
 the agent's own temperature: the learner's importance ratios compare against
 logprobs at the run's temperature, so the agent's is recorded and not applied.
 Token caps are the contract's: ``max_tokens_per_turn`` per call (the agent may ask for
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,7 +43,7 @@ from execution_loop.gateway.api_shapes import (
     TokenLogprob,
 )
 from execution_loop.gateway.classify import MAIN, classify_request
-from execution_loop.gateway.rebuild import MainCall, RebuiltTrajectory, rebuild_trajectory
+from execution_loop.gateway.rebuild import MainCall, RebuiltTrajectory, SessionTrajectory
 from execution_loop.gateway.rendering import MessageRenderer
 from execution_loop.gateway.sampling import SampledAnswer, sample_answer
 from execution_loop.inference.base import (
@@ -90,7 +93,7 @@ class CallRecord:
     api: str
     kind: str  # main | compression | sub_agent | summary | heartbeat
     rule: str  # the classification rule that decided the kind
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]  # main loop: a view into the session's sequence
     completion_token_ids: list[int]
     logprobs: list[float]  # behaviour logprob of each sampled id
     text: str
@@ -144,6 +147,7 @@ class AgentSession:
     settings: SessionSettings
     renderer: MessageRenderer
     calls: list[CallRecord] = field(default_factory=list)
+    trajectory: SessionTrajectory = field(default_factory=SessionTrajectory)  # main loop
     generated_tokens: int = 0
     budget_exhausted: bool = False
     context_overflows: int = 0
@@ -187,13 +191,23 @@ class AgentSession:
             sampled = self._sample(request, prompt, budget, index,
                                    None if stream is None else begun.text)
             begun.begin()
+            fed: Sequence[int] = prompt
+            if decided.kind == MAIN:  # spliced on; the prompt is then read from the sequence
+                try:
+                    placed = self.trajectory.add(
+                        MainCall(prompt, sampled.token_ids, sampled.logprobs))
+                except ValueError as exc:  # nothing spliced: the backend's answer is unusable
+                    self.infrastructure_error = InferenceError(f"the policy's answer: {exc}")
+                    raise GatewayError(502, f"the model backend failed: {exc}",
+                                       kind="api_error", code="backend_error") from exc
+                fed = self.trajectory.prompt(placed.call)
             self.generated_tokens += len(sampled.token_ids)
             parsed, error = self._read_calls(request, forced[0] + sampled.text)
             ids = [f"{uuid.uuid4().hex[:24]}" for _ in parsed.calls]
             call_ids = tuple(call_id(request.api, i) for i in ids)
             record = CallRecord(
                 index=index, api=request.api, kind=decided.kind, rule=decided.rule,
-                prompt_token_ids=prompt, completion_token_ids=list(sampled.token_ids),
+                prompt_token_ids=fed, completion_token_ids=list(sampled.token_ids),
                 logprobs=list(sampled.logprobs), text=sampled.text,
                 finish_reason="tool_calls" if parsed.calls else sampled.finish_reason,
                 requested_temperature=request.temperature,
@@ -308,11 +322,8 @@ class AgentSession:
         return [c for c in self.calls if c.kind == MAIN]
 
     def rebuilt(self) -> RebuiltTrajectory:
-        """The main loop's trajectory rebuilt by prefix matching (see ``rebuild``)."""
-        return rebuild_trajectory([
-            MainCall(c.prompt_token_ids, c.completion_token_ids, c.logprobs)
-            for c in self.main_calls()
-        ])
+        """The main loop's trajectory as segments (see ``rebuild``)."""
+        return self.trajectory.rebuilt()
 
     def kinds(self) -> dict[str, int]:
         """How many calls of each kind the session made."""

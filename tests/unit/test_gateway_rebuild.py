@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from execution_loop.gateway.rebuild import MainCall, common_prefix_length, rebuild_trajectory
+from execution_loop.gateway.rebuild import MainCall, rebuild_trajectory
+from triloop.token_sequence import common_prefix_length
 
 
 def call(prompt: list[int], completion: list[int]) -> MainCall:
