@@ -179,6 +179,14 @@ def clean_environment(workdir: Path, extra: Mapping[str, str] | None = None) -> 
     return {"PATH": DEFAULT_PATH, "HOME": str(workdir), "LANG": "C.UTF-8", **(extra or {})}
 
 
+def check_command(argv: Sequence[str], workdir: Path | None) -> None:
+    """Refuse what no backend can run: an empty command, a working folder that is missing."""
+    if not argv:
+        raise SandboxError("no command given")
+    if workdir is not None and not workdir.is_dir():
+        raise SandboxError(f"working folder {workdir} does not exist")
+
+
 class LocalProcessSandbox:
     """A process per command, in its own process group, under rlimits."""
 
@@ -200,10 +208,7 @@ class LocalProcessSandbox:
         expose: Sequence[Path] = (),
     ) -> SandboxResult:
         """Run ``argv`` and report how it ended; limits never raise."""
-        if not argv:
-            raise SandboxError("no command given")
-        if workdir is not None and not workdir.is_dir():
-            raise SandboxError(f"working folder {workdir} does not exist")
+        check_command(argv, workdir)
         folder = workdir or Path(tempfile.mkdtemp(prefix="triloop-sandbox-"))
         try:
             command = self._wrap(list(argv), folder, limits, expose)

@@ -41,6 +41,7 @@ from execution_loop.sandbox import (
     SandboxLimits,
     SandboxResult,
     _which_limit,
+    check_command,
 )
 from execution_loop.sandboxes import NOBODY, _give, python_installation
 
@@ -115,10 +116,7 @@ class DockerSandbox:
         expose: Sequence[Path] = (),
     ) -> SandboxResult:
         """Run ``argv`` in a container and report how it ended; limits never raise."""
-        if not argv:
-            raise SandboxError("no command given")
-        if workdir is not None and not workdir.is_dir():
-            raise SandboxError(f"working folder {workdir} does not exist")
+        check_command(argv, workdir)
         self.ensure_image()
         folder = workdir or Path(tempfile.mkdtemp(prefix="triloop-docker-"))
         container = f"triloop-{uuid.uuid4().hex[:16]}"
