@@ -63,6 +63,8 @@ def worker_env(settings: Settings, tmp_path: Path) -> dict[str, str]:
         "TRILOOP_OPA_URL": settings.opa_url,
         "TRILOOP_TASK_QUEUE_PREFIX": f"{settings.task_queue_prefix}kill-{uuid.uuid4().hex[:6]}-",
         "TRILOOP_INFERENCE_BACKEND": "torch",
+        # Its metrics on a free port: never a stack's (a demo left running holds 9471).
+        "TRILOOP_METRICS_PORT_EXECUTION": "0",
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "HF_HUB_OFFLINE": "1",
