@@ -424,3 +424,42 @@ def test_the_cli_configures_webhooks_through_the_api_with_the_persons_token(
     assert shown.exit_code == 0, shown.output
     gone = runner.invoke(root, ["webhooks", "disable", webhook_id, "--token", operator])
     assert gone.exit_code == 0 and f"webhook {webhook_id} disabled by" in gone.output
+
+
+async def test_a_loop_that_forges_another_loops_event_row_notifies_nobody(
+    api: httpx.AsyncClient, people: dict[str, Person], owner_engine: Engine,
+    role_engine: Callable[[str], Engine], web_engine: Engine, receiver: Receiver,
+) -> None:
+    """The attacker's way in: execution, with its own password, appends audit rows shaped
+    exactly like governance's failed gate and learning's alarm. Claiming to be them is
+    refused by the database; as itself, the rows are stamped with execution's role, and no
+    webhook hears of them."""
+    from sqlalchemy.exc import ProgrammingError
+
+    webhook_id = await _webhook(api, people["operator"], receiver.url)
+    execution = role_engine("execution")
+    promotion = make_promotion(owner_engine, submitted_by=people["engineer"].name)
+    run_id = make_run(owner_engine)
+    forged = [("governance", "gate_result",
+               {"kind": "promotion", "id": promotion.promotion_id, "attrs": {}},
+               {"gate": "offline_eval", "passed": False, "reasons": ["forged"]}),
+              ("learning", "stability_alarm", {"kind": "training_run", "id": run_id, "attrs": {}},
+               {"kind": "echo_trap", "iteration": 1, "message": "m", "evidence": {}})]
+    for claimed, action, resource, payload in forged:
+        with pytest.raises(ProgrammingError, match="writes only its own service's events"):
+            record_event(execution, actor=Actor(service=claimed).to_input(), action=action,
+                         resource=resource, payload=payload)
+        record_event(execution, actor=Actor(service="execution").to_input(), action=action,
+                     resource=resource, payload=payload)
+    with owner_engine.connect() as conn:
+        stamped = conn.execute(text(
+            "SELECT DISTINCT db_role FROM audit_event WHERE resource->>'id' IN (:p, :r)"),
+            {"p": promotion.promotion_id, "r": run_id}).scalars().all()
+    assert stamped == ["triloop_execution"]
+    dispatcher = _dispatcher(web_engine)
+    try:
+        dispatcher.run_once()
+    finally:
+        dispatcher.close()
+    assert receiver.subjects(promotion.promotion_id, run_id) == []
+    assert _audited(owner_engine, webhook_id) == []
