@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -55,3 +56,11 @@ def people(owner_engine: Engine) -> dict[str, Person]:
     }
 
 
+@pytest.fixture(scope="module")
+def faults_app(web_settings: Settings, home: Path) -> FastAPI:
+    """The web app over the requesting module's own ``home``: a faults file no other test's
+    workers read (each faults module defines ``home``)."""
+    from web.app import create_app
+
+    own = web_settings.model_copy(update={"home": home, "secrets_dir": web_settings.secrets})
+    return create_app(own, temporal_timeout_s=5.0)

@@ -17,7 +17,6 @@ from typer.testing import CliRunner
 
 from tests.factories import make_checkpoint
 from tests.factories_web import Person, assert_problem
-from triloop.config import Settings
 from triloop.faults import faults_file, read_serving_faults
 from web import cli
 
@@ -29,14 +28,6 @@ pytest_plugins = ["tests.factories_web_fixtures"]
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This module's stack home: the faults file no other test's workers read."""
     return tmp_path_factory.mktemp("faults-home")
-
-
-@pytest.fixture(scope="module")
-def faults_app(web_settings: Settings, home: Path) -> FastAPI:
-    from web.app import create_app
-
-    own = web_settings.model_copy(update={"home": home, "secrets_dir": web_settings.secrets})
-    return create_app(own, temporal_timeout_s=5.0)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -23,7 +23,6 @@ from sqlalchemy import Engine
 from tests.factories import make_checkpoint
 from tests.factories_web import Person
 from tests.integration.console_client import console_session, csrf_of
-from triloop.config import Settings
 from triloop.faults import read_serving_faults
 
 pytestmark = pytest.mark.integration
@@ -34,14 +33,6 @@ pytest_plugins = ["tests.factories_web_fixtures"]
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This module's stack home: the faults file no other test's workers read."""
     return tmp_path_factory.mktemp("console-faults-home")
-
-
-@pytest.fixture(scope="module")
-def faults_app(web_settings: Settings, home: Path) -> FastAPI:
-    from web.app import create_app
-
-    own = web_settings.model_copy(update={"home": home, "secrets_dir": web_settings.secrets})
-    return create_app(own, temporal_timeout_s=5.0)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
